@@ -1,0 +1,19 @@
+//! Errors raised by the core's state machine.
+
+use crate::{TaskId, TaskStatus};
+
+/// A state transition that the task state machine forbids.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("task {id} cannot go from {from} to {to}")]
+    InvalidTransition {
+        id: TaskId,
+        from: TaskStatus,
+        to: TaskStatus,
+    },
+    #[error("task {id} already finished as {status}")]
+    AlreadyFinished { id: TaskId, status: TaskStatus },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

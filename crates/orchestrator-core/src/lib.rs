@@ -1,0 +1,20 @@
+//! The orchestrator's core: the task model, its state machine, the ready queue,
+//! the retry policy and the dependency decisions between tasks of a workflow.
+//!
+//! This crate does no I/O. It never reads a clock, a disk, a socket or a
+//! process: time comes in as `now` arguments and randomness as samples, so
+//! every decision here is a plain function that unit tests can pin down.
+
+mod error;
+mod ids;
+mod queue;
+mod retry;
+mod task;
+mod workflow;
+
+pub use error::{Error, Result};
+pub use ids::{TaskId, WorkflowId};
+pub use queue::ReadyQueue;
+pub use retry::RetryPolicy;
+pub use task::{FailureOutcome, Priority, Task, TaskSpec, TaskStatus};
+pub use workflow::{DependencyDecision, Workflow, WorkflowStatus, decide_dependents};

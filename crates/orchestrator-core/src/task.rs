@@ -1,0 +1,518 @@
+//! The task model and its state machine.
+//!
+//! ```text
+//!   pending ──release──▶ queued ──start──▶ running ──complete──▶ completed
+//!      │                   ▲  │               │ │
+//!      │ skip              │  │ cancel        │ └─fail──▶ retry_waiting ──start──▶ running
+//!      ▼                   │  ▼               │                │
+//!   skipped      interrupt─┘ cancelled ◀──────┴─cancel─────────┘
+//!                                              fail (attempts used up) ──▶ failed
+//! ```
+//!
+//! Every method that changes a task takes `now` and validates the move
+//! first, so an illegal transition is an error value, never a silent change.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Error, Result, RetryPolicy, TaskId, WorkflowId};
+
+/// Dispatch priority. Higher runs first; equal priorities run in FIFO order.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Low,
+    #[default]
+    Normal,
+    High,
+    Critical,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 4] = [
+        Priority::Low,
+        Priority::Normal,
+        Priority::High,
+        Priority::Critical,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Critical => "critical",
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Priority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown priority `{s}` (expected low, normal, high or critical)"))
+    }
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Waiting for the tasks it depends on.
+    Pending,
+    /// Ready to run; waiting for a worker.
+    Queued,
+    /// A worker has claimed it and its script runs (or is about to).
+    Running,
+    /// An attempt failed; another one starts at `retry_at`.
+    RetryWaiting,
+    Completed,
+    Failed,
+    Cancelled,
+    /// Never ran because a task it depends on did not complete.
+    Skipped,
+}
+
+impl TaskStatus {
+    pub const ALL: [TaskStatus; 8] = [
+        TaskStatus::Pending,
+        TaskStatus::Queued,
+        TaskStatus::Running,
+        TaskStatus::RetryWaiting,
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+        TaskStatus::Skipped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Queued => "queued",
+            TaskStatus::Running => "running",
+            TaskStatus::RetryWaiting => "retry_waiting",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+            TaskStatus::Skipped => "skipped",
+        }
+    }
+
+    /// A terminal status never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped
+        )
+    }
+
+    /// The single table of legal moves. Every transition method checks it.
+    pub fn can_become(self, next: TaskStatus) -> bool {
+        use TaskStatus::*;
+        matches!(
+            (self, next),
+            (Pending, Queued | Skipped | Cancelled)
+                | (Queued, Running | Cancelled)
+                | (RetryWaiting, Running | Cancelled)
+                | (Running, Completed | Failed | RetryWaiting | Cancelled | Queued)
+        )
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = TaskStatus::ALL.iter().map(|s| s.as_str()).collect();
+                format!("unknown status `{s}` (expected one of {})", known.join(", "))
+            })
+    }
+}
+
+/// What a caller asks for when it creates a task.
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    pub name: String,
+    /// Script path relative to the scripts dir, e.g. `servers/create.nu`.
+    pub script: String,
+    pub input: Value,
+    pub priority: Priority,
+    pub max_attempts: u32,
+    pub timeout: Duration,
+    pub check_mode: bool,
+    pub depends_on: Vec<TaskId>,
+}
+
+/// One unit of work: a script run with an input, retried up to `max_attempts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub workflow_id: WorkflowId,
+    pub name: String,
+    pub script: String,
+    pub input: Value,
+    pub priority: Priority,
+    pub status: TaskStatus,
+    /// Tasks of the same workflow that must complete before this one starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<TaskId>,
+    /// Dry run: the script is told to change nothing.
+    pub check_mode: bool,
+    /// Attempts started so far (the running one included).
+    pub attempts: u32,
+    pub max_attempts: u32,
+    /// Wall-clock limit of one attempt, in seconds.
+    pub timeout_secs: u64,
+    /// When the next attempt may start (only in `retry_waiting`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Set, and persisted, before a running script is signalled, so that a
+    /// crash between the request and the kill still ends in `cancelled`.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+    #[serde(default)]
+    pub output: Option<Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Optimistic-concurrency version: storage accepts an update only if the
+    /// stored version equals this one, then bumps it.
+    pub version: u64,
+}
+
+/// What a failed attempt led to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOutcome {
+    /// Another attempt is due after the delay.
+    RetryAfter(Duration),
+    /// No attempts left (or the task was being cancelled): the task failed.
+    Failed,
+}
+
+impl Task {
+    /// A new task. It is `queued` when it has no dependencies, else `pending`.
+    pub fn new(workflow_id: WorkflowId, spec: TaskSpec, now: DateTime<Utc>) -> Task {
+        let status = if spec.depends_on.is_empty() {
+            TaskStatus::Queued
+        } else {
+            TaskStatus::Pending
+        };
+        Task {
+            id: TaskId::new(),
+            workflow_id,
+            name: spec.name,
+            script: spec.script,
+            input: spec.input,
+            priority: spec.priority,
+            status,
+            depends_on: spec.depends_on,
+            check_mode: spec.check_mode,
+            attempts: 0,
+            max_attempts: spec.max_attempts.max(1),
+            timeout_secs: spec.timeout.as_secs().max(1),
+            retry_at: None,
+            cancel_requested: false,
+            created_at: now,
+            started_at: None,
+            finished_at: None,
+            updated_at: now,
+            output: None,
+            error: None,
+            exit_code: None,
+            version: 0,
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+
+    fn move_to(&mut self, next: TaskStatus, now: DateTime<Utc>) -> Result<()> {
+        if self.status.is_terminal() {
+            return Err(Error::AlreadyFinished {
+                id: self.id,
+                status: self.status,
+            });
+        }
+        if !self.status.can_become(next) {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: next,
+            });
+        }
+        self.status = next;
+        self.updated_at = now;
+        if next.is_terminal() {
+            self.finished_at = Some(now);
+            self.retry_at = None;
+        }
+        Ok(())
+    }
+
+    /// All dependencies completed: the task may be dispatched.
+    pub fn release(&mut self, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Queued, now)
+    }
+
+    /// A dependency did not complete, so this task will never run.
+    pub fn skip(&mut self, reason: String, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Skipped, now)?;
+        self.error = Some(reason);
+        Ok(())
+    }
+
+    /// A worker claims the task: a new attempt begins.
+    pub fn start(&mut self, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Running, now)?;
+        self.attempts += 1;
+        self.started_at = Some(now);
+        self.retry_at = None;
+        self.exit_code = None;
+        Ok(())
+    }
+
+    pub fn complete(&mut self, output: Value, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Completed, now)?;
+        self.output = Some(output);
+        self.error = None;
+        self.exit_code = Some(0);
+        Ok(())
+    }
+
+    /// The running attempt failed. Retries with backoff while attempts remain
+    /// and nobody asked to cancel. `jitter` is a sample in `[0, 1)`.
+    pub fn fail(
+        &mut self,
+        error: String,
+        exit_code: Option<i32>,
+        policy: &RetryPolicy,
+        jitter: f64,
+        now: DateTime<Utc>,
+    ) -> Result<FailureOutcome> {
+        if self.status != TaskStatus::Running {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: TaskStatus::Failed,
+            });
+        }
+        self.error = Some(error);
+        self.exit_code = exit_code;
+        if self.attempts < self.max_attempts && !self.cancel_requested {
+            let delay = policy.delay_before_retry(self.attempts, jitter);
+            self.move_to(TaskStatus::RetryWaiting, now)?;
+            self.retry_at = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+            Ok(FailureOutcome::RetryAfter(delay))
+        } else {
+            self.move_to(TaskStatus::Failed, now)?;
+            Ok(FailureOutcome::Failed)
+        }
+    }
+
+    /// Ask for cancellation. A task that is not running is cancelled at once
+    /// (returns `true`); a running one is only marked, and the caller must stop
+    /// its script and then call [`Task::finish_cancel`] (returns `false`).
+    pub fn request_cancel(&mut self, now: DateTime<Utc>) -> Result<bool> {
+        if self.status.is_terminal() {
+            return Err(Error::AlreadyFinished {
+                id: self.id,
+                status: self.status,
+            });
+        }
+        if self.status == TaskStatus::Running {
+            self.cancel_requested = true;
+            self.updated_at = now;
+            Ok(false)
+        } else {
+            self.cancel_requested = true;
+            self.move_to(TaskStatus::Cancelled, now)?;
+            self.error = Some("cancelled before it ran".to_owned());
+            Ok(true)
+        }
+    }
+
+    /// The running script was stopped because of a cancel request.
+    pub fn finish_cancel(&mut self, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Cancelled, now)?;
+        self.error = Some(format!("cancelled while running (attempt {})", self.attempts));
+        Ok(())
+    }
+
+    /// The service stopped the running attempt for reasons of its own (a
+    /// shutdown, a lost worker). The attempt does not count against the
+    /// task, which goes back to the queue.
+    pub fn interrupt(&mut self, reason: String, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Queued, now)?;
+        self.attempts = self.attempts.saturating_sub(1);
+        self.error = Some(reason);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(depends_on: Vec<TaskId>) -> TaskSpec {
+        TaskSpec {
+            name: "t".into(),
+            script: "x.sh".into(),
+            input: Value::Null,
+            priority: Priority::Normal,
+            max_attempts: 3,
+            timeout: Duration::from_secs(10),
+            check_mode: false,
+            depends_on,
+        }
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn new_task_is_queued_or_pending_by_dependencies() {
+        assert_eq!(Task::new(WorkflowId::new(), spec(vec![]), now()).status, TaskStatus::Queued);
+        let dep = TaskId::new();
+        assert_eq!(Task::new(WorkflowId::new(), spec(vec![dep]), now()).status, TaskStatus::Pending);
+    }
+
+    #[test]
+    fn retries_until_attempts_are_used_up() {
+        let policy = RetryPolicy::default();
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
+        for attempt in 1..=3 {
+            task.start(now()).unwrap();
+            assert_eq!(task.attempts, attempt);
+            let outcome = task.fail("boom".into(), Some(1), &policy, 0.5, now()).unwrap();
+            if attempt < 3 {
+                assert!(matches!(outcome, FailureOutcome::RetryAfter(_)));
+                assert_eq!(task.status, TaskStatus::RetryWaiting);
+                assert!(task.retry_at.unwrap() > now());
+            } else {
+                assert_eq!(outcome, FailureOutcome::Failed);
+                assert_eq!(task.status, TaskStatus::Failed);
+                assert_eq!(task.finished_at, Some(now()));
+            }
+        }
+        assert_eq!(task.error.as_deref(), Some("boom"));
+        assert_eq!(task.exit_code, Some(1));
+    }
+
+    #[test]
+    fn completion_records_output_and_clears_the_last_error() {
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
+        task.start(now()).unwrap();
+        task.fail("first".into(), Some(3), &RetryPolicy::default(), 0.0, now()).unwrap();
+        task.start(now()).unwrap();
+        task.complete(serde_json::json!({"ip": "10.0.0.1"}), now()).unwrap();
+        assert_eq!(task.status, TaskStatus::Completed);
+        assert_eq!(task.error, None);
+        assert_eq!(task.exit_code, Some(0));
+        assert_eq!(task.output.as_ref().unwrap()["ip"], "10.0.0.1");
+    }
+
+    #[test]
+    fn cancel_of_a_waiting_task_is_immediate_and_of_a_running_one_is_deferred() {
+        let mut queued = Task::new(WorkflowId::new(), spec(vec![]), now());
+        assert!(queued.request_cancel(now()).unwrap());
+        assert_eq!(queued.status, TaskStatus::Cancelled);
+
+        let mut running = Task::new(WorkflowId::new(), spec(vec![]), now());
+        running.start(now()).unwrap();
+        assert!(!running.request_cancel(now()).unwrap());
+        assert_eq!(running.status, TaskStatus::Running);
+        assert!(running.cancel_requested);
+        // A failure while a cancel is pending never schedules a retry.
+        let outcome = running
+            .fail("killed".into(), None, &RetryPolicy::default(), 0.0, now())
+            .unwrap();
+        assert_eq!(outcome, FailureOutcome::Failed);
+    }
+
+    #[test]
+    fn terminal_tasks_refuse_every_transition() {
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
+        task.start(now()).unwrap();
+        task.complete(Value::Null, now()).unwrap();
+        assert!(matches!(task.start(now()), Err(Error::AlreadyFinished { .. })));
+        assert!(matches!(task.request_cancel(now()), Err(Error::AlreadyFinished { .. })));
+        assert!(task.release(now()).is_err());
+    }
+
+    #[test]
+    fn illegal_moves_are_errors_not_changes() {
+        let mut task = Task::new(WorkflowId::new(), spec(vec![TaskId::new()]), now());
+        let before = task.clone();
+        assert!(matches!(task.start(now()), Err(Error::InvalidTransition { .. })));
+        assert!(task.complete(Value::Null, now()).is_err());
+        assert_eq!(task, before);
+    }
+
+    #[test]
+    fn interrupt_returns_the_attempt() {
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
+        task.start(now()).unwrap();
+        task.interrupt("shutdown".into(), now()).unwrap();
+        assert_eq!(task.status, TaskStatus::Queued);
+        assert_eq!(task.attempts, 0);
+    }
+
+    #[test]
+    fn transition_table_has_no_exit_from_terminal_states() {
+        for from in TaskStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in TaskStatus::ALL {
+                assert!(!from.can_become(to), "{from} -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn statuses_and_priorities_parse_from_their_names() {
+        for status in TaskStatus::ALL {
+            assert_eq!(status.as_str().parse::<TaskStatus>().unwrap(), status);
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+        }
+        for priority in Priority::ALL {
+            assert_eq!(priority.as_str().parse::<Priority>().unwrap(), priority);
+        }
+        let err = "urgent".parse::<Priority>().unwrap_err();
+        assert!(err.contains("urgent"));
+        assert!(Priority::Critical > Priority::High && Priority::High > Priority::Normal);
+    }
+}

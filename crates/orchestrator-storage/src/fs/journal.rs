@@ -1,0 +1,228 @@
+//! The append-only journal: checksummed JSON lines, written by one thread
+//! that batches concurrent appends into a single `fdatasync` (group commit).
+//!
+//! A line is `<crc32 of the JSON, 8 hex digits> <JSON>\n`. A line whose
+//! checksum does not match, or the last line without its newline, is a torn
+//! write and is never read as data.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use tokio::sync::oneshot;
+
+use crate::{Error, Result};
+
+/// Most commands folded into one write-and-sync.
+const MAX_BATCH: usize = 4096;
+
+pub(crate) fn encode_line(json: &[u8], out: &mut Vec<u8>) {
+    let crc = crc32fast::hash(json);
+    out.extend_from_slice(format!("{crc:08x} ").as_bytes());
+    out.extend_from_slice(json);
+    out.push(b'\n');
+}
+
+/// Splits a line (without its newline) into its JSON payload if the checksum holds.
+pub(crate) fn decode_line(line: &[u8]) -> Option<&[u8]> {
+    if line.len() < 10 || line[8] != b' ' {
+        return None;
+    }
+    let crc = u32::from_str_radix(std::str::from_utf8(&line[..8]).ok()?, 16).ok()?;
+    let json = &line[9..];
+    (crc32fast::hash(json) == crc).then_some(json)
+}
+
+/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+type Done = oneshot::Sender<std::result::Result<(), String>>;
+
+enum Command {
+    Append { bytes: Vec<u8>, done: Done },
+    /// Replace the snapshot with `bytes`, then empty the journal. Queued
+    /// behind every append issued before it, so the snapshot (built from
+    /// memory that already contains those appends) covers them all.
+    Snapshot { bytes: Vec<u8>, done: Done },
+}
+
+/// Handle to the writer thread.
+pub(crate) struct JournalWriter {
+    sender: Mutex<Option<mpsc::Sender<Command>>>,
+    poisoned: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl JournalWriter {
+    pub(crate) fn start(journal_path: PathBuf, snapshot_path: PathBuf) -> Result<JournalWriter> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&journal_path)
+            .map_err(|e| Error::io(format!("open {}", journal_path.display()), e))?;
+        let (sender, receiver) = mpsc::channel();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let thread_poisoned = poisoned.clone();
+        let thread = std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || {
+                writer_loop(file, &journal_path, &snapshot_path, receiver, &thread_poisoned)
+            })
+            .map_err(|e| Error::io("start journal writer thread", e))?;
+        Ok(JournalWriter {
+            sender: Mutex::new(Some(sender)),
+            poisoned,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned("a journal write failed".into()));
+        }
+        Ok(())
+    }
+
+    fn send(&self, make: impl FnOnce(Done) -> Command) -> Result<Pending> {
+        self.check_usable()?;
+        let (done, receiver) = oneshot::channel();
+        let guard = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = guard.as_ref().ok_or(Error::Closed)?;
+        sender.send(make(done)).map_err(|_| Error::Closed)?;
+        Ok(Pending(receiver))
+    }
+
+    /// Queues already-encoded lines. Call it while holding the lock that
+    /// ordered the in-memory change, so the journal order matches.
+    pub(crate) fn append(&self, bytes: Vec<u8>) -> Result<Pending> {
+        self.send(|done| Command::Append { bytes, done })
+    }
+
+    pub(crate) fn snapshot(&self, bytes: Vec<u8>) -> Result<Pending> {
+        self.send(|done| Command::Snapshot { bytes, done })
+    }
+
+    /// Stops the thread after it has written everything queued.
+    pub(crate) fn shutdown(&self) {
+        self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A queued write; resolves once it is durable.
+pub(crate) struct Pending(oneshot::Receiver<std::result::Result<(), String>>);
+
+impl Pending {
+    pub(crate) async fn durable(self) -> Result<()> {
+        match self.0.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(Error::Poisoned(message)),
+            Err(_) => Err(Error::Closed),
+        }
+    }
+}
+
+fn writer_loop(
+    mut file: File,
+    journal_path: &Path,
+    snapshot_path: &Path,
+    receiver: mpsc::Receiver<Command>,
+    poisoned: &AtomicBool,
+) {
+    let mut buffer = Vec::with_capacity(64 * 1024);
+    let mut waiting: Vec<Done> = Vec::new();
+    while let Ok(first) = receiver.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        let mut result: io::Result<()> = Ok(());
+        for command in batch {
+            if poisoned.load(Ordering::Acquire) {
+                let done = match command {
+                    Command::Append { done, .. } | Command::Snapshot { done, .. } => done,
+                };
+                let _ = done.send(Err("an earlier journal write failed".into()));
+                continue;
+            }
+            match command {
+                Command::Append { bytes, done } => {
+                    buffer.extend_from_slice(&bytes);
+                    waiting.push(done);
+                }
+                Command::Snapshot { bytes, done } => {
+                    result = flush(&mut file, &mut buffer).and_then(|()| {
+                        write_atomically(snapshot_path, &bytes)?;
+                        // The snapshot now holds everything; start the journal afresh.
+                        file.set_len(0)?;
+                        file.sync_all()
+                    });
+                    waiting.push(done);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        if result.is_ok() {
+            result = flush(&mut file, &mut buffer);
+        }
+        let reply = match &result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                poisoned.store(true, Ordering::Release);
+                tracing::error!(journal = %journal_path.display(), error = %e, "journal write failed; storage refuses further writes");
+                buffer.clear();
+                Err(format!("journal write to {} failed: {e}", journal_path.display()))
+            }
+        };
+        for done in waiting.drain(..) {
+            let _ = done.send(reply.clone());
+        }
+    }
+}
+
+fn flush(file: &mut File, buffer: &mut Vec<u8>) -> io::Result<()> {
+    if buffer.is_empty() {
+        return Ok(());
+    }
+    file.write_all(buffer)?;
+    file.sync_data()?;
+    buffer.clear();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_detect_damage() {
+        let mut out = Vec::new();
+        encode_line(br#"{"a":1}"#, &mut out);
+        let line = &out[..out.len() - 1];
+        assert_eq!(decode_line(line), Some(&br#"{"a":1}"#[..]));
+        let mut damaged = line.to_vec();
+        damaged[12] = b'2';
+        assert_eq!(decode_line(&damaged), None);
+        assert_eq!(decode_line(&line[..line.len() - 2]), None);
+        assert_eq!(decode_line(b"short"), None);
+    }
+}

@@ -1,0 +1,408 @@
+//! The filesystem backend: the embedded default, no database.
+//!
+//! Layout of `--data-dir` (see `docs/storage.md`):
+//!
+//! ```text
+//! layout.json      {"layout_version": 1}; refused if newer than this build
+//! LOCK             held (flock) while a service has the dir open
+//! snapshot.jsonl   every record as of the last compaction, one checksummed line each
+//! journal.jsonl    every change since, appended with group commit
+//! logs/<task>.log  captured script output
+//! ```
+//!
+//! All records live in memory with their indexes, rebuilt at open from the
+//! snapshot and the journal. A write changes memory and queues its journal
+//! line under one lock (so the journal order is the memory order), then
+//! waits, outside the lock, until the line is durable.
+
+mod journal;
+mod state;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+use serde::{Deserialize, Serialize};
+
+use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
+use self::state::State;
+use crate::{Backend, Error, LogChunk, Page, Result, TaskQuery};
+
+/// The on-disk layout this build reads and writes.
+pub const LAYOUT_VERSION: u32 = 1;
+
+const LAYOUT_FILE: &str = "layout.json";
+const SNAPSHOT_FILE: &str = "snapshot.jsonl";
+const JOURNAL_FILE: &str = "journal.jsonl";
+const LOGS_DIR: &str = "logs";
+
+/// Tuning knobs; the defaults suit production.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Compact the journal into the snapshot once it grows past this size.
+    pub compact_after_bytes: u64,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions {
+            compact_after_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// One journal or snapshot line.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "type", content = "data", rename_all = "snake_case")]
+enum Record {
+    Workflow(Workflow),
+    Task(Task),
+    /// A new workflow with all its tasks in one checksummed line, so a torn
+    /// write keeps all of it or none.
+    Submission { workflow: Workflow, tasks: Vec<Task> },
+}
+
+impl Record {
+    fn apply(self, state: &mut State) {
+        match self {
+            Record::Workflow(w) => state.put_workflow(w),
+            Record::Task(t) => state.put_task(t),
+            Record::Submission { workflow, tasks } => {
+                state.put_workflow(workflow);
+                tasks.into_iter().for_each(|t| state.put_task(t));
+            }
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Layout {
+    layout_version: u32,
+}
+
+pub struct FsBackend {
+    dir: PathBuf,
+    logs_dir: PathBuf,
+    options: FsOptions,
+    /// A std mutex: it guards plain in-memory maps and is never held across
+    /// an `.await`; durability is awaited after it is released.
+    state: Mutex<State>,
+    journal: JournalWriter,
+    /// Keeps the `LOCK` file's advisory lock for as long as we are open.
+    _lock: File,
+}
+
+impl FsBackend {
+    pub async fn open(dir: &Path, options: FsOptions) -> Result<FsBackend> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(dir, options))
+            .await
+            .map_err(|e| Error::io("open storage", std::io::Error::other(e)))?
+    }
+
+    fn open_blocking(dir: PathBuf, options: FsOptions) -> Result<FsBackend> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("create data dir {}", dir.display()), e))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(|e| Error::io(format!("open {}", dir.join("LOCK").display()), e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked { dir }),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(Error::io(format!("lock {}", dir.join("LOCK").display()), e));
+            }
+        }
+        check_layout(&dir)?;
+        let logs_dir = dir.join(LOGS_DIR);
+        std::fs::create_dir_all(&logs_dir)
+            .map_err(|e| Error::io(format!("create {}", logs_dir.display()), e))?;
+
+        let mut state = State::default();
+        let snapshot_path = dir.join(SNAPSHOT_FILE);
+        let journal_path = dir.join(JOURNAL_FILE);
+        replay(&snapshot_path, &mut state, TornTail::Refuse)?;
+        state.journal_bytes = replay(&journal_path, &mut state, TornTail::Truncate)?;
+        tracing::info!(
+            dir = %dir.display(),
+            tasks = state.task_count(),
+            workflows = state.workflow_count(),
+            "filesystem storage opened"
+        );
+        let journal = JournalWriter::start(journal_path, snapshot_path)?;
+        Ok(FsBackend {
+            dir,
+            logs_dir,
+            options,
+            state: Mutex::new(state),
+            journal,
+            _lock: lock,
+        })
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied change:
+        // every mutation is one map insert after all checks.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn log_path(&self, id: TaskId) -> PathBuf {
+        self.logs_dir.join(format!("{id}.log"))
+    }
+
+    /// Applies records in memory and queues their journal lines, under the
+    /// state lock; returns the write to await once the lock is released.
+    fn commit(&self, state: &mut State, record: Record) -> Result<journal::Pending> {
+        let mut bytes = Vec::new();
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
+        encode_line(&json, &mut bytes);
+        state.journal_bytes += bytes.len() as u64;
+        let pending = self.journal.append(bytes)?;
+        record.apply(state);
+        if state.journal_bytes > self.options.compact_after_bytes {
+            self.queue_compaction(state)?;
+        }
+        Ok(pending)
+    }
+
+    fn queue_compaction(&self, state: &mut State) -> Result<()> {
+        let mut bytes = Vec::new();
+        for workflow in state.workflows() {
+            let json = serde_json::to_vec(&Record::Workflow(workflow.clone()))
+                .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
+            encode_line(&json, &mut bytes);
+        }
+        for task in state.tasks() {
+            let json = serde_json::to_vec(&Record::Task(task.clone()))
+                .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
+            encode_line(&json, &mut bytes);
+        }
+        state.journal_bytes = 0;
+        // Nobody awaits the snapshot itself: a failure poisons the journal,
+        // and every later write reports it.
+        drop(self.journal.snapshot(bytes)?);
+        Ok(())
+    }
+}
+
+fn check_layout(dir: &Path) -> Result<()> {
+    let path = dir.join(LAYOUT_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let layout: Layout = serde_json::from_slice(&bytes).map_err(|e| {
+                Error::Layout(format!("{} is not a valid layout file: {e}", path.display()))
+            })?;
+            if layout.layout_version > LAYOUT_VERSION {
+                return Err(Error::Layout(format!(
+                    "data dir {} has layout version {}, newer than this build supports ({LAYOUT_VERSION}); \
+                     run a newer orchestrator or restore a backup",
+                    dir.display(),
+                    layout.layout_version
+                )));
+            }
+            // Older layouts would be upgraded forward here, one version at a time.
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
+                return Err(Error::Layout(format!(
+                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
+                    dir.display()
+                )));
+            }
+            let json = serde_json::to_vec_pretty(&Layout {
+                layout_version: LAYOUT_VERSION,
+            })
+            .map_err(|e| Error::io("serialize layout", std::io::Error::other(e)))?;
+            write_atomically(&path, &json)
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        }
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
+#[derive(PartialEq)]
+enum TornTail {
+    /// The journal may end in a write cut short by a crash: drop it.
+    Truncate,
+    /// The snapshot is written atomically: any damage is corruption.
+    Refuse,
+}
+
+/// Loads every record of a file into `state`; returns the bytes kept.
+fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    let mut offset = 0usize;
+    let mut line_no = 0usize;
+    while offset < bytes.len() {
+        line_no += 1;
+        let rest = &bytes[offset..];
+        let (line, complete) = match rest.iter().position(|&b| b == b'\n') {
+            Some(end) => (&rest[..end], true),
+            None => (rest, false),
+        };
+        let parsed = decode_line(line)
+            .filter(|_| complete)
+            .and_then(|json| serde_json::from_slice::<Record>(json).ok());
+        let Some(record) = parsed else {
+            let is_last = !complete || offset + line.len() + 1 >= bytes.len();
+            if torn_tail == TornTail::Truncate && is_last {
+                tracing::warn!(
+                    path = %path.display(), line = line_no,
+                    "dropping a torn write at the end of the journal"
+                );
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+                file.set_len(offset as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
+                return Ok(offset as u64);
+            }
+            return Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                line: line_no,
+                reason: "checksum mismatch or unreadable record in the middle of the file; \
+                         restore the data dir from a backup"
+                    .into(),
+            });
+        };
+        record.apply(state);
+        offset += line.len() + 1;
+    }
+    Ok(offset as u64)
+}
+
+#[async_trait]
+impl Backend for FsBackend {
+    fn name(&self) -> &'static str {
+        "filesystem"
+    }
+
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.workflow(workflow.id).is_some() {
+                return Err(Error::AlreadyExists {
+                    what: "workflow",
+                    id: workflow.id.to_string(),
+                });
+            }
+            if let Some(task) = tasks.iter().find(|t| state.task(t.id).is_some()) {
+                return Err(Error::AlreadyExists {
+                    what: "task",
+                    id: task.id.to_string(),
+                });
+            }
+            let record = Record::Submission {
+                workflow: workflow.clone(),
+                tasks: tasks.to_vec(),
+            };
+            self.commit(&mut state, record)?
+        };
+        pending.durable().await
+    }
+
+    async fn update_task(&self, task: &Task) -> Result<Task> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
+            if current.version != task.version {
+                return Err(Error::Conflict {
+                    id: task.id,
+                    expected: task.version,
+                    found: current.version,
+                });
+            }
+            let mut stored = task.clone();
+            stored.version += 1;
+            let pending = self.commit(&mut state, Record::Task(stored.clone()))?;
+            (pending, stored)
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        Ok(self.lock_state().task(id).cloned())
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
+        Ok(self.lock_state().list_tasks(query))
+    }
+
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+        Ok(self.lock_state().workflow_tasks(id))
+    }
+
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
+        Ok(self.lock_state().unfinished_tasks())
+    }
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
+        Ok(self.lock_state().workflow(id).cloned())
+    }
+
+    async fn list_workflows(&self, limit: usize, offset: usize) -> Result<Page<Workflow>> {
+        Ok(self.lock_state().list_workflows(limit, offset))
+    }
+
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+        self.journal.check_usable()?;
+        let path = self.log_path(id);
+        // Page-cache writes of a few bytes: cheaper inline than a hop to the
+        // blocking pool. Logs are not fsynced per chunk; see docs/storage.md.
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(chunk))
+            .map_err(|e| Error::io(format!("append to {}", path.display()), e))
+    }
+
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        let path = self.log_path(id);
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(LogChunk {
+                    data: Vec::new(),
+                    next_offset: offset,
+                });
+            }
+            Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+        };
+        let mut data = Vec::new();
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| file.take(max_bytes as u64).read_to_end(&mut data))
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        Ok(LogChunk {
+            next_offset: offset + data.len() as u64,
+            data,
+        })
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.journal.shutdown();
+        tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
+        Ok(())
+    }
+}
+
+impl Drop for FsBackend {
+    fn drop(&mut self) {
+        self.journal.shutdown();
+    }
+}

@@ -1,0 +1,138 @@
+//! The filesystem backend's in-memory records and indexes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
+
+use crate::{Page, TaskQuery};
+
+#[derive(Default)]
+pub(super) struct State {
+    tasks: BTreeMap<TaskId, Task>,
+    by_status: HashMap<TaskStatus, BTreeSet<TaskId>>,
+    by_workflow: HashMap<WorkflowId, BTreeSet<TaskId>>,
+    workflows: BTreeMap<WorkflowId, Workflow>,
+    /// Bytes appended to the journal since the last compaction.
+    pub(super) journal_bytes: u64,
+}
+
+impl State {
+    pub(super) fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(super) fn workflow_count(&self) -> usize {
+        self.workflows.len()
+    }
+
+    pub(super) fn task(&self, id: TaskId) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    pub(super) fn workflow(&self, id: WorkflowId) -> Option<&Workflow> {
+        self.workflows.get(&id)
+    }
+
+    pub(super) fn tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.values()
+    }
+
+    pub(super) fn workflows(&self) -> impl Iterator<Item = &Workflow> {
+        self.workflows.values()
+    }
+
+    /// Inserts or replaces a task, keeping every index in step. Replaying an
+    /// older version over a newer one is ignored, so a journal replayed over
+    /// a snapshot that already holds its records changes nothing.
+    pub(super) fn put_task(&mut self, task: Task) {
+        if let Some(old) = self.tasks.get(&task.id) {
+            if old.version > task.version {
+                return;
+            }
+            if old.status != task.status
+                && let Some(set) = self.by_status.get_mut(&old.status)
+            {
+                set.remove(&task.id);
+            }
+        }
+        self.by_status.entry(task.status).or_default().insert(task.id);
+        self.by_workflow
+            .entry(task.workflow_id)
+            .or_default()
+            .insert(task.id);
+        self.tasks.insert(task.id, task);
+    }
+
+    pub(super) fn put_workflow(&mut self, workflow: Workflow) {
+        if let Some(old) = self.workflows.get(&workflow.id)
+            && old.version > workflow.version
+        {
+            return;
+        }
+        self.workflows.insert(workflow.id, workflow);
+    }
+
+    pub(super) fn list_tasks(&self, query: &TaskQuery) -> Page<Task> {
+        let status_matches = |t: &&Task| query.status.is_none_or(|s| t.status == s);
+        // Walk the narrowest index that applies; ids are time-sortable, so
+        // walking any id set backwards is newest first.
+        let candidates: Box<dyn DoubleEndedIterator<Item = &TaskId>> =
+            match (query.workflow, query.status) {
+                (Some(workflow), _) => match self.by_workflow.get(&workflow) {
+                    Some(ids) => Box::new(ids.iter()),
+                    None => Box::new(std::iter::empty()),
+                },
+                (None, Some(status)) => match self.by_status.get(&status) {
+                    Some(ids) => Box::new(ids.iter()),
+                    None => Box::new(std::iter::empty()),
+                },
+                (None, None) => Box::new(self.tasks.keys()),
+            };
+        let mut total = 0;
+        let mut items = Vec::new();
+        for task in candidates
+            .rev()
+            .filter_map(|id| self.tasks.get(id))
+            .filter(status_matches)
+        {
+            if total >= query.offset && items.len() < query.limit {
+                items.push(task.clone());
+            }
+            total += 1;
+        }
+        Page { items, total }
+    }
+
+    pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Task> {
+        self.by_workflow
+            .get(&id)
+            .map(|ids| ids.iter().filter_map(|id| self.tasks.get(id)).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub(super) fn unfinished_tasks(&self) -> Vec<Task> {
+        let mut ids: Vec<TaskId> = TaskStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .filter_map(|s| self.by_status.get(&s))
+            .flatten()
+            .copied()
+            .collect();
+        ids.sort();
+        ids.iter().filter_map(|id| self.tasks.get(id)).cloned().collect()
+    }
+
+    pub(super) fn list_workflows(&self, limit: usize, offset: usize) -> Page<Workflow> {
+        Page {
+            items: self
+                .workflows
+                .values()
+                .rev()
+                .skip(offset)
+                .take(limit)
+                .cloned()
+                .collect(),
+            total: self.workflows.len(),
+        }
+    }
+}

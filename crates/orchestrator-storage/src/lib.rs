@@ -1,0 +1,185 @@
+//! Storage: one trait, [`Backend`], and the backends behind it.
+//!
+//! Callers hold a [`Storage`], a cheap clonable handle around `Arc<dyn
+//! Backend>`, and never name a concrete backend. [`StorageType`] lists every
+//! backend whether or not its cargo feature is compiled in, so a request for a
+//! missing one is answered with the feature to enable instead of "unknown".
+
+mod error;
+pub mod fs;
+
+use std::fmt;
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
+
+pub use error::{Error, Result};
+
+/// Everything the orchestrator persists. Every write is durable when the
+/// returned future resolves: an acknowledged write survives a crash or a
+/// power cut.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The backend's name as used by `--storage-type`.
+    fn name(&self) -> &'static str;
+
+    /// Stores a new workflow and all its tasks atomically: after a crash
+    /// either all of them exist or none does.
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()>;
+
+    /// Replaces a task if, and only if, the stored version equals
+    /// `task.version` (compare-and-set). Returns the stored task, whose
+    /// version is one higher. A stale version gives [`Error::Conflict`], so
+    /// two workers can never both claim the same task.
+    async fn update_task(&self, task: &Task) -> Result<Task>;
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>>;
+
+    /// Tasks matching the query, newest first, and how many matched in all.
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>>;
+
+    /// All tasks of one workflow, oldest first.
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>>;
+
+    /// Tasks in a non-terminal status, oldest first: the work to resume at start.
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>>;
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>>;
+
+    /// Workflows newest first.
+    async fn list_workflows(&self, limit: usize, offset: usize) -> Result<Page<Workflow>>;
+
+    /// Appends captured script output to a task's log.
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()>;
+
+    /// Reads up to `max_bytes` of a task's log from `offset`.
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk>;
+
+    /// Flushes and releases the backend. Later calls fail.
+    async fn close(&self) -> Result<()>;
+}
+
+/// Filters for [`Backend::list_tasks`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskQuery {
+    pub status: Option<TaskStatus>,
+    pub workflow: Option<WorkflowId>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// How many records matched, across all pages.
+    pub total: usize,
+}
+
+/// A slice of a task's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    pub data: Vec<u8>,
+    /// Where the next read should start.
+    pub next_offset: u64,
+}
+
+/// The clonable storage handle every other crate uses.
+#[derive(Clone)]
+pub struct Storage(Arc<dyn Backend>);
+
+impl Storage {
+    pub fn new(backend: impl Backend + 'static) -> Storage {
+        Storage(Arc::new(backend))
+    }
+}
+
+impl Deref for Storage {
+    type Target = dyn Backend;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Storage").field(&self.0.name()).finish()
+    }
+}
+
+/// Every backend, compiled in or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StorageType {
+    Filesystem,
+    SurrealdbEmbedded,
+    SurrealdbServer,
+}
+
+impl StorageType {
+    pub const ALL: [StorageType; 3] = [
+        StorageType::Filesystem,
+        StorageType::SurrealdbEmbedded,
+        StorageType::SurrealdbServer,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageType::Filesystem => "filesystem",
+            StorageType::SurrealdbEmbedded => "surrealdb-embedded",
+            StorageType::SurrealdbServer => "surrealdb-server",
+        }
+    }
+
+    /// The cargo feature that compiles this backend in, if it needs one.
+    pub fn cargo_feature(self) -> Option<&'static str> {
+        match self {
+            StorageType::Filesystem => None,
+            StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Some("surrealdb"),
+        }
+    }
+}
+
+impl fmt::Display for StorageType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for StorageType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        StorageType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown storage type `{s}` (expected filesystem, surrealdb-embedded or surrealdb-server)"
+                )
+            })
+    }
+}
+
+/// Where and how to open storage.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    pub storage_type: StorageType,
+    pub data_dir: PathBuf,
+}
+
+/// Opens the configured backend, or explains which cargo feature is missing.
+pub async fn open(config: &StorageConfig) -> Result<Storage> {
+    match config.storage_type {
+        StorageType::Filesystem => {
+            let backend = fs::FsBackend::open(&config.data_dir, fs::FsOptions::default()).await?;
+            Ok(Storage::new(backend))
+        }
+        other => Err(Error::BackendNotCompiled {
+            backend: other.as_str(),
+            feature: other.cargo_feature().unwrap_or("?"),
+        }),
+    }
+}

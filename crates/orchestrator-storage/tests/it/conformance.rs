@@ -1,0 +1,218 @@
+//! The storage conformance suite: everything the [`Backend`] trait promises,
+//! written once against `Storage` and run for each backend.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use orchestrator_core::{Priority, Task, TaskSpec, TaskStatus, Workflow, WorkflowId};
+use orchestrator_storage::{Error, Storage, TaskQuery};
+use serde_json::json;
+
+pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
+    let id = WorkflowId::new();
+    let now = Utc::now();
+    let tasks: Vec<Task> = (0..n)
+        .map(|i| {
+            let spec = TaskSpec {
+                name: format!("task-{i}"),
+                script: "noop.sh".into(),
+                input: json!({"i": i, "unicode": "héllo wörld ✓ 日本"}),
+                priority: Priority::Normal,
+                max_attempts: 3,
+                timeout: Duration::from_secs(30),
+                check_mode: false,
+                depends_on: vec![],
+            };
+            Task::new(id, spec, now)
+        })
+        .collect();
+    let workflow = Workflow {
+        id,
+        kind: "test".into(),
+        name: "conformance".into(),
+        input: json!({}),
+        check_mode: false,
+        priority: Priority::Normal,
+        task_ids: tasks.iter().map(|t| t.id).collect(),
+        created_at: now,
+        version: 0,
+    };
+    (workflow, tasks)
+}
+
+/// Opens a fresh, empty store and the means to reopen it on the same data.
+pub trait Harness {
+    async fn open(&self) -> Storage;
+}
+
+pub async fn suite(harness: &impl Harness) {
+    insert_and_read_back(&harness.open().await).await;
+    compare_and_set_updates(&harness.open().await).await;
+    concurrent_claims_hand_out_each_task_once(&harness.open().await).await;
+    listing_orders_filters_and_pages(&harness.open().await).await;
+    large_and_unicode_payloads(&harness.open().await).await;
+    logs_append_and_read_from_offsets(&harness.open().await).await;
+    duplicate_inserts_are_refused(&harness.open().await).await;
+}
+
+async fn insert_and_read_back(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(3);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    assert_eq!(store.get_workflow(workflow.id).await.unwrap(), Some(workflow.clone()));
+    for task in &tasks {
+        assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
+    }
+    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap(), tasks);
+    assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
+    assert_eq!(store.get_task(orchestrator_core::TaskId::new()).await.unwrap(), None);
+}
+
+async fn compare_and_set_updates(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(1);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let mut task = tasks[0].clone();
+    task.start(Utc::now()).unwrap();
+    let stored = store.update_task(&task).await.unwrap();
+    assert_eq!(stored.version, task.version + 1);
+    assert_eq!(stored.status, TaskStatus::Running);
+
+    // The same stale copy can not be written twice.
+    let err = store.update_task(&task).await.unwrap_err();
+    assert!(matches!(err, Error::Conflict { expected: 0, found: 1, .. }), "{err}");
+
+    let mut next = stored.clone();
+    next.complete(json!({"ok": true}), Utc::now()).unwrap();
+    let done = store.update_task(&next).await.unwrap();
+    assert_eq!(store.get_task(task.id).await.unwrap(), Some(done));
+    assert!(store.unfinished_tasks().await.unwrap().is_empty());
+
+    let (_, strangers) = workflow_with_tasks(1);
+    assert!(matches!(
+        store.update_task(&strangers[0]).await,
+        Err(Error::TaskNotFound(_))
+    ));
+}
+
+async fn concurrent_claims_hand_out_each_task_once(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(20);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    // Eight claimers race for every task; each claim is a CAS from the
+    // version they read.
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        let tasks = tasks.clone();
+        handles.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for task in tasks {
+                let mut claim = task.clone();
+                claim.start(Utc::now()).unwrap();
+                if store.update_task(&claim).await.is_ok() {
+                    won.push(task.id);
+                }
+            }
+            won
+        }));
+    }
+    let mut winners = Vec::new();
+    for handle in handles {
+        winners.extend(handle.await.unwrap());
+    }
+    let unique: HashSet<_> = winners.iter().collect();
+    assert_eq!(winners.len(), 20, "every task claimed exactly once");
+    assert_eq!(unique.len(), 20);
+}
+
+async fn listing_orders_filters_and_pages(store: &Storage) {
+    let (workflow_a, tasks_a) = workflow_with_tasks(5);
+    let (workflow_b, tasks_b) = workflow_with_tasks(4);
+    store.insert_workflow(&workflow_a, &tasks_a).await.unwrap();
+    store.insert_workflow(&workflow_b, &tasks_b).await.unwrap();
+    let mut running = tasks_b[1].clone();
+    running.start(Utc::now()).unwrap();
+    store.update_task(&running).await.unwrap();
+
+    let all = store
+        .list_tasks(&TaskQuery { limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(all.total >= 9);
+    let ids: Vec<_> = all.items.iter().map(|t| t.id).collect();
+    let mut newest_first = ids.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(ids, newest_first, "newest first");
+
+    let by_workflow = store
+        .list_tasks(&TaskQuery { workflow: Some(workflow_a.id), limit: 2, offset: 1, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(by_workflow.total, 5);
+    assert_eq!(
+        by_workflow.items.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![tasks_a[3].id, tasks_a[2].id]
+    );
+
+    let running_in_b = store
+        .list_tasks(&TaskQuery {
+            workflow: Some(workflow_b.id),
+            status: Some(TaskStatus::Running),
+            limit: 10,
+            offset: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(running_in_b.total, 1);
+    assert_eq!(running_in_b.items[0].id, running.id);
+
+    let queued = store
+        .list_tasks(&TaskQuery { status: Some(TaskStatus::Queued), limit: 1000, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(queued.items.iter().all(|t| t.status == TaskStatus::Queued));
+    assert!(!queued.items.iter().any(|t| t.id == running.id));
+
+    let past_the_end = store
+        .list_tasks(&TaskQuery { workflow: Some(workflow_a.id), limit: 10, offset: 50, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(past_the_end.items.is_empty());
+    assert_eq!(past_the_end.total, 5);
+
+    let workflows = store.list_workflows(1, 0).await.unwrap();
+    assert_eq!(workflows.items[0].id, workflow_b.id);
+}
+
+async fn large_and_unicode_payloads(store: &Storage) {
+    let (workflow, mut tasks) = workflow_with_tasks(1);
+    let big = "ü—🚀".repeat(100_000);
+    tasks[0].input = json!({"blob": big, "nested": {"list": [1, 2.5, null, "x"]}});
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let read = store.get_task(tasks[0].id).await.unwrap().unwrap();
+    assert_eq!(read.input, tasks[0].input);
+}
+
+async fn logs_append_and_read_from_offsets(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(1);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let id = tasks[0].id;
+    let empty = store.read_log(id, 0, 1024).await.unwrap();
+    assert!(empty.data.is_empty());
+    store.append_log(id, "line one ✓\n".as_bytes()).await.unwrap();
+    store.append_log(id, b"line two\n").await.unwrap();
+    let all = store.read_log(id, 0, 1 << 20).await.unwrap();
+    assert_eq!(String::from_utf8(all.data).unwrap(), "line one ✓\nline two\n");
+    let tail = store.read_log(id, all.next_offset - 9, 1 << 20).await.unwrap();
+    assert_eq!(tail.data, b"line two\n");
+    assert_eq!(tail.next_offset, all.next_offset);
+    let limited = store.read_log(id, 0, 4).await.unwrap();
+    assert_eq!(limited.data, b"line");
+    assert_eq!(limited.next_offset, 4);
+}
+
+async fn duplicate_inserts_are_refused(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(2);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let err = store.insert_workflow(&workflow, &tasks).await.unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists { what: "workflow", .. }), "{err}");
+}

@@ -1,0 +1,164 @@
+//! The filesystem backend: the conformance suite, reopening, torn writes,
+//! compaction and the lock.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use chrono::Utc;
+use orchestrator_core::TaskStatus;
+use orchestrator_storage::fs::{FsBackend, FsOptions};
+use orchestrator_storage::{Error, Storage, StorageConfig, StorageType, TaskQuery};
+use serde_json::json;
+
+use crate::conformance::{self, Harness, workflow_with_tasks};
+
+struct FsHarness {
+    root: tempfile::TempDir,
+    options: FsOptions,
+}
+
+impl Harness for FsHarness {
+    async fn open(&self) -> Storage {
+        let dir = self.root.path().join(uuid_dir());
+        Storage::new(FsBackend::open(&dir, self.options.clone()).await.unwrap())
+    }
+}
+
+fn uuid_dir() -> String {
+    orchestrator_core::TaskId::new().to_string()
+}
+
+#[tokio::test]
+async fn filesystem_passes_the_conformance_suite() {
+    let harness = FsHarness { root: tempfile::tempdir().unwrap(), options: FsOptions::default() };
+    conformance::suite(&harness).await;
+}
+
+#[tokio::test]
+async fn filesystem_passes_the_suite_while_compacting_constantly() {
+    let harness = FsHarness {
+        root: tempfile::tempdir().unwrap(),
+        options: FsOptions { compact_after_bytes: 1 },
+    };
+    conformance::suite(&harness).await;
+}
+
+async fn open(dir: &PathBuf, options: FsOptions) -> Storage {
+    Storage::new(FsBackend::open(dir, options).await.unwrap())
+}
+
+#[tokio::test]
+async fn reopening_restores_every_task_with_its_status() {
+    for compact_after_bytes in [1, u64::MAX] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_path_buf();
+        let options = FsOptions { compact_after_bytes };
+        let (workflow, tasks) = workflow_with_tasks(10);
+        let expected = {
+            let store = open(&dir, options.clone()).await;
+            store.insert_workflow(&workflow, &tasks).await.unwrap();
+            let mut task = tasks[3].clone();
+            task.start(Utc::now()).unwrap();
+            let task = store.update_task(&task).await.unwrap();
+            let mut done = task.clone();
+            done.complete(json!({"ip": "10.0.0.3"}), Utc::now()).unwrap();
+            store.update_task(&done).await.unwrap();
+            store.append_log(task.id, b"hello\n").await.unwrap();
+            let all = store.list_tasks(&TaskQuery { limit: 100, ..Default::default() }).await.unwrap();
+            store.close().await.unwrap();
+            all
+        };
+        let store = open(&dir, options).await;
+        let again = store.list_tasks(&TaskQuery { limit: 100, ..Default::default() }).await.unwrap();
+        assert_eq!(again, expected);
+        let task = store.get_task(tasks[3].id).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Completed);
+        assert_eq!(task.output, Some(json!({"ip": "10.0.0.3"})));
+        assert_eq!(store.read_log(task.id, 0, 100).await.unwrap().data, b"hello\n");
+        assert_eq!(store.get_workflow(workflow.id).await.unwrap(), Some(workflow.clone()));
+    }
+}
+
+#[tokio::test]
+async fn a_torn_journal_tail_is_dropped_and_everything_before_it_kept() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    let (workflow, tasks) = workflow_with_tasks(2);
+    {
+        let store = open(&dir, FsOptions::default()).await;
+        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store.close().await.unwrap();
+    }
+    // A crash in the middle of the next append leaves half a line.
+    let journal = dir.join("journal.jsonl");
+    let before = std::fs::metadata(&journal).unwrap().len();
+    let mut file = std::fs::OpenOptions::new().append(true).open(&journal).unwrap();
+    file.write_all(b"0badc0de {\"type\":\"task\",\"data\":{\"id\"").unwrap();
+    drop(file);
+
+    let store = open(&dir, FsOptions::default()).await;
+    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap(), tasks);
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), before);
+    // And the store keeps working after the repair.
+    let mut task = tasks[0].clone();
+    task.start(Utc::now()).unwrap();
+    store.update_task(&task).await.unwrap();
+}
+
+#[tokio::test]
+async fn damage_in_the_middle_of_the_journal_is_refused_with_its_line() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    {
+        let store = open(&dir, FsOptions::default()).await;
+        for _ in 0..3 {
+            let (workflow, tasks) = workflow_with_tasks(1);
+            store.insert_workflow(&workflow, &tasks).await.unwrap();
+        }
+        store.close().await.unwrap();
+    }
+    let journal = dir.join("journal.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let damaged = text.replacen("task-0", "task-X", 2);
+    std::fs::write(&journal, damaged).unwrap();
+    let err = FsBackend::open(&dir, FsOptions::default()).await.err().expect("refused");
+    match err {
+        Error::Corrupt { line, .. } => assert_eq!(line, 1),
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_second_process_on_the_same_dir_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    let _first = open(&dir, FsOptions::default()).await;
+    let err = FsBackend::open(&dir, FsOptions::default()).await.err().expect("refused");
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+}
+
+#[tokio::test]
+async fn a_newer_layout_is_refused_clearly() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("layout.json"), r#"{"layout_version": 99}"#).unwrap();
+    let err = FsBackend::open(root.path(), FsOptions::default()).await.err().expect("refused");
+    let message = err.to_string();
+    assert!(message.contains("layout version 99"), "{message}");
+}
+
+#[tokio::test]
+async fn backends_not_compiled_in_name_the_feature() {
+    for storage_type in [StorageType::SurrealdbEmbedded, StorageType::SurrealdbServer] {
+        let config = StorageConfig {
+            storage_type,
+            data_dir: tempfile::tempdir().unwrap().path().to_path_buf(),
+        };
+        let err = orchestrator_storage::open(&config).await.err().expect("not compiled");
+        let message = err.to_string();
+        assert!(message.contains(storage_type.as_str()), "{message}");
+        assert!(message.contains("--features surrealdb"), "{message}");
+    }
+    let err = "postgres".parse::<StorageType>().unwrap_err();
+    assert!(err.contains("postgres"));
+}

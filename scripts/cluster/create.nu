@@ -1,0 +1,275 @@
+# cluster/create.nu — join existing servers into a cluster (the final step of a
+# cluster workflow: servers/create -> taskservs/install -> cluster/create).
+#
+# Run by the orchestrator as `nu cluster/create.nu`, with the task input as one
+# JSON object on stdin. Local simulation only: no network.
+#
+# Input (stdin, JSON object):
+#   infra       string, required   infra name, ^[A-Za-z0-9][A-Za-z0-9._-]*$ (max 128 chars)
+#   cluster     string, required   cluster name, same pattern
+#   servers     [string], required non-empty, no duplicates; the FIRST one is the
+#                                  control plane
+#   taskservs   [string], optional may be empty; every one must be installed on
+#                                  every server
+#   settings    string, optional   accepted for symmetry with the other scripts; unused
+#   check_mode  bool, optional     dry run (also enabled by ORCHESTRATOR_CHECK_MODE=true)
+#   Unknown fields are ignored.
+#
+# Result (last stdout line, compact JSON):
+#   {"cluster", "infra", "control_plane": {"server", "ip"},
+#    "members": [{"server", "id", "ip"}, ...], "taskservs": [string],
+#    "state_file", "changed": bool, "check_mode": bool, "warnings": [string],
+#    "would_change": bool (check mode only)}
+#   In check mode a member whose server does not exist yet has "id"/"ip" null.
+#
+# State layout ($ORCHESTRATOR_DATA_DIR, default ./data):
+#   infra/<infra>/servers/<server>/server.json               (read: id, ip)
+#   infra/<infra>/servers/<server>/taskservs/<taskserv>.json (read: must exist)
+#   infra/<infra>/clusters/<cluster>.json                    (written)
+#     {name, infra, control_plane, members, taskservs, created_at, created_by,
+#      updated_at, updated_by, workflow_id}
+#
+# Behaviour: every listed server must exist and have every listed taskserv
+# installed, else exit 1 naming each missing server/taskserv. Idempotent: an
+# existing cluster with the same members (same order, ids, ips) and the same set
+# of taskservs is not rewritten ("changed": false); otherwise it is updated,
+# keeping created_at/created_by ("changed": true). Writes are atomic (temp file
+# in the same directory, then rename).
+# Check mode writes nothing, and missing servers/taskservs are reported in
+# "warnings" instead of failing: in a check-mode workflow run the earlier steps
+# do not create them.
+#
+# Exit codes: 0 ok, 1 failure (missing server/taskserv, corrupt state, I/O error),
+#             2 invalid input.
+
+const NAME_RE = '^[A-Za-z0-9][A-Za-z0-9._-]*$'
+const NAME_MAX = 128
+
+# ---------------------------------------------------------------- helpers ----
+# (Shared verbatim by servers/create.nu, taskservs/install.nu, cluster/create.nu.)
+
+# Print an error on stderr and exit. Never call from inside an `each`/`where`
+# closure: `exit` there is turned into an internal error (exit code 1).
+def fail [code: int, msg: string] {
+    print -e $"error: ($msg)"
+    exit $code
+}
+
+# One-line description of a caught error, including the parser's inner message
+# (e.g. line/column of a JSON or YAML syntax error) when there is one.
+def err-detail [e: record]: nothing -> string {
+    let inner = ($e.details?.inner?.0?.labels?.0?.text? | default "")
+    let cause = if ($inner | is-not-empty) { $inner } else {
+        # e.g. YAML: "  `->   x unclosed bracket '[' at char 3 line 1 column 4"
+        $e.rendered? | default "" | lines | where {|l| $l =~ '^\s*`->' }
+        | each {|l| $l | str replace -r '^\s*`->\s*x\s*' '' } | get -o 0 | default ""
+    }
+    if ($cause | is-empty) { $e.msg } else { $"($e.msg): ($cause)" }
+}
+
+# Parse the task input. `nu script.nu` does NOT bind stdin to `$in` inside
+# `main` (only `nu --stdin script.nu` does), so fall back to /dev/stdin.
+def read-input [piped: any]: nothing -> record {
+    let raw = if $piped != null { $piped } else { open --raw /dev/stdin | collect }
+    let text = if ($raw | describe) == "binary" { $raw | decode utf-8 } else { $raw | into string }
+    if ($text | str trim | is-empty) {
+        fail 2 "no task input on stdin (expected one JSON object)"
+    }
+    let input = try { $text | from json } catch {|e| fail 2 $"task input is not valid JSON: (err-detail $e)" }
+    if not (($input | describe) starts-with "record") {
+        fail 2 $"task input must be a JSON object, got ($input | describe)"
+    }
+    $input
+}
+
+# Validate a name used as a path component; returns an error string or null.
+def name-error [field: string, value: any]: nothing -> any {
+    if $value == null { return $"missing required field `($field)`" }
+    let t = ($value | describe)
+    if $t != "string" { return $"field `($field)` must be a string, got ($t)" }
+    if ($value | is-empty) { return $"field `($field)` must not be empty" }
+    if ($value | str length) > $NAME_MAX {
+        return $"field `($field)` is longer than ($NAME_MAX) characters"
+    }
+    if not ($value =~ $NAME_RE) {
+        return $"field `($field)` = ($value | to json) is invalid: must match ($NAME_RE)"
+    }
+    null
+}
+
+def require-name [input: record, field: string]: nothing -> string {
+    let value = ($input | get -o $field)
+    let err = (name-error $field $value)
+    if $err != null { fail 2 $err }
+    $value
+}
+
+# Check mode if the input says so OR the orchestrator environment says so.
+def is-check-mode [input: record]: nothing -> bool {
+    let flag = ($input | get -o check_mode)
+    if $flag != null and ($flag | describe) != "bool" {
+        fail 2 $"field `check_mode` must be a boolean, got ($flag | describe)"
+    }
+    let env_flag = ($env.ORCHESTRATOR_CHECK_MODE? | default "false" | str trim | str lowercase)
+    ($flag == true) or ($env_flag in ["true" "1" "yes"])
+}
+
+def data-dir []: nothing -> string {
+    let dir = ($env.ORCHESTRATOR_DATA_DIR? | default "")
+    (if ($dir | is-empty) { "./data" } else { $dir }) | path expand
+}
+
+def task-id []: nothing -> string { $env.ORCHESTRATOR_TASK_ID? | default "" }
+
+def now-utc []: nothing -> string {
+    date now | date to-timezone UTC | format date "%Y-%m-%dT%H:%M:%S%.3fZ"
+}
+
+# Read a state file that must hold a JSON object.
+def read-json [path: string, what: string]: nothing -> record {
+    let data = try { open --raw $path | from json } catch {|e|
+        fail 1 $"($what) state file ($path) is unreadable or corrupt: (err-detail $e)"
+    }
+    if not (($data | describe) starts-with "record") {
+        fail 1 $"($what) state file ($path) is corrupt: expected a JSON object"
+    }
+    $data
+}
+
+# Atomic write: temp file in the destination directory, then rename over it.
+def write-json-atomic [path: string, data: record] {
+    let dir = ($path | path dirname)
+    let tmp = ($dir | path join $".($path | path basename).tmp-($nu.pid)-(random chars --length 6)")
+    try {
+        mkdir $dir
+        $"($data | to json --indent 2)\n" | save --raw $tmp
+        mv --force $tmp $path
+    } catch {|e|
+        try { rm --force $tmp }
+        fail 1 $"could not write ($path): (err-detail $e)"
+    }
+}
+
+# Emit the result: compact JSON as the last stdout line (and a copy in
+# $ORCHESTRATOR_RESULT_FILE when set — that file belongs to the orchestrator,
+# so it is written in check mode too).
+def emit [result: record] {
+    let line = ($result | to json --raw)
+    let result_file = ($env.ORCHESTRATOR_RESULT_FILE? | default "")
+    if ($result_file | is-not-empty) {
+        try { $"($line)\n" | save --force --raw $result_file } catch {|e|
+            print -e $"warning: could not write result file ($result_file): (err-detail $e)"
+        }
+    }
+    print $line
+}
+
+# ----------------------------------------------------------- this script ----
+
+# A list of names from the input; `exit` must not run inside the closures, so
+# errors are collected first.
+def name-list [input: record, field: string, required: bool]: nothing -> list<string> {
+    let value = ($input | get -o $field)
+    if $value == null {
+        if $required { fail 2 $"missing required field `($field)`" }
+        return []
+    }
+    let t = ($value | describe)
+    if not (($t starts-with "list") or ($t starts-with "table")) {
+        fail 2 $"field `($field)` must be a list of names, got ($t)"
+    }
+    if $required and ($value | is-empty) { fail 2 $"field `($field)` must not be empty" }
+    let errors = ($value | enumerate | each {|it| name-error $"($field)[($it.index)]" $it.item } | compact)
+    if ($errors | is-not-empty) { fail 2 ($errors | first) }
+    let dups = ($value | uniq --repeated)
+    if ($dups | is-not-empty) { fail 2 $"field `($field)` lists ($dups | each {|d| $d | to json --raw } | str join ", ") more than once" }
+    $value
+}
+
+def main [] {
+    let input = (read-input $in)
+    let infra = (require-name $input infra)
+    let cluster = (require-name $input cluster)
+    let servers = (name-list $input servers true)
+    let taskservs = (name-list $input taskservs false)
+    let check = (is-check-mode $input)
+
+    let infra_dir = (data-dir | path join infra $infra)
+    let state_file = ($infra_dir | path join clusters $"($cluster).json")
+
+    print -e $"cluster/create: infra=($infra) cluster=($cluster) servers=($servers | str join ',') taskservs=($taskservs | str join ',') check_mode=($check) attempt=($env.ORCHESTRATOR_ATTEMPT? | default 1)"
+
+    # Prerequisites: each server exists and has each taskserv installed.
+    mut problems = []
+    mut members = []
+    for server in $servers {
+        let server_dir = ($infra_dir | path join servers $server)
+        let server_file = ($server_dir | path join server.json)
+        if not ($server_file | path exists) {
+            $problems = ($problems | append $"server ($server) does not exist in infra ($infra); create it first")
+            $members = ($members | append {server: $server, id: null, ip: null})
+            continue
+        }
+        let state = (read-json $server_file "server")
+        $members = ($members | append {server: $server, id: ($state | get -o id), ip: ($state | get -o ip)})
+        for ts in $taskservs {
+            if not ($server_dir | path join taskservs $"($ts).json" | path exists) {
+                $problems = ($problems | append $"taskserv ($ts) is not installed on server ($server) in infra ($infra)")
+            }
+        }
+    }
+    if ($problems | is-not-empty) and not $check {
+        for p in $problems { print -e $"error: ($p)" }
+        exit 1
+    }
+    let warnings = ($problems | each {|p| $"($p) \(check mode: assuming an earlier step provides it\)" })
+
+    let members = $members
+    let control_plane = {server: $members.0.server, ip: $members.0.ip}
+    let existing = if ($state_file | path exists) { read-json $state_file "cluster" } else { null }
+    let same = if $existing == null { false } else {
+        let old_members = ($existing | get -o members | default [] | each {|m| {server: ($m | get -o server), id: ($m | get -o id), ip: ($m | get -o ip)} })
+        let old_taskservs = ($existing | get -o taskservs | default [])
+        ($old_members | to json --raw) == ($members | to json --raw) and ($old_taskservs | sort | to json --raw) == ($taskservs | sort | to json --raw)
+    }
+    let needs_write = not $same
+
+    if not $needs_write {
+        print -e $"cluster ($cluster) already has these members and taskservs; nothing to do"
+    } else if $check {
+        let what = if $existing == null { "create" } else { "update" }
+        print -e $"check mode: would ($what) cluster ($cluster) with control plane ($control_plane.server)"
+    } else {
+        let now = (now-utc)
+        let record = {
+            name: $cluster
+            infra: $infra
+            control_plane: $control_plane
+            members: $members
+            taskservs: $taskservs
+            created_at: (if $existing == null { $now } else { $existing | get -o created_at | default $now })
+            created_by: (if $existing == null { task-id } else { $existing | get -o created_by | default (task-id) })
+            updated_at: $now
+            updated_by: (task-id)
+            workflow_id: ($env.ORCHESTRATOR_WORKFLOW_ID? | default "")
+        }
+        write-json-atomic $state_file $record
+        let what = if $existing == null { "created" } else { "updated" }
+        print -e $"($what) cluster ($cluster): control plane ($control_plane.server) \(($control_plane.ip)\), ($members | length) members"
+    }
+
+    for w in $warnings { print -e $"warning: ($w)" }
+
+    let result = {
+        cluster: $cluster
+        infra: $infra
+        control_plane: $control_plane
+        members: $members
+        taskservs: $taskservs
+        state_file: $state_file
+        changed: ($needs_write and not $check)
+        check_mode: $check
+        warnings: $warnings
+    }
+    emit (if $check { $result | insert would_change $needs_write } else { $result })
+}
