@@ -211,7 +211,10 @@ def main [] {
             continue
         }
         let state = (read-json $server_file "server")
-        $members = ($members | append {server: $server, id: ($state | get -o id), ip: ($state | get -o ip)})
+        if ($state | get -o id) == null or ($state | get -o ip) == null {
+            fail 1 $"server state file ($server_file) is corrupt \(no id/ip\)"
+        }
+        $members = ($members | append {server: $server, id: $state.id, ip: $state.ip})
         for ts in $taskservs {
             if not ($server_dir | path join taskservs $"($ts).json" | path exists) {
                 $problems = ($problems | append $"taskserv ($ts) is not installed on server ($server) in infra ($infra)")
@@ -227,10 +230,14 @@ def main [] {
     let members = $members
     let control_plane = {server: $members.0.server, ip: $members.0.ip}
     let existing = if ($state_file | path exists) { read-json $state_file "cluster" } else { null }
+    # Same members (order matters: the first is the control plane) and same set
+    # of taskservs? A malformed existing file simply counts as different.
     let same = if $existing == null { false } else {
-        let old_members = ($existing | get -o members | default [] | each {|m| {server: ($m | get -o server), id: ($m | get -o id), ip: ($m | get -o ip)} })
-        let old_taskservs = ($existing | get -o taskservs | default [])
-        ($old_members | to json --raw) == ($members | to json --raw) and ($old_taskservs | sort | to json --raw) == ($taskservs | sort | to json --raw)
+        try {
+            let old_members = ($existing.members | each {|m| {server: $m.server, id: $m.id, ip: $m.ip} })
+            let old_taskservs = ($existing.taskservs | sort)
+            ($old_members | to json --raw) == ($members | to json --raw) and ($old_taskservs | to json --raw) == ($taskservs | sort | to json --raw)
+        } catch { false }
     }
     let needs_write = not $same
 

@@ -211,8 +211,10 @@ def load-settings [path: any, server: string]: nothing -> record {
 }
 
 # Resolve plan/zone/image: defaults < settings < settings servers.<name> < input.
+# Returns {config: record, explicit: [key]} (explicit = not from DEFAULTS).
 def resolve-config [input: record, layers: list]: nothing -> record {
     mut config = $DEFAULTS
+    mut explicit = []
     for key in [plan zone image] {
         for layer in ($layers | append {label: "field", prefix: "", values: $input}) {
             let value = ($layer.values | get -o $key)
@@ -221,9 +223,10 @@ def resolve-config [input: record, layers: list]: nothing -> record {
                 fail 2 $"($layer.label) `($layer.prefix)($key)` must be a non-empty string, got ($value | to json --raw)"
             }
             $config = ($config | upsert $key $value)
+            $explicit = ($explicit | append $key)
         }
     }
-    $config
+    {config: $config, explicit: ($explicit | uniq)}
 }
 
 # Note: bytes are read from the binary digest, not with `into int --radix 16`:
@@ -285,7 +288,7 @@ def main [] {
             infra: $infra
             id: $"srv-($h | str substring 0..11)"
             ip: (allocate-ip $infra $server ($server_dir | path dirname))
-            ...$desired
+            ...$desired.config
             status: "running"
             created_at: (now-utc)
             created_by: (task-id)
@@ -294,9 +297,9 @@ def main [] {
     }
 
     if $exists {
-        for key in [plan zone image] {
+        for key in $desired.explicit {
             let have = ($state | get -o $key)
-            let want = ($desired | get $key)
+            let want = ($desired.config | get $key)
             if $have != $want {
                 $warnings = ($warnings | append $"server ($server) exists with ($key)=($have); requested ($want) is not applied")
             }

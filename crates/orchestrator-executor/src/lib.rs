@@ -1,1 +1,57 @@
-//! placeholder
+//! Runs provisioning scripts as child processes under the script contract
+//! (`docs/scripts.md`): JSON input on stdin, `ORCHESTRATOR_*` environment
+//! variables, output captured as the log, the result as the last JSON-object
+//! line of stdout (or a result file), and the exit code deciding success.
+//!
+//! No shell is ever involved: the interpreter (or the script itself) is
+//! executed directly with the script path as its only argument, and user
+//! input reaches the script through stdin alone.
+
+mod resolve;
+mod run;
+
+pub use resolve::{Launcher, ResolvedScript, ScriptError};
+pub use run::{Job, Outcome};
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where scripts live and how they are run.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// Root of all runnable scripts; nothing outside it ever runs.
+    pub scripts_dir: PathBuf,
+    /// Parent of the per-task scratch dirs.
+    pub work_dir: PathBuf,
+    /// The service's data dir, passed to scripts for their own state.
+    pub data_dir: PathBuf,
+    /// How long a script may take to exit after SIGTERM before SIGKILL.
+    pub kill_grace: Duration,
+    /// Interpreter per file extension, overriding the built-in `nu`,
+    /// `bash` and `python3` (for example a `nu` outside `PATH`).
+    pub interpreters: HashMap<String, PathBuf>,
+}
+
+/// Runs scripts. Cheap to share: it holds configuration only.
+#[derive(Debug, Clone)]
+pub struct ScriptExecutor {
+    config: ExecutorConfig,
+}
+
+impl ScriptExecutor {
+    /// Fails if the scripts dir does not exist.
+    pub fn new(mut config: ExecutorConfig) -> Result<ScriptExecutor, ScriptError> {
+        config.scripts_dir = config.scripts_dir.canonicalize().map_err(|source| {
+            ScriptError::ScriptsDir {
+                dir: config.scripts_dir.clone(),
+                source,
+            }
+        })?;
+        Ok(ScriptExecutor { config })
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.config
+    }
+}
