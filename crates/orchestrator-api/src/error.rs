@@ -1,0 +1,66 @@
+//! The one error body every failed request gets:
+//! `{"error": {"code": "...", "message": "..."}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use orchestrator_engine::Error as EngineError;
+use serde_json::json;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Stable, machine-readable code.
+    pub code: &'static str,
+    /// For humans; names the field or value at fault.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> ApiError {
+        match error {
+            EngineError::Validation { .. } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", error.to_string())
+            }
+            EngineError::NotFound { .. } => ApiError::not_found(error.to_string()),
+            EngineError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            EngineError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", error.to_string())
+            }
+            error => {
+                // Details go to the log, not to the client.
+                tracing::error!(error = %error, "request failed inside the service");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_unavailable",
+                    "the service could not read or write its storage; see the service log",
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Engine errors, each with enough context for a client-facing message.
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The submission is malformed; `field` names the part at fault.
+    #[error("{field}: {message}")]
+    Validation { field: String, message: String },
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    /// The request is valid but the target's state forbids it.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the service is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Storage(#[from] orchestrator_storage::Error),
+}
+
+impl Error {
+    pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::Validation {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,119 @@
+//! The command line.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "orchestrator", version, about = "A self-hosted provisioning orchestrator")]
+pub struct Cli {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the orchestrator service.
+    Serve(ServeArgs),
+    /// List tasks of a running service.
+    Tasks(TasksArgs),
+    /// Show one task.
+    Task(TaskArgs),
+    /// Print a task's log.
+    Logs(LogsArgs),
+    /// Cancel a queued or running task.
+    Cancel(TaskArgs),
+}
+
+/// How client subcommands reach the service.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Base URL of a running service.
+    #[arg(long, global = true, env = "ORCHESTRATOR_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+}
+
+/// Service settings. Each can also come from an `ORCHESTRATOR_*` variable
+/// or the config file; a flag beats the variable, which beats the file,
+/// which beats the default.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "ORCHESTRATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Port to listen on [default: 8080].
+    #[arg(long, env = "ORCHESTRATOR_PORT")]
+    pub port: Option<u16>,
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long, env = "ORCHESTRATOR_BIND")]
+    pub bind: Option<IpAddr>,
+    /// Where state is kept [default: ./data].
+    #[arg(long, env = "ORCHESTRATOR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// filesystem, surrealdb-embedded or surrealdb-server [default: filesystem].
+    #[arg(long, env = "ORCHESTRATOR_STORAGE_TYPE")]
+    pub storage_type: Option<String>,
+    /// Root of the provisioning scripts [default: ./scripts].
+    #[arg(long, env = "ORCHESTRATOR_SCRIPTS_DIR")]
+    pub scripts_dir: Option<PathBuf>,
+    /// Scripts that may run at once [default: number of CPUs].
+    #[arg(long, env = "ORCHESTRATOR_WORKERS")]
+    pub workers: Option<usize>,
+    /// Attempts per task unless a submission says otherwise [default: 3].
+    #[arg(long, env = "ORCHESTRATOR_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// Per-attempt timeout in seconds unless a submission says otherwise [default: 3600].
+    #[arg(long, env = "ORCHESTRATOR_TASK_TIMEOUT")]
+    pub task_timeout: Option<u64>,
+    /// First retry delay in milliseconds; doubles per attempt [default: 1000].
+    #[arg(long, env = "ORCHESTRATOR_RETRY_BASE_MS")]
+    pub retry_base_ms: Option<u64>,
+    /// Longest retry delay in milliseconds [default: 60000].
+    #[arg(long, env = "ORCHESTRATOR_RETRY_MAX_MS")]
+    pub retry_max_ms: Option<u64>,
+    /// Seconds running scripts get to finish on shutdown [default: 30].
+    #[arg(long, env = "ORCHESTRATOR_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<u64>,
+    /// Seconds between SIGTERM and SIGKILL for a stopped script [default: 10].
+    #[arg(long, env = "ORCHESTRATOR_KILL_GRACE")]
+    pub kill_grace: Option<u64>,
+    /// Log format: pretty or json [default: pretty].
+    #[arg(long, env = "ORCHESTRATOR_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TasksArgs {
+    /// Only tasks in this status.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only tasks of this workflow.
+    #[arg(long)]
+    pub workflow: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub id: String,
+    /// Keep printing new output until the task finishes.
+    #[arg(long, short)]
+    pub follow: bool,
+}

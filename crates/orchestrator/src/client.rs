@@ -1,0 +1,212 @@
+//! Client subcommands: talk to a running service over its HTTP API and
+//! print a human table, or JSON with `--json`.
+
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use orchestrator_core::Task;
+use reqwest::{Client, Method, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::cli::{ClientArgs, LogsArgs, TaskArgs, TasksArgs};
+
+struct Api {
+    http: Client,
+    base: String,
+}
+
+impl Api {
+    fn new(args: &ClientArgs) -> anyhow::Result<Api> {
+        let http = Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Api {
+            http,
+            base: args.url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Sends a request; a non-2xx answer becomes an error carrying the
+    /// service's own message.
+    async fn send(&self, method: Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<Response> {
+        let url = format!("{}{path}", self.base);
+        let response = self
+            .http
+            .request(method, &url)
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)", self.base))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let message = body["error"]["message"].as_str().unwrap_or("no details");
+        bail!("{message} (HTTP {})", status.as_u16())
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(&self, method: Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+        self.send(method, path, query)
+            .await?
+            .json()
+            .await
+            .context("the service answered with unexpected JSON")
+    }
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct TaskList {
+    tasks: Vec<Task>,
+    total: usize,
+    limit: usize,
+    offset: usize,
+}
+
+pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
+    let api = Api::new(client)?;
+    let mut query = vec![("limit", args.limit.to_string()), ("offset", args.offset.to_string())];
+    if let Some(status) = args.status {
+        query.push(("status", status));
+    }
+    if let Some(workflow) = args.workflow {
+        query.push(("workflow", workflow));
+    }
+    let list: TaskList = api.json(Method::GET, "/tasks", &query).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    let rows: Vec<[String; 6]> = list
+        .tasks
+        .iter()
+        .map(|t| {
+            [
+                t.id.to_string(),
+                t.status.to_string(),
+                t.priority.to_string(),
+                format!("{}/{}", t.attempts, t.max_attempts),
+                t.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                t.name.clone(),
+            ]
+        })
+        .collect();
+    print_table(["ID", "STATUS", "PRIORITY", "ATTEMPTS", "CREATED (UTC)", "NAME"], &rows);
+    println!(
+        "{} of {} task(s) shown (offset {})",
+        list.tasks.len(),
+        list.total,
+        list.offset
+    );
+    Ok(())
+}
+
+fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+pub async fn task(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
+    let api = Api::new(client)?;
+    let task: Value = api.json(Method::GET, &format!("/tasks/{}", args.id), &[]).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&task)?);
+        return Ok(());
+    }
+    print_task(&task);
+    Ok(())
+}
+
+fn print_task(task: &Value) {
+    let text = |key: &str| match &task[key] {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    for (label, key) in [
+        ("id", "id"),
+        ("name", "name"),
+        ("status", "status"),
+        ("workflow", "workflow_id"),
+        ("script", "script"),
+        ("priority", "priority"),
+        ("check mode", "check_mode"),
+        ("created", "created_at"),
+        ("started", "started_at"),
+        ("finished", "finished_at"),
+        ("exit code", "exit_code"),
+        ("error", "error"),
+    ] {
+        println!("{label:<11} {}", text(key));
+    }
+    println!("{:<11} {}/{}", "attempts", text("attempts"), text("max_attempts"));
+    if !task["output"].is_null() {
+        println!("output:");
+        println!("{}", serde_json::to_string_pretty(&task["output"]).unwrap_or_default());
+    }
+}
+
+pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let api = Api::new(client)?;
+    let mut offset = 0u64;
+    loop {
+        let response = api
+            .send(Method::GET, &format!("/tasks/{}/logs", args.id), &[("offset", offset.to_string())])
+            .await?;
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let next: u64 = header("x-next-offset").and_then(|v| v.parse().ok()).unwrap_or(offset);
+        let finished = header("x-task-status")
+            .and_then(|s| s.parse::<orchestrator_core::TaskStatus>().ok())
+            .is_none_or(|s| s.is_terminal());
+        let bytes = response.bytes().await.context("reading the log")?;
+        std::io::stdout().write_all(&bytes)?;
+        std::io::stdout().flush()?;
+        if !args.follow || (finished && next == offset) {
+            return Ok(());
+        }
+        if next == offset {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        offset = next;
+    }
+}
+
+pub async fn cancel(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
+    let api = Api::new(client)?;
+    let task: Value = api
+        .json(Method::POST, &format!("/tasks/{}/cancel", args.id), &[])
+        .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&task)?);
+    } else if task["status"] == "cancelled" {
+        println!("task {} cancelled", args.id);
+    } else {
+        println!("cancel requested for task {}; its script is being stopped", args.id);
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! The `orchestrator` command: `serve` runs the daemon, the other
+//! subcommands are clients of a running daemon's HTTP API.
+
+pub mod cli;
+mod client;
+pub mod service;
+pub mod settings;
+
+use std::process::ExitCode;
+
+use cli::{Cli, Command};
+
+/// Runs a parsed command line to completion and turns the outcome into an
+/// exit code; errors are printed with their whole context chain.
+pub fn run(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => service::serve_from_args(args).await,
+            Command::Tasks(args) => client::tasks(&cli.client, args).await,
+            Command::Task(args) => client::task(&cli.client, args).await,
+            Command::Logs(args) => client::logs(&cli.client, args).await,
+            Command::Cancel(args) => client::cancel(&cli.client, args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

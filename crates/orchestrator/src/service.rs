@@ -1,0 +1,148 @@
+//! `orchestrator serve`: open storage, start the engine, serve HTTP, and
+//! shut down gracefully on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use orchestrator_engine::{Engine, EngineConfig};
+use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
+use orchestrator_storage::StorageConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::ServeArgs;
+use crate::settings::{LogFormat, ServeSettings};
+
+/// A running service: its address, and the means to stop it.
+pub struct ServiceHandle {
+    pub addr: SocketAddr,
+    pub engine: Engine,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServiceHandle {
+    /// Begins a graceful shutdown and waits for it to finish.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        self.task.await.context("service task panicked")?
+    }
+
+    /// Waits until the service stops on its own (a signal).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("service task panicked")?
+    }
+}
+
+/// Opens storage, starts the engine and binds the listener. The service
+/// runs in the background until [`ServiceHandle::shutdown`].
+pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
+    std::fs::create_dir_all(&settings.data_dir)
+        .with_context(|| format!("cannot create data dir {}", settings.data_dir.display()))?;
+    let storage = orchestrator_storage::open(&StorageConfig {
+        storage_type: settings.storage_type,
+        data_dir: settings.data_dir.clone(),
+    })
+    .await
+    .context("cannot open storage")?;
+    let executor = ScriptExecutor::new(ExecutorConfig {
+        scripts_dir: settings.scripts_dir.clone(),
+        work_dir: settings.data_dir.join("work"),
+        data_dir: std::path::absolute(&settings.data_dir).unwrap_or(settings.data_dir.clone()),
+        kill_grace: settings.kill_grace,
+        interpreters: settings.interpreters.clone(),
+    })
+    .context("--scripts-dir")?;
+    let engine = Engine::start(
+        storage,
+        executor,
+        EngineConfig {
+            workers: settings.workers,
+            default_max_attempts: settings.max_attempts,
+            default_timeout: settings.task_timeout,
+            retry: settings.retry,
+        },
+    )
+    .await
+    .context("cannot start the engine")?;
+    let listener = TcpListener::bind((settings.bind, settings.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", settings.bind, settings.port))?;
+    let addr = listener.local_addr().context("listener address")?;
+    tracing::info!(
+        %addr,
+        storage = %settings.storage_type,
+        data_dir = %settings.data_dir.display(),
+        scripts_dir = %settings.scripts_dir.display(),
+        workers = settings.workers,
+        "orchestrator listening on http://{addr}"
+    );
+
+    let stop = CancellationToken::new();
+    let grace = settings.shutdown_grace;
+    let task = {
+        let stop = stop.clone();
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let http_stop = stop.clone();
+            let http = tokio::spawn(orchestrator_api::serve(listener, engine.clone(), async move {
+                http_stop.cancelled().await
+            }));
+            stop.cancelled().await;
+            tracing::info!(grace_secs = grace.as_secs(), "shutting down: no new work; letting running tasks finish");
+            engine.shutdown(grace).await;
+            // Requests still open (a long `wait`) get a moment, then are dropped.
+            match tokio::time::timeout(std::time::Duration::from_secs(5), http).await {
+                Ok(joined) => joined.context("http server panicked")?.context("http server failed")?,
+                Err(_) => tracing::warn!("closing requests still open after shutdown"),
+            }
+            tracing::info!("shutdown complete");
+            Ok(())
+        })
+    };
+    Ok(ServiceHandle { addr, engine, stop, task })
+}
+
+/// `orchestrator serve`: run until SIGTERM or Ctrl-C.
+pub async fn serve_from_args(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = ServeSettings::resolve(args)?;
+    init_logging(settings.log_format);
+    let service = start(settings).await?;
+    let stop = service.stop.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        stop.cancel();
+    });
+    service.wait().await
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,197 @@
+//! Service settings: command-line flags and `ORCHESTRATOR_*` variables
+//! (both through clap), then the TOML config file, then defaults.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use orchestrator_core::RetryPolicy;
+use orchestrator_storage::StorageType;
+use serde::Deserialize;
+
+use crate::cli::ServeArgs;
+
+/// The config file. Every key is optional and named like its flag, with
+/// underscores (`data_dir`, `storage_type`, ...).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub port: Option<u16>,
+    pub bind: Option<IpAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub storage_type: Option<String>,
+    pub scripts_dir: Option<PathBuf>,
+    pub workers: Option<usize>,
+    pub max_attempts: Option<u32>,
+    pub task_timeout: Option<u64>,
+    pub retry_base_ms: Option<u64>,
+    pub retry_max_ms: Option<u64>,
+    pub shutdown_grace: Option<u64>,
+    pub kill_grace: Option<u64>,
+    pub log_format: Option<String>,
+    /// Interpreter per script extension, e.g. `nu = "/opt/nu/bin/nu"`.
+    #[serde(default)]
+    pub interpreters: HashMap<String, PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// Fully resolved settings for `serve`.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub bind: IpAddr,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub storage_type: StorageType,
+    pub scripts_dir: PathBuf,
+    pub workers: usize,
+    pub max_attempts: u32,
+    pub task_timeout: Duration,
+    pub retry: RetryPolicy,
+    pub shutdown_grace: Duration,
+    pub kill_grace: Duration,
+    pub log_format: LogFormat,
+    pub interpreters: HashMap<String, PathBuf>,
+}
+
+impl ServeSettings {
+    /// Defaults for a data dir and scripts dir, as `serve` with no flags.
+    pub fn new(data_dir: PathBuf, scripts_dir: PathBuf) -> ServeSettings {
+        ServeSettings {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 8080,
+            data_dir,
+            storage_type: StorageType::Filesystem,
+            scripts_dir,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_attempts: 3,
+            task_timeout: Duration::from_secs(3600),
+            retry: RetryPolicy::default(),
+            shutdown_grace: Duration::from_secs(30),
+            kill_grace: Duration::from_secs(10),
+            log_format: LogFormat::Pretty,
+            interpreters: HashMap::new(),
+        }
+    }
+
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeSettings> {
+        let file = match &args.config {
+            Some(path) => read_config_file(path)?,
+            None => FileConfig::default(),
+        };
+        let defaults = ServeSettings::new(PathBuf::from("./data"), PathBuf::from("./scripts"));
+        let storage_type = match args.storage_type.or(file.storage_type) {
+            Some(name) => name
+                .parse::<StorageType>()
+                .map_err(|e| anyhow::anyhow!("--storage-type: {e}"))?,
+            None => defaults.storage_type,
+        };
+        let log_format = match args.log_format.or(file.log_format).as_deref() {
+            None | Some("pretty") => LogFormat::Pretty,
+            Some("json") => LogFormat::Json,
+            Some(other) => bail!("--log-format: unknown format `{other}` (expected pretty or json)"),
+        };
+        let workers = args.workers.or(file.workers).unwrap_or(defaults.workers);
+        if workers == 0 {
+            bail!("--workers: must be at least 1");
+        }
+        let max_attempts = args.max_attempts.or(file.max_attempts).unwrap_or(defaults.max_attempts);
+        if max_attempts == 0 {
+            bail!("--max-attempts: must be at least 1");
+        }
+        let task_timeout = args.task_timeout.or(file.task_timeout);
+        if task_timeout == Some(0) {
+            bail!("--task-timeout: must be at least 1 second");
+        }
+        let retry = RetryPolicy {
+            base_delay: args
+                .retry_base_ms
+                .or(file.retry_base_ms)
+                .map_or(defaults.retry.base_delay, Duration::from_millis),
+            max_delay: args
+                .retry_max_ms
+                .or(file.retry_max_ms)
+                .map_or(defaults.retry.max_delay, Duration::from_millis),
+        };
+        Ok(ServeSettings {
+            bind: args.bind.or(file.bind).unwrap_or(defaults.bind),
+            port: args.port.or(file.port).unwrap_or(defaults.port),
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
+            storage_type,
+            scripts_dir: args.scripts_dir.or(file.scripts_dir).unwrap_or(defaults.scripts_dir),
+            workers,
+            max_attempts,
+            task_timeout: task_timeout.map_or(defaults.task_timeout, Duration::from_secs),
+            retry,
+            shutdown_grace: args
+                .shutdown_grace
+                .or(file.shutdown_grace)
+                .map_or(defaults.shutdown_grace, Duration::from_secs),
+            kill_grace: args
+                .kill_grace
+                .or(file.kill_grace)
+                .map_or(defaults.kill_grace, Duration::from_secs),
+            log_format,
+            interpreters: file.interpreters,
+        })
+    }
+}
+
+fn read_config_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_the_file_which_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(&path, "port = 9000\nworkers = 7\ndata_dir = \"/var/lib/orch\"\n[interpreters]\nnu = \"/opt/nu\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            port: Some(9100),
+            ..Default::default()
+        };
+        let settings = ServeSettings::resolve(args).unwrap();
+        assert_eq!(settings.port, 9100);
+        assert_eq!(settings.workers, 7);
+        assert_eq!(settings.data_dir, PathBuf::from("/var/lib/orch"));
+        assert_eq!(settings.scripts_dir, PathBuf::from("./scripts"));
+        assert_eq!(settings.interpreters["nu"], PathBuf::from("/opt/nu"));
+    }
+
+    #[test]
+    fn bad_values_name_their_setting() {
+        let cases = [
+            (ServeArgs { storage_type: Some("mysql".into()), ..Default::default() }, "--storage-type"),
+            (ServeArgs { workers: Some(0), ..Default::default() }, "--workers"),
+            (ServeArgs { log_format: Some("xml".into()), ..Default::default() }, "--log-format"),
+            (ServeArgs { config: Some("/nonexistent.toml".into()), ..Default::default() }, "/nonexistent.toml"),
+        ];
+        for (args, expected) in cases {
+            let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
+            assert!(message.contains(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn unknown_config_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "prot = 1\n").unwrap();
+        let args = ServeArgs { config: Some(path), ..Default::default() };
+        let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
+        assert!(message.contains("prot"), "{message}");
+    }
+}
