@@ -44,14 +44,20 @@ impl IntoResponse for ApiError {
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> ApiError {
         match error {
-            EngineError::Validation { .. } => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", error.to_string())
-            }
+            EngineError::Validation { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                error.to_string(),
+            ),
             EngineError::NotFound { .. } => ApiError::not_found(error.to_string()),
-            EngineError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
-            EngineError::ShuttingDown => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", error.to_string())
+            EngineError::Conflict(message) => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", message)
             }
+            EngineError::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                error.to_string(),
+            ),
             error => {
                 // Details go to the log, not to the client.
                 tracing::error!(error = %error, "request failed inside the service");

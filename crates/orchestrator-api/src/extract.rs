@@ -18,48 +18,65 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(request, state).await.map_err(|e| match e {
-            BytesRejection::FailedToBufferBody(_) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    format!("request body is larger than {} bytes", crate::MAX_BODY_BYTES),
-                )
-            }
-            other => ApiError::bad_request(format!("could not read the request body: {other}")),
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|e| match e {
+                BytesRejection::FailedToBufferBody(_)
+                    if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+                {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        format!(
+                            "request body is larger than {} bytes",
+                            crate::MAX_BODY_BYTES
+                        ),
+                    )
+                }
+                other => ApiError::bad_request(format!("could not read the request body: {other}")),
+            })?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::bad_request("request body is empty; expected a JSON object"));
+            return Err(ApiError::bad_request(
+                "request body is empty; expected a JSON object",
+            ));
         }
-        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("malformed JSON: {e}"),
+            )
+        })?;
+        if !json.is_object() {
+            // serde would read an array as positional fields; say what we want instead.
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!("request body must be a JSON object, not {}", kind_of(&json)),
+            ));
+        }
+        let value = serde_path_to_error::deserialize(json).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("malformed JSON: {inner}"))
-            } else if path == "." {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", strip_position(&inner))
+            let message = if path == "." {
+                inner.to_string()
             } else {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
-                    format!("{path}: {}", strip_position(&inner)),
-                )
-            }
+                format!("{path}: {inner}")
+            };
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
         })?;
-        deserializer
-            .end()
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("malformed JSON: {e}")))?;
         Ok(JsonBody(value))
     }
 }
 
-/// serde_json appends "at line 1 column 40"; the field path says more.
-fn strip_position(error: &serde_json::Error) -> String {
-    let text = error.to_string();
-    match text.rfind(" at line ") {
-        Some(i) => text[..i].to_owned(),
-        None => text,
+fn kind_of(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 
@@ -73,6 +90,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(value)| QueryParams(value))
-            .map_err(|e: QueryRejection| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+            .map_err(|e: QueryRejection| {
+                ApiError::bad_request(format!("invalid query string: {}", e.body_text()))
+            })
     }
 }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::extract::{JsonBody, QueryParams};
-use crate::{AppState, ApiError, DEFAULT_WAIT, MAX_WAIT};
+use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
 
 const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 1000;
@@ -63,13 +63,17 @@ async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 }
 
 fn parse_task_id(raw: &str) -> Result<TaskId, ApiError> {
-    raw.parse()
-        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a valid task id (expected a UUID)")))
+    raw.parse().map_err(|_| {
+        ApiError::bad_request(format!("`{raw}` is not a valid task id (expected a UUID)"))
+    })
 }
 
 fn parse_workflow_id(raw: &str) -> Result<WorkflowId, ApiError> {
-    raw.parse()
-        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a valid workflow id (expected a UUID)")))
+    raw.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "`{raw}` is not a valid workflow id (expected a UUID)"
+        ))
+    })
 }
 
 #[derive(Deserialize)]
@@ -91,7 +95,9 @@ struct TaskList {
 fn page_bounds(limit: Option<usize>, offset: Option<usize>) -> Result<(usize, usize), ApiError> {
     let limit = limit.unwrap_or(DEFAULT_PAGE);
     if limit > MAX_PAGE {
-        return Err(ApiError::bad_request(format!("limit: {limit} is more than the maximum of {MAX_PAGE}")));
+        return Err(ApiError::bad_request(format!(
+            "limit: {limit} is more than the maximum of {MAX_PAGE}"
+        )));
     }
     Ok((limit, offset.unwrap_or(0)))
 }
@@ -103,22 +109,41 @@ async fn list_tasks(
     let status = params
         .status
         .as_deref()
-        .map(|s| s.parse::<TaskStatus>().map_err(|e| ApiError::bad_request(format!("status: {e}"))))
+        .map(|s| {
+            s.parse::<TaskStatus>()
+                .map_err(|e| ApiError::bad_request(format!("status: {e}")))
+        })
         .transpose()?;
     let workflow = params
         .workflow
         .as_deref()
-        .map(|w| parse_workflow_id(w).map_err(|e| ApiError::bad_request(format!("workflow: {}", e.message))))
+        .map(|w| {
+            parse_workflow_id(w)
+                .map_err(|e| ApiError::bad_request(format!("workflow: {}", e.message)))
+        })
         .transpose()?;
     let (limit, offset) = page_bounds(params.limit, params.offset)?;
     let page = state
         .engine
-        .list_tasks(&TaskQuery { status, workflow, limit, offset })
+        .list_tasks(&TaskQuery {
+            status,
+            workflow,
+            limit,
+            offset,
+        })
         .await?;
-    Ok(Json(TaskList { tasks: page.items, total: page.total, limit, offset }))
+    Ok(Json(TaskList {
+        tasks: page.items,
+        total: page.total,
+        limit,
+        offset,
+    }))
 }
 
-async fn get_task(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Task>, ApiError> {
+async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Task>, ApiError> {
     Ok(Json(state.engine.task(parse_task_id(&id)?).await?))
 }
 
@@ -137,7 +162,10 @@ async fn task_logs(
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&id)?;
     let task = state.engine.task(id).await?;
-    let limit = params.limit_bytes.unwrap_or(DEFAULT_LOG_BYTES).min(16 * DEFAULT_LOG_BYTES);
+    let limit = params
+        .limit_bytes
+        .unwrap_or(DEFAULT_LOG_BYTES)
+        .min(16 * DEFAULT_LOG_BYTES);
     let chunk = state
         .engine
         .store()
@@ -145,13 +173,22 @@ async fn task_logs(
         .await
         .map_err(orchestrator_engine::Error::from)?;
     let mut headers = HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     headers.insert("x-next-offset", HeaderValue::from(chunk.next_offset));
-    headers.insert("x-task-status", HeaderValue::from_static(task.status.as_str()));
+    headers.insert(
+        "x-task-status",
+        HeaderValue::from_static(task.status.as_str()),
+    );
     Ok((headers, chunk.data).into_response())
 }
 
-async fn cancel_task(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Task>, ApiError> {
+async fn cancel_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Task>, ApiError> {
     Ok(Json(state.engine.cancel_task(parse_task_id(&id)?).await?))
 }
 
@@ -194,7 +231,9 @@ async fn list_workflows(
             task_ids: workflow.task_ids,
         });
     }
-    Ok(Json(json!({"workflows": workflows, "total": page.total, "limit": limit, "offset": offset})))
+    Ok(Json(
+        json!({"workflows": workflows, "total": page.total, "limit": limit, "offset": offset}),
+    ))
 }
 
 async fn get_workflow(
@@ -259,7 +298,11 @@ async fn submit(engine: &Engine, plan: WorkflowPlan) -> Result<Response, ApiErro
     }
     let finished = engine.wait_for_workflow(workflow_id, wait_limit).await?;
     let view = engine.workflow(workflow_id).await?;
-    let status = if finished { StatusCode::OK } else { StatusCode::ACCEPTED };
+    let status = if finished {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
     let body = Submitted {
         workflow_id,
         task_ids,

@@ -65,7 +65,9 @@ impl FromStr for Priority {
         Priority::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown priority `{s}` (expected low, normal, high or critical)"))
+            .ok_or_else(|| {
+                format!("unknown priority `{s}` (expected low, normal, high or critical)")
+            })
     }
 }
 
@@ -117,7 +119,10 @@ impl TaskStatus {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped
+            TaskStatus::Completed
+                | TaskStatus::Failed
+                | TaskStatus::Cancelled
+                | TaskStatus::Skipped
         )
     }
 
@@ -129,7 +134,10 @@ impl TaskStatus {
             (Pending, Queued | Skipped | Cancelled)
                 | (Queued, Running | Cancelled)
                 | (RetryWaiting, Running | Cancelled)
-                | (Running, Completed | Failed | RetryWaiting | Cancelled | Queued)
+                | (
+                    Running,
+                    Completed | Failed | RetryWaiting | Cancelled | Queued
+                )
         )
     }
 }
@@ -148,7 +156,10 @@ impl FromStr for TaskStatus {
             .find(|st| st.as_str() == s)
             .ok_or_else(|| {
                 let known: Vec<_> = TaskStatus::ALL.iter().map(|s| s.as_str()).collect();
-                format!("unknown status `{s}` (expected one of {})", known.join(", "))
+                format!(
+                    "unknown status `{s}` (expected one of {})",
+                    known.join(", ")
+                )
             })
     }
 }
@@ -366,7 +377,10 @@ impl Task {
     /// The running script was stopped because of a cancel request.
     pub fn finish_cancel(&mut self, now: DateTime<Utc>) -> Result<()> {
         self.move_to(TaskStatus::Cancelled, now)?;
-        self.error = Some(format!("cancelled while running (attempt {})", self.attempts));
+        self.error = Some(format!(
+            "cancelled while running (attempt {})",
+            self.attempts
+        ));
         Ok(())
     }
 
@@ -406,9 +420,15 @@ mod tests {
 
     #[test]
     fn new_task_is_queued_or_pending_by_dependencies() {
-        assert_eq!(Task::new(WorkflowId::new(), spec(vec![]), now()).status, TaskStatus::Queued);
+        assert_eq!(
+            Task::new(WorkflowId::new(), spec(vec![]), now()).status,
+            TaskStatus::Queued
+        );
         let dep = TaskId::new();
-        assert_eq!(Task::new(WorkflowId::new(), spec(vec![dep]), now()).status, TaskStatus::Pending);
+        assert_eq!(
+            Task::new(WorkflowId::new(), spec(vec![dep]), now()).status,
+            TaskStatus::Pending
+        );
     }
 
     #[test]
@@ -418,7 +438,9 @@ mod tests {
         for attempt in 1..=3 {
             task.start(now()).unwrap();
             assert_eq!(task.attempts, attempt);
-            let outcome = task.fail("boom".into(), Some(1), &policy, 0.5, now()).unwrap();
+            let outcome = task
+                .fail("boom".into(), Some(1), &policy, 0.5, now())
+                .unwrap();
             if attempt < 3 {
                 assert!(matches!(outcome, FailureOutcome::RetryAfter(_)));
                 assert_eq!(task.status, TaskStatus::RetryWaiting);
@@ -437,9 +459,11 @@ mod tests {
     fn completion_records_output_and_clears_the_last_error() {
         let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
         task.start(now()).unwrap();
-        task.fail("first".into(), Some(3), &RetryPolicy::default(), 0.0, now()).unwrap();
+        task.fail("first".into(), Some(3), &RetryPolicy::default(), 0.0, now())
+            .unwrap();
         task.start(now()).unwrap();
-        task.complete(serde_json::json!({"ip": "10.0.0.1"}), now()).unwrap();
+        task.complete(serde_json::json!({"ip": "10.0.0.1"}), now())
+            .unwrap();
         assert_eq!(task.status, TaskStatus::Completed);
         assert_eq!(task.error, None);
         assert_eq!(task.exit_code, Some(0));
@@ -469,8 +493,14 @@ mod tests {
         let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
         task.start(now()).unwrap();
         task.complete(Value::Null, now()).unwrap();
-        assert!(matches!(task.start(now()), Err(Error::AlreadyFinished { .. })));
-        assert!(matches!(task.request_cancel(now()), Err(Error::AlreadyFinished { .. })));
+        assert!(matches!(
+            task.start(now()),
+            Err(Error::AlreadyFinished { .. })
+        ));
+        assert!(matches!(
+            task.request_cancel(now()),
+            Err(Error::AlreadyFinished { .. })
+        ));
         assert!(task.release(now()).is_err());
     }
 
@@ -478,7 +508,10 @@ mod tests {
     fn illegal_moves_are_errors_not_changes() {
         let mut task = Task::new(WorkflowId::new(), spec(vec![TaskId::new()]), now());
         let before = task.clone();
-        assert!(matches!(task.start(now()), Err(Error::InvalidTransition { .. })));
+        assert!(matches!(
+            task.start(now()),
+            Err(Error::InvalidTransition { .. })
+        ));
         assert!(task.complete(Value::Null, now()).is_err());
         assert_eq!(task, before);
     }

@@ -89,7 +89,10 @@ pub fn decide_dependents(tasks: &[Task]) -> Vec<DependencyDecision> {
             match by_id.get(dep_id) {
                 Some(dep) if dep.status == TaskStatus::Completed => {}
                 Some(dep) if dep.status.is_terminal() => {
-                    blocker = Some(format!("dependency {} ({}) {}", dep.name, dep.id, dep.status));
+                    blocker = Some(format!(
+                        "dependency {} ({}) {}",
+                        dep.name, dep.id, dep.status
+                    ));
                     break;
                 }
                 Some(_) => all_completed = false,
@@ -134,8 +137,14 @@ mod tests {
         if ok {
             task.complete(Value::Null, Utc::now()).unwrap();
         } else {
-            task.fail("x".into(), Some(1), &RetryPolicy::default(), 0.0, Utc::now())
-                .unwrap();
+            task.fail(
+                "x".into(),
+                Some(1),
+                &RetryPolicy::default(),
+                0.0,
+                Utc::now(),
+            )
+            .unwrap();
         }
     }
 
@@ -151,7 +160,10 @@ mod tests {
         let mut b = b;
         finish(&mut b, true);
         let tasks = vec![a, b, c.clone()];
-        assert_eq!(decide_dependents(&tasks), vec![DependencyDecision::Release(c.id)]);
+        assert_eq!(
+            decide_dependents(&tasks),
+            vec![DependencyDecision::Release(c.id)]
+        );
     }
 
     #[test]

@@ -155,7 +155,10 @@ fn check_options(options: &RunOptions) -> Result<()> {
         return Err(Error::validation("max_attempts", "must be at least 1"));
     }
     if let Some(max) = options.max_attempts.filter(|&n| n > 100) {
-        return Err(Error::validation("max_attempts", format!("{max} is more than the limit of 100")));
+        return Err(Error::validation(
+            "max_attempts",
+            format!("{max} is more than the limit of 100"),
+        ));
     }
     if options.timeout_secs == Some(0) {
         return Err(Error::validation("timeout_secs", "must be at least 1"));
@@ -208,7 +211,10 @@ fn plan_servers_and_taskservs(
             tasks.push(PlannedTask {
                 name: format!("install {taskserv} on {server}"),
                 script: TASKSERV_INSTALL_SCRIPT.into(),
-                input: with(base.clone(), json!({"server": server, "taskserv": taskserv})),
+                input: with(
+                    base.clone(),
+                    json!({"server": server, "taskserv": taskserv}),
+                ),
                 depends_on: previous.into_iter().collect(),
             });
             previous = Some(tasks.len() - 1);
@@ -231,12 +237,22 @@ impl ServersCreate {
             wait_timeout_secs: self.wait_timeout_secs,
         };
         check_options(&options)?;
-        let (tasks, _) =
-            plan_servers_and_taskservs(&self.infra, &self.settings, self.check_mode, &self.servers, &[], true);
+        let (tasks, _) = plan_servers_and_taskservs(
+            &self.infra,
+            &self.settings,
+            self.check_mode,
+            &self.servers,
+            &[],
+            true,
+        );
         Ok(WorkflowPlan {
             kind: "servers/create".into(),
             name: format!("create {} server(s) in {}", self.servers.len(), self.infra),
-            request: request_json(&self.infra, &self.settings, json!({"servers": self.servers})),
+            request: request_json(
+                &self.infra,
+                &self.settings,
+                json!({"servers": self.servers}),
+            ),
             options,
             tasks,
         })
@@ -267,7 +283,12 @@ impl TaskservCreate {
         );
         Ok(WorkflowPlan {
             kind: "taskserv/create".into(),
-            name: format!("install {} on {} server(s) in {}", self.taskservs.join(", "), self.servers.len(), self.infra),
+            name: format!(
+                "install {} on {} server(s) in {}",
+                self.taskservs.join(", "),
+                self.servers.len(),
+                self.infra
+            ),
             request: request_json(
                 &self.infra,
                 &self.settings,
@@ -383,10 +404,22 @@ mod tests {
         let cases = [
             (json!({"infra": "prod", "servers": []}), "servers"),
             (json!({"infra": "", "servers": ["a"]}), "infra"),
-            (json!({"infra": "prod", "servers": ["ok", "../etc"]}), "servers[1]"),
-            (json!({"infra": "prod", "servers": ["a", "a"]}), "servers[1]"),
-            (json!({"infra": "prod", "servers": ["a"], "max_attempts": 0}), "max_attempts"),
-            (json!({"infra": "prod", "servers": ["a"], "timeout_secs": 0}), "timeout_secs"),
+            (
+                json!({"infra": "prod", "servers": ["ok", "../etc"]}),
+                "servers[1]",
+            ),
+            (
+                json!({"infra": "prod", "servers": ["a", "a"]}),
+                "servers[1]",
+            ),
+            (
+                json!({"infra": "prod", "servers": ["a"], "max_attempts": 0}),
+                "max_attempts",
+            ),
+            (
+                json!({"infra": "prod", "servers": ["a"], "timeout_secs": 0}),
+                "timeout_secs",
+            ),
         ];
         for (body, field) in cases {
             let request: ServersCreate = serde_json::from_value(body.clone()).unwrap();

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use orchestrator_core::{
-    DependencyDecision, ReadyQueue, RetryPolicy, Task, TaskId, TaskSpec,
-    TaskStatus, Workflow, WorkflowId, WorkflowStatus, decide_dependents,
+    DependencyDecision, ReadyQueue, RetryPolicy, Task, TaskId, TaskSpec, TaskStatus, Workflow,
+    WorkflowId, WorkflowStatus, decide_dependents,
 };
 use orchestrator_executor::{Job, Outcome, ScriptExecutor};
 use orchestrator_storage::{Storage, TaskQuery};
@@ -85,7 +85,11 @@ struct Inner {
 
 impl Engine {
     /// Recovers unfinished work from storage and starts dispatching.
-    pub async fn start(store: Storage, executor: ScriptExecutor, config: EngineConfig) -> Result<Engine> {
+    pub async fn start(
+        store: Storage,
+        executor: ScriptExecutor,
+        config: EngineConfig,
+    ) -> Result<Engine> {
         let workers = config.workers.max(1);
         let inner = Arc::new(Inner {
             store,
@@ -114,7 +118,12 @@ impl Engine {
     /// Tasks waiting in the queue, by priority, and tasks running now.
     pub fn load(&self) -> (usize, usize) {
         let queued = self.inner.lock_queue().len();
-        let running = self.inner.running.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let running = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
         (queued, running)
     }
 
@@ -136,7 +145,9 @@ impl Engine {
         let now = Utc::now();
         let workflow_id = WorkflowId::new();
         let options = &plan.options;
-        let max_attempts = options.max_attempts.unwrap_or(self.inner.config.default_max_attempts);
+        let max_attempts = options
+            .max_attempts
+            .unwrap_or(self.inner.config.default_max_attempts);
         let timeout = options
             .timeout_secs
             .map_or(self.inner.config.default_timeout, Duration::from_secs);
@@ -192,7 +203,10 @@ impl Engine {
             .store
             .get_task(id)
             .await?
-            .ok_or_else(|| Error::NotFound { what: "task", id: id.to_string() })
+            .ok_or_else(|| Error::NotFound {
+                what: "task",
+                id: id.to_string(),
+            })
     }
 
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
@@ -201,7 +215,10 @@ impl Engine {
             .store
             .get_workflow(id)
             .await?
-            .ok_or_else(|| Error::NotFound { what: "workflow", id: id.to_string() })?;
+            .ok_or_else(|| Error::NotFound {
+                what: "workflow",
+                id: id.to_string(),
+            })?;
         let tasks = self.inner.store.workflow_tasks(id).await?;
         Ok(WorkflowView {
             status: WorkflowStatus::of(&tasks),
@@ -226,8 +243,12 @@ impl Engine {
                 Ok(stored) => {
                     if immediate {
                         self.inner.task_finished(&stored).await?;
-                    } else if let Some(token) =
-                        self.inner.running.lock().unwrap_or_else(|e| e.into_inner()).get(&id)
+                    } else if let Some(token) = self
+                        .inner
+                        .running
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&id)
                     {
                         token.cancel();
                     }
@@ -274,11 +295,15 @@ impl Engine {
                 .values()
                 .cloned()
                 .collect();
-            tracing::warn!(running = tokens.len(), "grace period over; stopping running scripts");
+            tracing::warn!(
+                running = tokens.len(),
+                "grace period over; stopping running scripts"
+            );
             for token in tokens {
                 token.cancel();
             }
-            let _ = tokio::time::timeout(Duration::from_secs(30), inner.workers.acquire_many(all)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(30), inner.workers.acquire_many(all))
+                .await;
         }
         if let Err(e) = inner.store.close().await {
             tracing::error!(error = %e, "closing storage failed");
@@ -395,7 +420,10 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, token.clone());
         let outcome = self.claim_and_execute(task, token).await;
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         match outcome? {
             Some((task, outcome)) => self.record_outcome(task, outcome).await,
             None => Ok(()),
@@ -455,7 +483,10 @@ impl Inner {
             match &outcome {
                 Outcome::Succeeded { output } => task.complete(output.clone(), now)?,
                 Outcome::Cancelled if !task.cancel_requested => task.interrupt(
-                    format!("interrupted: the service shut down during attempt {}", task.attempts),
+                    format!(
+                        "interrupted: the service shut down during attempt {}",
+                        task.attempts
+                    ),
                     now,
                 )?,
                 Outcome::Cancelled => task.finish_cancel(now)?,
@@ -463,7 +494,13 @@ impl Inner {
                     task.fail(error.clone(), None, &self.config.retry, rand::random(), now)?;
                 }
                 Outcome::Failed { exit_code, error } => {
-                    task.fail(error.clone(), *exit_code, &self.config.retry, rand::random(), now)?;
+                    task.fail(
+                        error.clone(),
+                        *exit_code,
+                        &self.config.retry,
+                        rand::random(),
+                        now,
+                    )?;
                 }
             }
             let stored = match self.store.update_task(&task).await {

@@ -42,12 +42,14 @@ pub struct ScriptExecutor {
 impl ScriptExecutor {
     /// Fails if the scripts dir does not exist.
     pub fn new(mut config: ExecutorConfig) -> Result<ScriptExecutor, ScriptError> {
-        config.scripts_dir = config.scripts_dir.canonicalize().map_err(|source| {
-            ScriptError::ScriptsDir {
-                dir: config.scripts_dir.clone(),
-                source,
-            }
-        })?;
+        config.scripts_dir =
+            config
+                .scripts_dir
+                .canonicalize()
+                .map_err(|source| ScriptError::ScriptsDir {
+                    dir: config.scripts_dir.clone(),
+                    source,
+                })?;
         Ok(ScriptExecutor { config })
     }
 

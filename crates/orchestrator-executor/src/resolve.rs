@@ -63,7 +63,10 @@ impl ScriptExecutor {
         if relative.is_absolute() {
             return Err(ScriptError::Absolute(script.to_owned()));
         }
-        if relative.components().any(|c| matches!(c, Component::ParentDir)) {
+        if relative
+            .components()
+            .any(|c| matches!(c, Component::ParentDir))
+        {
             return Err(ScriptError::ParentDir(script.to_owned()));
         }
         let scripts_dir = &self.config.scripts_dir;
@@ -129,9 +132,18 @@ mod tests {
         std::fs::write(&exe, "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         let ex = executor(dir.path());
-        assert_eq!(ex.resolve("servers/create.nu").unwrap().launcher, Launcher::Interpreter("nu".into()));
-        assert_eq!(ex.resolve("a.sh").unwrap().launcher, Launcher::Interpreter("bash".into()));
-        assert_eq!(ex.resolve("b.py").unwrap().launcher, Launcher::Interpreter("python3".into()));
+        assert_eq!(
+            ex.resolve("servers/create.nu").unwrap().launcher,
+            Launcher::Interpreter("nu".into())
+        );
+        assert_eq!(
+            ex.resolve("a.sh").unwrap().launcher,
+            Launcher::Interpreter("bash".into())
+        );
+        assert_eq!(
+            ex.resolve("b.py").unwrap().launcher,
+            Launcher::Interpreter("python3".into())
+        );
         assert_eq!(ex.resolve("./tool").unwrap().launcher, Launcher::Direct);
     }
 
@@ -149,8 +161,12 @@ mod tests {
             ("", |e| matches!(e, ScriptError::Empty)),
             ("/etc/passwd", |e| matches!(e, ScriptError::Absolute(_))),
             ("../outside.sh", |e| matches!(e, ScriptError::ParentDir(_))),
-            ("servers/../../outside.sh", |e| matches!(e, ScriptError::ParentDir(_))),
-            ("link.sh", |e| matches!(e, ScriptError::EscapesScriptsDir(_))),
+            ("servers/../../outside.sh", |e| {
+                matches!(e, ScriptError::ParentDir(_))
+            }),
+            ("link.sh", |e| {
+                matches!(e, ScriptError::EscapesScriptsDir(_))
+            }),
             ("missing.sh", |e| matches!(e, ScriptError::NotFound(_))),
             ("dir.sh", |e| matches!(e, ScriptError::NotAFile(_))),
             ("plain.txt", |e| matches!(e, ScriptError::NotExecutable(_))),

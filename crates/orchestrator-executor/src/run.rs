@@ -78,7 +78,10 @@ impl ScriptExecutor {
         let work_dir = self.work_dir_of(&job.task_id);
         let result_file = work_dir.join("result.json");
         if let Err(e) = std::fs::create_dir_all(&work_dir) {
-            return failed_to_start(format!("cannot create work dir {}: {e}", work_dir.display()));
+            return failed_to_start(format!(
+                "cannot create work dir {}: {e}",
+                work_dir.display()
+            ));
         }
         let _ = std::fs::remove_file(&result_file);
 
@@ -101,7 +104,10 @@ impl ScriptExecutor {
             .env("ORCHESTRATOR_TASK_ID", &job.task_id)
             .env("ORCHESTRATOR_WORKFLOW_ID", &job.workflow_id)
             .env("ORCHESTRATOR_ATTEMPT", job.attempt.to_string())
-            .env("ORCHESTRATOR_CHECK_MODE", if job.check_mode { "true" } else { "false" })
+            .env(
+                "ORCHESTRATOR_CHECK_MODE",
+                if job.check_mode { "true" } else { "false" },
+            )
             .env("ORCHESTRATOR_WORK_DIR", &work_dir)
             .env("ORCHESTRATOR_RESULT_FILE", &result_file)
             .env("ORCHESTRATOR_DATA_DIR", &self.config.data_dir)
@@ -139,7 +145,11 @@ impl ScriptExecutor {
             });
         }
         let stdout = child.stdout.take().map(|out| {
-            tokio::spawn(read_lines(out, logs.clone(), LineKeeper::LastJsonObject(None)))
+            tokio::spawn(read_lines(
+                out,
+                logs.clone(),
+                LineKeeper::LastJsonObject(None),
+            ))
         });
         let stderr = child
             .stderr
@@ -172,7 +182,10 @@ impl ScriptExecutor {
         match ending {
             Ending::TimedOut => Outcome::TimedOut {
                 error: with_tail(
-                    format!("timed out after {}s; process group terminated", job.timeout.as_secs_f64()),
+                    format!(
+                        "timed out after {}s; process group terminated",
+                        job.timeout.as_secs_f64()
+                    ),
                     &stderr_tail,
                 ),
             },
@@ -223,7 +236,10 @@ impl ScriptExecutor {
             return;
         };
         let _ = killpg(pgid, Signal::SIGTERM);
-        if tokio::time::timeout(self.config.kill_grace, child.wait()).await.is_err() {
+        if tokio::time::timeout(self.config.kill_grace, child.wait())
+            .await
+            .is_err()
+        {
             let _ = killpg(pgid, Signal::SIGKILL);
             let _ = child.wait().await;
         }
@@ -317,7 +333,13 @@ fn read_result_file(path: &Path) -> Result<Option<Value>, String> {
     };
     match serde_json::from_slice(&bytes) {
         Ok(value @ Value::Object(_)) => Ok(Some(value)),
-        Ok(_) => Err(format!("result file {} must hold a JSON object", path.display())),
-        Err(e) => Err(format!("result file {} is not valid JSON: {e}", path.display())),
+        Ok(_) => Err(format!(
+            "result file {} must hold a JSON object",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "result file {} is not valid JSON: {e}",
+            path.display()
+        )),
     }
 }

@@ -10,7 +10,11 @@ pub enum Error {
     #[error("task {0} not found")]
     TaskNotFound(TaskId),
     #[error("task {id} was changed concurrently (expected version {expected}, found {found})")]
-    Conflict { id: TaskId, expected: u64, found: u64 },
+    Conflict {
+        id: TaskId,
+        expected: u64,
+        found: u64,
+    },
     #[error("{what} {id} already exists")]
     AlreadyExists { what: &'static str, id: String },
     #[error(

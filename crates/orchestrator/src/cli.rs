@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "orchestrator", version, about = "A self-hosted provisioning orchestrator")]
+#[command(
+    name = "orchestrator",
+    version,
+    about = "A self-hosted provisioning orchestrator"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub client: ClientArgs,
@@ -32,7 +36,12 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// Base URL of a running service.
-    #[arg(long, global = true, env = "ORCHESTRATOR_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "ORCHESTRATOR_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub url: String,
 }
 

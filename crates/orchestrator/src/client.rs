@@ -30,7 +30,12 @@ impl Api {
 
     /// Sends a request; a non-2xx answer becomes an error carrying the
     /// service's own message.
-    async fn send(&self, method: Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<Response> {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<Response> {
         let url = format!("{}{path}", self.base);
         let response = self
             .http
@@ -38,7 +43,12 @@ impl Api {
             .query(query)
             .send()
             .await
-            .map_err(|e| anyhow!("cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)", self.base))?;
+            .map_err(|e| {
+                anyhow!(
+                    "cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)",
+                    self.base
+                )
+            })?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -48,7 +58,12 @@ impl Api {
         bail!("{message} (HTTP {})", status.as_u16())
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(&self, method: Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<T> {
         self.send(method, path, query)
             .await?
             .json()
@@ -67,7 +82,10 @@ struct TaskList {
 
 pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
     let api = Api::new(client)?;
-    let mut query = vec![("limit", args.limit.to_string()), ("offset", args.offset.to_string())];
+    let mut query = vec![
+        ("limit", args.limit.to_string()),
+        ("offset", args.offset.to_string()),
+    ];
     if let Some(status) = args.status {
         query.push(("status", status));
     }
@@ -93,7 +111,17 @@ pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
             ]
         })
         .collect();
-    print_table(["ID", "STATUS", "PRIORITY", "ATTEMPTS", "CREATED (UTC)", "NAME"], &rows);
+    print_table(
+        [
+            "ID",
+            "STATUS",
+            "PRIORITY",
+            "ATTEMPTS",
+            "CREATED (UTC)",
+            "NAME",
+        ],
+        &rows,
+    );
     println!(
         "{} of {} task(s) shown (offset {})",
         list.tasks.len(),
@@ -126,7 +154,9 @@ fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
 
 pub async fn task(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
     let api = Api::new(client)?;
-    let task: Value = api.json(Method::GET, &format!("/tasks/{}", args.id), &[]).await?;
+    let task: Value = api
+        .json(Method::GET, &format!("/tasks/{}", args.id), &[])
+        .await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&task)?);
         return Ok(());
@@ -157,10 +187,18 @@ fn print_task(task: &Value) {
     ] {
         println!("{label:<11} {}", text(key));
     }
-    println!("{:<11} {}/{}", "attempts", text("attempts"), text("max_attempts"));
+    println!(
+        "{:<11} {}/{}",
+        "attempts",
+        text("attempts"),
+        text("max_attempts")
+    );
     if !task["output"].is_null() {
         println!("output:");
-        println!("{}", serde_json::to_string_pretty(&task["output"]).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&task["output"]).unwrap_or_default()
+        );
     }
 }
 
@@ -170,7 +208,11 @@ pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
     let mut offset = 0u64;
     loop {
         let response = api
-            .send(Method::GET, &format!("/tasks/{}/logs", args.id), &[("offset", offset.to_string())])
+            .send(
+                Method::GET,
+                &format!("/tasks/{}/logs", args.id),
+                &[("offset", offset.to_string())],
+            )
             .await?;
         let header = |name: &str| {
             response
@@ -179,7 +221,9 @@ pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let next: u64 = header("x-next-offset").and_then(|v| v.parse().ok()).unwrap_or(offset);
+        let next: u64 = header("x-next-offset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(offset);
         let finished = header("x-task-status")
             .and_then(|s| s.parse::<orchestrator_core::TaskStatus>().ok())
             .is_none_or(|s| s.is_terminal());
@@ -206,7 +250,10 @@ pub async fn cancel(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
     } else if task["status"] == "cancelled" {
         println!("task {} cancelled", args.id);
     } else {
-        println!("cancel requested for task {}; its script is being stopped", args.id);
+        println!(
+            "cancel requested for task {}; its script is being stopped",
+            args.id
+        );
     }
     Ok(())
 }

@@ -13,7 +13,10 @@ use cli::{Cli, Command};
 /// Runs a parsed command line to completion and turns the outcome into an
 /// exit code; errors are printed with their whole context chain.
 pub fn run(cli: Cli) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

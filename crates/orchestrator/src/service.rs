@@ -85,22 +85,34 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         let engine = engine.clone();
         tokio::spawn(async move {
             let http_stop = stop.clone();
-            let http = tokio::spawn(orchestrator_api::serve(listener, engine.clone(), async move {
-                http_stop.cancelled().await
-            }));
+            let http = tokio::spawn(orchestrator_api::serve(
+                listener,
+                engine.clone(),
+                async move { http_stop.cancelled().await },
+            ));
             stop.cancelled().await;
-            tracing::info!(grace_secs = grace.as_secs(), "shutting down: no new work; letting running tasks finish");
+            tracing::info!(
+                grace_secs = grace.as_secs(),
+                "shutting down: no new work; letting running tasks finish"
+            );
             engine.shutdown(grace).await;
             // Requests still open (a long `wait`) get a moment, then are dropped.
             match tokio::time::timeout(std::time::Duration::from_secs(5), http).await {
-                Ok(joined) => joined.context("http server panicked")?.context("http server failed")?,
+                Ok(joined) => joined
+                    .context("http server panicked")?
+                    .context("http server failed")?,
                 Err(_) => tracing::warn!("closing requests still open after shutdown"),
             }
             tracing::info!("shutdown complete");
             Ok(())
         })
     };
-    Ok(ServiceHandle { addr, engine, stop, task })
+    Ok(ServiceHandle {
+        addr,
+        engine,
+        stop,
+        task,
+    })
 }
 
 /// `orchestrator serve`: run until SIGTERM or Ctrl-C.
@@ -119,7 +131,9 @@ pub async fn serve_from_args(args: ServeArgs) -> anyhow::Result<()> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -95,13 +95,18 @@ impl ServeSettings {
         let log_format = match args.log_format.or(file.log_format).as_deref() {
             None | Some("pretty") => LogFormat::Pretty,
             Some("json") => LogFormat::Json,
-            Some(other) => bail!("--log-format: unknown format `{other}` (expected pretty or json)"),
+            Some(other) => {
+                bail!("--log-format: unknown format `{other}` (expected pretty or json)")
+            }
         };
         let workers = args.workers.or(file.workers).unwrap_or(defaults.workers);
         if workers == 0 {
             bail!("--workers: must be at least 1");
         }
-        let max_attempts = args.max_attempts.or(file.max_attempts).unwrap_or(defaults.max_attempts);
+        let max_attempts = args
+            .max_attempts
+            .or(file.max_attempts)
+            .unwrap_or(defaults.max_attempts);
         if max_attempts == 0 {
             bail!("--max-attempts: must be at least 1");
         }
@@ -124,7 +129,10 @@ impl ServeSettings {
             port: args.port.or(file.port).unwrap_or(defaults.port),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
             storage_type,
-            scripts_dir: args.scripts_dir.or(file.scripts_dir).unwrap_or(defaults.scripts_dir),
+            scripts_dir: args
+                .scripts_dir
+                .or(file.scripts_dir)
+                .unwrap_or(defaults.scripts_dir),
             workers,
             max_attempts,
             task_timeout: task_timeout.map_or(defaults.task_timeout, Duration::from_secs),
@@ -174,10 +182,34 @@ mod tests {
     #[test]
     fn bad_values_name_their_setting() {
         let cases = [
-            (ServeArgs { storage_type: Some("mysql".into()), ..Default::default() }, "--storage-type"),
-            (ServeArgs { workers: Some(0), ..Default::default() }, "--workers"),
-            (ServeArgs { log_format: Some("xml".into()), ..Default::default() }, "--log-format"),
-            (ServeArgs { config: Some("/nonexistent.toml".into()), ..Default::default() }, "/nonexistent.toml"),
+            (
+                ServeArgs {
+                    storage_type: Some("mysql".into()),
+                    ..Default::default()
+                },
+                "--storage-type",
+            ),
+            (
+                ServeArgs {
+                    workers: Some(0),
+                    ..Default::default()
+                },
+                "--workers",
+            ),
+            (
+                ServeArgs {
+                    log_format: Some("xml".into()),
+                    ..Default::default()
+                },
+                "--log-format",
+            ),
+            (
+                ServeArgs {
+                    config: Some("/nonexistent.toml".into()),
+                    ..Default::default()
+                },
+                "/nonexistent.toml",
+            ),
         ];
         for (args, expected) in cases {
             let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
@@ -190,7 +222,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "prot = 1\n").unwrap();
-        let args = ServeArgs { config: Some(path), ..Default::default() };
+        let args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
         let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
         assert!(message.contains("prot"), "{message}");
     }

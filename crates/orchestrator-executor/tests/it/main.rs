@@ -84,14 +84,24 @@ echo "trailing text"
     )]);
     let input = json!({"server": "web-01", "n": [1, 2]});
     let (outcome, log) = run(&f, job("echo.sh", &input)).await;
-    let Outcome::Succeeded { output } = outcome else { panic!("{outcome:?}") };
+    let Outcome::Succeeded { output } = outcome else {
+        panic!("{outcome:?}")
+    };
     assert_eq!(output["input"], input);
     assert_eq!(output["task"], "0190aaaa-0000-7000-8000-000000000001");
     assert_eq!(output["workflow"], "0190aaaa-0000-7000-8000-000000000002");
     assert_eq!(output["attempt"], 2);
     assert_eq!(output["check"], "true");
-    assert!(output["work"].as_str().unwrap().ends_with("0190aaaa-0000-7000-8000-000000000001"));
-    assert_eq!(output["data"], f.dir.path().join("data").display().to_string());
+    assert!(
+        output["work"]
+            .as_str()
+            .unwrap()
+            .ends_with("0190aaaa-0000-7000-8000-000000000001")
+    );
+    assert_eq!(
+        output["data"],
+        f.dir.path().join("data").display().to_string()
+    );
     assert!(log.contains("progress: starting"));
     assert!(log.contains("not json"));
     assert!(log.contains("trailing text"));
@@ -106,7 +116,12 @@ async fn the_result_file_wins_over_stdout() {
     )]);
     let input = json!({"x": 42});
     let (outcome, _) = run(&f, job("file.py", &input)).await;
-    assert_eq!(outcome, Outcome::Succeeded { output: json!({"from": "file", "x": 42}) });
+    assert_eq!(
+        outcome,
+        Outcome::Succeeded {
+            output: json!({"from": "file", "x": 42})
+        }
+    );
 }
 
 #[tokio::test]
@@ -120,15 +135,26 @@ async fn a_script_without_a_result_succeeds_with_an_empty_object() {
 async fn a_bad_result_file_fails_the_attempt() {
     let f = fixture(&[("bad.sh", "echo '[1,2]' > \"$ORCHESTRATOR_RESULT_FILE\"\n")]);
     let (outcome, _) = run(&f, job("bad.sh", &Value::Null)).await;
-    let Outcome::Failed { exit_code: Some(0), error } = outcome else { panic!("{outcome:?}") };
+    let Outcome::Failed {
+        exit_code: Some(0),
+        error,
+    } = outcome
+    else {
+        panic!("{outcome:?}")
+    };
     assert!(error.contains("JSON object"), "{error}");
 }
 
 #[tokio::test]
 async fn failure_keeps_the_exit_code_and_the_stderr_tail() {
-    let f = fixture(&[("fail.sh", "echo 'first detail' >&2\necho 'disk quota exceeded' >&2\nexit 3\n")]);
+    let f = fixture(&[(
+        "fail.sh",
+        "echo 'first detail' >&2\necho 'disk quota exceeded' >&2\nexit 3\n",
+    )]);
     let (outcome, log) = run(&f, job("fail.sh", &Value::Null)).await;
-    let Outcome::Failed { exit_code, error } = outcome else { panic!("{outcome:?}") };
+    let Outcome::Failed { exit_code, error } = outcome else {
+        panic!("{outcome:?}")
+    };
     assert_eq!(exit_code, Some(3));
     assert!(error.contains("code 3"), "{error}");
     assert!(error.contains("disk quota exceeded"), "{error}");
@@ -144,10 +170,19 @@ async fn timeout_kills_the_whole_process_group() {
     let mut j = job("hang.sh", &Value::Null);
     j.timeout = Duration::from_millis(700);
     let (outcome, _) = run(&f, j).await;
-    let Outcome::TimedOut { error } = outcome else { panic!("{outcome:?}") };
+    let Outcome::TimedOut { error } = outcome else {
+        panic!("{outcome:?}")
+    };
     assert!(error.contains("timed out"), "{error}");
-    let pid_file = f.executor.work_dir_of("0190aaaa-0000-7000-8000-000000000001").join("child.pid");
-    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
+    let pid_file = f
+        .executor
+        .work_dir_of("0190aaaa-0000-7000-8000-000000000001")
+        .join("child.pid");
+    let pid: i32 = std::fs::read_to_string(pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // The script ignored SIGTERM, so this also proves the SIGKILL follow-up.
     assert!(!pid_alive(pid), "background child {pid} survived");
 }
@@ -172,19 +207,38 @@ async fn cancel_stops_a_running_script() {
 async fn a_missing_interpreter_is_a_failed_attempt_naming_it() {
     let mut f = fixture(&[("x.nu", "")]);
     let mut config = f.executor.config().clone();
-    config.interpreters.insert("nu".into(), "/nonexistent/nu".into());
+    config
+        .interpreters
+        .insert("nu".into(), "/nonexistent/nu".into());
     f.executor = ScriptExecutor::new(config).unwrap();
     let (outcome, _) = run(&f, job("x.nu", &Value::Null)).await;
-    let Outcome::Failed { exit_code: None, error } = outcome else { panic!("{outcome:?}") };
-    assert!(error.contains("/nonexistent/nu") && error.contains("x.nu"), "{error}");
+    let Outcome::Failed {
+        exit_code: None,
+        error,
+    } = outcome
+    else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        error.contains("/nonexistent/nu") && error.contains("x.nu"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
 async fn input_never_goes_through_a_shell() {
-    let f = fixture(&[("echo.py", "import json,sys\nprint(json.dumps({'got': json.load(sys.stdin)}))\n")]);
+    let f = fixture(&[(
+        "echo.py",
+        "import json,sys\nprint(json.dumps({'got': json.load(sys.stdin)}))\n",
+    )]);
     let marker = f.dir.path().join("pwned");
     let input = json!({"name": format!("$(touch {0}); `touch {0}`", marker.display())});
     let (outcome, _) = run(&f, job("echo.py", &input)).await;
-    assert_eq!(outcome, Outcome::Succeeded { output: json!({"got": input}) });
+    assert_eq!(
+        outcome,
+        Outcome::Succeeded {
+            output: json!({"got": input})
+        }
+    );
     assert!(!marker.exists());
 }

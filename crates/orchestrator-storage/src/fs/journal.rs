@@ -51,11 +51,17 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 type Done = oneshot::Sender<std::result::Result<(), String>>;
 
 enum Command {
-    Append { bytes: Vec<u8>, done: Done },
+    Append {
+        bytes: Vec<u8>,
+        done: Done,
+    },
     /// Replace the snapshot with `bytes`, then empty the journal. Queued
     /// behind every append issued before it, so the snapshot (built from
     /// memory that already contains those appends) covers them all.
-    Snapshot { bytes: Vec<u8>, done: Done },
+    Snapshot {
+        bytes: Vec<u8>,
+        done: Done,
+    },
 }
 
 /// Handle to the writer thread.
@@ -78,7 +84,13 @@ impl JournalWriter {
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || {
-                writer_loop(file, &journal_path, &snapshot_path, receiver, &thread_poisoned)
+                writer_loop(
+                    file,
+                    &journal_path,
+                    &snapshot_path,
+                    receiver,
+                    &thread_poisoned,
+                )
             })
             .map_err(|e| Error::io("start journal writer thread", e))?;
         Ok(JournalWriter {
@@ -190,7 +202,10 @@ fn writer_loop(
                 poisoned.store(true, Ordering::Release);
                 tracing::error!(journal = %journal_path.display(), error = %e, "journal write failed; storage refuses further writes");
                 buffer.clear();
-                Err(format!("journal write to {} failed: {e}", journal_path.display()))
+                Err(format!(
+                    "journal write to {} failed: {e}",
+                    journal_path.display()
+                ))
             }
         };
         for done in waiting.drain(..) {

@@ -62,7 +62,10 @@ enum Record {
     Task(Task),
     /// A new workflow with all its tasks in one checksummed line, so a torn
     /// write keeps all of it or none.
-    Submission { workflow: Workflow, tasks: Vec<Task> },
+    Submission {
+        workflow: Workflow,
+        tasks: Vec<Task>,
+    },
 }
 
 impl Record {
@@ -197,7 +200,10 @@ fn check_layout(dir: &Path) -> Result<()> {
     match std::fs::read(&path) {
         Ok(bytes) => {
             let layout: Layout = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::Layout(format!("{} is not a valid layout file: {e}", path.display()))
+                Error::Layout(format!(
+                    "{} is not a valid layout file: {e}",
+                    path.display()
+                ))
             })?;
             if layout.layout_version > LAYOUT_VERSION {
                 return Err(Error::Layout(format!(

@@ -55,7 +55,10 @@ impl State {
                 set.remove(&task.id);
             }
         }
-        self.by_status.entry(task.status).or_default().insert(task.id);
+        self.by_status
+            .entry(task.status)
+            .or_default()
+            .insert(task.id);
         self.by_workflow
             .entry(task.workflow_id)
             .or_default()
@@ -106,7 +109,12 @@ impl State {
     pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Task> {
         self.by_workflow
             .get(&id)
-            .map(|ids| ids.iter().filter_map(|id| self.tasks.get(id)).cloned().collect())
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| self.tasks.get(id))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -119,7 +127,10 @@ impl State {
             .copied()
             .collect();
         ids.sort();
-        ids.iter().filter_map(|id| self.tasks.get(id)).cloned().collect()
+        ids.iter()
+            .filter_map(|id| self.tasks.get(id))
+            .cloned()
+            .collect()
     }
 
     pub(super) fn list_workflows(&self, limit: usize, offset: usize) -> Page<Workflow> {

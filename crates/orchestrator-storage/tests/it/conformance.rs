@@ -59,13 +59,22 @@ pub async fn suite(harness: &impl Harness) {
 async fn insert_and_read_back(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(3);
     store.insert_workflow(&workflow, &tasks).await.unwrap();
-    assert_eq!(store.get_workflow(workflow.id).await.unwrap(), Some(workflow.clone()));
+    assert_eq!(
+        store.get_workflow(workflow.id).await.unwrap(),
+        Some(workflow.clone())
+    );
     for task in &tasks {
         assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
     }
     assert_eq!(store.workflow_tasks(workflow.id).await.unwrap(), tasks);
     assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
-    assert_eq!(store.get_task(orchestrator_core::TaskId::new()).await.unwrap(), None);
+    assert_eq!(
+        store
+            .get_task(orchestrator_core::TaskId::new())
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 async fn compare_and_set_updates(store: &Storage) {
@@ -79,7 +88,17 @@ async fn compare_and_set_updates(store: &Storage) {
 
     // The same stale copy can not be written twice.
     let err = store.update_task(&task).await.unwrap_err();
-    assert!(matches!(err, Error::Conflict { expected: 0, found: 1, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Conflict {
+                expected: 0,
+                found: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let mut next = stored.clone();
     next.complete(json!({"ok": true}), Utc::now()).unwrap();
@@ -134,7 +153,10 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     store.update_task(&running).await.unwrap();
 
     let all = store
-        .list_tasks(&TaskQuery { limit: 100, ..Default::default() })
+        .list_tasks(&TaskQuery {
+            limit: 100,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert!(all.total >= 9);
@@ -144,7 +166,12 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(ids, newest_first, "newest first");
 
     let by_workflow = store
-        .list_tasks(&TaskQuery { workflow: Some(workflow_a.id), limit: 2, offset: 1, ..Default::default() })
+        .list_tasks(&TaskQuery {
+            workflow: Some(workflow_a.id),
+            limit: 2,
+            offset: 1,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(by_workflow.total, 5);
@@ -166,14 +193,23 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(running_in_b.items[0].id, running.id);
 
     let queued = store
-        .list_tasks(&TaskQuery { status: Some(TaskStatus::Queued), limit: 1000, ..Default::default() })
+        .list_tasks(&TaskQuery {
+            status: Some(TaskStatus::Queued),
+            limit: 1000,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert!(queued.items.iter().all(|t| t.status == TaskStatus::Queued));
     assert!(!queued.items.iter().any(|t| t.id == running.id));
 
     let past_the_end = store
-        .list_tasks(&TaskQuery { workflow: Some(workflow_a.id), limit: 10, offset: 50, ..Default::default() })
+        .list_tasks(&TaskQuery {
+            workflow: Some(workflow_a.id),
+            limit: 10,
+            offset: 50,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert!(past_the_end.items.is_empty());
@@ -198,11 +234,20 @@ async fn logs_append_and_read_from_offsets(store: &Storage) {
     let id = tasks[0].id;
     let empty = store.read_log(id, 0, 1024).await.unwrap();
     assert!(empty.data.is_empty());
-    store.append_log(id, "line one ✓\n".as_bytes()).await.unwrap();
+    store
+        .append_log(id, "line one ✓\n".as_bytes())
+        .await
+        .unwrap();
     store.append_log(id, b"line two\n").await.unwrap();
     let all = store.read_log(id, 0, 1 << 20).await.unwrap();
-    assert_eq!(String::from_utf8(all.data).unwrap(), "line one ✓\nline two\n");
-    let tail = store.read_log(id, all.next_offset - 9, 1 << 20).await.unwrap();
+    assert_eq!(
+        String::from_utf8(all.data).unwrap(),
+        "line one ✓\nline two\n"
+    );
+    let tail = store
+        .read_log(id, all.next_offset - 9, 1 << 20)
+        .await
+        .unwrap();
     assert_eq!(tail.data, b"line two\n");
     assert_eq!(tail.next_offset, all.next_offset);
     let limited = store.read_log(id, 0, 4).await.unwrap();
@@ -214,5 +259,14 @@ async fn duplicate_inserts_are_refused(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(2);
     store.insert_workflow(&workflow, &tasks).await.unwrap();
     let err = store.insert_workflow(&workflow, &tasks).await.unwrap_err();
-    assert!(matches!(err, Error::AlreadyExists { what: "workflow", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::AlreadyExists {
+                what: "workflow",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

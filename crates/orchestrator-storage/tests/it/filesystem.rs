@@ -30,7 +30,10 @@ fn uuid_dir() -> String {
 
 #[tokio::test]
 async fn filesystem_passes_the_conformance_suite() {
-    let harness = FsHarness { root: tempfile::tempdir().unwrap(), options: FsOptions::default() };
+    let harness = FsHarness {
+        root: tempfile::tempdir().unwrap(),
+        options: FsOptions::default(),
+    };
     conformance::suite(&harness).await;
 }
 
@@ -38,7 +41,9 @@ async fn filesystem_passes_the_conformance_suite() {
 async fn filesystem_passes_the_suite_while_compacting_constantly() {
     let harness = FsHarness {
         root: tempfile::tempdir().unwrap(),
-        options: FsOptions { compact_after_bytes: 1 },
+        options: FsOptions {
+            compact_after_bytes: 1,
+        },
     };
     conformance::suite(&harness).await;
 }
@@ -52,7 +57,9 @@ async fn reopening_restores_every_task_with_its_status() {
     for compact_after_bytes in [1, u64::MAX] {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().to_path_buf();
-        let options = FsOptions { compact_after_bytes };
+        let options = FsOptions {
+            compact_after_bytes,
+        };
         let (workflow, tasks) = workflow_with_tasks(10);
         let expected = {
             let store = open(&dir, options.clone()).await;
@@ -61,21 +68,40 @@ async fn reopening_restores_every_task_with_its_status() {
             task.start(Utc::now()).unwrap();
             let task = store.update_task(&task).await.unwrap();
             let mut done = task.clone();
-            done.complete(json!({"ip": "10.0.0.3"}), Utc::now()).unwrap();
+            done.complete(json!({"ip": "10.0.0.3"}), Utc::now())
+                .unwrap();
             store.update_task(&done).await.unwrap();
             store.append_log(task.id, b"hello\n").await.unwrap();
-            let all = store.list_tasks(&TaskQuery { limit: 100, ..Default::default() }).await.unwrap();
+            let all = store
+                .list_tasks(&TaskQuery {
+                    limit: 100,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
             store.close().await.unwrap();
             all
         };
         let store = open(&dir, options).await;
-        let again = store.list_tasks(&TaskQuery { limit: 100, ..Default::default() }).await.unwrap();
+        let again = store
+            .list_tasks(&TaskQuery {
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
         assert_eq!(again, expected);
         let task = store.get_task(tasks[3].id).await.unwrap().unwrap();
         assert_eq!(task.status, TaskStatus::Completed);
         assert_eq!(task.output, Some(json!({"ip": "10.0.0.3"})));
-        assert_eq!(store.read_log(task.id, 0, 100).await.unwrap().data, b"hello\n");
-        assert_eq!(store.get_workflow(workflow.id).await.unwrap(), Some(workflow.clone()));
+        assert_eq!(
+            store.read_log(task.id, 0, 100).await.unwrap().data,
+            b"hello\n"
+        );
+        assert_eq!(
+            store.get_workflow(workflow.id).await.unwrap(),
+            Some(workflow.clone())
+        );
     }
 }
 
@@ -92,8 +118,12 @@ async fn a_torn_journal_tail_is_dropped_and_everything_before_it_kept() {
     // A crash in the middle of the next append leaves half a line.
     let journal = dir.join("journal.jsonl");
     let before = std::fs::metadata(&journal).unwrap().len();
-    let mut file = std::fs::OpenOptions::new().append(true).open(&journal).unwrap();
-    file.write_all(b"0badc0de {\"type\":\"task\",\"data\":{\"id\"").unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    file.write_all(b"0badc0de {\"type\":\"task\",\"data\":{\"id\"")
+        .unwrap();
     drop(file);
 
     let store = open(&dir, FsOptions::default()).await;
@@ -121,7 +151,10 @@ async fn damage_in_the_middle_of_the_journal_is_refused_with_its_line() {
     let text = std::fs::read_to_string(&journal).unwrap();
     let damaged = text.replacen("task-0", "task-X", 2);
     std::fs::write(&journal, damaged).unwrap();
-    let err = FsBackend::open(&dir, FsOptions::default()).await.err().expect("refused");
+    let err = FsBackend::open(&dir, FsOptions::default())
+        .await
+        .err()
+        .expect("refused");
     match err {
         Error::Corrupt { line, .. } => assert_eq!(line, 1),
         other => panic!("unexpected {other}"),
@@ -133,7 +166,10 @@ async fn a_second_process_on_the_same_dir_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().to_path_buf();
     let _first = open(&dir, FsOptions::default()).await;
-    let err = FsBackend::open(&dir, FsOptions::default()).await.err().expect("refused");
+    let err = FsBackend::open(&dir, FsOptions::default())
+        .await
+        .err()
+        .expect("refused");
     assert!(matches!(err, Error::Locked { .. }), "{err}");
     assert!(err.to_string().contains("in use"), "{err}");
 }
@@ -142,7 +178,10 @@ async fn a_second_process_on_the_same_dir_is_refused() {
 async fn a_newer_layout_is_refused_clearly() {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("layout.json"), r#"{"layout_version": 99}"#).unwrap();
-    let err = FsBackend::open(root.path(), FsOptions::default()).await.err().expect("refused");
+    let err = FsBackend::open(root.path(), FsOptions::default())
+        .await
+        .err()
+        .expect("refused");
     let message = err.to_string();
     assert!(message.contains("layout version 99"), "{message}");
 }
@@ -154,7 +193,10 @@ async fn backends_not_compiled_in_name_the_feature() {
             storage_type,
             data_dir: tempfile::tempdir().unwrap().path().to_path_buf(),
         };
-        let err = orchestrator_storage::open(&config).await.err().expect("not compiled");
+        let err = orchestrator_storage::open(&config)
+            .await
+            .err()
+            .expect("not compiled");
         let message = err.to_string();
         assert!(message.contains(storage_type.as_str()), "{message}");
         assert!(message.contains("--features surrealdb"), "{message}");

@@ -1,0 +1,298 @@
+//! The `orchestrator` binary itself: `serve`, the client subcommands,
+//! signals, and `kill -9` in the middle of work.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::fixture_scripts;
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+
+struct Daemon {
+    child: Child,
+    url: String,
+}
+
+impl Daemon {
+    /// Starts `orchestrator serve` on a free port with the fixture scripts.
+    fn start(data_dir: &Path, extra: &[&str]) -> Daemon {
+        let config = data_dir.with_extension("toml");
+        std::fs::write(
+            &config,
+            "workers = 2\nretry_base_ms = 50\n[interpreters]\nnu = \"bash\"\n",
+        )
+        .unwrap();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--port", "0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--scripts-dir")
+            .arg(fixture_scripts())
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (found, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent && let Some(at) = line.find("listening on http://") {
+                    let url = line[at + "listening on ".len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_owned();
+                    let _ = found.send(url);
+                    sent = true;
+                }
+            }
+        });
+        let url = url
+            .recv_timeout(Duration::from_secs(30))
+            .expect("service printed its address");
+        Daemon { child, url }
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--url")
+            .arg(&self.url)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn cli_json(&self, args: &[&str]) -> Value {
+        let output = self.cli(args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait(mut self) -> std::process::ExitStatus {
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("service did not exit");
+    }
+}
+
+/// POSTs JSON through a throwaway runtime, so that these tests stay
+/// synchronous like the processes they drive.
+fn submit(url: &str, body: Value) -> Value {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
+}
+
+fn wait_all_finished(daemon: &Daemon, ids: &[String]) -> Vec<Value> {
+    ids.iter()
+        .map(|id| {
+            for _ in 0..600 {
+                let task = daemon.cli_json(&["task", id, "--json"]);
+                if matches!(
+                    task["status"].as_str(),
+                    Some("completed" | "failed" | "cancelled")
+                ) {
+                    return task;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("task {id} never finished");
+        })
+        .collect()
+}
+
+fn ids_of(response: &Value) -> Vec<String> {
+    response["task_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn client_commands_and_graceful_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let daemon = Daemon::start(&data, &[]);
+    let created = submit(
+        &format!("{}/workflows/servers/create", daemon.url),
+        json!({"infra": "cli", "servers": ["ok-1", "hang-1"]}),
+    );
+    let ids = ids_of(&created);
+
+    let list = daemon.cli_json(&["tasks", "--json"]);
+    assert_eq!(list["total"], 2);
+    let table = daemon.cli(&[
+        "tasks",
+        "--workflow",
+        created["workflow_id"].as_str().unwrap(),
+    ]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(
+        table.contains("create server ok-1") && table.contains("create server hang-1"),
+        "{table}"
+    );
+
+    let done = wait_all_finished(&daemon, &ids[..1]);
+    assert_eq!(done[0]["status"], "completed");
+    let shown = String::from_utf8(daemon.cli(&["task", &ids[0]]).stdout).unwrap();
+    assert!(
+        shown.contains("completed") && shown.contains("\"server\": \"ok-1\""),
+        "{shown}"
+    );
+    let logs = daemon.cli(&["logs", &ids[0]]);
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("hello from ok-1"));
+
+    let cancel = daemon.cli(&["cancel", &ids[1]]);
+    assert!(
+        cancel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cancel.stderr)
+    );
+    let followed = daemon.cli(&["logs", "--follow", &ids[1]]);
+    assert!(String::from_utf8_lossy(&followed.stdout).contains("hello from hang-1"));
+    assert_eq!(
+        wait_all_finished(&daemon, &ids[1..])[0]["status"],
+        "cancelled"
+    );
+
+    let unknown = daemon.cli(&["task", "01900000-0000-7000-8000-000000000000"]);
+    assert!(!unknown.status.success());
+    let message = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        message.contains("01900000-0000-7000-8000-000000000000") && message.contains("404"),
+        "{message}"
+    );
+
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success(), "SIGTERM is a clean exit");
+    assert!(data.join("journal.jsonl").exists());
+}
+
+#[test]
+fn kill_9_loses_no_submitted_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let daemon = Daemon::start(&data, &["--workers", "1"]);
+    let created = submit(
+        &format!("{}/workflows/servers/create", daemon.url),
+        json!({"infra": "crash", "servers": ["slow-1", "ok-2", "ok-3", "ok-4"]}),
+    );
+    let ids = ids_of(&created);
+    // Wait for the first script to be mid-run, then pull the plug.
+    for _ in 0..200 {
+        if daemon.cli_json(&["task", &ids[0], "--json"])["status"] == "running" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    daemon.signal("-KILL");
+    assert!(!daemon.wait().success());
+
+    let daemon = Daemon::start(&data, &[]);
+    let tasks = wait_all_finished(&daemon, &ids);
+    for task in &tasks {
+        assert_eq!(task["status"], "completed", "{task}");
+    }
+    // The interrupted attempt counts, and says what happened to it.
+    assert_eq!(tasks[0]["attempts"], 2, "{}", tasks[0]);
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success());
+}
+
+#[test]
+fn startup_errors_exit_non_zero_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "serve",
+                "--storage-type",
+                "surrealdb-embedded",
+                "--port",
+                "0",
+            ],
+            "--features surrealdb",
+        ),
+        (
+            &["serve", "--storage-type", "mongodb", "--port", "0"],
+            "unknown storage type `mongodb`",
+        ),
+        (
+            &[
+                "serve",
+                "--scripts-dir",
+                "/nonexistent/scripts",
+                "--port",
+                "0",
+            ],
+            "/nonexistent/scripts",
+        ),
+        (
+            &["serve", "--config", "/nonexistent/orchestrator.toml"],
+            "/nonexistent/orchestrator.toml",
+        ),
+        (
+            &["--url", "http://127.0.0.1:9", "tasks"],
+            "cannot reach the orchestrator",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = Command::new(BIN)
+            .args(*args)
+            .arg("--data-dir")
+            .arg(dir.path().join("d"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // `tasks` has no --data-dir: clap refuses it, which is also an error exit.
+        assert!(!output.status.success(), "{args:?}");
+        if args[0] == "serve" {
+            assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        }
+    }
+    let output = Command::new(BIN)
+        .args(["--url", "http://127.0.0.1:9", "tasks"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot reach the orchestrator"));
+}

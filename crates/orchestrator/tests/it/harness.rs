@@ -1,0 +1,162 @@
+//! Starting services and talking to them over HTTP.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use orchestrator::service::{self, ServiceHandle};
+use orchestrator::settings::ServeSettings;
+use serde_json::Value;
+
+/// The test doubles of the provisioning scripts (bash, see their header).
+pub fn fixture_scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/scripts")
+}
+
+/// The real provisioning scripts shipped in `scripts/`.
+pub fn real_scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+}
+
+/// Settings for a test service on port 0 running the fixture scripts.
+pub fn fixture_settings(data_dir: &Path) -> ServeSettings {
+    let mut settings = ServeSettings::new(data_dir.to_path_buf(), fixture_scripts());
+    settings.port = 0;
+    settings.workers = 4;
+    settings.retry.base_delay = Duration::from_millis(50);
+    settings.retry.max_delay = Duration::from_millis(200);
+    settings.kill_grace = Duration::from_millis(500);
+    settings.shutdown_grace = Duration::from_secs(5);
+    settings.interpreters.insert("nu".into(), "bash".into());
+    settings
+}
+
+pub struct TestService {
+    pub handle: Option<ServiceHandle>,
+    pub base: String,
+    pub http: reqwest::Client,
+    pub data_dir: PathBuf,
+}
+
+impl TestService {
+    pub async fn start(settings: ServeSettings) -> TestService {
+        let data_dir = settings.data_dir.clone();
+        let handle = service::start(settings).await.expect("service starts");
+        TestService {
+            base: format!("http://{}", handle.addr),
+            handle: Some(handle),
+            http: reqwest::Client::new(),
+            data_dir,
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.shutdown().await.expect("clean shutdown");
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    /// Submits a server-create workflow; returns its task ids.
+    pub async fn create_servers(&self, servers: &[&str], extra: Value) -> (String, Vec<String>) {
+        let mut body = serde_json::json!({"infra": "test", "servers": servers});
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        let (status, response) = self.post("/workflows/servers/create", body).await;
+        assert!(status == 202 || status == 200, "{status} {response}");
+        let ids = response["task_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        (response["workflow_id"].as_str().unwrap().to_owned(), ids)
+    }
+
+    /// Polls a task until `done` holds for it (or panics after a minute).
+    pub async fn wait_task(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, task) = self.get(&format!("/tasks/{id}")).await;
+            assert_eq!(status, 200, "{task}");
+            if done(&task) {
+                return task;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "task never got there: {task}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn wait_finished(&self, id: &str) -> Value {
+        self.wait_task(id, |t| {
+            matches!(
+                t["status"].as_str(),
+                Some("completed" | "failed" | "cancelled" | "skipped")
+            )
+        })
+        .await
+    }
+
+    /// Lines of the fixture scripts' trace file.
+    pub fn trace(&self) -> Vec<String> {
+        std::fs::read_to_string(self.data_dir.join("trace.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}

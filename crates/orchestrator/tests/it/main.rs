@@ -1,0 +1,9 @@
+//! Service integration tests: a real server on port 0, real script
+//! processes, real storage on disk. One test binary, one module per area.
+
+mod cli;
+mod errors;
+mod harness;
+mod provisioning;
+mod restart;
+mod tasks;
