@@ -34,10 +34,13 @@ impl PartialOrd for ReadyEntry {
     }
 }
 
+/// A task waiting for its due time: (due, arrival, priority, id), earliest first.
+type DelayedEntry = Reverse<(DateTime<Utc>, u64, Priority, TaskId)>;
+
 #[derive(Debug, Default)]
 pub struct ReadyQueue {
     ready: BinaryHeap<ReadyEntry>,
-    delayed: BinaryHeap<Reverse<(DateTime<Utc>, u64, Priority, TaskId)>>,
+    delayed: BinaryHeap<DelayedEntry>,
     next_seq: u64,
 }
 

@@ -157,7 +157,8 @@ mod tests {
         std::fs::create_dir(scripts.join("dir.sh")).unwrap();
         symlink(root.path().join("outside.sh"), scripts.join("link.sh")).unwrap();
         let ex = executor(&scripts);
-        let cases: &[(&str, fn(&ScriptError) -> bool)] = &[
+        type Case = (&'static str, fn(&ScriptError) -> bool);
+        let cases: &[Case] = &[
             ("", |e| matches!(e, ScriptError::Empty)),
             ("/etc/passwd", |e| matches!(e, ScriptError::Absolute(_))),
             ("../outside.sh", |e| matches!(e, ScriptError::ParentDir(_))),

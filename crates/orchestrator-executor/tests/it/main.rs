@@ -1,6 +1,8 @@
 //! The executor against real processes: bash and python scripts written to
 //! a temporary scripts dir.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! compaction and the lock.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use chrono::Utc;
 use orchestrator_core::TaskStatus;
@@ -48,7 +47,7 @@ async fn filesystem_passes_the_suite_while_compacting_constantly() {
     conformance::suite(&harness).await;
 }
 
-async fn open(dir: &PathBuf, options: FsOptions) -> Storage {
+async fn open(dir: &std::path::Path, options: FsOptions) -> Storage {
     Storage::new(FsBackend::open(dir, options).await.unwrap())
 }
 
@@ -195,8 +194,7 @@ async fn backends_not_compiled_in_name_the_feature() {
         };
         let err = orchestrator_storage::open(&config)
             .await
-            .err()
-            .expect("not compiled");
+            .expect_err("not compiled");
         let message = err.to_string();
         assert!(message.contains(storage_type.as_str()), "{message}");
         assert!(message.contains("--features surrealdb"), "{message}");

@@ -1,6 +1,8 @@
 //! Service integration tests: a real server on port 0, real script
 //! processes, real storage on disk. One test binary, one module per area.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 mod cli;
 mod errors;
 mod harness;
