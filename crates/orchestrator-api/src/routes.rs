@@ -216,17 +216,20 @@ async fn list_workflows(
     let page = state
         .engine
         .store()
-        .list_workflows(limit, offset)
+        .list_workflows(&orchestrator_storage::WorkflowQuery {
+            limit,
+            offset,
+            ..Default::default()
+        })
         .await
         .map_err(orchestrator_engine::Error::from)?;
     let mut workflows = Vec::with_capacity(page.items.len());
     for workflow in page.items {
-        let view = state.engine.workflow(workflow.id).await?;
         workflows.push(WorkflowSummary {
             id: workflow.id,
             kind: workflow.kind,
             name: workflow.name,
-            status: view.status,
+            status: workflow.status,
             created_at: workflow.created_at,
             task_ids: workflow.task_ids,
         });

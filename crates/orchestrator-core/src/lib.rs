@@ -16,5 +16,5 @@ pub use error::{Error, Result};
 pub use ids::{TaskId, WorkflowId};
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
-pub use task::{FailureOutcome, Priority, Task, TaskSpec, TaskStatus};
+pub use task::{FailureOutcome, FailurePolicy, Priority, StepSettings, Task, TaskSpec, TaskStatus};
 pub use workflow::{DependencyDecision, Workflow, WorkflowStatus, decide_dependents};

@@ -88,10 +88,13 @@ pub enum TaskStatus {
     Cancelled,
     /// Never ran because a task it depends on did not complete.
     Skipped,
+    /// Never ran because its workflow stopped first (a failure under the
+    /// `fail` policy, or a workflow cancel).
+    NotStarted,
 }
 
 impl TaskStatus {
-    pub const ALL: [TaskStatus; 8] = [
+    pub const ALL: [TaskStatus; 9] = [
         TaskStatus::Pending,
         TaskStatus::Queued,
         TaskStatus::Running,
@@ -100,6 +103,7 @@ impl TaskStatus {
         TaskStatus::Failed,
         TaskStatus::Cancelled,
         TaskStatus::Skipped,
+        TaskStatus::NotStarted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -112,6 +116,7 @@ impl TaskStatus {
             TaskStatus::Failed => "failed",
             TaskStatus::Cancelled => "cancelled",
             TaskStatus::Skipped => "skipped",
+            TaskStatus::NotStarted => "not_started",
         }
     }
 
@@ -131,9 +136,9 @@ impl TaskStatus {
         use TaskStatus::*;
         matches!(
             (self, next),
-            (Pending, Queued | Skipped | Cancelled)
-                | (Queued, Running | Cancelled)
-                | (RetryWaiting, Running | Cancelled)
+            (Pending, Queued | Skipped | Cancelled | NotStarted)
+                | (Queued, Running | Cancelled | NotStarted)
+                | (RetryWaiting, Running | Cancelled | NotStarted)
                 | (
                     Running,
                     Completed | Failed | RetryWaiting | Cancelled | Queued
@@ -176,6 +181,58 @@ pub struct TaskSpec {
     pub timeout: Duration,
     pub check_mode: bool,
     pub depends_on: Vec<TaskId>,
+    pub step: StepSettings,
+}
+
+/// What a task knows about the workflow step it runs, if it came from a
+/// template. Plain tasks use the default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepSettings {
+    /// The step's `ref_name` in its template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ref_name: Option<String>,
+    /// The `for_each` values this instance runs with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub each: Option<Value>,
+    /// The input with `${...}` references still in it; resolved into
+    /// `input` when the task is released, once its dependencies' outputs exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_template: Option<Value>,
+    /// A failure does not fail the workflow, and dependents still run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// Runs once its dependencies ended, however they ended, and again on
+    /// every workflow retry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub always_run: bool,
+    /// This step's own failure policy, overriding the workflow's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<FailurePolicy>,
+    /// Script that undoes this step, run under the `rollback` policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<String>,
+    /// Set on a rollback task: the completed task it undoes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<TaskId>,
+}
+
+impl StepSettings {
+    pub fn is_plain(&self) -> bool {
+        *self == StepSettings::default()
+    }
+}
+
+/// What a workflow does when a step fails for good.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Start nothing new, let running steps finish, fail the workflow.
+    #[default]
+    Fail,
+    /// Keep running everything that does not depend on the failed step.
+    Continue,
+    /// Like `fail`, then undo completed steps in reverse order.
+    Rollback,
 }
 
 /// One unit of work: a script run with an input, retried up to `max_attempts`.
@@ -201,6 +258,15 @@ pub struct Task {
     /// When the next attempt may start (only in `retry_waiting`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<DateTime<Utc>>,
+    /// Not dispatched before this time (a scheduled workflow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
+    /// The template step this task runs; empty for plain tasks.
+    #[serde(default, skip_serializing_if = "StepSettings::is_plain")]
+    pub step: StepSettings,
+    /// How many times the workflow was retried over this task.
+    #[serde(default)]
+    pub reruns: u32,
     /// Set, and persisted, before a running script is signalled, so that a
     /// crash between the request and the kill still ends in `cancelled`.
     #[serde(default)]
@@ -253,6 +319,9 @@ impl Task {
             max_attempts: spec.max_attempts.max(1),
             timeout_secs: spec.timeout.as_secs().max(1),
             retry_at: None,
+            not_before: None,
+            step: spec.step,
+            reruns: 0,
             cancel_requested: false,
             created_at: now,
             started_at: None,
@@ -384,6 +453,50 @@ impl Task {
         Ok(())
     }
 
+    /// The workflow stopped before this task ran.
+    pub fn abandon(&mut self, reason: String, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::NotStarted, now)?;
+        self.error = Some(reason);
+        Ok(())
+    }
+
+    /// Whether a workflow retry runs this task again: everything that did
+    /// not complete, and `always_run` steps even if they did.
+    pub fn reruns_on_retry(&self) -> bool {
+        match self.status {
+            TaskStatus::Completed => self.step.always_run,
+            status => status.is_terminal(),
+        }
+    }
+
+    /// A workflow retry: the one way out of a terminal status. The task
+    /// starts over as `pending` with fresh attempts; `reruns` counts how
+    /// often this happened.
+    pub fn rerun(&mut self, now: DateTime<Utc>) -> Result<()> {
+        if !self.reruns_on_retry() {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: TaskStatus::Pending,
+            });
+        }
+        self.status = TaskStatus::Pending;
+        self.attempts = 0;
+        self.reruns += 1;
+        self.cancel_requested = false;
+        self.retry_at = None;
+        self.started_at = None;
+        self.finished_at = None;
+        self.output = None;
+        self.error = None;
+        self.exit_code = None;
+        self.updated_at = now;
+        if self.step.input_template.is_some() {
+            self.input = Value::Null;
+        }
+        Ok(())
+    }
+
     /// The service stopped the running attempt for reasons of its own (a
     /// shutdown, a lost worker). The attempt does not count against the
     /// task, which goes back to the queue.
@@ -409,6 +522,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             check_mode: false,
             depends_on,
+            step: StepSettings::default(),
         }
     }
 

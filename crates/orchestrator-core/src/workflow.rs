@@ -7,38 +7,126 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{Priority, Task, TaskId, TaskStatus, WorkflowId};
+use crate::{FailurePolicy, Priority, Task, TaskId, TaskStatus, WorkflowId};
 
-/// A submitted workflow. Its status is derived from its tasks, never stored,
-/// so the two can not disagree.
+/// A submitted workflow: one run of a template (or of a built-in plan)
+/// with its inputs, and the tasks it created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workflow {
     pub id: WorkflowId,
-    /// What kind of workflow this is, e.g. `servers/create`.
+    /// The template's `ref_name` (built-ins use theirs, e.g. `servers/create`).
     pub kind: String,
+    /// The template's `schema_version`, when it came from a template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_version: Option<u32>,
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The submission as received, for audit and re-submission.
     pub input: Value,
     pub check_mode: bool,
     pub priority: Priority,
+    pub status: WorkflowStatus,
+    #[serde(default)]
+    pub on_failure: FailurePolicy,
+    /// Most of its tasks that may run at once; unbounded when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_limit: Option<usize>,
+    /// The caller's own name for what this workflow does (`meta.ref`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// 1 for a new `reference`; n+1 when the same reference comes back with
+    /// a different body.
+    #[serde(default = "first_revision")]
+    pub revision: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_revision: Option<WorkflowId>,
+    /// From the `Idempotency-Key` header; unique across workflows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Digest of the submission body, to tell a repeat from a revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_digest: Option<String>,
+    /// Scheduled start; nothing runs before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
     pub task_ids: Vec<TaskId>,
     pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+    /// Optimistic-concurrency version, as on tasks.
     pub version: u64,
 }
 
-/// The overall state of a workflow, derived from its tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+fn first_revision() -> u32 {
+    1
+}
+
+/// The overall state of a workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkflowStatus {
-    /// Nothing has started yet.
+    /// Waiting for its scheduled start.
+    Scheduled,
+    /// Accepted; nothing has started yet.
     Queued,
-    /// Some tasks are not finished and at least one has started.
     Running,
+    /// A step failed under the `rollback` policy; undo steps are running.
+    RollingBack,
     Completed,
-    /// Every task finished and at least one failed or was skipped.
     Failed,
-    /// Every task finished, none failed, and at least one was cancelled.
     Cancelled,
+}
+
+impl WorkflowStatus {
+    pub const ALL: [WorkflowStatus; 7] = [
+        WorkflowStatus::Scheduled,
+        WorkflowStatus::Queued,
+        WorkflowStatus::Running,
+        WorkflowStatus::RollingBack,
+        WorkflowStatus::Completed,
+        WorkflowStatus::Failed,
+        WorkflowStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowStatus::Scheduled => "scheduled",
+            WorkflowStatus::Queued => "queued",
+            WorkflowStatus::Running => "running",
+            WorkflowStatus::RollingBack => "rolling_back",
+            WorkflowStatus::Completed => "completed",
+            WorkflowStatus::Failed => "failed",
+            WorkflowStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkflowStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkflowStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        WorkflowStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = WorkflowStatus::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown status `{s}` (expected one of {})",
+                    known.join(", ")
+                )
+            })
+    }
 }
 
 impl WorkflowStatus {
@@ -128,6 +216,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             check_mode: false,
             depends_on,
+            step: Default::default(),
         };
         Task::new(WorkflowId::new(), spec, Utc::now())
     }

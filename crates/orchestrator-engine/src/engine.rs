@@ -172,18 +172,34 @@ impl Engine {
                 timeout,
                 check_mode: options.check_mode,
                 depends_on,
+                step: Default::default(),
             };
             tasks.push(Task::new(workflow_id, spec, now));
         }
         let workflow = Workflow {
             id: workflow_id,
             kind: plan.kind,
+            template_version: None,
             name: plan.name,
+            description: None,
             input: plan.request,
             check_mode: options.check_mode,
             priority: options.priority,
+            status: WorkflowStatus::Queued,
+            on_failure: Default::default(),
+            parallel_limit: None,
+            reference: None,
+            trace_id: None,
+            revision: 1,
+            previous_revision: None,
+            idempotency_key: None,
+            request_digest: None,
+            start_at: None,
             task_ids: tasks.iter().map(|t| t.id).collect(),
             created_at: now,
+            started_at: None,
+            finished_at: None,
+            updated_at: now,
             version: 0,
         };
         self.inner.store.insert_workflow(&workflow, &tasks).await?;
@@ -221,7 +237,7 @@ impl Engine {
             })?;
         let tasks = self.inner.store.workflow_tasks(id).await?;
         Ok(WorkflowView {
-            status: WorkflowStatus::of(&tasks),
+            status: workflow.status,
             workflow,
             tasks,
         })
@@ -527,8 +543,41 @@ impl Inner {
 
     async fn task_finished(&self, task: &Task) -> Result<()> {
         self.settle_dependents(task.workflow_id).await?;
+        self.refresh_workflow_status(task.workflow_id).await?;
         self.finished.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    /// Stores the workflow status its tasks now imply, if it changed.
+    async fn refresh_workflow_status(&self, id: WorkflowId) -> Result<()> {
+        loop {
+            let Some(mut workflow) = self.store.get_workflow(id).await? else {
+                return Ok(());
+            };
+            let tasks = self.store.workflow_tasks(id).await?;
+            let status = WorkflowStatus::of(&tasks);
+            if status == workflow.status {
+                return Ok(());
+            }
+            let now = Utc::now();
+            if workflow.started_at.is_none() && status != WorkflowStatus::Queued {
+                workflow.started_at = tasks
+                    .iter()
+                    .filter_map(|t| t.started_at)
+                    .min()
+                    .or(Some(now));
+            }
+            if status.is_terminal() {
+                workflow.finished_at = Some(now);
+            }
+            workflow.status = status;
+            workflow.updated_at = now;
+            match self.store.update_workflow(&workflow, &[]).await {
+                Ok(_) => return Ok(()),
+                Err(orchestrator_storage::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Releases pending tasks whose dependencies all completed and skips

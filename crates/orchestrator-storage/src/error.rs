@@ -9,9 +9,12 @@ use orchestrator_core::TaskId;
 pub enum Error {
     #[error("task {0} not found")]
     TaskNotFound(TaskId),
-    #[error("task {id} was changed concurrently (expected version {expected}, found {found})")]
+    #[error("workflow {0} not found")]
+    WorkflowNotFound(orchestrator_core::WorkflowId),
+    #[error("{what} {id} was changed concurrently (expected version {expected}, found {found})")]
     Conflict {
-        id: TaskId,
+        what: &'static str,
+        id: String,
         expected: u64,
         found: u64,
     },

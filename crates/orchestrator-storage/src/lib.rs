@@ -15,7 +15,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 pub use error::{Error, Result};
 
@@ -28,8 +28,16 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// Stores a new workflow and all its tasks atomically: after a crash
-    /// either all of them exist or none does.
+    /// either all of them exist or none does. Refused with
+    /// [`Error::AlreadyExists`] if the workflow id, a task id, the
+    /// workflow's `idempotency_key`, or its (`reference`, `revision`) pair
+    /// is taken, so racing duplicate submissions create one workflow.
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()>;
+
+    /// Replaces a workflow by compare-and-set on `version`, as
+    /// [`Backend::update_task`] does, and adds `new_tasks` in the same atomic
+    /// write (a workflow that grows, e.g. by rollback steps).
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow>;
 
     /// Replaces a task if, and only if, the stored version equals
     /// `task.version` (compare-and-set). Returns the stored task, whose
@@ -50,8 +58,8 @@ pub trait Backend: Send + Sync {
 
     async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>>;
 
-    /// Workflows newest first.
-    async fn list_workflows(&self, limit: usize, offset: usize) -> Result<Page<Workflow>>;
+    /// Workflows matching the query, newest first.
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>>;
 
     /// Appends captured script output to a task's log.
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()>;
@@ -68,6 +76,19 @@ pub trait Backend: Send + Sync {
 pub struct TaskQuery {
     pub status: Option<TaskStatus>,
     pub workflow: Option<WorkflowId>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// Filters for [`Backend::list_workflows`]; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkflowQuery {
+    pub status: Option<WorkflowStatus>,
+    /// The template `ref_name` (the workflow's `kind`).
+    pub kind: Option<String>,
+    pub reference: Option<String>,
+    pub trace_id: Option<String>,
+    pub idempotency_key: Option<String>,
     pub limit: usize,
     pub offset: usize,
 }

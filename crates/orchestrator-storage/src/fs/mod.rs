@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
-use crate::{Backend, Error, LogChunk, Page, Result, TaskQuery};
+use crate::{Backend, Error, LogChunk, Page, Result, TaskQuery, WorkflowQuery};
 
 /// The on-disk layout this build reads and writes.
 pub const LAYOUT_VERSION: u32 = 1;
@@ -60,8 +60,8 @@ impl Default for FsOptions {
 enum Record {
     Workflow(Workflow),
     Task(Task),
-    /// A new workflow with all its tasks in one checksummed line, so a torn
-    /// write keeps all of it or none.
+    /// A workflow with the tasks it gained (all of them when it is new) in
+    /// one checksummed line, so a torn write keeps all of it or none.
     Submission {
         workflow: Workflow,
         tasks: Vec<Task>,
@@ -312,6 +312,24 @@ impl Backend for FsBackend {
                     id: task.id.to_string(),
                 });
             }
+            if let Some(key) = &workflow.idempotency_key
+                && state.workflow_by_idempotency_key(key).is_some()
+            {
+                return Err(Error::AlreadyExists {
+                    what: "idempotency key",
+                    id: key.clone(),
+                });
+            }
+            if let Some(reference) = &workflow.reference
+                && state
+                    .workflow_revision(reference, workflow.revision)
+                    .is_some()
+            {
+                return Err(Error::AlreadyExists {
+                    what: "workflow revision",
+                    id: format!("{reference}#{}", workflow.revision),
+                });
+            }
             let record = Record::Submission {
                 workflow: workflow.clone(),
                 tasks: tasks.to_vec(),
@@ -327,7 +345,8 @@ impl Backend for FsBackend {
             let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
             if current.version != task.version {
                 return Err(Error::Conflict {
-                    id: task.id,
+                    what: "task",
+                    id: task.id.to_string(),
                     expected: task.version,
                     found: current.version,
                 });
@@ -336,6 +355,38 @@ impl Backend for FsBackend {
             stored.version += 1;
             let pending = self.commit(&mut state, Record::Task(stored.clone()))?;
             (pending, stored)
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state
+                .workflow(workflow.id)
+                .ok_or(Error::WorkflowNotFound(workflow.id))?;
+            if current.version != workflow.version {
+                return Err(Error::Conflict {
+                    what: "workflow",
+                    id: workflow.id.to_string(),
+                    expected: workflow.version,
+                    found: current.version,
+                });
+            }
+            if let Some(task) = new_tasks.iter().find(|t| state.task(t.id).is_some()) {
+                return Err(Error::AlreadyExists {
+                    what: "task",
+                    id: task.id.to_string(),
+                });
+            }
+            let mut stored = workflow.clone();
+            stored.version += 1;
+            let record = Record::Submission {
+                workflow: stored.clone(),
+                tasks: new_tasks.to_vec(),
+            };
+            (self.commit(&mut state, record)?, stored)
         };
         pending.durable().await?;
         Ok(stored)
@@ -361,8 +412,8 @@ impl Backend for FsBackend {
         Ok(self.lock_state().workflow(id).cloned())
     }
 
-    async fn list_workflows(&self, limit: usize, offset: usize) -> Result<Page<Workflow>> {
-        Ok(self.lock_state().list_workflows(limit, offset))
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
+        Ok(self.lock_state().list_workflows(query))
     }
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
-use crate::{Page, TaskQuery};
+use crate::{Page, TaskQuery, WorkflowQuery};
 
 #[derive(Default)]
 pub(super) struct State {
@@ -12,6 +12,8 @@ pub(super) struct State {
     by_status: HashMap<TaskStatus, BTreeSet<TaskId>>,
     by_workflow: HashMap<WorkflowId, BTreeSet<TaskId>>,
     workflows: BTreeMap<WorkflowId, Workflow>,
+    by_idempotency_key: HashMap<String, WorkflowId>,
+    by_reference: HashMap<String, BTreeMap<u32, WorkflowId>>,
     /// Bytes appended to the journal since the last compaction.
     pub(super) journal_bytes: u64,
 }
@@ -72,7 +74,30 @@ impl State {
         {
             return;
         }
+        // Keys and references never change after insertion.
+        if let Some(key) = &workflow.idempotency_key {
+            self.by_idempotency_key.insert(key.clone(), workflow.id);
+        }
+        if let Some(reference) = &workflow.reference {
+            self.by_reference
+                .entry(reference.clone())
+                .or_default()
+                .insert(workflow.revision, workflow.id);
+        }
         self.workflows.insert(workflow.id, workflow);
+    }
+
+    pub(super) fn workflow_by_idempotency_key(&self, key: &str) -> Option<&Workflow> {
+        self.by_idempotency_key
+            .get(key)
+            .and_then(|id| self.workflows.get(id))
+    }
+
+    pub(super) fn workflow_revision(&self, reference: &str, revision: u32) -> Option<&Workflow> {
+        self.by_reference
+            .get(reference)
+            .and_then(|revisions| revisions.get(&revision))
+            .and_then(|id| self.workflows.get(id))
     }
 
     pub(super) fn list_tasks(&self, query: &TaskQuery) -> Page<Task> {
@@ -133,17 +158,31 @@ impl State {
             .collect()
     }
 
-    pub(super) fn list_workflows(&self, limit: usize, offset: usize) -> Page<Workflow> {
-        Page {
-            items: self
-                .workflows
-                .values()
-                .rev()
-                .skip(offset)
-                .take(limit)
-                .cloned()
-                .collect(),
-            total: self.workflows.len(),
+    pub(super) fn list_workflows(&self, query: &WorkflowQuery) -> Page<Workflow> {
+        let matches = |w: &&Workflow| {
+            query.status.is_none_or(|s| w.status == s)
+                && query.kind.as_ref().is_none_or(|k| &w.kind == k)
+                && query
+                    .reference
+                    .as_ref()
+                    .is_none_or(|r| w.reference.as_ref() == Some(r))
+                && query
+                    .trace_id
+                    .as_ref()
+                    .is_none_or(|t| w.trace_id.as_ref() == Some(t))
+                && query
+                    .idempotency_key
+                    .as_ref()
+                    .is_none_or(|k| w.idempotency_key.as_ref() == Some(k))
+        };
+        let mut total = 0;
+        let mut items = Vec::new();
+        for workflow in self.workflows.values().rev().filter(matches) {
+            if total >= query.offset && items.len() < query.limit {
+                items.push(workflow.clone());
+            }
+            total += 1;
         }
+        Page { items, total }
     }
 }

@@ -5,8 +5,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use orchestrator_core::{Priority, Task, TaskSpec, TaskStatus, Workflow, WorkflowId};
-use orchestrator_storage::{Error, Storage, TaskQuery};
+use orchestrator_core::{
+    Priority, Task, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
+};
+use orchestrator_storage::{Error, Storage, TaskQuery, WorkflowQuery};
 use serde_json::json;
 
 pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
@@ -23,6 +25,7 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
                 timeout: Duration::from_secs(30),
                 check_mode: false,
                 depends_on: vec![],
+                step: Default::default(),
             };
             Task::new(id, spec, now)
         })
@@ -30,12 +33,27 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
     let workflow = Workflow {
         id,
         kind: "test".into(),
+        template_version: Some(1),
         name: "conformance".into(),
+        description: None,
         input: json!({}),
         check_mode: false,
         priority: Priority::Normal,
+        status: WorkflowStatus::Queued,
+        on_failure: Default::default(),
+        parallel_limit: None,
+        reference: None,
+        trace_id: None,
+        revision: 1,
+        previous_revision: None,
+        idempotency_key: None,
+        request_digest: None,
+        start_at: None,
         task_ids: tasks.iter().map(|t| t.id).collect(),
         created_at: now,
+        started_at: None,
+        finished_at: None,
+        updated_at: now,
         version: 0,
     };
     (workflow, tasks)
@@ -54,6 +72,9 @@ pub async fn suite(harness: &impl Harness) {
     large_and_unicode_payloads(&harness.open().await).await;
     logs_append_and_read_from_offsets(&harness.open().await).await;
     duplicate_inserts_are_refused(&harness.open().await).await;
+    workflows_update_by_compare_and_set_and_grow_atomically(&harness.open().await).await;
+    idempotency_keys_and_revisions_are_unique(&harness.open().await).await;
+    workflows_filter_by_every_field(&harness.open().await).await;
 }
 
 async fn insert_and_read_back(store: &Storage) {
@@ -215,7 +236,13 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert!(past_the_end.items.is_empty());
     assert_eq!(past_the_end.total, 5);
 
-    let workflows = store.list_workflows(1, 0).await.unwrap();
+    let workflows = store
+        .list_workflows(&WorkflowQuery {
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(workflows.items[0].id, workflow_b.id);
 }
 
@@ -269,4 +296,171 @@ async fn duplicate_inserts_are_refused(store: &Storage) {
         ),
         "{err}"
     );
+}
+
+async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage) {
+    let (mut workflow, tasks) = workflow_with_tasks(1);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let (_, extra) = workflow_with_tasks(2);
+    let extra: Vec<Task> = extra
+        .into_iter()
+        .map(|mut t| {
+            t.workflow_id = workflow.id;
+            t
+        })
+        .collect();
+    workflow.status = WorkflowStatus::RollingBack;
+    workflow.task_ids.extend(extra.iter().map(|t| t.id));
+    let stored = store.update_workflow(&workflow, &extra).await.unwrap();
+    assert_eq!(stored.version, 1);
+    assert_eq!(
+        store.get_workflow(workflow.id).await.unwrap(),
+        Some(stored.clone())
+    );
+    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap().len(), 3);
+
+    // A stale version is refused and adds nothing.
+    let (_, more) = workflow_with_tasks(1);
+    let err = store.update_workflow(&workflow, &more).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Conflict {
+                what: "workflow",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(store.get_task(more[0].id).await.unwrap(), None);
+
+    let (stranger, _) = workflow_with_tasks(0);
+    assert!(matches!(
+        store.update_workflow(&stranger, &[]).await,
+        Err(Error::WorkflowNotFound(_))
+    ));
+}
+
+async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
+    let key = format!("key-{}", WorkflowId::new());
+    let (mut first, tasks) = workflow_with_tasks(1);
+    first.idempotency_key = Some(key.clone());
+    store.insert_workflow(&first, &tasks).await.unwrap();
+    let (mut second, tasks) = workflow_with_tasks(1);
+    second.idempotency_key = Some(key.clone());
+    let err = store.insert_workflow(&second, &tasks).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::AlreadyExists {
+                what: "idempotency key",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        store.get_task(tasks[0].id).await.unwrap(),
+        None,
+        "nothing of a refused insert is kept"
+    );
+    let found = store
+        .list_workflows(&WorkflowQuery {
+            idempotency_key: Some(key),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(found.items, vec![first]);
+
+    let reference = format!("ref-{}", WorkflowId::new());
+    let (mut one, tasks) = workflow_with_tasks(1);
+    one.reference = Some(reference.clone());
+    store.insert_workflow(&one, &tasks).await.unwrap();
+    let (mut clash, tasks) = workflow_with_tasks(1);
+    clash.reference = Some(reference.clone());
+    let err = store.insert_workflow(&clash, &tasks).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::AlreadyExists {
+                what: "workflow revision",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    clash.revision = 2;
+    clash.previous_revision = Some(one.id);
+    store.insert_workflow(&clash, &tasks).await.unwrap();
+    let revisions = store
+        .list_workflows(&WorkflowQuery {
+            reference: Some(reference),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(revisions.total, 2);
+    assert_eq!(revisions.items[0].revision, 2, "newest first");
+}
+
+async fn workflows_filter_by_every_field(store: &Storage) {
+    let trace = format!("trace-{}", WorkflowId::new());
+    let kind = format!("kind-{}", WorkflowId::new());
+    let (mut a, tasks_a) = workflow_with_tasks(1);
+    a.trace_id = Some(trace.clone());
+    a.kind = kind.clone();
+    store.insert_workflow(&a, &tasks_a).await.unwrap();
+    let (mut b, tasks_b) = workflow_with_tasks(1);
+    b.kind = kind.clone();
+    b.status = WorkflowStatus::Completed;
+    store.insert_workflow(&b, &tasks_b).await.unwrap();
+
+    let query = |q: WorkflowQuery| async move {
+        store
+            .list_workflows(&WorkflowQuery { limit: 100, ..q })
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|w| w.id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        query(WorkflowQuery {
+            trace_id: Some(trace),
+            ..Default::default()
+        })
+        .await,
+        vec![a.id]
+    );
+    assert_eq!(
+        query(WorkflowQuery {
+            kind: Some(kind.clone()),
+            ..Default::default()
+        })
+        .await,
+        vec![b.id, a.id]
+    );
+    assert_eq!(
+        query(WorkflowQuery {
+            kind: Some(kind),
+            status: Some(WorkflowStatus::Completed),
+            ..Default::default()
+        })
+        .await,
+        vec![b.id]
+    );
+    let page = store
+        .list_workflows(&WorkflowQuery {
+            limit: 1,
+            offset: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert!(page.total >= 2);
 }

@@ -145,6 +145,26 @@ impl TestService {
         .await
     }
 
+    /// Polls a workflow until it reaches a terminal status.
+    pub async fn wait_workflow(&self, id: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, workflow) = self.get(&format!("/workflows/{id}")).await;
+            assert_eq!(status, 200, "{workflow}");
+            if matches!(
+                workflow["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            ) {
+                return workflow;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "workflow never finished: {workflow}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Lines of the fixture scripts' trace file.
     pub fn trace(&self) -> Vec<String> {
         std::fs::read_to_string(self.data_dir.join("trace.log"))

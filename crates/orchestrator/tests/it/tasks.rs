@@ -127,7 +127,7 @@ async fn retries_stop_when_attempts_are_used_up() {
         error.contains("code 4") && error.contains("permanent failure for fail-1"),
         "{error}"
     );
-    let (_, view) = service.get(&format!("/workflows/{workflow}")).await;
+    let view = service.wait_workflow(&workflow).await;
     assert_eq!(view["status"], "failed");
     assert_eq!(
         service
@@ -199,7 +199,7 @@ async fn cancel_stops_a_running_task_and_its_children() {
     assert_eq!(task["status"], "cancelled", "{task}");
     assert_eq!(task["attempts"], 1);
     wait_dead(hang_pid(&service, "hang-c")).await;
-    let (_, view) = service.get(&format!("/workflows/{workflow}")).await;
+    let view = service.wait_workflow(&workflow).await;
     assert_eq!(view["status"], "cancelled");
     // A finished task can not be cancelled again.
     let (status, body) = service
