@@ -69,6 +69,20 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// Deserializes a JSON value; a mismatch is a 422 naming the field's path.
+pub fn from_value<T: DeserializeOwned>(json: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(json).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    })
+}
+
 fn kind_of(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",

@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
-use orchestrator_engine::builtin::{ClusterCreate, ServersCreate, TaskservCreate, WorkflowPlan};
-use orchestrator_engine::{Engine, WorkflowView};
-use orchestrator_storage::TaskQuery;
+use orchestrator_engine::builtin::{Builtin, BuiltinRequest};
+use orchestrator_engine::{Engine, Meta, SubmitRequest, TemplateSource, WorkflowView};
+use orchestrator_storage::{TaskQuery, WorkflowQuery};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -29,8 +29,13 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/tasks/{id}", get(get_task))
         .route("/tasks/{id}/logs", get(task_logs))
         .route("/tasks/{id}/cancel", post(cancel_task))
-        .route("/workflows", get(list_workflows))
+        .route("/workflows", get(list_workflows).post(submit_workflow))
+        .route("/workflows/validate", post(validate_workflow))
         .route("/workflows/{id}", get(get_workflow))
+        .route("/workflows/{id}/cancel", post(cancel_workflow))
+        .route("/workflows/{id}/retry", post(retry_workflow))
+        .route("/templates", get(list_templates))
+        .route("/templates/{ref_name}", get(get_template))
         .route("/workflows/servers/create", post(create_servers))
         .route("/workflows/taskserv/create", post(create_taskservs))
         .route("/workflows/cluster/create", post(create_cluster))
@@ -194,18 +199,31 @@ async fn cancel_task(
 
 #[derive(Deserialize)]
 struct WorkflowListParams {
+    status: Option<String>,
+    template: Option<String>,
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    trace_id: Option<String>,
     limit: Option<usize>,
     offset: Option<usize>,
 }
 
+/// A workflow without its tasks, for listings.
 #[derive(Serialize)]
 struct WorkflowSummary {
     id: WorkflowId,
-    kind: String,
+    template: String,
     name: String,
     status: WorkflowStatus,
+    #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
+    revision: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
     created_at: chrono::DateTime<chrono::Utc>,
-    task_ids: Vec<TaskId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    task_count: usize,
 }
 
 async fn list_workflows(
@@ -213,27 +231,40 @@ async fn list_workflows(
     QueryParams(params): QueryParams<WorkflowListParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (limit, offset) = page_bounds(params.limit, params.offset)?;
-    let page = state
-        .engine
-        .store()
-        .list_workflows(&orchestrator_storage::WorkflowQuery {
-            limit,
-            offset,
-            ..Default::default()
+    let status = params
+        .status
+        .as_deref()
+        .map(|s| {
+            s.parse::<WorkflowStatus>()
+                .map_err(|e| ApiError::bad_request(format!("status: {e}")))
         })
-        .await
-        .map_err(orchestrator_engine::Error::from)?;
-    let mut workflows = Vec::with_capacity(page.items.len());
-    for workflow in page.items {
-        workflows.push(WorkflowSummary {
-            id: workflow.id,
-            kind: workflow.kind,
-            name: workflow.name,
-            status: workflow.status,
-            created_at: workflow.created_at,
-            task_ids: workflow.task_ids,
-        });
-    }
+        .transpose()?;
+    let query = WorkflowQuery {
+        status,
+        kind: params.template,
+        reference: params.reference,
+        trace_id: params.trace_id,
+        idempotency_key: None,
+        limit,
+        offset,
+    };
+    let page = state.engine.list_workflows(&query).await?;
+    let workflows: Vec<WorkflowSummary> = page
+        .items
+        .into_iter()
+        .map(|w| WorkflowSummary {
+            id: w.id,
+            template: w.kind,
+            name: w.name,
+            status: w.status,
+            reference: w.reference,
+            revision: w.revision,
+            trace_id: w.trace_id,
+            created_at: w.created_at,
+            finished_at: w.finished_at,
+            task_count: w.task_ids.len(),
+        })
+        .collect();
     Ok(Json(
         json!({"workflows": workflows, "total": page.total, "limit": limit, "offset": offset}),
     ))
@@ -246,7 +277,192 @@ async fn get_workflow(
     Ok(Json(state.engine.workflow(parse_workflow_id(&id)?).await?))
 }
 
-/// The answer to a workflow submission.
+async fn cancel_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state
+            .engine
+            .cancel_workflow(parse_workflow_id(&id)?)
+            .await?,
+    ))
+}
+
+async fn retry_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state.engine.retry_workflow(parse_workflow_id(&id)?).await?,
+    ))
+}
+
+/// `POST /workflows`: a template by name or inline, with inputs.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkflowSubmission {
+    template: TemplateField,
+    /// Pick a `schema_version` of a named template (newest by default).
+    version: Option<u32>,
+    #[serde(default)]
+    vars: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    meta: MetaField,
+    schedule: Option<Schedule>,
+    #[serde(default)]
+    check_mode: bool,
+    #[serde(default)]
+    priority: orchestrator_core::Priority,
+    max_attempts: Option<u32>,
+    timeout_secs: Option<u64>,
+    parallel_limit: Option<usize>,
+    #[serde(default)]
+    wait: bool,
+    wait_timeout_secs: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TemplateField {
+    Named(String),
+    Inline(Box<orchestrator_core::template::Template>),
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct MetaField {
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    trace_id: Option<String>,
+    name: Option<String>,
+    description: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "when", rename_all = "snake_case", deny_unknown_fields)]
+enum Schedule {
+    Now,
+    At {
+        start: chrono::DateTime<chrono::Utc>,
+    },
+}
+
+impl WorkflowSubmission {
+    fn into_request(
+        self,
+        body: serde_json::Value,
+        idempotency_key: Option<String>,
+    ) -> SubmitRequest {
+        let template = match self.template {
+            TemplateField::Named(ref_name) => TemplateSource::Named {
+                ref_name,
+                version: self.version,
+            },
+            TemplateField::Inline(template) => TemplateSource::Inline(template),
+        };
+        SubmitRequest {
+            template,
+            vars: self.vars,
+            meta: Meta {
+                reference: self.meta.reference,
+                trace_id: self.meta.trace_id,
+                name: self.meta.name,
+                description: self.meta.description,
+            },
+            start_at: match self.schedule {
+                Some(Schedule::At { start }) => Some(start),
+                Some(Schedule::Now) | None => None,
+            },
+            check_mode: self.check_mode,
+            priority: self.priority,
+            max_attempts: self.max_attempts,
+            timeout: self.timeout_secs.map(Duration::from_secs),
+            parallel_limit: self.parallel_limit,
+            idempotency_key,
+            body,
+        }
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .ok_or_else(|| {
+            ApiError::bad_request("Idempotency-Key: must be 1-255 visible ASCII characters")
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+async fn submit_workflow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let submission: WorkflowSubmission = parse_body(&body)?;
+    let wait = wait_limit(submission.wait, submission.wait_timeout_secs);
+    let request = submission.into_request(body, idempotency_key(&headers)?);
+    submit(&state.engine, request, wait).await
+}
+
+async fn validate_workflow(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let submission: WorkflowSubmission = parse_body(&body)?;
+    let view = state
+        .engine
+        .validate(&submission.into_request(body, None))
+        .await?;
+    Ok(Json(json!({"valid": true, "workflow": view})))
+}
+
+/// Typed view of a body already parsed as JSON, with the same 422 errors.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiError> {
+    crate::extract::from_value(body.clone())
+}
+
+async fn list_templates(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let templates: Vec<serde_json::Value> = state
+        .engine
+        .templates()
+        .all()
+        .map(|t| {
+            json!({
+                "ref_name": t.ref_name, "name": t.name, "description": t.description,
+                "schema_version": t.schema_version, "inputs": t.inputs,
+                "steps": t.steps.iter().map(|s| &s.ref_name).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({"templates": templates}))
+}
+
+async fn get_template(
+    State(state): State<AppState>,
+    Path(ref_name): Path<String>,
+    QueryParams(params): QueryParams<TemplateParams>,
+) -> Result<Json<orchestrator_core::template::Template>, ApiError> {
+    state
+        .engine
+        .templates()
+        .get(&ref_name, params.version)
+        .map(|t| Json((*t).clone()))
+        .ok_or_else(|| ApiError::not_found(format!("template `{ref_name}` not found")))
+}
+
+#[derive(Deserialize)]
+struct TemplateParams {
+    version: Option<u32>,
+}
+
+/// The answer to a built-in submission.
 #[derive(Serialize)]
 struct Submitted {
     workflow_id: WorkflowId,
@@ -259,57 +475,87 @@ struct Submitted {
 
 async fn create_servers(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<ServersCreate>,
+    body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
-    submit(&state.engine, request.plan()?).await
+    builtin(&state.engine, Builtin::ServersCreate, body.0).await
 }
 
 async fn create_taskservs(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<TaskservCreate>,
+    body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
-    submit(&state.engine, request.plan()?).await
+    builtin(&state.engine, Builtin::TaskservCreate, body.0).await
 }
 
 async fn create_cluster(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<ClusterCreate>,
+    body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
-    submit(&state.engine, request.plan()?).await
+    builtin(&state.engine, Builtin::ClusterCreate, body.0).await
 }
 
-/// Submits a plan; with `wait`, blocks (up to the cap) for the outcome.
-async fn submit(engine: &Engine, plan: WorkflowPlan) -> Result<Response, ApiError> {
-    let wait = plan.options.wait;
-    let wait_limit = plan
-        .options
-        .wait_timeout_secs
-        .map_or(DEFAULT_WAIT, Duration::from_secs)
-        .min(MAX_WAIT);
-    let submission = engine.submit(plan).await?;
-    let workflow_id = submission.workflow.id;
-    let task_ids = submission.workflow.task_ids.clone();
-    if !wait {
-        let body = Submitted {
-            workflow_id,
-            task_ids,
-            status: WorkflowStatus::of(&submission.tasks),
-            finished: false,
-            tasks: submission.tasks,
-        };
-        return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+/// How long to block for the outcome, if at all.
+fn wait_limit(wait: bool, secs: Option<u64>) -> Option<Duration> {
+    wait.then(|| secs.map_or(DEFAULT_WAIT, Duration::from_secs).min(MAX_WAIT))
+}
+
+/// Submits and, with `wait`, blocks (up to the cap) for the outcome.
+/// 201 for a new workflow, 200 for an idempotent repeat or a finished wait,
+/// 202 while it still runs.
+async fn submit_and_wait(
+    engine: &Engine,
+    request: SubmitRequest,
+    wait: Option<Duration>,
+) -> Result<(StatusCode, bool, WorkflowView), ApiError> {
+    let (view, replayed) = engine.submit(request).await?;
+    let id = view.workflow.id;
+    match wait {
+        Some(limit) => {
+            let finished = engine.wait_for_workflow(id, limit).await?;
+            let view = engine.workflow(id).await?;
+            Ok((
+                if finished {
+                    StatusCode::OK
+                } else {
+                    StatusCode::ACCEPTED
+                },
+                replayed,
+                view,
+            ))
+        }
+        None if replayed => Ok((StatusCode::OK, true, view)),
+        None => Ok((StatusCode::ACCEPTED, false, view)),
     }
-    let finished = engine.wait_for_workflow(workflow_id, wait_limit).await?;
-    let view = engine.workflow(workflow_id).await?;
-    let status = if finished {
-        StatusCode::OK
-    } else {
-        StatusCode::ACCEPTED
-    };
+}
+
+async fn submit(
+    engine: &Engine,
+    request: SubmitRequest,
+    wait: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let (status, replayed, view) = submit_and_wait(engine, request, wait).await?;
+    let mut response = (status, Json(view)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// The built-in endpoints answer in their own shape: ids first, then tasks.
+async fn builtin(
+    engine: &Engine,
+    endpoint: Builtin,
+    request: BuiltinRequest,
+) -> Result<Response, ApiError> {
+    let wait = wait_limit(request.wait, request.wait_timeout_secs);
+    let (status, _, view) = submit_and_wait(engine, request.into_request(endpoint)?, wait).await?;
+    let finished = view.workflow.status.is_terminal();
     let body = Submitted {
-        workflow_id,
-        task_ids,
-        status: view.status,
+        workflow_id: view.workflow.id,
+        task_ids: view.workflow.task_ids.clone(),
+        status: view.workflow.status,
         finished,
         tasks: view.tasks,
     };

@@ -8,8 +8,10 @@
 mod error;
 mod ids;
 mod queue;
+pub mod refs;
 mod retry;
 mod task;
+pub mod template;
 mod workflow;
 
 pub use error::{Error, Result};
@@ -17,4 +19,4 @@ pub use ids::{TaskId, WorkflowId};
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{FailureOutcome, FailurePolicy, Priority, StepSettings, Task, TaskSpec, TaskStatus};
-pub use workflow::{DependencyDecision, Workflow, WorkflowStatus, decide_dependents};
+pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide};

@@ -128,6 +128,7 @@ impl TaskStatus {
                 | TaskStatus::Failed
                 | TaskStatus::Cancelled
                 | TaskStatus::Skipped
+                | TaskStatus::NotStarted
         )
     }
 
@@ -136,7 +137,7 @@ impl TaskStatus {
         use TaskStatus::*;
         matches!(
             (self, next),
-            (Pending, Queued | Skipped | Cancelled | NotStarted)
+            (Pending, Queued | Skipped | Cancelled | NotStarted | Failed)
                 | (Queued, Running | Cancelled | NotStarted)
                 | (RetryWaiting, Running | Cancelled | NotStarted)
                 | (
@@ -437,8 +438,16 @@ impl Task {
             Ok(false)
         } else {
             self.cancel_requested = true;
+            let waited_for_retry = self.status == TaskStatus::RetryWaiting;
             self.move_to(TaskStatus::Cancelled, now)?;
-            self.error = Some("cancelled before it ran".to_owned());
+            self.error = Some(if waited_for_retry {
+                format!(
+                    "cancelled while waiting to retry (after {} attempts)",
+                    self.attempts
+                )
+            } else {
+                "cancelled before it ran".to_owned()
+            });
             Ok(true)
         }
     }
@@ -450,6 +459,21 @@ impl Task {
             "cancelled while running (attempt {})",
             self.attempts
         ));
+        Ok(())
+    }
+
+    /// The task can never run (its input could not be resolved from its
+    /// dependencies' outputs): it fails without an attempt.
+    pub fn fail_unrunnable(&mut self, error: String, now: DateTime<Utc>) -> Result<()> {
+        if self.status != TaskStatus::Pending {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: TaskStatus::Failed,
+            });
+        }
+        self.move_to(TaskStatus::Failed, now)?;
+        self.error = Some(error);
         Ok(())
     }
 
@@ -628,6 +652,54 @@ mod tests {
         ));
         assert!(task.complete(Value::Null, now()).is_err());
         assert_eq!(task, before);
+    }
+
+    #[test]
+    fn a_workflow_retry_reruns_what_did_not_complete() {
+        let mut failed = Task::new(WorkflowId::new(), spec(vec![]), now());
+        failed.start(now()).unwrap();
+        failed
+            .fail(
+                "x".into(),
+                Some(1),
+                &RetryPolicy {
+                    max_delay: Duration::ZERO,
+                    ..Default::default()
+                },
+                0.0,
+                now(),
+            )
+            .unwrap();
+        failed.start(now()).unwrap();
+        failed
+            .fail("x".into(), Some(1), &RetryPolicy::default(), 0.0, now())
+            .unwrap();
+        failed.start(now()).unwrap();
+        failed
+            .fail("x".into(), Some(1), &RetryPolicy::default(), 0.0, now())
+            .unwrap();
+        assert_eq!(failed.status, TaskStatus::Failed);
+        failed.rerun(now()).unwrap();
+        assert_eq!(
+            (failed.status, failed.attempts, failed.reruns),
+            (TaskStatus::Pending, 0, 1)
+        );
+        assert_eq!(failed.error, None);
+
+        let mut done = Task::new(WorkflowId::new(), spec(vec![]), now());
+        done.start(now()).unwrap();
+        done.complete(serde_json::json!({"kept": true}), now())
+            .unwrap();
+        assert!(
+            done.rerun(now()).is_err(),
+            "completed steps keep their outputs"
+        );
+        done.step.always_run = true;
+        done.rerun(now()).unwrap();
+        assert_eq!(done.status, TaskStatus::Pending);
+
+        let mut queued = Task::new(WorkflowId::new(), spec(vec![]), now());
+        assert!(queued.rerun(now()).is_err(), "only finished tasks rerun");
     }
 
     #[test]

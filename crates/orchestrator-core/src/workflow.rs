@@ -52,6 +52,16 @@ pub struct Workflow {
     /// Scheduled start; nothing runs before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// The workflow inputs after defaults: what `${workflow.input.*}` reads.
+    #[serde(default)]
+    pub vars: Value,
+    /// Set when a step failed under the `fail` or `rollback` policy:
+    /// nothing new starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<Halt>,
+    /// Set, and persisted, before running steps are stopped.
+    #[serde(default)]
+    pub cancel_requested: bool,
     pub task_ids: Vec<TaskId>,
     pub created_at: DateTime<Utc>,
     #[serde(default)]
@@ -65,6 +75,52 @@ pub struct Workflow {
 
 fn first_revision() -> u32 {
     1
+}
+
+/// Why a workflow stopped starting new steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Halt {
+    pub reason: String,
+    /// Undo completed steps once nothing runs any more.
+    pub rollback: bool,
+    /// The rollback tasks exist.
+    #[serde(default)]
+    pub rollback_started: bool,
+}
+
+impl Workflow {
+    /// A new, queued workflow with no tasks yet and every option at its default.
+    pub fn new(kind: impl Into<String>, name: impl Into<String>, now: DateTime<Utc>) -> Workflow {
+        Workflow {
+            id: WorkflowId::new(),
+            kind: kind.into(),
+            template_version: None,
+            name: name.into(),
+            description: None,
+            input: Value::Null,
+            check_mode: false,
+            priority: Priority::Normal,
+            status: WorkflowStatus::Queued,
+            on_failure: FailurePolicy::Fail,
+            parallel_limit: None,
+            reference: None,
+            trace_id: None,
+            revision: 1,
+            previous_revision: None,
+            idempotency_key: None,
+            request_digest: None,
+            start_at: None,
+            vars: Value::Null,
+            halt: None,
+            cancel_requested: false,
+            task_ids: Vec::new(),
+            created_at: now,
+            started_at: None,
+            finished_at: None,
+            updated_at: now,
+            version: 0,
+        }
+    }
 }
 
 /// The overall state of a workflow.
@@ -130,24 +186,6 @@ impl std::str::FromStr for WorkflowStatus {
 }
 
 impl WorkflowStatus {
-    pub fn of<'a>(tasks: impl IntoIterator<Item = &'a Task>) -> WorkflowStatus {
-        let (mut all_finished, mut any_started, mut failed, mut cancelled) =
-            (true, false, false, false);
-        for task in tasks {
-            all_finished &= task.status.is_terminal();
-            any_started |= task.attempts > 0;
-            failed |= matches!(task.status, TaskStatus::Failed | TaskStatus::Skipped);
-            cancelled |= task.status == TaskStatus::Cancelled;
-        }
-        match (all_finished, any_started) {
-            (false, false) => WorkflowStatus::Queued,
-            (false, true) => WorkflowStatus::Running,
-            (true, _) if failed => WorkflowStatus::Failed,
-            (true, _) if cancelled => WorkflowStatus::Cancelled,
-            (true, _) => WorkflowStatus::Completed,
-        }
-    }
-
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -156,47 +194,151 @@ impl WorkflowStatus {
     }
 }
 
-/// What should happen to a pending task now.
+/// What the engine should do next for a workflow.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DependencyDecision {
-    /// Every dependency completed.
+pub enum Decision {
+    /// Every dependency is satisfied: the task may be queued.
     Release(TaskId),
     /// A dependency ended without completing; the reason names it.
     Skip(TaskId, String),
+    /// The workflow stopped (halted or cancelled) before the task ran.
+    Abandon(TaskId, String),
+    /// A step failed under `fail` or `rollback`: record it, start nothing new.
+    Halt(Halt),
+    /// Undo these completed tasks, in this order.
+    Rollback(Vec<TaskId>),
+    /// Every task is finished; the workflow ends with this status.
+    Finish(WorkflowStatus),
 }
 
-/// For every pending task of a workflow, decide whether it can run now,
-/// must be skipped, or keeps waiting (then it is not listed).
-pub fn decide_dependents(tasks: &[Task]) -> Vec<DependencyDecision> {
-    let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
-    let mut decisions = Vec::new();
-    for task in tasks.iter().filter(|t| t.status == TaskStatus::Pending) {
-        let mut all_completed = true;
-        let mut blocker = None;
-        for dep_id in &task.depends_on {
-            match by_id.get(dep_id) {
-                Some(dep) if dep.status == TaskStatus::Completed => {}
-                Some(dep) if dep.status.is_terminal() => {
-                    blocker = Some(format!(
-                        "dependency {} ({}) {}",
-                        dep.name, dep.id, dep.status
-                    ));
-                    break;
-                }
-                Some(_) => all_completed = false,
-                None => {
-                    blocker = Some(format!("dependency {dep_id} does not exist"));
-                    break;
-                }
+fn is_rollback(task: &Task) -> bool {
+    task.step.rollback_of.is_some()
+}
+
+/// A failure that counts against the workflow.
+fn failed_for_good(task: &Task) -> bool {
+    task.status == TaskStatus::Failed && !task.step.optional
+}
+
+/// Decides the next moves for a workflow from its stored state. Pure: the
+/// engine applies the decisions, persists them, and asks again until the
+/// answer is empty.
+pub fn decide(workflow: &Workflow, tasks: &[Task]) -> Vec<Decision> {
+    if workflow.status.is_terminal() {
+        return Vec::new();
+    }
+    let forward = || tasks.iter().filter(|t| !is_rollback(t));
+    if workflow.halt.is_none() && !workflow.cancel_requested {
+        for task in forward().filter(|t| failed_for_good(t)) {
+            let policy = task.step.on_failure.unwrap_or(workflow.on_failure);
+            if policy != FailurePolicy::Continue {
+                return vec![Decision::Halt(Halt {
+                    reason: format!("step {} failed", task.name),
+                    rollback: policy == FailurePolicy::Rollback,
+                    rollback_started: false,
+                })];
             }
         }
-        match blocker {
-            Some(reason) => decisions.push(DependencyDecision::Skip(task.id, reason)),
-            None if all_completed => decisions.push(DependencyDecision::Release(task.id)),
-            None => {}
+    }
+
+    let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+    let mut decisions = Vec::new();
+    let waiting = |t: &Task| {
+        matches!(
+            t.status,
+            TaskStatus::Pending | TaskStatus::Queued | TaskStatus::RetryWaiting
+        )
+    };
+    for task in tasks.iter().filter(|t| waiting(t)) {
+        let stop_reason = if workflow.cancel_requested {
+            Some("workflow cancelled".to_owned())
+        } else if let Some(halt) = workflow
+            .halt
+            .as_ref()
+            .filter(|_| !task.step.always_run && !is_rollback(task))
+        {
+            Some(format!("not started: {}", halt.reason))
+        } else {
+            None
+        };
+        if let Some(reason) = stop_reason {
+            decisions.push(Decision::Abandon(task.id, reason));
+            continue;
+        }
+        if task.status != TaskStatus::Pending {
+            continue;
+        }
+        // Rollback and always_run steps wait for their dependencies to end,
+        // however they end; the others need them to succeed.
+        let runs_regardless = task.step.always_run || is_rollback(task);
+        let mut all_ended = true;
+        let mut all_satisfied = true;
+        let mut blocker = None;
+        for dep_id in &task.depends_on {
+            let Some(dep) = by_id.get(dep_id) else {
+                blocker.get_or_insert_with(|| format!("dependency {dep_id} does not exist"));
+                continue;
+            };
+            let satisfied = dep.status == TaskStatus::Completed
+                || (dep.status == TaskStatus::Failed && dep.step.optional);
+            all_ended &= dep.status.is_terminal();
+            all_satisfied &= satisfied;
+            if dep.status.is_terminal() && !satisfied && blocker.is_none() {
+                blocker = Some(format!(
+                    "dependency {} ({}) {}",
+                    dep.name, dep.id, dep.status
+                ));
+            }
+        }
+        if runs_regardless {
+            if all_ended {
+                decisions.push(Decision::Release(task.id));
+            }
+        } else if let Some(reason) = blocker {
+            decisions.push(Decision::Skip(task.id, reason));
+        } else if all_satisfied {
+            decisions.push(Decision::Release(task.id));
         }
     }
-    decisions
+    if !decisions.is_empty() {
+        return decisions;
+    }
+
+    let all_ended = tasks.iter().all(|t| t.status.is_terminal());
+    if let Some(halt) = &workflow.halt
+        && halt.rollback
+        && !halt.rollback_started
+        && !workflow.cancel_requested
+        && forward().all(|t| t.status.is_terminal())
+    {
+        // Tasks are stored in topological order, so the reverse of it undoes
+        // dependents before what they depend on.
+        let undo = forward()
+            .rev()
+            .filter(|t| t.status == TaskStatus::Completed && t.step.rollback.is_some())
+            .map(|t| t.id)
+            .collect();
+        return vec![Decision::Rollback(undo)];
+    }
+    if all_ended {
+        let failed = workflow.halt.is_some() || tasks.iter().any(failed_for_good);
+        let cancelled = tasks.iter().any(|t| t.status == TaskStatus::Cancelled);
+        let skipped = tasks.iter().any(|t| t.status == TaskStatus::Skipped);
+        let status = if workflow.cancel_requested {
+            WorkflowStatus::Cancelled
+        } else if failed {
+            WorkflowStatus::Failed
+        } else if cancelled {
+            // A step cancelled on its own (its dependents are skipped).
+            WorkflowStatus::Cancelled
+        } else if skipped {
+            WorkflowStatus::Failed
+        } else {
+            WorkflowStatus::Completed
+        };
+        return vec![Decision::Finish(status)];
+    }
+    Vec::new()
 }
 
 #[cfg(test)]
@@ -204,7 +346,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{RetryPolicy, TaskSpec};
+    use crate::{RetryPolicy, StepSettings, TaskSpec};
 
     fn task(name: &str, depends_on: Vec<TaskId>) -> Task {
         let spec = TaskSpec {
@@ -216,12 +358,18 @@ mod tests {
             timeout: Duration::from_secs(5),
             check_mode: false,
             depends_on,
-            step: Default::default(),
+            step: StepSettings {
+                rollback: Some("undo.sh".into()),
+                ..Default::default()
+            },
         };
         Task::new(WorkflowId::new(), spec, Utc::now())
     }
 
     fn finish(task: &mut Task, ok: bool) {
+        if task.status == TaskStatus::Pending {
+            task.release(Utc::now()).unwrap();
+        }
         task.start(Utc::now()).unwrap();
         if ok {
             task.complete(Value::Null, Utc::now()).unwrap();
@@ -237,53 +385,173 @@ mod tests {
         }
     }
 
+    fn workflow(policy: FailurePolicy) -> Workflow {
+        let mut w = Workflow::new("t", "t", Utc::now());
+        w.on_failure = policy;
+        w
+    }
+
     #[test]
     fn releases_only_when_every_dependency_completed() {
         let mut a = task("a", vec![]);
         let b = task("b", vec![]);
         let c = task("c", vec![a.id, b.id]);
         finish(&mut a, true);
-        let tasks = vec![a.clone(), b.clone(), c.clone()];
-        assert!(decide_dependents(&tasks).is_empty());
-
+        let w = workflow(FailurePolicy::Fail);
+        assert!(decide(&w, &[a.clone(), b.clone(), c.clone()]).is_empty());
         let mut b = b;
         finish(&mut b, true);
-        let tasks = vec![a, b, c.clone()];
         assert_eq!(
-            decide_dependents(&tasks),
-            vec![DependencyDecision::Release(c.id)]
+            decide(&w, &[a, b, c.clone()]),
+            vec![Decision::Release(c.id)]
         );
     }
 
     #[test]
-    fn skips_when_a_dependency_failed_and_names_it() {
-        let mut a = task("server-web-01", vec![]);
+    fn continue_skips_dependents_of_a_failure_and_runs_the_rest() {
+        let mut a = task("server-a", vec![]);
+        let b = task("b", vec![]);
         let c = task("join", vec![a.id]);
+        let d = task("after-b", vec![b.id]);
         finish(&mut a, false);
-        let decisions = decide_dependents(&[a, c.clone()]);
+        let w = workflow(FailurePolicy::Continue);
+        let decisions = decide(&w, &[a, b, c.clone(), d]);
         match &decisions[..] {
-            [DependencyDecision::Skip(id, reason)] => {
+            [Decision::Skip(id, reason)] => {
                 assert_eq!(*id, c.id);
-                assert!(reason.contains("server-web-01"), "{reason}");
-                assert!(reason.contains("failed"), "{reason}");
+                assert!(
+                    reason.contains("server-a") && reason.contains("failed"),
+                    "{reason}"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
     }
 
     #[test]
-    fn workflow_status_follows_tasks() {
+    fn fail_halts_then_abandons_what_did_not_start_and_ends_failed() {
         let mut a = task("a", vec![]);
-        let mut b = task("b", vec![]);
-        assert_eq!(WorkflowStatus::of([&a, &b]), WorkflowStatus::Queued);
-        a.start(Utc::now()).unwrap();
-        assert_eq!(WorkflowStatus::of([&a, &b]), WorkflowStatus::Running);
-        a.complete(Value::Null, Utc::now()).unwrap();
-        b.request_cancel(Utc::now()).unwrap();
-        assert_eq!(WorkflowStatus::of([&a, &b]), WorkflowStatus::Cancelled);
+        let b = task("b", vec![]);
+        let c = task("c", vec![a.id]);
+        finish(&mut a, false);
+        let mut w = workflow(FailurePolicy::Fail);
+        let tasks = vec![a.clone(), b.clone(), c.clone()];
+        let [Decision::Halt(halt)] = &decide(&w, &tasks)[..] else {
+            panic!()
+        };
+        assert!(!halt.rollback);
+        w.halt = Some(halt.clone());
+        let decisions = decide(&w, &tasks);
+        assert!(decisions.contains(&Decision::Abandon(
+            b.id,
+            "not started: step a failed".into()
+        )));
+        assert!(
+            decisions
+                .iter()
+                .any(|d| matches!(d, Decision::Abandon(id, _) if *id == c.id))
+        );
+        let mut b = b;
+        b.abandon("x".into(), Utc::now()).unwrap();
+        let mut c = c;
+        c.abandon("x".into(), Utc::now()).unwrap();
+        assert_eq!(
+            decide(&w, &[a, b, c]),
+            vec![Decision::Finish(WorkflowStatus::Failed)]
+        );
+    }
+
+    #[test]
+    fn rollback_undoes_completed_steps_in_reverse_order_once_nothing_runs() {
+        let mut a = task("a", vec![]);
+        let mut b = task("b", vec![a.id]);
         let mut c = task("c", vec![]);
-        finish(&mut c, false);
-        assert_eq!(WorkflowStatus::of([&a, &b, &c]), WorkflowStatus::Failed);
-        assert_eq!(WorkflowStatus::of([&a]), WorkflowStatus::Completed);
+        let d = task("d", vec![]);
+        finish(&mut a, true);
+        finish(&mut b, true);
+        c.start(Utc::now()).unwrap();
+        let mut w = workflow(FailurePolicy::Rollback);
+        let mut d = d;
+        finish(&mut d, false);
+        let [Decision::Halt(halt)] = &decide(&w, &[a.clone(), b.clone(), c.clone(), d.clone()])[..]
+        else {
+            panic!()
+        };
+        assert!(halt.rollback);
+        w.halt = Some(halt.clone());
+        // c still runs: wait for it.
+        assert!(decide(&w, &[a.clone(), b.clone(), c.clone(), d.clone()]).is_empty());
+        c.complete(Value::Null, Utc::now()).unwrap();
+        assert_eq!(
+            decide(&w, &[a.clone(), b.clone(), c.clone(), d.clone()]),
+            vec![Decision::Rollback(vec![c.id, b.id, a.id])]
+        );
+    }
+
+    #[test]
+    fn an_optional_failure_satisfies_dependents_and_does_not_fail_the_workflow() {
+        let mut a = task("a", vec![]);
+        a.step.optional = true;
+        let b = task("b", vec![a.id]);
+        finish(&mut a, false);
+        let w = workflow(FailurePolicy::Fail);
+        assert_eq!(
+            decide(&w, &[a.clone(), b.clone()]),
+            vec![Decision::Release(b.id)]
+        );
+        let mut b = b;
+        finish(&mut b, true);
+        assert_eq!(
+            decide(&w, &[a, b]),
+            vec![Decision::Finish(WorkflowStatus::Completed)]
+        );
+    }
+
+    #[test]
+    fn always_run_steps_run_after_a_failure() {
+        let mut a = task("a", vec![]);
+        let mut cleanup = task("cleanup", vec![a.id]);
+        cleanup.step.always_run = true;
+        finish(&mut a, false);
+        let mut w = workflow(FailurePolicy::Fail);
+        w.halt = Some(Halt {
+            reason: "x".into(),
+            rollback: false,
+            rollback_started: false,
+        });
+        assert_eq!(
+            decide(&w, &[a, cleanup.clone()]),
+            vec![Decision::Release(cleanup.id)]
+        );
+    }
+
+    #[test]
+    fn cancel_abandons_everything_waiting_and_ends_cancelled() {
+        let a = task("a", vec![]);
+        let mut cleanup = task("cleanup", vec![a.id]);
+        cleanup.step.always_run = true;
+        let mut w = workflow(FailurePolicy::Fail);
+        w.cancel_requested = true;
+        let decisions = decide(&w, &[a.clone(), cleanup.clone()]);
+        assert_eq!(decisions.len(), 2);
+        assert!(
+            decisions
+                .iter()
+                .all(|d| matches!(d, Decision::Abandon(_, r) if r == "workflow cancelled"))
+        );
+        let (mut a, mut cleanup) = (a, cleanup);
+        a.abandon("x".into(), Utc::now()).unwrap();
+        cleanup.abandon("x".into(), Utc::now()).unwrap();
+        assert_eq!(
+            decide(&w, &[a, cleanup]),
+            vec![Decision::Finish(WorkflowStatus::Cancelled)]
+        );
+    }
+
+    #[test]
+    fn a_finished_workflow_decides_nothing() {
+        let mut w = workflow(FailurePolicy::Fail);
+        w.status = WorkflowStatus::Completed;
+        assert!(decide(&w, &[task("a", vec![])]).is_empty());
     }
 }

@@ -1,24 +1,51 @@
-//! The built-in provisioning workflows: servers, taskservs and clusters.
+//! The built-in provisioning endpoints: servers, taskservs and clusters.
 //!
-//! Each request is checked field by field, then planned as tasks with
-//! dependencies that the engine runs: servers in parallel; each server's
-//! taskservs in the order given (later ones may need earlier ones, as
-//! kubernetes needs containerd); a cluster's join step after everything.
+//! Each request is checked field by field (names become directory names in
+//! scripts, so they are held to a safe alphabet), then submitted as the
+//! matching template shipped in `templates/`.
 
-use serde::Deserialize;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::{Error, Result};
+use crate::{Error, Meta, Result, SubmitRequest, TemplateSource};
 use orchestrator_core::Priority;
 
-pub const SERVER_CREATE_SCRIPT: &str = "servers/create.nu";
-pub const TASKSERV_INSTALL_SCRIPT: &str = "taskservs/install.nu";
-pub const CLUSTER_CREATE_SCRIPT: &str = "cluster/create.nu";
+/// Which built-in endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// `POST /workflows/servers/create`: create servers, in parallel.
+    ServersCreate,
+    /// `POST /workflows/taskserv/create`: every taskserv on every server.
+    TaskservCreate,
+    /// `POST /workflows/cluster/create`: servers, then taskservs, then the join.
+    ClusterCreate,
+}
 
-/// Options shared by every workflow submission.
-#[derive(Debug, Clone, Default, Deserialize)]
+impl Builtin {
+    fn template(self) -> &'static str {
+        match self {
+            Builtin::ServersCreate => "servers-create",
+            Builtin::TaskservCreate => "taskserv-create",
+            Builtin::ClusterCreate => "cluster-create",
+        }
+    }
+}
+
+/// The body of every built-in endpoint. One shape, so that a misplaced
+/// field (`cluster` sent to servers/create) gets a message naming the
+/// endpoint that takes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RunOptions {
+pub struct BuiltinRequest {
+    pub infra: String,
+    pub settings: Option<String>,
+    pub servers: Vec<String>,
+    /// taskserv/create (required) and cluster/create (optional).
+    pub taskservs: Option<Vec<String>>,
+    /// cluster/create only.
+    pub cluster: Option<String>,
     #[serde(default)]
     pub priority: Priority,
     /// Attempts per task; the service default when absent.
@@ -33,84 +60,6 @@ pub struct RunOptions {
     pub wait: bool,
     /// Honoured by the API: the most seconds `wait` may block.
     pub wait_timeout_secs: Option<u64>,
-}
-
-/// `POST /workflows/servers/create`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServersCreate {
-    pub infra: String,
-    pub settings: Option<String>,
-    pub servers: Vec<String>,
-    #[serde(default)]
-    pub priority: Priority,
-    pub max_attempts: Option<u32>,
-    pub timeout_secs: Option<u64>,
-    #[serde(default)]
-    pub check_mode: bool,
-    #[serde(default)]
-    pub wait: bool,
-    pub wait_timeout_secs: Option<u64>,
-}
-
-/// `POST /workflows/taskserv/create`: every taskserv on every server.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskservCreate {
-    pub infra: String,
-    pub settings: Option<String>,
-    pub servers: Vec<String>,
-    pub taskservs: Vec<String>,
-    #[serde(default)]
-    pub priority: Priority,
-    pub max_attempts: Option<u32>,
-    pub timeout_secs: Option<u64>,
-    #[serde(default)]
-    pub check_mode: bool,
-    #[serde(default)]
-    pub wait: bool,
-    pub wait_timeout_secs: Option<u64>,
-}
-
-/// `POST /workflows/cluster/create`: servers, then taskservs, then the join.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterCreate {
-    pub infra: String,
-    pub settings: Option<String>,
-    pub cluster: String,
-    pub servers: Vec<String>,
-    #[serde(default)]
-    pub taskservs: Vec<String>,
-    #[serde(default)]
-    pub priority: Priority,
-    pub max_attempts: Option<u32>,
-    pub timeout_secs: Option<u64>,
-    #[serde(default)]
-    pub check_mode: bool,
-    #[serde(default)]
-    pub wait: bool,
-    pub wait_timeout_secs: Option<u64>,
-}
-
-/// A task to create, with dependencies as indices of earlier planned tasks.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlannedTask {
-    pub name: String,
-    pub script: String,
-    pub input: Value,
-    pub depends_on: Vec<usize>,
-}
-
-/// A workflow ready for [`crate::Engine::submit`].
-#[derive(Debug, Clone)]
-pub struct WorkflowPlan {
-    pub kind: String,
-    pub name: String,
-    /// The request as received, kept with the workflow.
-    pub request: Value,
-    pub options: RunOptions,
-    pub tasks: Vec<PlannedTask>,
 }
 
 /// Names of infras, servers, taskservs and clusters become directory names
@@ -150,253 +99,119 @@ fn check_names(field: &str, values: &[String], allow_empty: bool) -> Result<()> 
     Ok(())
 }
 
-fn check_options(options: &RunOptions) -> Result<()> {
-    if options.max_attempts == Some(0) {
-        return Err(Error::validation("max_attempts", "must be at least 1"));
-    }
-    if let Some(max) = options.max_attempts.filter(|&n| n > 100) {
-        return Err(Error::validation(
-            "max_attempts",
-            format!("{max} is more than the limit of 100"),
-        ));
-    }
-    if options.timeout_secs == Some(0) {
-        return Err(Error::validation("timeout_secs", "must be at least 1"));
-    }
-    Ok(())
-}
-
-/// The input common to every script of a workflow.
-fn base_input(infra: &str, settings: &Option<String>, check_mode: bool) -> Map<String, Value> {
-    let mut input = Map::new();
-    input.insert("infra".into(), json!(infra));
-    if let Some(settings) = settings {
-        input.insert("settings".into(), json!(settings));
-    }
-    input.insert("check_mode".into(), json!(check_mode));
-    input
-}
-
-fn with(mut base: Map<String, Value>, extra: Value) -> Value {
-    if let Value::Object(extra) = extra {
-        base.extend(extra);
-    }
-    Value::Object(base)
-}
-
-/// One create task per server, plus each server's taskserv chain.
-fn plan_servers_and_taskservs(
-    infra: &str,
-    settings: &Option<String>,
-    check_mode: bool,
-    servers: &[String],
-    taskservs: &[String],
-    create_servers: bool,
-) -> (Vec<PlannedTask>, Vec<usize>) {
-    let base = base_input(infra, settings, check_mode);
-    let mut tasks = Vec::new();
-    let mut chain_ends = Vec::new();
-    for server in servers {
-        let mut previous = None;
-        if create_servers {
-            tasks.push(PlannedTask {
-                name: format!("create server {server}"),
-                script: SERVER_CREATE_SCRIPT.into(),
-                input: with(base.clone(), json!({"server": server})),
-                depends_on: vec![],
-            });
-            previous = Some(tasks.len() - 1);
+impl BuiltinRequest {
+    /// Checks the request for `endpoint` and turns it into a submission of
+    /// the matching template.
+    pub fn into_request(self, endpoint: Builtin) -> Result<SubmitRequest> {
+        check_name("infra", &self.infra)?;
+        check_names("servers", &self.servers, false)?;
+        let taskservs = match (endpoint, &self.taskservs) {
+            (Builtin::ServersCreate, Some(_)) => {
+                return Err(Error::validation(
+                    "taskservs",
+                    "servers/create does not install taskservs; use /workflows/taskserv/create",
+                ));
+            }
+            (Builtin::TaskservCreate, None) => {
+                return Err(Error::validation("taskservs", "missing field `taskservs`"));
+            }
+            (Builtin::TaskservCreate, Some(list)) => {
+                check_names("taskservs", list, false)?;
+                Some(list)
+            }
+            (Builtin::ClusterCreate, list) => {
+                check_names("taskservs", list.as_deref().unwrap_or_default(), true)?;
+                list.as_ref()
+            }
+            (_, None) => None,
+        };
+        match (endpoint, &self.cluster) {
+            (Builtin::ClusterCreate, Some(cluster)) => check_name("cluster", cluster)?,
+            (Builtin::ClusterCreate, None) => {
+                return Err(Error::validation("cluster", "missing field `cluster`"));
+            }
+            (_, Some(_)) => {
+                return Err(Error::validation(
+                    "cluster",
+                    "only /workflows/cluster/create takes a cluster",
+                ));
+            }
+            (_, None) => {}
         }
-        for taskserv in taskservs {
-            tasks.push(PlannedTask {
-                name: format!("install {taskserv} on {server}"),
-                script: TASKSERV_INSTALL_SCRIPT.into(),
-                input: with(
-                    base.clone(),
-                    json!({"server": server, "taskserv": taskserv}),
-                ),
-                depends_on: previous.into_iter().collect(),
-            });
-            previous = Some(tasks.len() - 1);
+        if self.max_attempts == Some(0) {
+            return Err(Error::validation("max_attempts", "must be at least 1"));
         }
-        chain_ends.extend(previous);
-    }
-    (tasks, chain_ends)
-}
-
-impl ServersCreate {
-    pub fn plan(self) -> Result<WorkflowPlan> {
-        check_name("infra", &self.infra)?;
-        check_names("servers", &self.servers, false)?;
-        let options = RunOptions {
+        if let Some(max) = self.max_attempts.filter(|&n| n > 100) {
+            return Err(Error::validation(
+                "max_attempts",
+                format!("{max} is more than the limit of 100"),
+            ));
+        }
+        if self.timeout_secs == Some(0) {
+            return Err(Error::validation("timeout_secs", "must be at least 1"));
+        }
+        let mut vars = Map::new();
+        vars.insert("infra".into(), json!(self.infra));
+        vars.insert("servers".into(), json!(self.servers));
+        if let Some(settings) = &self.settings {
+            vars.insert("settings".into(), json!(settings));
+        }
+        if let Some(taskservs) = taskservs {
+            vars.insert("taskservs".into(), json!(taskservs));
+        }
+        if let Some(cluster) = &self.cluster {
+            vars.insert("cluster".into(), json!(cluster));
+        }
+        Ok(SubmitRequest {
+            template: TemplateSource::Named {
+                ref_name: endpoint.template().to_owned(),
+                version: None,
+            },
+            vars,
+            meta: Meta::default(),
+            start_at: None,
+            check_mode: self.check_mode,
             priority: self.priority,
             max_attempts: self.max_attempts,
-            timeout_secs: self.timeout_secs,
-            check_mode: self.check_mode,
-            wait: self.wait,
-            wait_timeout_secs: self.wait_timeout_secs,
-        };
-        check_options(&options)?;
-        let (tasks, _) = plan_servers_and_taskservs(
-            &self.infra,
-            &self.settings,
-            self.check_mode,
-            &self.servers,
-            &[],
-            true,
-        );
-        Ok(WorkflowPlan {
-            kind: "servers/create".into(),
-            name: format!("create {} server(s) in {}", self.servers.len(), self.infra),
-            request: request_json(
-                &self.infra,
-                &self.settings,
-                json!({"servers": self.servers}),
-            ),
-            options,
-            tasks,
+            timeout: self.timeout_secs.map(Duration::from_secs),
+            parallel_limit: None,
+            idempotency_key: None,
+            // The whole request, options included, is kept with the workflow.
+            body: serde_json::to_value(&self).unwrap_or(Value::Null),
         })
     }
-}
-
-impl TaskservCreate {
-    pub fn plan(self) -> Result<WorkflowPlan> {
-        check_name("infra", &self.infra)?;
-        check_names("servers", &self.servers, false)?;
-        check_names("taskservs", &self.taskservs, false)?;
-        let options = RunOptions {
-            priority: self.priority,
-            max_attempts: self.max_attempts,
-            timeout_secs: self.timeout_secs,
-            check_mode: self.check_mode,
-            wait: self.wait,
-            wait_timeout_secs: self.wait_timeout_secs,
-        };
-        check_options(&options)?;
-        let (tasks, _) = plan_servers_and_taskservs(
-            &self.infra,
-            &self.settings,
-            self.check_mode,
-            &self.servers,
-            &self.taskservs,
-            false,
-        );
-        Ok(WorkflowPlan {
-            kind: "taskserv/create".into(),
-            name: format!(
-                "install {} on {} server(s) in {}",
-                self.taskservs.join(", "),
-                self.servers.len(),
-                self.infra
-            ),
-            request: request_json(
-                &self.infra,
-                &self.settings,
-                json!({"servers": self.servers, "taskservs": self.taskservs}),
-            ),
-            options,
-            tasks,
-        })
-    }
-}
-
-impl ClusterCreate {
-    pub fn plan(self) -> Result<WorkflowPlan> {
-        check_name("infra", &self.infra)?;
-        check_name("cluster", &self.cluster)?;
-        check_names("servers", &self.servers, false)?;
-        check_names("taskservs", &self.taskservs, true)?;
-        let options = RunOptions {
-            priority: self.priority,
-            max_attempts: self.max_attempts,
-            timeout_secs: self.timeout_secs,
-            check_mode: self.check_mode,
-            wait: self.wait,
-            wait_timeout_secs: self.wait_timeout_secs,
-        };
-        check_options(&options)?;
-        let (mut tasks, chain_ends) = plan_servers_and_taskservs(
-            &self.infra,
-            &self.settings,
-            self.check_mode,
-            &self.servers,
-            &self.taskservs,
-            true,
-        );
-        tasks.push(PlannedTask {
-            name: format!("join cluster {}", self.cluster),
-            script: CLUSTER_CREATE_SCRIPT.into(),
-            input: with(
-                base_input(&self.infra, &self.settings, self.check_mode),
-                json!({"cluster": self.cluster, "servers": self.servers, "taskservs": self.taskservs}),
-            ),
-            depends_on: chain_ends,
-        });
-        Ok(WorkflowPlan {
-            kind: "cluster/create".into(),
-            name: format!("create cluster {} in {}", self.cluster, self.infra),
-            request: request_json(
-                &self.infra,
-                &self.settings,
-                json!({"cluster": self.cluster, "servers": self.servers, "taskservs": self.taskservs}),
-            ),
-            options,
-            tasks,
-        })
-    }
-}
-
-fn request_json(infra: &str, settings: &Option<String>, extra: Value) -> Value {
-    let mut base = Map::new();
-    base.insert("infra".into(), json!(infra));
-    if let Some(settings) = settings {
-        base.insert("settings".into(), json!(settings));
-    }
-    with(base, extra)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn servers(names: &[&str]) -> ServersCreate {
-        serde_json::from_value(json!({"infra": "prod", "servers": names})).unwrap()
-    }
-
     #[test]
-    fn servers_run_in_parallel() {
-        let plan = servers(&["web-01", "web-02"]).plan().unwrap();
-        assert_eq!(plan.tasks.len(), 2);
-        assert!(plan.tasks.iter().all(|t| t.depends_on.is_empty()));
-        assert_eq!(plan.tasks[1].input["server"], "web-02");
-        assert_eq!(plan.tasks[1].input["infra"], "prod");
-    }
-
-    #[test]
-    fn cluster_orders_servers_then_taskservs_then_join() {
-        let request: ClusterCreate = serde_json::from_value(json!({
+    fn requests_map_onto_their_templates() {
+        let request: BuiltinRequest = serde_json::from_value(json!({
             "infra": "prod", "cluster": "k8s", "servers": ["cp-01", "wk-01"],
-            "taskservs": ["containerd", "kubernetes"]
+            "taskservs": ["containerd"], "priority": "high", "max_attempts": 2, "check_mode": true
         }))
         .unwrap();
-        let plan = request.plan().unwrap();
-        let names: Vec<_> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "create server cp-01",
-                "install containerd on cp-01",
-                "install kubernetes on cp-01",
-                "create server wk-01",
-                "install containerd on wk-01",
-                "install kubernetes on wk-01",
-                "join cluster k8s"
-            ]
+        let submission = request.into_request(Builtin::ClusterCreate).unwrap();
+        match &submission.template {
+            TemplateSource::Named {
+                ref_name,
+                version: None,
+            } => assert_eq!(ref_name, "cluster-create"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(submission.vars["servers"], json!(["cp-01", "wk-01"]));
+        assert!(
+            !submission.vars.contains_key("settings"),
+            "absent settings use the template default"
         );
-        assert_eq!(plan.tasks[1].depends_on, vec![0]);
-        assert_eq!(plan.tasks[2].depends_on, vec![1]);
-        assert_eq!(plan.tasks[4].depends_on, vec![3]);
-        assert_eq!(plan.tasks[6].depends_on, vec![2, 5]);
+        assert_eq!(submission.priority, Priority::High);
+        assert_eq!(submission.max_attempts, Some(2));
+        assert!(submission.check_mode);
+        // The whole request, options included, is kept with the workflow.
+        assert_eq!(submission.body["max_attempts"], 2);
+        assert_eq!(submission.body["priority"], "high");
     }
 
     #[test]
@@ -420,10 +235,18 @@ mod tests {
                 json!({"infra": "prod", "servers": ["a"], "timeout_secs": 0}),
                 "timeout_secs",
             ),
+            (
+                json!({"infra": "prod", "servers": ["a"], "cluster": "k"}),
+                "cluster",
+            ),
+            (
+                json!({"infra": "prod", "servers": ["a"], "taskservs": ["x"]}),
+                "taskservs",
+            ),
         ];
         for (body, field) in cases {
-            let request: ServersCreate = serde_json::from_value(body.clone()).unwrap();
-            match request.plan() {
+            let request: BuiltinRequest = serde_json::from_value(body.clone()).unwrap();
+            match request.into_request(Builtin::ServersCreate) {
                 Err(Error::Validation { field: f, .. }) => assert_eq!(f, field, "{body}"),
                 other => panic!("{body}: {other:?}"),
             }

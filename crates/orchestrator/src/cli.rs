@@ -30,6 +30,105 @@ pub enum Command {
     Logs(LogsArgs),
     /// Cancel a queued or running task.
     Cancel(TaskArgs),
+    /// Submit, follow, cancel and retry template workflows.
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
+    /// Check and list workflow templates.
+    #[command(subcommand)]
+    Template(TemplateCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkflowCommand {
+    /// Submit a workflow from a registered template.
+    Submit(SubmitArgs),
+    /// Show a workflow's DAG with the status of every step.
+    Status(WorkflowArgs),
+    /// List workflows.
+    List(WorkflowListArgs),
+    /// Cancel a workflow: running steps stop, pending ones never start.
+    Cancel(WorkflowArgs),
+    /// Re-run what did not complete in a finished workflow.
+    Retry(WorkflowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The template's ref_name (see `orchestrator template list`).
+    pub template: String,
+    /// A workflow input: `key=value`; the value is read as JSON when it
+    /// parses (numbers, booleans, lists), else as text. Repeatable.
+    #[arg(short = 'i', long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// Your name for this piece of work; resubmitting it with the same
+    /// inputs returns the same workflow.
+    #[arg(long = "ref")]
+    pub reference: Option<String>,
+    #[arg(long)]
+    pub trace_id: Option<String>,
+    /// Dry run: scripts are told to change nothing.
+    #[arg(long = "check")]
+    pub check_mode: bool,
+    /// low, normal, high or critical.
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// Start at this time (RFC 3339) instead of now.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Follow the workflow until it finishes; exit non-zero unless it completed.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkflowArgs {
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkflowListArgs {
+    #[arg(long)]
+    pub status: Option<String>,
+    #[arg(long)]
+    pub template: Option<String>,
+    #[arg(long = "ref")]
+    pub reference: Option<String>,
+    #[arg(long)]
+    pub trace_id: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// Check a template file offline: syntax, steps, references, cycles
+    /// and that its scripts exist.
+    Validate(TemplateValidateArgs),
+    /// List the templates a running service knows.
+    List(TemplateListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TemplateValidateArgs {
+    pub file: PathBuf,
+    /// Where the template's scripts must exist.
+    #[arg(long, default_value = "./scripts")]
+    pub scripts_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct TemplateListArgs {
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// How client subcommands reach the service.
@@ -68,6 +167,9 @@ pub struct ServeArgs {
     /// Root of the provisioning scripts [default: ./scripts].
     #[arg(long, env = "ORCHESTRATOR_SCRIPTS_DIR")]
     pub scripts_dir: Option<PathBuf>,
+    /// Workflow templates (YAML or JSON) to load at start [default: ./templates].
+    #[arg(long, env = "ORCHESTRATOR_TEMPLATES_DIR")]
+    pub templates_dir: Option<PathBuf>,
     /// Scripts that may run at once [default: number of CPUs].
     #[arg(long, env = "ORCHESTRATOR_WORKERS")]
     pub workers: Option<usize>,

@@ -11,13 +11,13 @@ use serde_json::Value;
 
 use crate::cli::{ClientArgs, LogsArgs, TaskArgs, TasksArgs};
 
-struct Api {
+pub(crate) struct Api {
     http: Client,
     base: String,
 }
 
 impl Api {
-    fn new(args: &ClientArgs) -> anyhow::Result<Api> {
+    pub(crate) fn new(args: &ClientArgs) -> anyhow::Result<Api> {
         let http = Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
@@ -30,25 +30,34 @@ impl Api {
 
     /// Sends a request; a non-2xx answer becomes an error carrying the
     /// service's own message.
-    async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         path: &str,
         query: &[(&str, String)],
     ) -> anyhow::Result<Response> {
+        self.send_body(method, path, query, None).await
+    }
+
+    /// Like [`Api::send`], with an optional JSON body.
+    pub(crate) async fn send_body(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<Response> {
         let url = format!("{}{path}", self.base);
-        let response = self
-            .http
-            .request(method, &url)
-            .query(query)
-            .send()
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)",
-                    self.base
-                )
-            })?;
+        let mut request = self.http.request(method, &url).query(query);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| {
+            anyhow!(
+                "cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)",
+                self.base
+            )
+        })?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -58,7 +67,7 @@ impl Api {
         bail!("{message} (HTTP {})", status.as_u16())
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn json<T: serde::de::DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
@@ -131,7 +140,7 @@ pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+pub(crate) fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(str::len);
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -5,6 +5,7 @@ pub mod cli;
 mod client;
 pub mod service;
 pub mod settings;
+mod workflows;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,8 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Task(args) => client::task(&cli.client, args).await,
             Command::Logs(args) => client::logs(&cli.client, args).await,
             Command::Cancel(args) => client::cancel(&cli.client, args).await,
+            Command::Workflow(command) => workflows::run(&cli.client, command).await,
+            Command::Template(command) => workflows::template(&cli.client, command).await,
         }
     });
     match result {

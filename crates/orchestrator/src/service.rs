@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
 use orchestrator_storage::StorageConfig;
@@ -37,25 +38,30 @@ impl ServiceHandle {
 /// Opens storage, starts the engine and binds the listener. The service
 /// runs in the background until [`ServiceHandle::shutdown`].
 pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
-    std::fs::create_dir_all(&settings.data_dir)
-        .with_context(|| format!("cannot create data dir {}", settings.data_dir.display()))?;
+    // Scripts get absolute paths whatever their own cwd becomes.
+    let data_dir = std::path::absolute(&settings.data_dir)
+        .with_context(|| format!("--data-dir {}", settings.data_dir.display()))?;
     let storage = orchestrator_storage::open(&StorageConfig {
         storage_type: settings.storage_type,
         data_dir: settings.data_dir.clone(),
+        surrealdb: Default::default(),
     })
     .await
     .context("cannot open storage")?;
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),
-        work_dir: settings.data_dir.join("work"),
-        data_dir: std::path::absolute(&settings.data_dir).unwrap_or(settings.data_dir.clone()),
+        work_dir: data_dir.join("work"),
+        data_dir,
         kill_grace: settings.kill_grace,
         interpreters: settings.interpreters.clone(),
     })
     .context("--scripts-dir")?;
+    let templates = Templates::load(Some(&settings.templates_dir), &executor)
+        .context("cannot load templates")?;
     let engine = Engine::start(
         storage,
         executor,
+        templates,
         EngineConfig {
             workers: settings.workers,
             default_max_attempts: settings.max_attempts,
@@ -74,6 +80,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         storage = %settings.storage_type,
         data_dir = %settings.data_dir.display(),
         scripts_dir = %settings.scripts_dir.display(),
+        templates_dir = %settings.templates_dir.display(),
         workers = settings.workers,
         "orchestrator listening on http://{addr}"
     );

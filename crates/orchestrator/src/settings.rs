@@ -23,6 +23,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub storage_type: Option<String>,
     pub scripts_dir: Option<PathBuf>,
+    pub templates_dir: Option<PathBuf>,
     pub workers: Option<usize>,
     pub max_attempts: Option<u32>,
     pub task_timeout: Option<u64>,
@@ -50,6 +51,7 @@ pub struct ServeSettings {
     pub data_dir: PathBuf,
     pub storage_type: StorageType,
     pub scripts_dir: PathBuf,
+    pub templates_dir: PathBuf,
     pub workers: usize,
     pub max_attempts: u32,
     pub task_timeout: Duration,
@@ -69,6 +71,7 @@ impl ServeSettings {
             data_dir,
             storage_type: StorageType::Filesystem,
             scripts_dir,
+            templates_dir: PathBuf::from("./templates"),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_attempts: 3,
             task_timeout: Duration::from_secs(3600),
@@ -133,6 +136,10 @@ impl ServeSettings {
                 .scripts_dir
                 .or(file.scripts_dir)
                 .unwrap_or(defaults.scripts_dir),
+            templates_dir: args
+                .templates_dir
+                .or(file.templates_dir)
+                .unwrap_or(defaults.templates_dir),
             workers,
             max_attempts,
             task_timeout: task_timeout.map_or(defaults.task_timeout, Duration::from_secs),

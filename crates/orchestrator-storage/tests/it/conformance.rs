@@ -30,32 +30,11 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
             Task::new(id, spec, now)
         })
         .collect();
-    let workflow = Workflow {
-        id,
-        kind: "test".into(),
-        template_version: Some(1),
-        name: "conformance".into(),
-        description: None,
-        input: json!({}),
-        check_mode: false,
-        priority: Priority::Normal,
-        status: WorkflowStatus::Queued,
-        on_failure: Default::default(),
-        parallel_limit: None,
-        reference: None,
-        trace_id: None,
-        revision: 1,
-        previous_revision: None,
-        idempotency_key: None,
-        request_digest: None,
-        start_at: None,
-        task_ids: tasks.iter().map(|t| t.id).collect(),
-        created_at: now,
-        started_at: None,
-        finished_at: None,
-        updated_at: now,
-        version: 0,
-    };
+    let mut workflow = Workflow::new("test", "conformance", now);
+    workflow.id = id;
+    workflow.template_version = Some(1);
+    workflow.input = json!({"vars": {"k": "v"}});
+    workflow.task_ids = tasks.iter().map(|t| t.id).collect();
     (workflow, tasks)
 }
 

@@ -205,6 +205,8 @@ async fn a_script_missing_from_the_scripts_dir_is_refused_at_submit() {
     let scripts = tempfile::tempdir().unwrap();
     let mut settings = fixture_settings(dir.path());
     settings.scripts_dir = scripts.path().to_path_buf();
+    // Only the built-in templates, whose scripts are checked at submit.
+    settings.templates_dir = scripts.path().join("no-templates");
     let service = TestService::start(settings).await;
     check(
         service

@@ -17,9 +17,15 @@ pub fn real_scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
 }
 
+/// Test templates (next to the fixture scripts they run).
+pub fn fixture_templates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates")
+}
+
 /// Settings for a test service on port 0 running the fixture scripts.
 pub fn fixture_settings(data_dir: &Path) -> ServeSettings {
     let mut settings = ServeSettings::new(data_dir.to_path_buf(), fixture_scripts());
+    settings.templates_dir = fixture_templates();
     settings.port = 0;
     settings.workers = 4;
     settings.retry.base_delay = Duration::from_millis(50);

@@ -9,3 +9,4 @@ mod harness;
 mod provisioning;
 mod restart;
 mod tasks;
+mod workflows;

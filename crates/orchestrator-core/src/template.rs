@@ -1,0 +1,736 @@
+//! Workflow templates: parsing, validation, and expansion of one
+//! submission into a DAG of tasks.
+//!
+//! Validation answers with a [`TemplateError`] whose `field` names the step
+//! and the field at fault (`steps.join.input.members`), so the API can pass
+//! it straight to the user.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::refs::{Reference, Root, Scope, references_in};
+use crate::{FailurePolicy, StepSettings};
+
+/// A template, as written in a YAML or JSON file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub name: String,
+    pub ref_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub schema_version: u32,
+    #[serde(default)]
+    pub inputs: BTreeMap<String, InputSpec>,
+    #[serde(default)]
+    pub on_failure: FailurePolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_limit: Option<usize>,
+    pub steps: Vec<StepTemplate>,
+}
+
+/// A workflow-level input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    #[serde(rename = "type", default)]
+    pub kind: InputType,
+    /// Used when the submission does not give the input; without one the
+    /// input is required. `null` makes it optional.
+    #[serde(
+        default,
+        deserialize_with = "some_even_if_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Tells `default: null` (optional, null) from no `default` (required).
+fn some_even_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputType {
+    #[default]
+    Any,
+    String,
+    Number,
+    Integer,
+    Boolean,
+    Array,
+    Object,
+}
+
+impl InputType {
+    fn accepts(self, value: &Value) -> bool {
+        match self {
+            InputType::Any => true,
+            InputType::String => value.is_string(),
+            InputType::Number => value.is_number(),
+            InputType::Integer => value.is_i64() || value.is_u64(),
+            InputType::Boolean => value.is_boolean(),
+            InputType::Array => value.is_array(),
+            InputType::Object => value.is_object(),
+        }
+    }
+}
+
+/// One step of a template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepTemplate {
+    pub ref_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub script: String,
+    #[serde(default)]
+    pub input: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    #[serde(default)]
+    pub optional: bool,
+    #[serde(default)]
+    pub always_run: bool,
+    /// Per-attempt timeout: seconds, or a string like `90s`, `5m`, `1h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Value>,
+    /// Retries after the first attempt (so `retries: 2` means 3 attempts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<FailurePolicy>,
+    /// Runs one instance per combination of these lists (each a workflow
+    /// input reference), e.g. `{server: "${workflow.input.servers}"}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub for_each: BTreeMap<String, Value>,
+    /// A `for_each` key whose instances run one after another, in list
+    /// order, among instances that agree on the other keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential: Option<String>,
+}
+
+/// A validation failure: `field` says where, `message` what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TemplateError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> TemplateError {
+    TemplateError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// One task of an expanded workflow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedTask {
+    pub name: String,
+    pub script: String,
+    /// Final input, or `Null` when it waits for dependency outputs
+    /// (then `step.input_template` holds it).
+    pub input: Value,
+    /// Indices of earlier planned tasks.
+    pub depends_on: Vec<usize>,
+    pub step: StepSettings,
+    pub max_attempts: Option<u32>,
+    pub timeout: Option<Duration>,
+}
+
+/// A template applied to a submission's inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expansion {
+    /// The workflow inputs after defaults.
+    pub vars: Value,
+    /// Tasks in a topological order.
+    pub tasks: Vec<PlannedTask>,
+    /// Step `ref_name`s in topological order.
+    pub step_order: Vec<String>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
+/// Parses a duration: a number of seconds, or `<n>s`, `<n>m`, `<n>h`.
+pub fn parse_timeout(value: &Value) -> Result<Duration, String> {
+    let seconds = match value {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{n} is not a whole number of seconds"))?,
+        Value::String(s) => {
+            let s = s.trim();
+            let (digits, unit) =
+                s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let n: u64 = digits.parse().map_err(|_| {
+                format!("`{s}` is not a duration like 90, \"90s\", \"5m\" or \"1h\"")
+            })?;
+            match unit {
+                "" | "s" => n,
+                "m" => n * 60,
+                "h" => n * 3600,
+                _ => return Err(format!("`{s}` has an unknown unit (use s, m or h)")),
+            }
+        }
+        other => {
+            return Err(format!(
+                "{other} is not a duration like 90, \"90s\", \"5m\" or \"1h\""
+            ));
+        }
+    };
+    if seconds == 0 {
+        return Err("must be at least one second".into());
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+impl Template {
+    /// Parses YAML (JSON is YAML too, but gets JSON's error messages).
+    pub fn parse(text: &str, is_json: bool) -> Result<Template, TemplateError> {
+        if is_json {
+            serde_json::from_str(text).map_err(|e| err("template", e.to_string()))
+        } else {
+            serde_norway::from_str(text).map_err(|e| err("template", e.to_string()))
+        }
+    }
+
+    fn step(&self, ref_name: &str) -> Option<&StepTemplate> {
+        self.steps.iter().find(|s| s.ref_name == ref_name)
+    }
+
+    /// Checks everything that does not depend on a submission's inputs.
+    /// Returns the step order (dependencies first).
+    pub fn validate(&self) -> Result<Vec<String>, TemplateError> {
+        if self.name.trim().is_empty() {
+            return Err(err("name", "must not be empty"));
+        }
+        if !valid_name(&self.ref_name) {
+            return Err(err(
+                "ref_name",
+                format!(
+                    "`{}` must be 1-100 letters, digits, `_` or `-`",
+                    self.ref_name
+                ),
+            ));
+        }
+        if self.schema_version == 0 {
+            return Err(err("schema_version", "must be at least 1"));
+        }
+        if self.parallel_limit == Some(0) {
+            return Err(err("parallel_limit", "must be at least 1"));
+        }
+        if self.steps.is_empty() {
+            return Err(err("steps", "a template needs at least one step"));
+        }
+        for (name, spec) in &self.inputs {
+            if !valid_name(name) || name == "steps" {
+                return Err(err(
+                    format!("inputs.{name}"),
+                    "is not a valid input name (`steps` is reserved)",
+                ));
+            }
+            if let Some(default) = spec.default.as_ref().filter(|d| !d.is_null())
+                && !spec.kind.accepts(default)
+            {
+                return Err(err(
+                    format!("inputs.{name}.default"),
+                    format!("{default} is not of type {:?}", spec.kind).to_lowercase(),
+                ));
+            }
+        }
+        let mut seen = HashSet::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if !valid_name(&step.ref_name) {
+                return Err(err(
+                    format!("steps[{i}].ref_name"),
+                    format!(
+                        "`{}` must be 1-100 letters, digits, `_` or `-`",
+                        step.ref_name
+                    ),
+                ));
+            }
+            if !seen.insert(step.ref_name.as_str()) {
+                return Err(err(
+                    format!("steps[{i}].ref_name"),
+                    format!("`{}` is used by another step", step.ref_name),
+                ));
+            }
+        }
+        let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for step in &self.steps {
+            let at = format!("steps.{}", step.ref_name);
+            if step.script.trim().is_empty() {
+                return Err(err(format!("{at}.script"), "must name a script"));
+            }
+            if let Some(timeout) = &step.timeout {
+                parse_timeout(timeout).map_err(|m| err(format!("{at}.timeout"), m))?;
+            }
+            if step.retries.is_some_and(|r| r > 99) {
+                return Err(err(format!("{at}.retries"), "must be at most 99"));
+            }
+            let mut deps: Vec<&str> = Vec::new();
+            for (i, dep) in step.depends_on.iter().enumerate() {
+                if dep == &step.ref_name {
+                    return Err(err(
+                        format!("{at}.depends_on[{i}]"),
+                        "a step can not depend on itself",
+                    ));
+                }
+                if self.step(dep).is_none() {
+                    return Err(err(
+                        format!("{at}.depends_on[{i}]"),
+                        format!("no step is named `{dep}`"),
+                    ));
+                }
+                deps.push(dep);
+            }
+            for key in step.for_each.keys() {
+                if !valid_name(key) {
+                    return Err(err(
+                        format!("{at}.for_each.{key}"),
+                        "is not a valid key name",
+                    ));
+                }
+            }
+            if let Some(seq) = &step.sequential
+                && !step.for_each.contains_key(seq)
+            {
+                return Err(err(
+                    format!("{at}.sequential"),
+                    format!("`{seq}` is not one of this step's for_each keys"),
+                ));
+            }
+            for (field, value) in [
+                (
+                    "for_each",
+                    Value::Object(step.for_each.clone().into_iter().collect()),
+                ),
+                ("input", Value::Object(step.input.clone())),
+                (
+                    "name",
+                    step.name.clone().map(Value::String).unwrap_or(Value::Null),
+                ),
+            ] {
+                let found =
+                    references_in(&value, &format!("{at}.{field}")).map_err(|(p, m)| err(p, m))?;
+                for (path, reference) in found {
+                    self.check_reference(step, field, &path, &reference)?;
+                    if let Root::StepOutput(dep) = &reference.root
+                        && !deps.contains(&dep.as_str())
+                    {
+                        deps.push(
+                            self.step(dep)
+                                .map(|s| s.ref_name.as_str())
+                                .unwrap_or_default(),
+                        );
+                    }
+                }
+            }
+            edges.insert(&step.ref_name, deps);
+        }
+        topological_order(&self.steps, &edges)
+    }
+
+    fn check_reference(
+        &self,
+        step: &StepTemplate,
+        field: &str,
+        path: &str,
+        reference: &Reference,
+    ) -> Result<(), TemplateError> {
+        match &reference.root {
+            Root::WorkflowInput => {
+                let Some(crate::refs::Segment::Key(key)) = reference.path.first() else {
+                    return Err(err(path, format!("{reference} must name an input")));
+                };
+                if !self.inputs.contains_key(key) {
+                    return Err(err(
+                        path,
+                        format!(
+                            "{reference} refers to `{key}`, which the template does not declare in `inputs`"
+                        ),
+                    ));
+                }
+            }
+            Root::CheckMode => {}
+            Root::Each => {
+                let Some(crate::refs::Segment::Key(key)) = reference.path.first() else {
+                    return Err(err(path, format!("{reference} must name a for_each key")));
+                };
+                if field == "for_each" || !step.for_each.contains_key(key) {
+                    return Err(err(
+                        path,
+                        format!("{reference}: this step has no for_each key `{key}`"),
+                    ));
+                }
+            }
+            Root::StepOutput(dep) => {
+                if field != "input" {
+                    return Err(err(
+                        path,
+                        format!(
+                            "{reference}: step outputs can only be used in `input` (the {field} is fixed when the workflow is submitted)"
+                        ),
+                    ));
+                }
+                if dep == &step.ref_name {
+                    return Err(err(
+                        path,
+                        format!("{reference}: a step can not use its own output"),
+                    ));
+                }
+                if self.step(dep).is_none() {
+                    return Err(err(
+                        path,
+                        format!("{reference} refers to step `{dep}`, which does not exist"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a submission: checks and completes the inputs, then expands
+    /// every step into tasks with their dependencies.
+    pub fn expand(
+        &self,
+        vars: &Map<String, Value>,
+        check_mode: bool,
+    ) -> Result<Expansion, TemplateError> {
+        let step_order = self.validate()?;
+        let mut inputs = Map::new();
+        for key in vars.keys() {
+            if key != "steps" && !self.inputs.contains_key(key) {
+                return Err(err(
+                    format!("vars.{key}"),
+                    format!("template `{}` has no input `{key}`", self.ref_name),
+                ));
+            }
+        }
+        for (key, spec) in &self.inputs {
+            let value = match (vars.get(key), &spec.default) {
+                (Some(value), _) => value.clone(),
+                (None, Some(default)) => default.clone(),
+                (None, None) => {
+                    return Err(err(
+                        format!("vars.{key}"),
+                        format!("missing required input of template `{}`", self.ref_name),
+                    ));
+                }
+            };
+            let null_allowed = value.is_null() && spec.default.as_ref().is_some_and(Value::is_null);
+            if !null_allowed && !spec.kind.accepts(&value) {
+                return Err(err(
+                    format!("vars.{key}"),
+                    format!(
+                        "expected {}, got {}",
+                        type_name(spec.kind),
+                        value_kind(&value)
+                    ),
+                ));
+            }
+            inputs.insert(key.clone(), value);
+        }
+        let per_step = match vars.get("steps") {
+            None => Map::new(),
+            Some(Value::Object(map)) => map.clone(),
+            Some(other) => {
+                return Err(err(
+                    "vars.steps",
+                    format!(
+                        "expected an object of step inputs, got {}",
+                        value_kind(other)
+                    ),
+                ));
+            }
+        };
+        for (step, value) in &per_step {
+            if self.step(step).is_none() {
+                return Err(err(
+                    format!("vars.steps.{step}"),
+                    "no step has this ref_name",
+                ));
+            }
+            if !value.is_object() {
+                return Err(err(
+                    format!("vars.steps.{step}"),
+                    format!("expected an object, got {}", value_kind(value)),
+                ));
+            }
+        }
+        let vars_value = Value::Object(inputs);
+        let base_scope = Scope {
+            workflow_input: Some(&vars_value),
+            check_mode,
+            ..Default::default()
+        };
+
+        let mut tasks: Vec<PlannedTask> = Vec::new();
+        // Per step: (task index, each values) of its instances.
+        let mut instances: HashMap<&str, Vec<(usize, Option<Map<String, Value>>)>> = HashMap::new();
+        for ref_name in &step_order {
+            let step = self
+                .step(ref_name)
+                .ok_or_else(|| err("steps", "internal: lost a step"))?;
+            let at = format!("steps.{ref_name}");
+            let combos = for_each_combinations(step, &base_scope, &at)?;
+            let mut input = step.input.clone();
+            if let Some(Value::Object(extra)) = per_step.get(ref_name) {
+                input.extend(extra.clone());
+            }
+            let input = Value::Object(input);
+            let needs_outputs = references_in(&input, "")
+                .map_err(|(p, m)| err(format!("{at}.input{p}"), m))?
+                .iter()
+                .any(|(_, r)| matches!(r.root, Root::StepOutput(_)));
+            let mut deps_of_step: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
+            for (_, reference) in references_in(&input, "").unwrap_or_default() {
+                if let Root::StepOutput(dep) = reference.root
+                    && let Some(s) = self.step(&dep)
+                    && !deps_of_step.contains(&s.ref_name.as_str())
+                {
+                    deps_of_step.push(&s.ref_name);
+                }
+            }
+            let timeout = step
+                .timeout
+                .as_ref()
+                .map(parse_timeout)
+                .transpose()
+                .map_err(|m| err(format!("{at}.timeout"), m))?;
+            let mut mine: Vec<(usize, Option<Map<String, Value>>)> = Vec::new();
+            for each in combos {
+                let each_value = each.clone().map(Value::Object);
+                let scope = Scope {
+                    each: each_value.as_ref(),
+                    ..base_scope.clone()
+                };
+                let name = match &step.name {
+                    Some(name) => match scope
+                        .resolve(&Value::String(name.clone()), &format!("{at}.name"))
+                        .map_err(|(p, m)| err(p, m))?
+                    {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    },
+                    None => match &each {
+                        Some(values) => format!("{ref_name} [{}]", describe(values)),
+                        None => ref_name.clone(),
+                    },
+                };
+                let mut depends_on = Vec::new();
+                for dep in &deps_of_step {
+                    for (index, dep_each) in
+                        instances.get(dep).map(Vec::as_slice).unwrap_or_default()
+                    {
+                        if shares_values(each.as_ref(), dep_each.as_ref()) {
+                            depends_on.push(*index);
+                        }
+                    }
+                }
+                if let (Some(seq), Some(values)) = (&step.sequential, &each) {
+                    // The previous instance along the sequential key, among
+                    // those that agree on every other key.
+                    let previous = mine.iter().rev().find(|(_, other)| {
+                        other.as_ref().is_some_and(|o| {
+                            o.iter().all(|(k, v)| k == seq || values.get(k) == Some(v))
+                        })
+                    });
+                    if let Some((index, _)) = previous {
+                        depends_on.push(*index);
+                    }
+                }
+                let (resolved, input_template) = if needs_outputs {
+                    (Value::Null, Some(input.clone()))
+                } else {
+                    (
+                        scope
+                            .resolve(&input, &format!("{at}.input"))
+                            .map_err(|(p, m)| err(p, m))?,
+                        None,
+                    )
+                };
+                tasks.push(PlannedTask {
+                    name,
+                    script: step.script.clone(),
+                    input: resolved,
+                    depends_on,
+                    step: StepSettings {
+                        ref_name: Some(ref_name.clone()),
+                        each: each_value,
+                        input_template,
+                        optional: step.optional,
+                        always_run: step.always_run,
+                        on_failure: step.on_failure,
+                        rollback: step.rollback.clone(),
+                        rollback_of: None,
+                    },
+                    max_attempts: step.retries.map(|r| r + 1),
+                    timeout,
+                });
+                mine.push((tasks.len() - 1, each));
+            }
+            instances.insert(ref_name, mine);
+        }
+        Ok(Expansion {
+            vars: vars_value,
+            tasks,
+            step_order,
+        })
+    }
+}
+
+/// Every combination of a step's `for_each` lists, or one empty instance.
+fn for_each_combinations(
+    step: &StepTemplate,
+    scope: &Scope<'_>,
+    at: &str,
+) -> Result<Vec<Option<Map<String, Value>>>, TemplateError> {
+    if step.for_each.is_empty() {
+        return Ok(vec![None]);
+    }
+    let mut combos = vec![Map::new()];
+    for (key, expression) in &step.for_each {
+        let field = format!("{at}.for_each.{key}");
+        let items = match scope
+            .resolve(expression, &field)
+            .map_err(|(p, m)| err(p, m))?
+        {
+            Value::Array(items) => items,
+            other => {
+                return Err(err(
+                    field,
+                    format!("must be a list, got {}", value_kind(&other)),
+                ));
+            }
+        };
+        combos = combos
+            .into_iter()
+            .flat_map(|combo| {
+                items.iter().map(move |item| {
+                    let mut next = combo.clone();
+                    next.insert(key.clone(), item.clone());
+                    next
+                })
+            })
+            .collect();
+    }
+    Ok(combos.into_iter().map(Some).collect())
+}
+
+/// Instance `a` depends on instance `b` of a dependency step when they
+/// agree on every `for_each` key they share (all of `b`, if none is shared).
+fn shares_values(a: Option<&Map<String, Value>>, b: Option<&Map<String, Value>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.iter().all(|(k, v)| b.get(k).is_none_or(|w| w == v)),
+        _ => true,
+    }
+}
+
+fn describe(values: &Map<String, Value>) -> String {
+    values
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn type_name(kind: InputType) -> &'static str {
+    match kind {
+        InputType::Any => "any value",
+        InputType::String => "a string",
+        InputType::Number => "a number",
+        InputType::Integer => "an integer",
+        InputType::Boolean => "a boolean",
+        InputType::Array => "an array",
+        InputType::Object => "an object",
+    }
+}
+
+pub fn value_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Kahn's algorithm in declaration order; on a cycle, names it.
+fn topological_order(
+    steps: &[StepTemplate],
+    edges: &BTreeMap<&str, Vec<&str>>,
+) -> Result<Vec<String>, TemplateError> {
+    let mut done: HashSet<&str> = HashSet::new();
+    let mut order = Vec::with_capacity(steps.len());
+    while order.len() < steps.len() {
+        let next = steps.iter().find(|s| {
+            !done.contains(s.ref_name.as_str())
+                && edges[s.ref_name.as_str()].iter().all(|d| done.contains(d))
+        });
+        match next {
+            Some(step) => {
+                done.insert(&step.ref_name);
+                order.push(step.ref_name.clone());
+            }
+            None => {
+                let remaining: Vec<&str> = steps
+                    .iter()
+                    .map(|s| s.ref_name.as_str())
+                    .filter(|r| !done.contains(r))
+                    .collect();
+                let cycle = find_cycle(&remaining, edges);
+                return Err(err(
+                    format!("steps.{}.depends_on", cycle[0]),
+                    format!("dependency cycle: {}", cycle.join(" -> ")),
+                ));
+            }
+        }
+    }
+    Ok(order)
+}
+
+fn find_cycle<'a>(remaining: &[&'a str], edges: &BTreeMap<&'a str, Vec<&'a str>>) -> Vec<&'a str> {
+    // Every remaining step has a remaining dependency: walk them until a
+    // step repeats, which closes the cycle.
+    let mut path = vec![remaining[0]];
+    loop {
+        let current = path[path.len() - 1];
+        let next = edges[current]
+            .iter()
+            .copied()
+            .find(|d| remaining.contains(d))
+            .unwrap_or(current);
+        if let Some(start) = path.iter().position(|p| *p == next) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(next);
+            return cycle;
+        }
+        path.push(next);
+    }
+}
+
+#[cfg(test)]
+mod tests;

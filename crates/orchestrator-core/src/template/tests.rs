@@ -1,0 +1,268 @@
+//! DAG planning without I/O: parsing, every validation error, expansion.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const CLUSTER: &str = r#"
+name: Cluster
+ref_name: cluster
+schema_version: 1
+inputs:
+  servers: {type: array}
+  taskservs: {type: array, default: []}
+  cluster: {type: string}
+  size: {type: integer, default: 2}
+steps:
+  - ref_name: server
+    name: create ${each.server}
+    script: servers/create.nu
+    for_each: {server: "${workflow.input.servers}"}
+    input: {server: "${each.server}", size: "${workflow.input.size}"}
+  - ref_name: install
+    script: taskservs/install.nu
+    for_each: {server: "${workflow.input.servers}", taskserv: "${workflow.input.taskservs}"}
+    sequential: taskserv
+    depends_on: [server]
+    input: {server: "${each.server}", taskserv: "${each.taskserv}", ip: "${server.output.ip}"}
+  - ref_name: join
+    script: cluster/create.nu
+    depends_on: [install]
+    retries: 2
+    timeout: 5m
+    input: {cluster: "${workflow.input.cluster}", ips: "${server.output.ip}"}
+"#;
+
+fn template(text: &str) -> Template {
+    Template::parse(text, false).unwrap()
+}
+
+fn vars(value: Value) -> Map<String, Value> {
+    value.as_object().unwrap().clone()
+}
+
+#[test]
+fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
+    let t = template(CLUSTER);
+    let e = t
+        .expand(
+            &vars(
+                json!({"servers": ["a", "b"], "taskservs": ["containerd", "k8s"], "cluster": "c1"}),
+            ),
+            false,
+        )
+        .unwrap();
+    let names: Vec<&str> = e.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "create a",
+            "create b",
+            "install [server=a, taskserv=containerd]",
+            "install [server=a, taskserv=k8s]",
+            "install [server=b, taskserv=containerd]",
+            "install [server=b, taskserv=k8s]",
+            "join"
+        ]
+    );
+    assert_eq!(e.tasks[2].depends_on, vec![0]);
+    assert_eq!(
+        e.tasks[3].depends_on,
+        vec![0, 2],
+        "same server, previous taskserv"
+    );
+    assert_eq!(e.tasks[5].depends_on, vec![1, 4]);
+    // join names `install` explicitly and `server` through its input.
+    assert_eq!(e.tasks[6].depends_on, vec![2, 3, 4, 5, 0, 1]);
+    assert_eq!(e.tasks[6].max_attempts, Some(3));
+    assert_eq!(e.tasks[6].timeout, Some(Duration::from_secs(300)));
+    // Inputs without output references are final, with their JSON types.
+    assert_eq!(e.tasks[0].input, json!({"server": "a", "size": 2}));
+    // Inputs with them wait for release.
+    assert_eq!(e.tasks[2].input, Value::Null);
+    assert!(e.tasks[2].step.input_template.is_some());
+    assert_eq!(
+        e.tasks[2].step.each,
+        Some(json!({"server": "a", "taskserv": "containerd"}))
+    );
+    assert_eq!(
+        e.vars,
+        json!({"servers": ["a", "b"], "taskservs": ["containerd", "k8s"], "cluster": "c1", "size": 2})
+    );
+    assert_eq!(e.step_order, ["server", "install", "join"]);
+}
+
+#[test]
+fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
+    let e = template(CLUSTER)
+        .expand(&vars(json!({"servers": ["a"], "cluster": "c"})), false)
+        .unwrap();
+    let names: Vec<&str> = e.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["create a", "join"]);
+    assert_eq!(e.tasks[1].depends_on, vec![0]);
+}
+
+#[test]
+fn per_step_vars_override_the_template_input() {
+    let e = template(CLUSTER)
+        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"size": 9, "zone": "z"}}})), false)
+        .unwrap();
+    assert_eq!(
+        e.tasks[0].input,
+        json!({"server": "a", "size": 9, "zone": "z"})
+    );
+}
+
+#[track_caller]
+fn check_invalid(text: &str, vars_value: Value, field: &str, mentions: &str) {
+    let result = Template::parse(text, false).and_then(|t| t.expand(&vars(vars_value), false));
+    match result {
+        Err(e) => {
+            assert_eq!(e.field, field, "{e}");
+            assert!(
+                e.message.contains(mentions),
+                "`{}` should mention `{mentions}`",
+                e.message
+            );
+        }
+        Ok(_) => panic!("expected {field} to be refused"),
+    }
+}
+
+fn one_step(step: &str) -> String {
+    format!(
+        "name: t\nref_name: t\nschema_version: 1\ninputs:\n  x: {{type: string, default: a}}\nsteps:\n{step}"
+    )
+}
+
+#[test]
+fn cycles_are_named() {
+    let text = "name: t\nref_name: t\nschema_version: 1\nsteps:\n\
+        - {ref_name: a, script: s.sh, depends_on: [c]}\n\
+        - {ref_name: b, script: s.sh, input: {v: '${a.output.v}'}}\n\
+        - {ref_name: c, script: s.sh, depends_on: [b]}\n";
+    check_invalid(text, json!({}), "steps.a.depends_on", "a -> c -> b -> a");
+}
+
+#[test]
+fn every_validation_error_names_the_step_and_field() {
+    let dup = "name: t\nref_name: t\nschema_version: 1\nsteps:\n- {ref_name: a, script: s.sh}\n- {ref_name: a, script: s.sh}\n";
+    check_invalid(dup, json!({}), "steps[1].ref_name", "used by another step");
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, depends_on: [zz]}"),
+        json!({}),
+        "steps.a.depends_on[0]",
+        "`zz`",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, depends_on: [a]}"),
+        json!({}),
+        "steps.a.depends_on[0]",
+        "itself",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, input: {v: '${zz.output.ip}'}}"),
+        json!({}),
+        "steps.a.input.v",
+        "`zz`",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, input: {v: '${workflow.input.nope}'}}"),
+        json!({}),
+        "steps.a.input.v",
+        "`nope`",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, input: {v: '${each.server}'}}"),
+        json!({}),
+        "steps.a.input.v",
+        "for_each",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, input: {v: '${bogus}'}}"),
+        json!({}),
+        "steps.a.input.v",
+        "bogus",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, timeout: 5y}"),
+        json!({}),
+        "steps.a.timeout",
+        "unit",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, sequential: k}"),
+        json!({}),
+        "steps.a.sequential",
+        "`k`",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, for_each: {k: '${workflow.input.x}'}}"),
+        json!({}),
+        "steps.a.for_each.k",
+        "must be a list",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh, scirpt: x}"),
+        json!({}),
+        "template",
+        "scirpt",
+    );
+    check_invalid(
+        &one_step("- {ref_name: 'a b', script: s.sh}"),
+        json!({}),
+        "steps[0].ref_name",
+        "a b",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh}"),
+        json!({"y": 1}),
+        "vars.y",
+        "no input `y`",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh}"),
+        json!({"x": 5}),
+        "vars.x",
+        "expected a string, got a number",
+    );
+    check_invalid(
+        &one_step("- {ref_name: a, script: s.sh}"),
+        json!({"steps": {"b": {}}}),
+        "vars.steps.b",
+        "no step",
+    );
+    let required = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  need: {type: string}\nsteps:\n- {ref_name: a, script: s.sh}\n";
+    check_invalid(required, json!({}), "vars.need", "missing required input");
+    let bad_default = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  n: {type: integer, default: x}\nsteps:\n- {ref_name: a, script: s.sh}\n";
+    check_invalid(bad_default, json!({}), "inputs.n.default", "integer");
+    check_invalid(
+        "name: t\nref_name: t\nschema_version: 1\nsteps: []\n",
+        json!({}),
+        "steps",
+        "at least one step",
+    );
+    check_invalid(
+        "name: t\nref_name: t\nschema_version: 0\nsteps: [{ref_name: a, script: s}]\n",
+        json!({}),
+        "schema_version",
+        "at least 1",
+    );
+}
+
+#[test]
+fn optional_null_inputs_are_allowed() {
+    let text = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  s: {type: string, default: null}\nsteps:\n- {ref_name: a, script: s.sh, input: {s: '${workflow.input.s}'}}\n";
+    let e = template(text).expand(&Map::new(), false).unwrap();
+    assert_eq!(e.tasks[0].input, json!({"s": null}));
+}
+
+#[test]
+fn json_templates_parse_too() {
+    let text = r#"{"name": "t", "ref_name": "t", "schema_version": 2, "steps": [{"ref_name": "a", "script": "s.sh", "input": {"c": "${workflow.check_mode}"}}]}"#;
+    let e = Template::parse(text, true)
+        .unwrap()
+        .expand(&Map::new(), true)
+        .unwrap();
+    assert_eq!(e.tasks[0].input, json!({"c": true}));
+}

@@ -1,0 +1,254 @@
+//! Dispatch: a free worker takes the next ready task, claims it (stores
+//! "running"), runs its script, and stores how the attempt ended.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
+use orchestrator_executor::{Job, Outcome};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Inner, lock};
+use crate::{Error, Result};
+
+/// Whether an update lost a compare-and-set race (then re-read and decide again).
+pub(crate) fn is_conflict(e: &orchestrator_storage::Error) -> bool {
+    matches!(e, orchestrator_storage::Error::Conflict { .. })
+}
+
+impl Inner {
+    pub(crate) async fn dispatch_loop(self: Arc<Self>) {
+        loop {
+            let permit = tokio::select! {
+                permit = self.workers.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+                () = self.stopping.cancelled() => return,
+            };
+            let id = loop {
+                let (next, next_due) = {
+                    let mut queue = lock(&self.queue);
+                    (queue.pop(Utc::now()), queue.next_due())
+                };
+                if let Some(id) = next {
+                    break id;
+                }
+                let sleep_for = next_due
+                    .map(|due| (due - Utc::now()).to_std().unwrap_or_default())
+                    .unwrap_or(Duration::from_secs(3600));
+                tokio::select! {
+                    () = self.queue_changed.notified() => {}
+                    () = tokio::time::sleep(sleep_for) => {}
+                    () = self.stopping.cancelled() => return,
+                }
+            };
+            tokio::spawn(self.clone().run_task(id, permit));
+        }
+    }
+
+    async fn run_task(self: Arc<Self>, id: TaskId, permit: OwnedSemaphorePermit) {
+        if let Err(e) = self.run_attempt(id).await {
+            tracing::error!(task = %id, error = %e, "task attempt could not be recorded");
+        }
+        drop(permit);
+    }
+
+    /// Takes a slot of the task's workflow if it has a `parallel_limit`;
+    /// otherwise parks the task until a slot frees up.
+    fn take_slot(&self, task: &Task) -> bool {
+        let mut slots = lock(&self.slots);
+        let Some(slots) = slots.get_mut(&task.workflow_id) else {
+            return true;
+        };
+        if slots.running < slots.limit {
+            slots.running += 1;
+            true
+        } else {
+            slots.deferred.push_back((task.id, task.priority));
+            false
+        }
+    }
+
+    fn release_slot(&self, workflow: WorkflowId) {
+        let next = {
+            let mut slots = lock(&self.slots);
+            let Some(slots) = slots.get_mut(&workflow) else {
+                return;
+            };
+            slots.running = slots.running.saturating_sub(1);
+            slots.deferred.pop_front()
+        };
+        if let Some((id, priority)) = next {
+            lock(&self.queue).push(id, priority);
+            self.queue_changed.notify_one();
+        }
+    }
+
+    async fn run_attempt(&self, id: TaskId) -> Result<()> {
+        let Some(task) = self.store.get_task(id).await? else {
+            return Ok(());
+        };
+        if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
+            // Cancelled (or otherwise moved on) while it sat in the queue.
+            return Ok(());
+        }
+        if !self.take_slot(&task) {
+            return Ok(());
+        }
+        let workflow = task.workflow_id;
+        let token = CancellationToken::new();
+        lock(&self.running).insert(id, token.clone());
+        let attempt = self.claim_and_execute(task, token).await;
+        lock(&self.running).remove(&id);
+        let result = match attempt {
+            Ok(Some((task, outcome))) => self.record_outcome(task, outcome).await,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.release_slot(workflow);
+        result
+    }
+
+    /// Persists "running" (the claim), then runs the script.
+    async fn claim_and_execute(
+        &self,
+        task: Task,
+        token: CancellationToken,
+    ) -> Result<Option<(Task, Outcome)>> {
+        let mut claim = task;
+        claim.start(Utc::now())?;
+        let task = match self.store.update_task(&claim).await {
+            Ok(task) => task,
+            Err(e) if is_conflict(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.mark_workflow_running(task.workflow_id).await?;
+        tracing::debug!(task = %task.id, attempt = task.attempts, script = %task.script, "attempt started");
+
+        let (logs, mut log_lines) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let store = self.store.clone();
+        let task_id = task.id;
+        let log_pump = tokio::spawn(async move {
+            while let Some(chunk) = log_lines.recv().await {
+                if let Err(e) = store.append_log(task_id, &chunk).await {
+                    tracing::warn!(task = %task_id, error = %e, "log append failed");
+                }
+            }
+        });
+        let job = Job {
+            script: &task.script,
+            input: &task.input,
+            task_id: task.id.to_string(),
+            workflow_id: task.workflow_id.to_string(),
+            attempt: task.attempts,
+            check_mode: task.check_mode,
+            timeout: task.timeout(),
+        };
+        let outcome = self.executor.run(job, logs, token).await;
+        // The log is complete before the final state is stored.
+        let _ = log_pump.await;
+        Ok(Some((task, outcome)))
+    }
+
+    /// A workflow's first claim moves it to running.
+    async fn mark_workflow_running(&self, id: WorkflowId) -> Result<()> {
+        loop {
+            let mut workflow = self.load_workflow(id).await?;
+            if !matches!(
+                workflow.status,
+                WorkflowStatus::Queued | WorkflowStatus::Scheduled
+            ) {
+                return Ok(());
+            }
+            let now = Utc::now();
+            workflow.status = WorkflowStatus::Running;
+            workflow.started_at.get_or_insert(now);
+            workflow.updated_at = now;
+            match self.store.update_workflow(&workflow, &[]).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Stores how the attempt ended, re-reading the task on conflicts (a
+    /// cancel request may have landed while the script ran).
+    async fn record_outcome(&self, task: Task, outcome: Outcome) -> Result<()> {
+        let id = task.id;
+        loop {
+            let mut task = self.store.get_task(id).await?.ok_or(Error::NotFound {
+                what: "task",
+                id: id.to_string(),
+            })?;
+            let now = Utc::now();
+            match &outcome {
+                Outcome::Succeeded { output } => task.complete(output.clone(), now)?,
+                Outcome::Cancelled if !task.cancel_requested => task.interrupt(
+                    format!(
+                        "interrupted: the service shut down during attempt {}",
+                        task.attempts
+                    ),
+                    now,
+                )?,
+                Outcome::Cancelled => task.finish_cancel(now)?,
+                Outcome::TimedOut { error } => {
+                    task.fail(error.clone(), None, &self.config.retry, rand::random(), now)?;
+                }
+                Outcome::Failed { exit_code, error } => {
+                    task.fail(
+                        error.clone(),
+                        *exit_code,
+                        &self.config.retry,
+                        rand::random(),
+                        now,
+                    )?;
+                }
+            }
+            let stored = match self.store.update_task(&task).await {
+                Ok(stored) => stored,
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            tracing::info!(task = %id, status = %stored.status, attempt = stored.attempts, "attempt ended");
+            match stored.status {
+                // Interrupted by shutdown: back in the queue for the next start.
+                TaskStatus::RetryWaiting | TaskStatus::Queued => self.enqueue(&stored),
+                _ => self.advance(stored.workflow_id).await?,
+            }
+            return Ok(());
+        }
+    }
+
+    pub(crate) async fn cancel_task(&self, id: TaskId) -> Result<Task> {
+        loop {
+            let mut task = self
+                .store
+                .get_task(id)
+                .await?
+                .ok_or_else(|| Error::NotFound {
+                    what: "task",
+                    id: id.to_string(),
+                })?;
+            let immediate = task
+                .request_cancel(Utc::now())
+                .map_err(|e| Error::Conflict(e.to_string()))?;
+            match self.store.update_task(&task).await {
+                Ok(stored) => {
+                    if immediate {
+                        self.advance(stored.workflow_id).await?;
+                    } else if let Some(token) = lock(&self.running).get(&id) {
+                        token.cancel();
+                    }
+                    tracing::info!(task = %id, immediate, "task cancel requested");
+                    return Ok(stored);
+                }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}

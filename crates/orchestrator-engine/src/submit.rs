@@ -1,0 +1,295 @@
+//! Submissions: a template plus inputs becomes a workflow and its tasks,
+//! stored in one atomic write. Idempotency keys and `meta.ref` revisions
+//! make resubmission safe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use orchestrator_core::template::{Expansion, Template};
+use orchestrator_core::{Priority, Task, TaskSpec, Workflow, WorkflowStatus};
+use orchestrator_storage::WorkflowQuery;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::engine::{Engine, WorkflowView};
+use crate::templates::check;
+use crate::{Error, Result};
+
+/// Which template a submission runs.
+#[derive(Debug, Clone)]
+pub enum TemplateSource {
+    /// A registered template; the newest `schema_version` unless given.
+    Named {
+        ref_name: String,
+        version: Option<u32>,
+    },
+    /// A template sent with the submission.
+    Inline(Box<Template>),
+}
+
+/// Caller-side labels of a workflow.
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
+    /// The caller's name for this piece of work; the same `reference` with
+    /// the same body is the same workflow, with another body a new revision.
+    pub reference: Option<String>,
+    pub trace_id: Option<String>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+}
+
+/// Everything a workflow submission says.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    pub template: TemplateSource,
+    /// Workflow inputs; `steps.<ref_name>` holds per-step input overrides.
+    pub vars: Map<String, Value>,
+    pub meta: Meta,
+    /// Start no step before this time.
+    pub start_at: Option<DateTime<Utc>>,
+    pub check_mode: bool,
+    pub priority: Priority,
+    /// Attempts per step where the template does not say.
+    pub max_attempts: Option<u32>,
+    /// Per-attempt timeout where the template does not say.
+    pub timeout: Option<Duration>,
+    /// Overrides the template's `parallel_limit`.
+    pub parallel_limit: Option<usize>,
+    pub idempotency_key: Option<String>,
+    /// The body as received: stored with the workflow, and digested to tell
+    /// a repeat from a change.
+    pub body: Value,
+}
+
+impl Engine {
+    fn template_for(&self, source: &TemplateSource) -> Result<Arc<Template>> {
+        match source {
+            TemplateSource::Named { ref_name, version } => {
+                let template = self.named_template(ref_name, *version)?;
+                // Scripts may have changed since the start (and built-ins are
+                // not checked then): check them for every submission.
+                check(&template, self.executor())
+                    .map_err(|e| Error::validation(e.field, e.message))?;
+                Ok(template)
+            }
+            TemplateSource::Inline(template) => {
+                check(template, self.executor())
+                    .map_err(|e| Error::validation(format!("template.{}", e.field), e.message))?;
+                Ok(Arc::new((**template).clone()))
+            }
+        }
+    }
+
+    fn named_template(&self, ref_name: &str, version: Option<u32>) -> Result<Arc<Template>> {
+        self.templates().get(ref_name, version).ok_or_else(|| {
+            let known: Vec<String> = self
+                .templates()
+                .all()
+                .map(|t| format!("{}@{}", t.ref_name, t.schema_version))
+                .collect();
+            let wanted = match version {
+                Some(v) => format!("{ref_name}@{v}"),
+                None => ref_name.to_owned(),
+            };
+            Error::validation(
+                "template",
+                format!("unknown template `{wanted}` (known: {})", known.join(", ")),
+            )
+        })
+    }
+
+    /// Full validation and the planned DAG, without storing or running anything.
+    pub async fn validate(&self, request: &SubmitRequest) -> Result<WorkflowView> {
+        let (workflow, tasks) = self.plan(request)?;
+        Ok(WorkflowView::new(workflow, tasks))
+    }
+
+    fn plan(&self, request: &SubmitRequest) -> Result<(Workflow, Vec<Task>)> {
+        if request.max_attempts == Some(0) {
+            return Err(Error::validation("max_attempts", "must be at least 1"));
+        }
+        if request.timeout == Some(Duration::ZERO) {
+            return Err(Error::validation("timeout_secs", "must be at least 1"));
+        }
+        if request.parallel_limit == Some(0) {
+            return Err(Error::validation("parallel_limit", "must be at least 1"));
+        }
+        let template = self.template_for(&request.template)?;
+        let Expansion {
+            vars,
+            tasks: planned,
+            ..
+        } = template
+            .expand(&request.vars, request.check_mode)
+            .map_err(|e| Error::validation(e.field, e.message))?;
+        let now = Utc::now();
+        let mut workflow = Workflow::new(
+            template.ref_name.clone(),
+            request
+                .meta
+                .name
+                .clone()
+                .unwrap_or_else(|| template.name.clone()),
+            now,
+        );
+        workflow.template_version = Some(template.schema_version);
+        workflow.description = request
+            .meta
+            .description
+            .clone()
+            .or_else(|| template.description.clone());
+        workflow.input = request.body.clone();
+        workflow.vars = vars;
+        workflow.check_mode = request.check_mode;
+        workflow.priority = request.priority;
+        workflow.on_failure = template.on_failure;
+        workflow.parallel_limit = request.parallel_limit.or(template.parallel_limit);
+        workflow.reference = request.meta.reference.clone();
+        workflow.trace_id = request.meta.trace_id.clone();
+        workflow.idempotency_key = request.idempotency_key.clone();
+        workflow.request_digest = Some(digest(&request.body));
+        workflow.start_at = request.start_at.filter(|at| *at > now);
+        if workflow.start_at.is_some() {
+            workflow.status = WorkflowStatus::Scheduled;
+        }
+        let config = self.config();
+        let mut tasks: Vec<Task> = Vec::with_capacity(planned.len());
+        for planned in planned {
+            let depends_on = planned.depends_on.iter().map(|&i| tasks[i].id).collect();
+            let spec = TaskSpec {
+                name: planned.name,
+                script: planned.script,
+                input: planned.input,
+                priority: request.priority,
+                max_attempts: planned
+                    .max_attempts
+                    .or(request.max_attempts)
+                    .unwrap_or(config.default_max_attempts),
+                timeout: planned
+                    .timeout
+                    .or(request.timeout)
+                    .unwrap_or(config.default_timeout),
+                check_mode: request.check_mode,
+                depends_on,
+                step: planned.step,
+            };
+            let mut task = Task::new(workflow.id, spec, now);
+            task.not_before = workflow.start_at;
+            tasks.push(task);
+        }
+        workflow.task_ids = tasks.iter().map(|t| t.id).collect();
+        Ok((workflow, tasks))
+    }
+
+    /// Validates and stores a workflow, then starts it. Returns the view and
+    /// whether it already existed (an idempotent repeat).
+    pub async fn submit(&self, request: SubmitRequest) -> Result<(WorkflowView, bool)> {
+        let inner = &self.inner;
+        if inner.stopping.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        let (mut workflow, tasks) = self.plan(&request)?;
+        loop {
+            if let Some(existing) = self.find_repeat(&mut workflow).await? {
+                return Ok((self.workflow(existing.id).await?, true));
+            }
+            match inner.store.insert_workflow(&workflow, &tasks).await {
+                Ok(()) => break,
+                // A concurrent twin got there first: look again.
+                Err(orchestrator_storage::Error::AlreadyExists {
+                    what: "idempotency key" | "workflow revision",
+                    ..
+                }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tracing::info!(workflow = %workflow.id, template = %workflow.kind, tasks = tasks.len(), "workflow submitted");
+        inner.register_limit(&workflow);
+        for task in tasks
+            .iter()
+            .filter(|t| t.status == orchestrator_core::TaskStatus::Queued)
+        {
+            inner.enqueue(task);
+        }
+        inner.advance(workflow.id).await?;
+        Ok((self.workflow(workflow.id).await?, false))
+    }
+
+    /// The workflow this submission repeats, if any; sets the revision of
+    /// `workflow` when its `reference` was seen with another body.
+    async fn find_repeat(&self, workflow: &mut Workflow) -> Result<Option<Workflow>> {
+        let store = &self.inner.store;
+        if let Some(key) = &workflow.idempotency_key {
+            let query = WorkflowQuery {
+                idempotency_key: Some(key.clone()),
+                limit: 1,
+                ..Default::default()
+            };
+            if let Some(existing) = store.list_workflows(&query).await?.items.pop() {
+                if existing.request_digest != workflow.request_digest {
+                    return Err(Error::Conflict(format!(
+                        "Idempotency-Key `{key}` was already used for a different request (workflow {})",
+                        existing.id
+                    )));
+                }
+                return Ok(Some(existing));
+            }
+        }
+        if let Some(reference) = &workflow.reference {
+            let query = WorkflowQuery {
+                reference: Some(reference.clone()),
+                limit: 1,
+                ..Default::default()
+            };
+            if let Some(latest) = store.list_workflows(&query).await?.items.pop() {
+                if latest.request_digest == workflow.request_digest {
+                    return Ok(Some(latest));
+                }
+                workflow.revision = latest.revision + 1;
+                workflow.previous_revision = Some(latest.id);
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Hex SHA-256 of the body's canonical text, so that key order and
+/// whitespace do not make a repeat look like a change.
+fn digest(body: &Value) -> String {
+    fn canonical(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, key) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(key.clone()).to_string());
+                    out.push(':');
+                    canonical(&map[key], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut text = String::new();
+    canonical(body, &mut text);
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
