@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::fixture_scripts;
+use crate::harness::{fixture_scripts, fixture_templates};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
@@ -33,6 +33,8 @@ impl Daemon {
             .arg(data_dir)
             .arg("--scripts-dir")
             .arg(fixture_scripts())
+            .arg("--templates-dir")
+            .arg(fixture_templates())
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -295,4 +297,134 @@ fn startup_errors_exit_non_zero_with_a_clear_message() {
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot reach the orchestrator"));
+}
+
+#[test]
+fn workflow_commands_submit_follow_render_and_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&dir.path().join("data"), &[]);
+    let submitted = daemon.cli(&[
+        "workflow",
+        "submit",
+        "chain",
+        "-i",
+        "sleep=0.1",
+        "--ref",
+        "cli-1",
+        "--wait",
+    ]);
+    let stdout = String::from_utf8_lossy(&submitted.stdout);
+    let stderr = String::from_utf8_lossy(&submitted.stderr);
+    assert!(submitted.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[completed]"), "{stdout}");
+    assert!(stderr.contains("completed"), "progress lines: {stderr}");
+
+    let list = daemon.cli_json(&["workflow", "list", "--ref", "cli-1", "--json"]);
+    assert_eq!(list["total"], 1);
+    let id = list["workflows"][0]["id"].as_str().unwrap().to_owned();
+    let status = daemon.cli(&["workflow", "status", &id]);
+    let rendered = String::from_utf8_lossy(&status.stdout);
+    // Four steps, dependents indented under what they wait for.
+    assert!(rendered.contains("✔ a "), "{rendered}");
+    assert!(rendered.contains("\n  ✔ b "), "{rendered}");
+    assert!(rendered.contains("\n    ✔ c "), "{rendered}");
+    assert!(rendered.contains("← b"), "{rendered}");
+
+    // A failing run exits non-zero; retry then reports the rerun.
+    let gate = dir.path().join("gate");
+    let failed = daemon.cli(&[
+        "workflow",
+        "submit",
+        "chain",
+        "-i",
+        &format!("gate={}", gate.display()),
+        "--wait",
+    ]);
+    assert!(!failed.status.success());
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("ended failed"));
+    let failed_id = daemon.cli_json(&["workflow", "list", "--status", "failed", "--json"])["workflows"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::write(&gate, "").unwrap();
+    assert!(
+        daemon
+            .cli(&["workflow", "retry", &failed_id])
+            .status
+            .success()
+    );
+    for _ in 0..200 {
+        if daemon.cli_json(&["workflow", "status", &failed_id, "--json"])["status"] == "completed" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        daemon.cli_json(&["workflow", "status", &failed_id, "--json"])["status"],
+        "completed"
+    );
+
+    let unknown = daemon.cli(&["workflow", "submit", "no-such-template"]);
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("unknown template `no-such-template`")
+    );
+    let bad_input = daemon.cli(&["workflow", "submit", "chain", "-i", "novalue"]);
+    assert!(String::from_utf8_lossy(&bad_input.stderr).contains("expected KEY=VALUE"));
+
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success());
+}
+
+#[test]
+fn template_validate_checks_a_file_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = fixture_templates().join("chain.yaml");
+    let scripts = fixture_scripts();
+    let output = Command::new(BIN)
+        .args(["template", "validate"])
+        .arg(&good)
+        .arg("--scripts-dir")
+        .arg(&scripts)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("chain@1 is valid (4 steps)"));
+
+    let cases = [
+        (
+            "steps:\n- {ref_name: a, script: dag/step.py, depends_on: [b]}\n- {ref_name: b, script: dag/step.py, depends_on: [a]}\n",
+            "a -> b -> a",
+        ),
+        (
+            "steps:\n- {ref_name: a, script: dag/nope.py}\n",
+            "steps.a.script",
+        ),
+        (
+            "steps:\n- {ref_name: a, script: dag/step.py, input: {x: '${b.output}'}}\n",
+            "steps.a.input.x",
+        ),
+    ];
+    for (steps, expected) in cases {
+        let file = dir.path().join("t.yaml");
+        std::fs::write(
+            &file,
+            format!("name: t\nref_name: t\nschema_version: 1\n{steps}"),
+        )
+        .unwrap();
+        let output = Command::new(BIN)
+            .args(["template", "validate"])
+            .arg(&file)
+            .arg("--scripts-dir")
+            .arg(&scripts)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{steps}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+    }
 }
