@@ -53,6 +53,24 @@ pub enum Error {
     Poisoned(String),
     #[error("storage is closed")]
     Closed,
+    /// The database cannot be reached right now (a server that went away,
+    /// a request that timed out). The write may or may not have happened;
+    /// the caller re-reads before deciding again.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// The database refused a request for a reason other than the ones
+    /// above (a malformed record, a permission, an internal error).
+    #[error("database error while trying to {context}: {message}")]
+    Database { context: String, message: String },
+    /// The schema cannot be brought to what this build needs: a changed or
+    /// dirty migration, a newer schema, a held lock. The message says what
+    /// to do.
+    #[error("{0}")]
+    Schema(String),
+    /// A setting is unusable (an empty URL, an unknown engine); the message
+    /// names the setting and the value.
+    #[error("{0}")]
+    Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,12 +7,16 @@
 
 mod error;
 pub mod fs;
+pub mod schema;
+#[cfg(feature = "surrealdb")]
+pub mod surreal;
 
 use std::fmt;
 use std::ops::Deref;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
@@ -66,6 +70,11 @@ pub trait Backend: Send + Sync {
 
     /// Reads up to `max_bytes` of a task's log from `offset`.
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk>;
+
+    /// Whether the backend can serve reads and writes right now: `Ok` when
+    /// it can, otherwise the reason (closed, poisoned by a failed write, a
+    /// database server that does not answer).
+    async fn health(&self) -> Result<()>;
 
     /// Flushes and releases the backend. Later calls fail.
     async fn close(&self) -> Result<()>;
@@ -162,6 +171,24 @@ impl StorageType {
             StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Some("surrealdb"),
         }
     }
+
+    /// Whether this build can open the backend.
+    pub fn is_compiled_in(self) -> bool {
+        match self {
+            StorageType::Filesystem => true,
+            StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => {
+                cfg!(feature = "surrealdb")
+            }
+        }
+    }
+
+    #[cfg(not(feature = "surrealdb"))]
+    fn not_compiled(self) -> Error {
+        Error::BackendNotCompiled {
+            backend: self.as_str(),
+            feature: self.cargo_feature().unwrap_or("?"),
+        }
+    }
 }
 
 impl fmt::Display for StorageType {
@@ -188,19 +215,143 @@ impl FromStr for StorageType {
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
     pub storage_type: StorageType,
+    /// The filesystem backend's directory, and where embedded SurrealDB
+    /// keeps its files (`<data-dir>/surrealdb`).
     pub data_dir: PathBuf,
+    /// Used by the two SurrealDB backends only.
+    pub surrealdb: SurrealdbConfig,
+}
+
+/// How to reach SurrealDB. The defaults suit a local `make surreal` server.
+#[derive(Debug, Clone)]
+pub struct SurrealdbConfig {
+    /// `ws://host:port` (or `wss://`) of a SurrealDB server.
+    pub url: String,
+    pub username: String,
+    pub password: Secret,
+    pub namespace: String,
+    pub database: String,
+    /// The embedded key-value engine.
+    pub engine: EmbeddedEngine,
+    /// How long connecting and signing in may take before start-up fails.
+    pub connect_timeout: Duration,
+    /// How long one storage call may wait for the database before it fails
+    /// with [`Error::Unavailable`]; a dropped server must not hang workers.
+    pub request_timeout: Duration,
+}
+
+impl Default for SurrealdbConfig {
+    fn default() -> Self {
+        SurrealdbConfig {
+            url: "ws://127.0.0.1:8000".into(),
+            username: "root".into(),
+            password: Secret::new("root"),
+            namespace: "orchestrator".into(),
+            database: "orchestrator".into(),
+            engine: EmbeddedEngine::SurrealKv,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A password. Its `Debug` prints `***` and it has no `Display`, so it
+/// cannot reach a log line or an error message by accident.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The password itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// The key-value engine under embedded SurrealDB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmbeddedEngine {
+    /// SurrealKV: pure Rust, compiled with the `surrealdb` feature.
+    #[default]
+    SurrealKv,
+    /// RocksDB: C++, compiled with the `surrealdb-rocksdb` feature.
+    RocksDb,
+}
+
+impl EmbeddedEngine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmbeddedEngine::SurrealKv => "surrealkv",
+            EmbeddedEngine::RocksDb => "rocksdb",
+        }
+    }
+
+    /// The subdirectory of the data dir that holds this engine's files.
+    /// Each engine has its own, so switching engines never misreads files.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            EmbeddedEngine::SurrealKv => "surrealdb",
+            EmbeddedEngine::RocksDb => "surrealdb-rocksdb",
+        }
+    }
+}
+
+impl fmt::Display for EmbeddedEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for EmbeddedEngine {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "surrealkv" => Ok(EmbeddedEngine::SurrealKv),
+            "rocksdb" => Ok(EmbeddedEngine::RocksDb),
+            _ => Err(format!(
+                "unknown embedded engine `{s}` (expected surrealkv or rocksdb)"
+            )),
+        }
+    }
 }
 
 /// Opens the configured backend, or explains which cargo feature is missing.
+/// A SurrealDB backend brings its schema up to date first (see
+/// [`schema`]), and refuses to open if it cannot.
 pub async fn open(config: &StorageConfig) -> Result<Storage> {
     match config.storage_type {
         StorageType::Filesystem => {
             let backend = fs::FsBackend::open(&config.data_dir, fs::FsOptions::default()).await?;
             Ok(Storage::new(backend))
         }
-        other => Err(Error::BackendNotCompiled {
-            backend: other.as_str(),
-            feature: other.cargo_feature().unwrap_or("?"),
-        }),
+        #[cfg(feature = "surrealdb")]
+        StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => {
+            Ok(Storage::new(surreal::SurrealBackend::open(config).await?))
+        }
+        #[cfg(not(feature = "surrealdb"))]
+        other => Err(other.not_compiled()),
+    }
+}
+
+/// What the store's schema looks like against this build, without changing
+/// anything: `orchestrator db status`.
+pub async fn schema_status(config: &StorageConfig) -> Result<schema::SchemaStatus> {
+    match config.storage_type {
+        StorageType::Filesystem => fs::layout_status(&config.data_dir),
+        #[cfg(feature = "surrealdb")]
+        StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => {
+            surreal::schema_status(config).await
+        }
+        #[cfg(not(feature = "surrealdb"))]
+        other => Err(other.not_compiled()),
     }
 }

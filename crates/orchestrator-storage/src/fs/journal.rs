@@ -107,6 +107,20 @@ impl JournalWriter {
         Ok(())
     }
 
+    /// Usable, and not shut down: what `health` reports.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        self.check_usable()?;
+        match self
+            .sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(_) => Ok(()),
+            None => Err(Error::Closed),
+        }
+    }
+
     fn send(&self, make: impl FnOnce(Done) -> Command) -> Result<Pending> {
         self.check_usable()?;
         let (done, receiver) = oneshot::channel();

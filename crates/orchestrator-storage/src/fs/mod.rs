@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
+use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Backend, Error, LogChunk, Page, Result, TaskQuery, WorkflowQuery};
 
 /// The on-disk layout this build reads and writes.
@@ -232,6 +233,53 @@ fn check_layout(dir: &Path) -> Result<()> {
         }
         Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
     }
+}
+
+/// The data dir's layout against this build, read without the lock and
+/// without changing anything: `orchestrator db status`.
+pub(crate) fn layout_status(dir: &Path) -> Result<SchemaStatus> {
+    let path = dir.join(LAYOUT_FILE);
+    let on_disk = match std::fs::read(&path) {
+        Ok(bytes) => {
+            let layout: Layout = serde_json::from_slice(&bytes).map_err(|e| {
+                Error::Layout(format!(
+                    "{} is not a valid layout file: {e}",
+                    path.display()
+                ))
+            })?;
+            layout.layout_version
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
+                return Err(Error::Layout(format!(
+                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
+                    dir.display()
+                )));
+            }
+            0
+        }
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    let entries = (1..=on_disk.max(LAYOUT_VERSION))
+        .map(|version| SchemaEntry {
+            version,
+            name: format!("layout version {version}"),
+            state: if version > LAYOUT_VERSION {
+                EntryState::Unknown
+            } else if version <= on_disk {
+                EntryState::Applied
+            } else {
+                EntryState::Pending
+            },
+            checksum: None,
+            applied_at: None,
+        })
+        .collect();
+    Ok(SchemaStatus {
+        backend: "filesystem",
+        location: dir.display().to_string(),
+        entries,
+    })
 }
 
 #[derive(PartialEq)]
@@ -449,6 +497,10 @@ impl Backend for FsBackend {
             next_offset: offset + data.len() as u64,
             data,
         })
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.journal.check_open()
     }
 
     async fn close(&self) -> Result<()> {

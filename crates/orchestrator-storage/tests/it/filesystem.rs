@@ -6,7 +6,7 @@ use std::io::Write;
 use chrono::Utc;
 use orchestrator_core::TaskStatus;
 use orchestrator_storage::fs::{FsBackend, FsOptions};
-use orchestrator_storage::{Error, Storage, StorageConfig, StorageType, TaskQuery};
+use orchestrator_storage::{Error, Storage, TaskQuery};
 use serde_json::json;
 
 use crate::conformance::{self, Harness, workflow_with_tasks};
@@ -185,12 +185,17 @@ async fn a_newer_layout_is_refused_clearly() {
     assert!(message.contains("layout version 99"), "{message}");
 }
 
+// With the `surrealdb` feature these backends are compiled in; the
+// SurrealDB tests check the RocksDB engine's feature message instead.
+#[cfg(not(feature = "surrealdb"))]
 #[tokio::test]
 async fn backends_not_compiled_in_name_the_feature() {
+    use orchestrator_storage::{StorageConfig, StorageType};
     for storage_type in [StorageType::SurrealdbEmbedded, StorageType::SurrealdbServer] {
         let config = StorageConfig {
             storage_type,
             data_dir: tempfile::tempdir().unwrap().path().to_path_buf(),
+            surrealdb: Default::default(),
         };
         let err = orchestrator_storage::open(&config)
             .await
