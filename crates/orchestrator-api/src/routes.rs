@@ -29,6 +29,10 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/tasks/{id}", get(get_task))
         .route("/tasks/{id}/logs", get(task_logs))
         .route("/tasks/{id}/cancel", post(cancel_task))
+        .route(
+            "/tasks/{id}/checkpoint",
+            get(get_checkpoint).put(save_checkpoint),
+        )
         .route("/workflows", get(list_workflows).post(submit_workflow))
         .route("/workflows/validate", post(validate_workflow))
         .route("/workflows/{id}", get(get_workflow))
@@ -55,16 +59,28 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
     )
 }
 
-async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+/// 200 while storage answers; 503 with the reason while it does not (a
+/// SurrealDB server that went away, a poisoned journal), so a load balancer
+/// or orchestrator of orchestrators stops sending work here.
+async fn health(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
     let (queued, running) = state.engine.load();
-    Json(json!({
+    let mut body = json!({
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
         "storage": state.engine.store().name(),
         "workers": state.engine.config().workers,
         "queued": queued,
         "running": running,
-    }))
+    });
+    match state.engine.store().health().await {
+        Ok(()) => (StatusCode::OK, Json(body)),
+        Err(e) => {
+            tracing::warn!(error = %e, "health check: storage is unhealthy");
+            body["status"] = "unhealthy".into();
+            body["reason"] = e.to_string().into();
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+        }
+    }
 }
 
 fn parse_task_id(raw: &str) -> Result<TaskId, ApiError> {
@@ -197,6 +213,29 @@ async fn cancel_task(
     Ok(Json(state.engine.cancel_task(parse_task_id(&id)?).await?))
 }
 
+async fn get_checkpoint(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    Ok(Json(
+        state.engine.task(parse_task_id(&id)?).await?.checkpoint,
+    ))
+}
+
+/// Merges the body's keys into a running task's checkpoint. Answers once
+/// the checkpoint is durable, so a script may act on it right away.
+async fn save_checkpoint(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(entries): JsonBody<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    let task = state
+        .engine
+        .save_checkpoint(parse_task_id(&id)?, entries)
+        .await?;
+    Ok(Json(task.checkpoint))
+}
+
 #[derive(Deserialize)]
 struct WorkflowListParams {
     status: Option<String>,
@@ -322,11 +361,31 @@ struct WorkflowSubmission {
     wait_timeout_secs: Option<u64>,
 }
 
+/// A template's `ref_name`, or a whole template object. Kept as JSON until
+/// it is read, so that a bad inline template gets a message with its path.
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum TemplateField {
-    Named(String),
-    Inline(Box<orchestrator_core::template::Template>),
+#[serde(transparent)]
+struct TemplateField(serde_json::Value);
+
+impl TemplateField {
+    fn source(self, version: Option<u32>) -> Result<TemplateSource, ApiError> {
+        match self.0 {
+            serde_json::Value::String(ref_name) => Ok(TemplateSource::Named { ref_name, version }),
+            inline @ serde_json::Value::Object(_) => {
+                let template: orchestrator_core::template::Template =
+                    crate::extract::from_value(inline).map_err(|mut e| {
+                        e.message = format!("template.{}", e.message);
+                        e
+                    })?;
+                Ok(TemplateSource::Inline(Box::new(template)))
+            }
+            _ => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                "template: expected a template ref_name or a template object",
+            )),
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -353,15 +412,9 @@ impl WorkflowSubmission {
         self,
         body: serde_json::Value,
         idempotency_key: Option<String>,
-    ) -> SubmitRequest {
-        let template = match self.template {
-            TemplateField::Named(ref_name) => TemplateSource::Named {
-                ref_name,
-                version: self.version,
-            },
-            TemplateField::Inline(template) => TemplateSource::Inline(template),
-        };
-        SubmitRequest {
+    ) -> Result<SubmitRequest, ApiError> {
+        let template = self.template.source(self.version)?;
+        Ok(SubmitRequest {
             template,
             vars: self.vars,
             meta: Meta {
@@ -381,7 +434,7 @@ impl WorkflowSubmission {
             parallel_limit: self.parallel_limit,
             idempotency_key,
             body,
-        }
+        })
     }
 }
 
@@ -407,7 +460,7 @@ async fn submit_workflow(
 ) -> Result<Response, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
     let wait = wait_limit(submission.wait, submission.wait_timeout_secs);
-    let request = submission.into_request(body, idempotency_key(&headers)?);
+    let request = submission.into_request(body, idempotency_key(&headers)?)?;
     submit(&state.engine, request, wait).await
 }
 
@@ -418,7 +471,7 @@ async fn validate_workflow(
     let submission: WorkflowSubmission = parse_body(&body)?;
     let view = state
         .engine
-        .validate(&submission.into_request(body, None))
+        .validate(&submission.into_request(body, None)?)
         .await?;
     Ok(Json(json!({"valid": true, "workflow": view})))
 }

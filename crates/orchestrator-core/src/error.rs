@@ -14,6 +14,8 @@ pub enum Error {
     },
     #[error("task {id} already finished as {status}")]
     AlreadyFinished { id: TaskId, status: TaskStatus },
+    #[error("task {id} is {status}; only a running task can save a checkpoint")]
+    NotRunning { id: TaskId, status: TaskStatus },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::{Error, Result, RetryPolicy, TaskId, WorkflowId};
 
@@ -284,6 +284,11 @@ pub struct Task {
     pub error: Option<String>,
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// Key/value state the script saved while it ran (e.g. the id of an
+    /// external job it launched). Kept across attempts and handed to the
+    /// next one, so a re-run can resume instead of repeating a side effect.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub checkpoint: Map<String, Value>,
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
@@ -331,8 +336,28 @@ impl Task {
             output: None,
             error: None,
             exit_code: None,
+            checkpoint: Map::new(),
             version: 0,
         }
+    }
+
+    /// Merges entries into the checkpoint. Only the running attempt may
+    /// checkpoint: a finished or waiting task refuses, so a stray writer
+    /// can not plant state for a later attempt.
+    pub fn save_checkpoint(
+        &mut self,
+        entries: Map<String, Value>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        if self.status != TaskStatus::Running {
+            return Err(Error::NotRunning {
+                id: self.id,
+                status: self.status,
+            });
+        }
+        self.checkpoint.extend(entries);
+        self.updated_at = now;
+        Ok(())
     }
 
     pub fn timeout(&self) -> Duration {
@@ -504,6 +529,19 @@ impl Task {
                 to: TaskStatus::Pending,
             });
         }
+        self.rerun_even_if_completed(now)
+    }
+
+    /// [`Task::rerun`] for a completed step too: one whose effect a
+    /// rollback undid. Still only from a terminal status.
+    pub fn rerun_even_if_completed(&mut self, now: DateTime<Utc>) -> Result<()> {
+        if !self.status.is_terminal() {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: TaskStatus::Pending,
+            });
+        }
         self.status = TaskStatus::Pending;
         self.attempts = 0;
         self.reruns += 1;
@@ -518,6 +556,9 @@ impl Task {
         if self.step.input_template.is_some() {
             self.input = Value::Null;
         }
+        // A workflow retry is a fresh start: the next run must not resume
+        // an external job that the failed run may have left half done.
+        self.checkpoint.clear();
         Ok(())
     }
 

@@ -48,6 +48,72 @@ pub struct InputSpec {
     pub default: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// `name`: the value (or every string of a list value) must be a safe
+    /// name: 1-63 letters, digits, `.`, `_` or `-`, starting with a letter
+    /// or digit. For inputs that scripts turn into paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<InputFormat>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputFormat {
+    Name,
+}
+
+/// Whether a string is a safe name (see [`InputFormat::Name`]).
+pub fn is_safe_name(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && value.as_bytes()[0].is_ascii_alphanumeric()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn check_format(
+    field: &str,
+    format: Option<InputFormat>,
+    value: &Value,
+) -> Result<(), TemplateError> {
+    let Some(InputFormat::Name) = format else {
+        return Ok(());
+    };
+    let bad = |at: String, v: &Value| {
+        err(
+            at,
+            format!(
+                "{v} is not a valid name (1-63 letters, digits, `.`, `_` or `-`, starting with a letter or digit)"
+            ),
+        )
+    };
+    match value {
+        Value::String(s) if is_safe_name(s) => Ok(()),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                match item {
+                    Value::String(s) if is_safe_name(s) => {}
+                    other => return Err(bad(format!("{field}[{i}]"), other)),
+                }
+            }
+            Ok(())
+        }
+        Value::Null => Ok(()),
+        other => Err(bad(field.to_owned(), other)),
+    }
+}
+
+/// Makes user data literal: every `${` becomes `$${`, which resolves back
+/// to `${` without being read as a reference.
+fn literal(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.replace("${", "$${")),
+        Value::Array(items) => Value::Array(items.iter().map(literal).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), literal(v))).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 /// Tells `default: null` (optional, null) from no `default` (required).
@@ -436,6 +502,7 @@ impl Template {
                 }
             };
             let null_allowed = value.is_null() && spec.default.as_ref().is_some_and(Value::is_null);
+            check_format(&format!("vars.{key}"), spec.format, &value)?;
             if !null_allowed && !spec.kind.accepts(&value) {
                 return Err(err(
                     format!("vars.{key}"),
@@ -493,7 +560,9 @@ impl Template {
             let combos = for_each_combinations(step, &base_scope, &at)?;
             let mut input = step.input.clone();
             if let Some(Value::Object(extra)) = per_step.get(ref_name) {
-                input.extend(extra.clone());
+                // Per-step inputs are data, not template text: they can not
+                // add references (or dependencies).
+                input.extend(extra.iter().map(|(k, v)| (k.clone(), literal(v))));
             }
             let input = Value::Object(input);
             let needs_outputs = references_in(&input, "")

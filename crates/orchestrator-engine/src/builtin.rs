@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::{Error, Meta, Result, SubmitRequest, TemplateSource};
 use orchestrator_core::Priority;
+use orchestrator_core::template::is_safe_name;
 
 /// Which built-in endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,13 +66,7 @@ pub struct BuiltinRequest {
 /// Names of infras, servers, taskservs and clusters become directory names
 /// in scripts, so they are held to a safe, portable alphabet.
 fn check_name(field: &str, value: &str) -> Result<()> {
-    let valid = !value.is_empty()
-        && value.len() <= 63
-        && value.as_bytes()[0].is_ascii_alphanumeric()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if valid {
+    if is_safe_name(value) {
         Ok(())
     } else {
         Err(Error::validation(

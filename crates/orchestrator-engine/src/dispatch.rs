@@ -146,6 +146,7 @@ impl Inner {
             attempt: task.attempts,
             check_mode: task.check_mode,
             timeout: task.timeout(),
+            checkpoint: &task.checkpoint,
         };
         let outcome = self.executor.run(job, logs, token).await;
         // The log is complete before the final state is stored.
@@ -220,6 +221,30 @@ impl Inner {
                 _ => self.advance(stored.workflow_id).await?,
             }
             return Ok(());
+        }
+    }
+
+    /// Merges entries into a running task's checkpoint; returns once durable.
+    pub(crate) async fn save_checkpoint(
+        &self,
+        id: TaskId,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Task> {
+        loop {
+            let mut task = self
+                .store
+                .get_task(id)
+                .await?
+                .ok_or_else(|| Error::NotFound {
+                    what: "task",
+                    id: id.to_string(),
+                })?;
+            task.save_checkpoint(entries.clone(), Utc::now())?;
+            match self.store.update_task(&task).await {
+                Ok(stored) => return Ok(stored),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

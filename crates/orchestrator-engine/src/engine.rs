@@ -240,6 +240,15 @@ impl Engine {
         self.inner.cancel_task(id).await
     }
 
+    /// Saves checkpoint entries of a running task, durably.
+    pub async fn save_checkpoint(
+        &self,
+        id: TaskId,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Task> {
+        self.inner.save_checkpoint(id, entries).await
+    }
+
     /// Waits until the workflow has finished or `limit` passes. Returns
     /// whether it finished.
     pub async fn wait_for_workflow(&self, id: WorkflowId, limit: Duration) -> Result<bool> {

@@ -178,6 +178,15 @@ fn resolve_input(
         }
     }
     let mut outputs = HashMap::new();
+    // A step it reads from but does not depend on ran no instance at all
+    // (a for_each over an empty list): its outputs are an empty list.
+    for (_, reference) in orchestrator_core::refs::references_in(template, "").unwrap_or_default() {
+        if let orchestrator_core::refs::Root::StepOutput(step) = reference.root
+            && !grouped.contains_key(&step)
+        {
+            outputs.insert(step, StepOutputs::Many(Vec::new()));
+        }
+    }
     for (step, deps) in grouped {
         let output = |t: &Task| t.output.clone().unwrap_or(Value::Null);
         // One instance seen from an instance that shares all its for_each
@@ -291,9 +300,19 @@ impl Engine {
                 }
             })?;
         inner.register_limit(&workflow);
-        for mut task in inner.store.workflow_tasks(id).await? {
-            if task.step.rollback_of.is_none() && task.reruns_on_retry() {
-                task.rerun(now)?;
+        let tasks = inner.store.workflow_tasks(id).await?;
+        // Steps a rollback undid must run again too, or later steps would
+        // read outputs describing what no longer exists.
+        let undone: std::collections::HashSet<TaskId> = tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Completed)
+            .filter_map(|t| t.step.rollback_of)
+            .collect();
+        for mut task in tasks {
+            if task.step.rollback_of.is_none()
+                && (task.reruns_on_retry() || undone.contains(&task.id))
+            {
+                task.rerun_even_if_completed(now)?;
                 inner.store.update_task(&task).await?;
             }
         }

@@ -109,6 +109,12 @@ impl Engine {
         if request.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
+        if let Some(max) = request.max_attempts.filter(|&n| n > 100) {
+            return Err(Error::validation(
+                "max_attempts",
+                format!("{max} is more than the limit of 100"),
+            ));
+        }
         if request.timeout == Some(Duration::ZERO) {
             return Err(Error::validation("timeout_secs", "must be at least 1"));
         }
@@ -176,6 +182,11 @@ impl Engine {
             };
             let mut task = Task::new(workflow.id, spec, now);
             task.not_before = workflow.start_at;
+            if task.step.input_template.is_some() {
+                // Its input is resolved at release, even when the steps it
+                // reads from have no instances (then it reads `[]`).
+                task.status = orchestrator_core::TaskStatus::Pending;
+            }
             tasks.push(task);
         }
         workflow.task_ids = tasks.iter().map(|t| t.id).collect();
@@ -255,8 +266,15 @@ impl Engine {
 }
 
 /// Hex SHA-256 of the body's canonical text, so that key order and
-/// whitespace do not make a repeat look like a change.
+/// whitespace do not make a repeat look like a change. How long the caller
+/// waits for the answer is not part of what it asks for.
 fn digest(body: &Value) -> String {
+    let mut body = body.clone();
+    if let Value::Object(map) = &mut body {
+        map.remove("wait");
+        map.remove("wait_timeout_secs");
+    }
+    let body = &body;
     fn canonical(value: &Value, out: &mut String) {
         match value {
             Value::Object(map) => {

@@ -70,6 +70,10 @@ impl Templates {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::validation(&name, format!("cannot read: {e}")))?;
+            if BUILT_IN.iter().any(|(_, builtin)| *builtin == text) {
+                // The shipped copy of a built-in: already loaded.
+                continue;
+            }
             let is_json = path.extension().is_some_and(|e| e == "json");
             let template = Template::parse(&text, is_json).map_err(|e| file_error(&name, e))?;
             templates

@@ -31,6 +31,9 @@ pub struct ExecutorConfig {
     /// Interpreter per file extension, overriding the built-in `nu`,
     /// `bash` and `python3` (for example a `nu` outside `PATH`).
     pub interpreters: HashMap<String, PathBuf>,
+    /// Base URL of the service's API, passed to scripts as `ORCHESTRATOR_URL`
+    /// so that they can save checkpoints (`orchestrator checkpoint set`).
+    pub service_url: Option<String>,
 }
 
 /// Runs scripts. Cheap to share: it holds configuration only.

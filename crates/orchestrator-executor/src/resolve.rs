@@ -117,6 +117,7 @@ mod tests {
             data_dir: scripts.to_path_buf(),
             kill_grace: Duration::from_secs(1),
             interpreters: HashMap::new(),
+            service_url: None,
         })
         .unwrap()
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc::UnboundedSender;
@@ -30,6 +30,8 @@ pub struct Job<'a> {
     pub attempt: u32,
     pub check_mode: bool,
     pub timeout: Duration,
+    /// What earlier attempts saved; empty on a first attempt.
+    pub checkpoint: &'a Map<String, Value>,
 }
 
 /// How an attempt ended.
@@ -112,6 +114,10 @@ impl ScriptExecutor {
             .env("ORCHESTRATOR_RESULT_FILE", &result_file)
             .env("ORCHESTRATOR_DATA_DIR", &self.config.data_dir)
             .env("ORCHESTRATOR_SCRIPTS_DIR", &self.config.scripts_dir)
+            .env(
+                "ORCHESTRATOR_CHECKPOINT",
+                Value::Object(job.checkpoint.clone()).to_string(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -120,6 +126,9 @@ impl ScriptExecutor {
             .process_group(0)
             .kill_on_drop(true);
 
+        if let Some(url) = &self.config.service_url {
+            command.env("ORCHESTRATOR_URL", url);
+        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
@@ -135,7 +144,7 @@ impl ScriptExecutor {
         };
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
 
-        let input = serde_json::to_vec(job.input).unwrap_or_else(|_| b"null".to_vec());
+        let input = stdin_document(job.input, job.checkpoint);
         if let Some(mut stdin) = child.stdin.take() {
             // A script that ignores stdin may exit before reading it all;
             // the broken pipe that follows is not an error.
@@ -244,6 +253,21 @@ impl ScriptExecutor {
             let _ = child.wait().await;
         }
     }
+}
+
+/// The input as the script reads it: an object input also carries the
+/// checkpoint under `checkpoint`, unless it has a field of that name itself
+/// (the checkpoint is in `ORCHESTRATOR_CHECKPOINT` either way).
+fn stdin_document(input: &Value, checkpoint: &Map<String, Value>) -> Vec<u8> {
+    match input {
+        Value::Object(fields) if !fields.contains_key("checkpoint") => {
+            let mut fields = fields.clone();
+            fields.insert("checkpoint".into(), Value::Object(checkpoint.clone()));
+            serde_json::to_vec(&Value::Object(fields))
+        }
+        other => serde_json::to_vec(other),
+    }
+    .unwrap_or_else(|_| b"null".to_vec())
 }
 
 fn failed_to_start(error: String) -> Outcome {

@@ -261,6 +261,7 @@ pub async fn template(client: &ClientArgs, command: TemplateCommand) -> anyhow::
                     data_dir: std::env::temp_dir(),
                     kill_grace: Duration::from_secs(1),
                     interpreters: HashMap::new(),
+                    service_url: None,
                 })
                 .with_context(|| format!("--scripts-dir {}", args.scripts_dir.display()))?;
             orchestrator_engine::templates::check(&template, &executor)

@@ -266,3 +266,38 @@ fn json_templates_parse_too() {
         .unwrap();
     assert_eq!(e.tasks[0].input, json!({"c": true}));
 }
+
+#[test]
+fn per_step_vars_are_literal_data() {
+    let e = template(CLUSTER)
+        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"note": "${join.output}", "cost": "$${x}"}}})), false)
+        .unwrap();
+    assert_eq!(e.tasks[0].input["note"], json!("${join.output}"));
+    assert_eq!(e.tasks[0].input["cost"], json!("$${x}"));
+    assert_eq!(
+        e.tasks[0].depends_on,
+        Vec::<usize>::new(),
+        "no dependency was added"
+    );
+}
+
+#[test]
+fn name_format_inputs_refuse_unsafe_names() {
+    let text = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  infra: {type: string, format: name}\n  hosts: {type: array, format: name}\nsteps:\n- {ref_name: a, script: s.sh}\n";
+    let t = template(text);
+    assert!(
+        t.expand(
+            &vars(json!({"infra": "prod", "hosts": ["a-1", "b.2"]})),
+            false
+        )
+        .is_ok()
+    );
+    let e = t
+        .expand(&vars(json!({"infra": "../etc", "hosts": []})), false)
+        .unwrap_err();
+    assert_eq!(e.field, "vars.infra");
+    let e = t
+        .expand(&vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})), false)
+        .unwrap_err();
+    assert_eq!(e.field, "vars.hosts[1]");
+}

@@ -32,10 +32,14 @@ fn fixture(scripts: &[(&str, &str)]) -> Fixture {
         data_dir: dir.path().join("data"),
         kill_grace: Duration::from_millis(500),
         interpreters: HashMap::new(),
+        service_url: None,
     })
     .unwrap();
     Fixture { dir, executor }
 }
+
+static NO_CHECKPOINT: std::sync::LazyLock<serde_json::Map<String, Value>> =
+    std::sync::LazyLock::new(serde_json::Map::new);
 
 fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
     Job {
@@ -46,6 +50,7 @@ fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
         attempt: 2,
         check_mode: true,
         timeout: Duration::from_secs(20),
+        checkpoint: &NO_CHECKPOINT,
     }
 }
 
@@ -89,7 +94,10 @@ echo "trailing text"
     let Outcome::Succeeded { output } = outcome else {
         panic!("{outcome:?}")
     };
-    assert_eq!(output["input"], input);
+    // An object input also carries the (here empty) checkpoint.
+    let mut expected = input.clone();
+    expected["checkpoint"] = json!({});
+    assert_eq!(output["input"], expected);
     assert_eq!(output["task"], "0190aaaa-0000-7000-8000-000000000001");
     assert_eq!(output["workflow"], "0190aaaa-0000-7000-8000-000000000002");
     assert_eq!(output["attempt"], 2);
@@ -236,6 +244,8 @@ async fn input_never_goes_through_a_shell() {
     let marker = f.dir.path().join("pwned");
     let input = json!({"name": format!("$(touch {0}); `touch {0}`", marker.display())});
     let (outcome, _) = run(&f, job("echo.py", &input)).await;
+    let mut input = input;
+    input["checkpoint"] = json!({});
     assert_eq!(
         outcome,
         Outcome::Succeeded {
@@ -243,4 +253,34 @@ async fn input_never_goes_through_a_shell() {
         }
     );
     assert!(!marker.exists());
+}
+
+#[tokio::test]
+async fn the_checkpoint_reaches_the_next_attempt_in_input_and_env() {
+    let f = fixture(&[(
+        "cp.py",
+        "import json, os, sys\nd = json.load(sys.stdin)\n\
+         print(json.dumps({'input': d['checkpoint'], 'env': json.loads(os.environ['ORCHESTRATOR_CHECKPOINT'])}))\n",
+    )]);
+    let mut saved = serde_json::Map::new();
+    saved.insert("job_id".into(), json!(42));
+    let input = json!({"server": "a"});
+    let mut j = job("cp.py", &input);
+    j.checkpoint = &saved;
+    let (outcome, _) = run(&f, j).await;
+    assert_eq!(
+        outcome,
+        Outcome::Succeeded {
+            output: json!({"input": {"job_id": 42}, "env": {"job_id": 42}})
+        }
+    );
+    // A non-object input is passed unchanged; the env still has it.
+    let list = json!([1, 2]);
+    let mut j = job("cp.py", &list);
+    j.checkpoint = &saved;
+    let (outcome, _) = run(&f, j).await;
+    assert!(
+        matches!(outcome, Outcome::Failed { .. }),
+        "a list has no `checkpoint` key: {outcome:?}"
+    );
 }
