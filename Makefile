@@ -1,20 +1,36 @@
 # A thin front door to cargo. `make run` starts the service on the
-# filesystem default; `make test` runs every test.
+# filesystem default (no SurrealDB compiled); `make test` runs every test on
+# every backend; `make surreal` starts a SurrealDB server on 127.0.0.1:8000.
 
 CARGO ?= cargo
+# The SurrealDB backends and the dev server are built together, in one
+# feature set, so that surrealdb-core (minutes on 2 cores) compiles once and
+# `make test` and `make surreal` share it.
+SURREAL_FEATURES := orchestrator/surrealdb
+DEV_BUILD = $(CARGO) build --workspace --all-targets --features $(SURREAL_FEATURES)
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# The tests start this binary on free ports.
+export SURREAL_DEV_SERVER := $(TARGET_DIR)/debug/surreal-dev-server
 NU_VERSION := 0.115.1
 TOOLS_DIR := $(CURDIR)/.tools
 NU_BIN_DIR := $(TOOLS_DIR)/node_modules/@nushell/linux-x64/bin
 # Scripts run with the project's pinned nu unless one is already on PATH.
 export PATH := $(if $(shell command -v nu 2>/dev/null),$(PATH),$(NU_BIN_DIR):$(PATH))
 
-.PHONY: run test bench fmt lint tools clean
+.PHONY: run test surreal bench fmt lint tools clean
 
 run: tools
 	$(CARGO) run --release -p orchestrator -- serve --data-dir ./data --port 8080
 
 test: tools
-	$(CARGO) test --workspace --all-targets
+	$(DEV_BUILD)
+	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+
+# A real SurrealDB server in memory, for `--storage-type surrealdb-server`
+# with the default URL and credentials (root/root). Ctrl-C stops it.
+surreal:
+	$(DEV_BUILD)
+	$(SURREAL_DEV_SERVER) start --bind 127.0.0.1:8000 --user root --pass root memory
 
 bench: tools
 	@echo "the benchmark suite is not written yet (see the open benchmark issue)"; exit 1
@@ -24,7 +40,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features $(SURREAL_FEATURES) -- -D warnings
 
 # Nushell from the npm registry (the official binary), unless `nu` exists.
 tools:

@@ -257,8 +257,17 @@ impl Default for SurrealdbConfig {
 
 /// A password. Its `Debug` prints `***` and it has no `Display`, so it
 /// cannot reach a log line or an error message by accident.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
 pub struct Secret(String);
+
+/// For clap: any text is a password.
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(Secret::new(s))
+    }
+}
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Secret {

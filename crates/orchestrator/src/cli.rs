@@ -36,6 +36,17 @@ pub enum Command {
     /// Check and list workflow templates.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Look at the store itself.
+    #[command(subcommand)]
+    Db(DbCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DbCommand {
+    /// Show the applied and pending schema migrations (the layout version
+    /// for the filesystem backend), changing nothing. Takes the storage
+    /// settings of `serve` (flags, ORCHESTRATOR_* variables, --config).
+    Status(ServeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -194,6 +205,31 @@ pub struct ServeArgs {
     /// Log format: pretty or json [default: pretty].
     #[arg(long, env = "ORCHESTRATOR_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// SurrealDB server for `--storage-type surrealdb-server` [default: ws://127.0.0.1:8000].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_URL")]
+    pub surrealdb_url: Option<String>,
+    /// SurrealDB user (a root user) [default: root].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_USERNAME")]
+    pub surrealdb_username: Option<String>,
+    /// SurrealDB password [default: root]; prefer the variable or the
+    /// config file to a flag, which other users can see in `ps`.
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_PASSWORD", hide_env_values = true)]
+    pub surrealdb_password: Option<orchestrator_storage::Secret>,
+    /// SurrealDB namespace [default: orchestrator].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_NAMESPACE")]
+    pub surrealdb_namespace: Option<String>,
+    /// SurrealDB database [default: orchestrator].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_DATABASE")]
+    pub surrealdb_database: Option<String>,
+    /// Engine of `--storage-type surrealdb-embedded`: surrealkv or rocksdb [default: surrealkv].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_ENGINE")]
+    pub surrealdb_engine: Option<String>,
+    /// Seconds to connect and sign in before start-up fails [default: 10].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_CONNECT_TIMEOUT")]
+    pub surrealdb_connect_timeout: Option<u64>,
+    /// Seconds one storage call may wait for SurrealDB [default: 10].
+    #[arg(long, env = "ORCHESTRATOR_SURREALDB_REQUEST_TIMEOUT")]
+    pub surrealdb_request_timeout: Option<u64>,
 }
 
 #[derive(Debug, Args)]

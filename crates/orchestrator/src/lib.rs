@@ -3,6 +3,7 @@
 
 pub mod cli;
 mod client;
+mod db;
 pub mod service;
 pub mod settings;
 mod workflows;
@@ -33,6 +34,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Cancel(args) => client::cancel(&cli.client, args).await,
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
+            Command::Db(command) => db::run(command).await,
         }
     });
     match result {

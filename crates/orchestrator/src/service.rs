@@ -44,7 +44,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     let storage = orchestrator_storage::open(&StorageConfig {
         storage_type: settings.storage_type,
         data_dir: settings.data_dir.clone(),
-        surrealdb: Default::default(),
+        surrealdb: settings.surrealdb.clone(),
     })
     .await
     .context("cannot open storage")?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use orchestrator_core::RetryPolicy;
-use orchestrator_storage::StorageType;
+use orchestrator_storage::{StorageType, SurrealdbConfig};
 use serde::Deserialize;
 
 use crate::cli::ServeArgs;
@@ -32,6 +32,14 @@ pub struct FileConfig {
     pub shutdown_grace: Option<u64>,
     pub kill_grace: Option<u64>,
     pub log_format: Option<String>,
+    pub surrealdb_url: Option<String>,
+    pub surrealdb_username: Option<String>,
+    pub surrealdb_password: Option<orchestrator_storage::Secret>,
+    pub surrealdb_namespace: Option<String>,
+    pub surrealdb_database: Option<String>,
+    pub surrealdb_engine: Option<String>,
+    pub surrealdb_connect_timeout: Option<u64>,
+    pub surrealdb_request_timeout: Option<u64>,
     /// Interpreter per script extension, e.g. `nu = "/opt/nu/bin/nu"`.
     #[serde(default)]
     pub interpreters: HashMap<String, PathBuf>,
@@ -50,6 +58,8 @@ pub struct ServeSettings {
     pub port: u16,
     pub data_dir: PathBuf,
     pub storage_type: StorageType,
+    /// How to reach SurrealDB; its password's `Debug` is redacted.
+    pub surrealdb: SurrealdbConfig,
     pub scripts_dir: PathBuf,
     pub templates_dir: PathBuf,
     pub workers: usize,
@@ -70,6 +80,7 @@ impl ServeSettings {
             port: 8080,
             data_dir,
             storage_type: StorageType::Filesystem,
+            surrealdb: SurrealdbConfig::default(),
             scripts_dir,
             templates_dir: PathBuf::from("./templates"),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -89,6 +100,7 @@ impl ServeSettings {
             None => FileConfig::default(),
         };
         let defaults = ServeSettings::new(PathBuf::from("./data"), PathBuf::from("./scripts"));
+        let surrealdb = resolve_surrealdb(&args, &file, defaults.surrealdb.clone())?;
         let storage_type = match args.storage_type.or(file.storage_type) {
             Some(name) => name
                 .parse::<StorageType>()
@@ -132,6 +144,7 @@ impl ServeSettings {
             port: args.port.or(file.port).unwrap_or(defaults.port),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
             storage_type,
+            surrealdb,
             scripts_dir: args
                 .scripts_dir
                 .or(file.scripts_dir)
@@ -156,6 +169,68 @@ impl ServeSettings {
             interpreters: file.interpreters,
         })
     }
+}
+
+/// The `--surrealdb-*` settings, flag over variable over file over default.
+fn resolve_surrealdb(
+    args: &ServeArgs,
+    file: &FileConfig,
+    defaults: SurrealdbConfig,
+) -> anyhow::Result<SurrealdbConfig> {
+    let text = |flag: &Option<String>, key: &Option<String>, default: String| {
+        flag.clone().or_else(|| key.clone()).unwrap_or(default)
+    };
+    let engine = match args
+        .surrealdb_engine
+        .as_ref()
+        .or(file.surrealdb_engine.as_ref())
+    {
+        Some(name) => name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--surrealdb-engine: {e}"))?,
+        None => defaults.engine,
+    };
+    let seconds = |flag: &'static str, value: Option<u64>, default: Duration| match value {
+        Some(0) => bail!("{flag}: must be at least 1 second"),
+        Some(secs) => Ok(Duration::from_secs(secs)),
+        None => Ok(default),
+    };
+    Ok(SurrealdbConfig {
+        url: text(&args.surrealdb_url, &file.surrealdb_url, defaults.url),
+        username: text(
+            &args.surrealdb_username,
+            &file.surrealdb_username,
+            defaults.username,
+        ),
+        password: args
+            .surrealdb_password
+            .clone()
+            .or_else(|| file.surrealdb_password.clone())
+            .unwrap_or(defaults.password),
+        namespace: text(
+            &args.surrealdb_namespace,
+            &file.surrealdb_namespace,
+            defaults.namespace,
+        ),
+        database: text(
+            &args.surrealdb_database,
+            &file.surrealdb_database,
+            defaults.database,
+        ),
+        engine,
+        connect_timeout: seconds(
+            "--surrealdb-connect-timeout",
+            args.surrealdb_connect_timeout
+                .or(file.surrealdb_connect_timeout),
+            defaults.connect_timeout,
+        )?,
+        request_timeout: seconds(
+            "--surrealdb-request-timeout",
+            args.surrealdb_request_timeout
+                .or(file.surrealdb_request_timeout),
+            defaults.request_timeout,
+        )?,
+    })
 }
 
 fn read_config_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -219,6 +294,64 @@ mod tests {
             ),
         ];
         for (args, expected) in cases {
+            let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
+            assert!(message.contains(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn surrealdb_settings_come_from_flags_and_the_file_and_hide_the_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &path,
+            "storage_type = \"surrealdb-server\"\nsurrealdb_url = \"ws://db:8000\"\n\
+             surrealdb_password = \"from-the-file\"\nsurrealdb_namespace = \"ops\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            surrealdb_database: Some("prod".into()),
+            surrealdb_connect_timeout: Some(3),
+            ..Default::default()
+        };
+        let settings = ServeSettings::resolve(args).unwrap();
+        assert_eq!(settings.storage_type, StorageType::SurrealdbServer);
+        let surreal = &settings.surrealdb;
+        assert_eq!(surreal.url, "ws://db:8000");
+        assert_eq!(surreal.username, "root");
+        assert_eq!(surreal.password.expose(), "from-the-file");
+        assert_eq!(
+            (surreal.namespace.as_str(), surreal.database.as_str()),
+            ("ops", "prod")
+        );
+        assert_eq!(surreal.connect_timeout, Duration::from_secs(3));
+        assert!(!format!("{settings:?}").contains("from-the-file"));
+
+        let args = ServeArgs {
+            surrealdb_password: Some("from-the-flag".parse().unwrap()),
+            ..Default::default()
+        };
+        let settings = ServeSettings::resolve(args).unwrap();
+        assert_eq!(settings.surrealdb.password.expose(), "from-the-flag");
+        assert!(!format!("{settings:?}").contains("from-the-flag"));
+
+        for (args, expected) in [
+            (
+                ServeArgs {
+                    surrealdb_engine: Some("leveldb".into()),
+                    ..Default::default()
+                },
+                "--surrealdb-engine: unknown embedded engine `leveldb`",
+            ),
+            (
+                ServeArgs {
+                    surrealdb_connect_timeout: Some(0),
+                    ..Default::default()
+                },
+                "--surrealdb-connect-timeout",
+            ),
+        ] {
             let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
             assert!(message.contains(expected), "{message}");
         }

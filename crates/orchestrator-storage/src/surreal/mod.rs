@@ -57,6 +57,8 @@ pub struct SurrealBackend {
     /// `None` once closed. A std lock: it is held only to clone the `Arc`.
     db: RwLock<Option<Arc<Surreal<Any>>>>,
     request_timeout: Duration,
+    /// The embedded SurrealKV engine's lock file, which `close` waits on.
+    engine_lock: Option<PathBuf>,
     /// Shared with the probe task, which outlives no one: it holds the
     /// client weakly and stops when the backend is dropped.
     link: Arc<Link>,
@@ -99,6 +101,10 @@ impl SurrealBackend {
             location: target.location,
             db: RwLock::new(Some(Arc::new(db))),
             request_timeout: config.surrealdb.request_timeout,
+            engine_lock: match (&target.dir, config.surrealdb.engine) {
+                (Some(dir), EmbeddedEngine::SurrealKv) => Some(dir.join("LOCK")),
+                _ => None,
+            },
             link: Arc::new(Link::default()),
         })
     }
@@ -423,6 +429,19 @@ impl Target {
                 }
             }
         }
+    }
+}
+
+/// Whether someone holds SurrealKV's advisory lock (`flock`) on `path`.
+fn is_held(path: &std::path::Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    match file.try_lock() {
+        // Ours only for this instant: released when `file` is dropped.
+        Ok(()) => false,
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
     }
 }
 
@@ -954,6 +973,19 @@ impl Backend for SurrealBackend {
         // background) or closes the server connection.
         let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
         drop(db);
+        // The embedded datastore shuts down in the background once the last
+        // handle is gone; wait until it lets go of its files, so a caller
+        // that reopens (a restart, `db status`) finds them free.
+        if let Some(lock) = &self.engine_lock {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while is_held(lock) {
+                if tokio::time::Instant::now() > deadline {
+                    tracing::warn!(lock = %lock.display(), "the embedded database is still shutting down");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
         tracing::info!(location = %self.location, "surrealdb storage closed");
         Ok(())
     }

@@ -243,17 +243,39 @@ fn kill_9_loses_no_submitted_work() {
 #[test]
 fn startup_errors_exit_non_zero_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
+    // A backend this build lacks, and the cargo feature that adds it.
+    #[cfg(not(feature = "surrealdb"))]
+    let missing_backend: (&[&str], &str) = (
+        &[
+            "serve",
+            "--storage-type",
+            "surrealdb-embedded",
+            "--port",
+            "0",
+        ],
+        "--features surrealdb",
+    );
+    #[cfg(all(feature = "surrealdb", not(feature = "surrealdb-rocksdb")))]
+    let missing_backend: (&[&str], &str) = (
+        &[
+            "serve",
+            "--storage-type",
+            "surrealdb-embedded",
+            "--surrealdb-engine",
+            "rocksdb",
+            "--port",
+            "0",
+        ],
+        "--features surrealdb-rocksdb",
+    );
+    // Everything is compiled in: an unknown engine stands in.
+    #[cfg(feature = "surrealdb-rocksdb")]
+    let missing_backend: (&[&str], &str) = (
+        &["serve", "--surrealdb-engine", "leveldb", "--port", "0"],
+        "unknown embedded engine `leveldb`",
+    );
     let cases: &[(&[&str], &str)] = &[
-        (
-            &[
-                "serve",
-                "--storage-type",
-                "surrealdb-embedded",
-                "--port",
-                "0",
-            ],
-            "--features surrealdb",
-        ),
+        missing_backend,
         (
             &["serve", "--storage-type", "mongodb", "--port", "0"],
             "unknown storage type `mongodb`",
