@@ -207,3 +207,12 @@ async fn backends_not_compiled_in_name_the_feature() {
     let err = "postgres".parse::<StorageType>().unwrap_err();
     assert!(err.contains("postgres"));
 }
+
+#[tokio::test]
+async fn health_is_ok_until_closed() {
+    let root = tempfile::tempdir().unwrap();
+    let store = open(root.path(), FsOptions::default()).await;
+    store.health().await.unwrap();
+    store.close().await.unwrap();
+    assert!(matches!(store.health().await, Err(Error::Closed)));
+}
