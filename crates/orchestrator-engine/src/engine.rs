@@ -317,7 +317,12 @@ impl Inner {
                     requeued += 1;
                 }
                 TaskStatus::Running => {
-                    // The previous instance died during this attempt.
+                    // The previous instance died during this attempt. Its
+                    // script may live on: stop it before anything reruns.
+                    let leftovers = orchestrator_executor::kill_leftovers(&task.id.to_string());
+                    if leftovers > 0 {
+                        tracing::warn!(task = %task.id, processes = leftovers, "killed the script left running by the previous instance");
+                    }
                     let now = Utc::now();
                     if task.cancel_requested {
                         task.finish_cancel(now)?;

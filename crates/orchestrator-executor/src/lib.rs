@@ -11,7 +11,7 @@ mod resolve;
 mod run;
 
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
-pub use run::{Job, Outcome};
+pub use run::{Job, Outcome, kill_leftovers};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -367,3 +367,46 @@ fn read_result_file(path: &Path) -> Result<Option<Value>, String> {
         )),
     }
 }
+
+/// Kills what is left of an attempt whose service died: every process whose
+/// environment carries `ORCHESTRATOR_TASK_ID=<task_id>` (scripts inherit it,
+/// and so do their children), with its process group. Returns how many
+/// processes were found. Left-overs are killed, never adopted: a new attempt
+/// must not run beside an old one.
+pub fn kill_leftovers(task_id: &str) -> usize {
+    let needle = format!("ORCHESTRATOR_TASK_ID={task_id}");
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut found = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Unreadable (another user's process, or already gone): not ours.
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if !environ
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            continue;
+        }
+        found += 1;
+        let pid = Pid::from_raw(pid as i32);
+        if let Ok(pgid) = nix::unistd::getpgid(Some(pid)) {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+    found
+}

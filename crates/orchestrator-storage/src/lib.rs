@@ -6,6 +6,7 @@
 //! missing one is answered with the feature to enable instead of "unknown".
 
 mod error;
+pub mod faults;
 pub mod fs;
 pub mod schema;
 #[cfg(feature = "surrealdb")]

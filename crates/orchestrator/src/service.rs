@@ -41,6 +41,11 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     // Scripts get absolute paths whatever their own cwd becomes.
     let data_dir = std::path::absolute(&settings.data_dir)
         .with_context(|| format!("--data-dir {}", settings.data_dir.display()))?;
+    // Bound first: scripts are told the address to reach the API at.
+    let listener = TcpListener::bind((settings.bind, settings.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", settings.bind, settings.port))?;
+    let addr = listener.local_addr().context("listener address")?;
     let storage = orchestrator_storage::open(&StorageConfig {
         storage_type: settings.storage_type,
         data_dir: settings.data_dir.clone(),
@@ -54,6 +59,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         data_dir,
         kill_grace: settings.kill_grace,
         interpreters: settings.interpreters.clone(),
+        service_url: Some(format!("http://{}", reachable(addr))),
     })
     .context("--scripts-dir")?;
     let templates = Templates::load(Some(&settings.templates_dir), &executor)
@@ -71,10 +77,6 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     )
     .await
     .context("cannot start the engine")?;
-    let listener = TcpListener::bind((settings.bind, settings.port))
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", settings.bind, settings.port))?;
-    let addr = listener.local_addr().context("listener address")?;
     tracing::info!(
         %addr,
         storage = %settings.storage_type,
@@ -120,6 +122,18 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         stop,
         task,
     })
+}
+
+/// The address a local script can reach the listener at: a wildcard bind
+/// is reached through loopback.
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => {
+            SocketAddr::from(([127, 0, 0, 1], addr.port()))
+        }
+        ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port())),
+        _ => addr,
+    }
 }
 
 /// `orchestrator serve`: run until SIGTERM or Ctrl-C.

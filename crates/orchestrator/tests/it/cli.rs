@@ -12,14 +12,14 @@ use crate::harness::{fixture_scripts, fixture_templates};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Daemon {
     /// Starts `orchestrator serve` on a free port with the fixture scripts.
-    fn start(data_dir: &Path, extra: &[&str]) -> Daemon {
+    pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Daemon {
         let config = data_dir.with_extension("toml");
         std::fs::write(
             &config,
@@ -63,7 +63,7 @@ impl Daemon {
         Daemon { child, url }
     }
 
-    fn cli(&self, args: &[&str]) -> Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
         Command::new(BIN)
             .arg("--url")
             .arg(&self.url)
@@ -72,7 +72,7 @@ impl Daemon {
             .unwrap()
     }
 
-    fn cli_json(&self, args: &[&str]) -> Value {
+    pub(crate) fn cli_json(&self, args: &[&str]) -> Value {
         let output = self.cli(args);
         assert!(
             output.status.success(),
@@ -82,7 +82,7 @@ impl Daemon {
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
-    fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status()
@@ -90,7 +90,7 @@ impl Daemon {
         assert!(status.success());
     }
 
-    fn wait(mut self) -> std::process::ExitStatus {
+    pub(crate) fn wait(mut self) -> std::process::ExitStatus {
         for _ in 0..300 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
@@ -103,7 +103,7 @@ impl Daemon {
 
 /// POSTs JSON through a throwaway runtime, so that these tests stay
 /// synchronous like the processes they drive.
-fn submit(url: &str, body: Value) -> Value {
+pub(crate) fn submit(url: &str, body: Value) -> Value {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -6,6 +6,7 @@
 mod backends;
 mod cli;
 mod errors;
+mod faults;
 mod harness;
 mod provisioning;
 mod restart;

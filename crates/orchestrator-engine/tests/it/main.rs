@@ -1,0 +1,155 @@
+//! The engine against failing storage: a write that fails surfaces as an
+//! error and loses nothing that was acknowledged.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use orchestrator_core::TaskStatus;
+use orchestrator_core::template::Template;
+use orchestrator_engine::templates::Templates;
+use orchestrator_engine::{Engine, EngineConfig, Error, Meta, SubmitRequest, TemplateSource};
+use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
+use orchestrator_storage::Storage;
+use orchestrator_storage::faults::FaultyBackend;
+use orchestrator_storage::fs::{FsBackend, FsOptions};
+use serde_json::{Value, json};
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("scripts")).unwrap();
+        std::fs::write(
+            dir.path().join("scripts/slow.sh"),
+            "sleep 1\necho '{\"ok\": true}'\n",
+        )
+        .unwrap();
+        Setup { dir }
+    }
+
+    async fn engine(&self, store: Storage) -> Engine {
+        let executor = ScriptExecutor::new(ExecutorConfig {
+            scripts_dir: self.dir.path().join("scripts"),
+            work_dir: self.dir.path().join("work"),
+            data_dir: self.dir.path().join("data"),
+            kill_grace: Duration::from_millis(200),
+            interpreters: HashMap::new(),
+            service_url: None,
+        })
+        .unwrap();
+        let config = EngineConfig {
+            workers: 2,
+            ..EngineConfig::default()
+        };
+        Engine::start(store, executor, Templates::default(), config)
+            .await
+            .unwrap()
+    }
+
+    async fn fs(&self) -> Storage {
+        Storage::new(
+            FsBackend::open(&self.dir.path().join("data"), FsOptions::default())
+                .await
+                .unwrap(),
+        )
+    }
+}
+
+fn request() -> SubmitRequest {
+    let template: Template = serde_json::from_value(json!({
+        "name": "t", "ref_name": "t", "schema_version": 1,
+        "steps": [{"ref_name": "slow", "script": "slow.sh"}]
+    }))
+    .unwrap();
+    SubmitRequest {
+        template: TemplateSource::Inline(Box::new(template)),
+        vars: serde_json::Map::new(),
+        meta: Meta::default(),
+        start_at: None,
+        check_mode: false,
+        priority: Default::default(),
+        max_attempts: Some(3),
+        timeout: None,
+        parallel_limit: None,
+        idempotency_key: None,
+        body: Value::Null,
+    }
+}
+
+#[tokio::test]
+async fn a_failed_submission_write_is_an_error_and_stores_nothing() {
+    let setup = Setup::new();
+    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+    let engine = setup.engine(store.clone()).await;
+    faults.fail_writes(true);
+    let err = engine.submit(request()).await.unwrap_err();
+    assert!(matches!(err, Error::Storage(_)), "{err}");
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    faults.fail_writes(false);
+    let all = engine
+        .list_tasks(&orchestrator_storage::TaskQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.total, 0, "nothing half-stored");
+    // And the engine carries on once storage does.
+    let (view, _) = engine.submit(request()).await.unwrap();
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn a_failed_write_during_a_run_is_recovered_not_lost() {
+    let setup = Setup::new();
+    let id = {
+        let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+        let engine = setup.engine(store).await;
+        let (view, _) = engine.submit(request()).await.unwrap();
+        let task_id = view.tasks[0].id;
+        // Storage fails while the script runs: its outcome can not be stored.
+        while engine.task(task_id).await.unwrap().status != TaskStatus::Running {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        faults.fail_writes(true);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Nothing pretends the task finished.
+        assert_eq!(
+            engine.task(task_id).await.unwrap().status,
+            TaskStatus::Running
+        );
+        assert!(
+            !engine
+                .wait_for_workflow(view.workflow.id, Duration::from_millis(100))
+                .await
+                .unwrap()
+        );
+        faults.fail_writes(false);
+        engine.shutdown(Duration::from_secs(1)).await;
+        view.workflow.id
+    };
+    // A new engine on the same data finds the task and runs it to the end.
+    let engine = setup.engine(setup.fs().await).await;
+    assert!(
+        engine
+            .wait_for_workflow(id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let view = engine.workflow(id).await.unwrap();
+    assert_eq!(view.tasks[0].status, TaskStatus::Completed);
+    assert_eq!(
+        view.tasks[0].attempts, 2,
+        "the unrecorded attempt counts as interrupted"
+    );
+}

@@ -1,0 +1,114 @@
+//! A [`Backend`] wrapper that fails on demand, in the spirit of Temporal's
+//! fault-injection persistence layer: tests turn write failures on and off
+//! to show that a failed write surfaces as an error, never as silent loss.
+//! Reads always pass through.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+
+use crate::{Backend, Error, LogChunk, Page, Result, Storage, TaskQuery, WorkflowQuery};
+
+/// Wraps a store; while `failing` is set, every write returns an I/O error
+/// without reaching it.
+pub struct FaultyBackend {
+    inner: Storage,
+    failing: Arc<AtomicBool>,
+}
+
+/// The switch of a [`FaultyBackend`], kept by the test.
+#[derive(Clone)]
+pub struct FaultSwitch(Arc<AtomicBool>);
+
+impl FaultSwitch {
+    pub fn fail_writes(&self, failing: bool) {
+        self.0.store(failing, Ordering::SeqCst);
+    }
+}
+
+impl FaultyBackend {
+    pub fn wrap(inner: Storage) -> (Storage, FaultSwitch) {
+        let failing = Arc::new(AtomicBool::new(false));
+        let backend = FaultyBackend {
+            inner,
+            failing: failing.clone(),
+        };
+        (Storage::new(backend), FaultSwitch(failing))
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::io(
+                format!("{what} (injected fault)"),
+                std::io::Error::other("the fault switch is on"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for FaultyBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        self.check("insert workflow")?;
+        self.inner.insert_workflow(workflow, tasks).await
+    }
+
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        self.check("update workflow")?;
+        self.inner.update_workflow(workflow, new_tasks).await
+    }
+
+    async fn update_task(&self, task: &Task) -> Result<Task> {
+        self.check("update task")?;
+        self.inner.update_task(task).await
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        self.inner.get_task(id).await
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
+        self.inner.list_tasks(query).await
+    }
+
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+        self.inner.workflow_tasks(id).await
+    }
+
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
+        self.inner.unfinished_tasks().await
+    }
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
+        self.inner.get_workflow(id).await
+    }
+
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
+        self.inner.list_workflows(query).await
+    }
+
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+        self.check("append log")?;
+        self.inner.append_log(id, chunk).await
+    }
+
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        self.inner.read_log(id, offset, max_bytes).await
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.check("health")?;
+        self.inner.health().await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
