@@ -17,7 +17,7 @@ NU_BIN_DIR := $(TOOLS_DIR)/node_modules/@nushell/linux-x64/bin
 # Scripts run with the project's pinned nu unless one is already on PATH.
 export PATH := $(if $(shell command -v nu 2>/dev/null),$(PATH),$(NU_BIN_DIR):$(PATH))
 
-.PHONY: run test surreal bench fmt lint tools clean
+.PHONY: run test soak surreal bench fmt lint tools clean
 
 run: tools
 	$(CARGO) run --release -p orchestrator -- serve --data-dir ./data --port 8080
@@ -25,6 +25,14 @@ run: tools
 test: tools
 	$(DEV_BUILD)
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+
+# The crash drill at length: SIGKILL at seeded random moments, many times.
+# Set ORCHESTRATOR_FAULT_SEED to replay a run (the seed is printed).
+soak: tools
+	$(DEV_BUILD)
+	ORCHESTRATOR_FAULT_ROUNDS=$${ORCHESTRATOR_FAULT_ROUNDS:-40} \
+	ORCHESTRATOR_FAULT_SEED=$${ORCHESTRATOR_FAULT_SEED:-$$(date +%s)} \
+	$(CARGO) test -p orchestrator --test it --features $(SURREAL_FEATURES) faults -- --nocapture
 
 # A real SurrealDB server in memory, for `--storage-type surrealdb-server`
 # with the default URL and credentials (root/root). Ctrl-C stops it.

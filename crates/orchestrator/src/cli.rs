@@ -39,6 +39,10 @@ pub enum Command {
     /// Look at the store itself.
     #[command(subcommand)]
     Db(DbCommand),
+    /// Save or read the checkpoint of the running task (for scripts: the
+    /// task id and service URL come from ORCHESTRATOR_TASK_ID and ORCHESTRATOR_URL).
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,4 +267,28 @@ pub struct LogsArgs {
     /// Keep printing new output until the task finishes.
     #[arg(long, short)]
     pub follow: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CheckpointCommand {
+    /// Save `key` = `value` (JSON when it parses, else text); durable when
+    /// the command returns.
+    Set(CheckpointSetArgs),
+    /// Print the checkpoint (one key, or all as JSON).
+    Get(CheckpointGetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointSetArgs {
+    pub key: String,
+    pub value: String,
+    #[arg(long, env = "ORCHESTRATOR_TASK_ID")]
+    pub task: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointGetArgs {
+    pub key: Option<String>,
+    #[arg(long, env = "ORCHESTRATOR_TASK_ID")]
+    pub task: String,
 }

@@ -266,3 +266,43 @@ pub async fn cancel(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+pub async fn checkpoint(
+    client: &ClientArgs,
+    command: crate::cli::CheckpointCommand,
+) -> anyhow::Result<()> {
+    use crate::cli::CheckpointCommand;
+    let api = Api::new(client)?;
+    match command {
+        CheckpointCommand::Set(args) => {
+            let value = serde_json::from_str(&args.value).unwrap_or(Value::String(args.value));
+            let body = serde_json::json!({ args.key: value });
+            api.send_body(
+                Method::PUT,
+                &format!("/tasks/{}/checkpoint", args.task),
+                &[],
+                Some(&body),
+            )
+            .await?;
+            Ok(())
+        }
+        CheckpointCommand::Get(args) => {
+            let saved: Value = api
+                .json(
+                    Method::GET,
+                    &format!("/tasks/{}/checkpoint", args.task),
+                    &[],
+                )
+                .await?;
+            match args.key {
+                Some(key) => match &saved[&key] {
+                    Value::Null => bail!("checkpoint of task {} has no key `{key}`", args.task),
+                    Value::String(s) => println!("{s}"),
+                    other => println!("{other}"),
+                },
+                None => println!("{saved}"),
+            }
+            Ok(())
+        }
+    }
+}

@@ -35,6 +35,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
+            Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
         }
     });
     match result {

@@ -450,3 +450,50 @@ fn template_validate_checks_a_file_offline() {
         assert!(stderr.contains(expected), "{stderr}");
     }
 }
+
+#[test]
+fn checkpoints_are_saved_for_running_tasks_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&dir.path().join("data"), &[]);
+    let created = submit(
+        &format!("{}/workflows/servers/create", daemon.url),
+        json!({"infra": "cp", "servers": ["hang-cp"]}),
+    );
+    let id = ids_of(&created).remove(0);
+    for _ in 0..200 {
+        if daemon.cli_json(&["task", &id, "--json"])["status"] == "running" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let set = daemon.cli(&["checkpoint", "set", "job", "42", "--task", &id]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let set = daemon.cli(&["checkpoint", "set", "phase", "polling", "--task", &id]);
+    assert!(set.status.success());
+    let job = daemon.cli(&["checkpoint", "get", "job", "--task", &id]);
+    assert_eq!(String::from_utf8_lossy(&job.stdout).trim(), "42");
+    assert_eq!(
+        daemon.cli_json(&["checkpoint", "get", "--task", &id]),
+        json!({"job": 42, "phase": "polling"})
+    );
+    assert_eq!(
+        daemon.cli_json(&["task", &id, "--json"])["checkpoint"],
+        json!({"job": 42, "phase": "polling"})
+    );
+
+    assert!(daemon.cli(&["cancel", &id]).status.success());
+    wait_all_finished(&daemon, std::slice::from_ref(&id));
+    let refused = daemon.cli(&["checkpoint", "set", "job", "43", "--task", &id]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("only a running task") && message.contains("409"),
+        "{message}"
+    );
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success());
+}
