@@ -7,6 +7,7 @@
 
 mod error;
 mod ids;
+mod names;
 mod queue;
 pub mod refs;
 mod retry;

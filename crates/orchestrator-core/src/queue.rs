@@ -85,7 +85,13 @@ impl ReadyQueue {
 
     /// Tasks ready now, by priority.
     pub fn ready_by_priority(&self) -> [(Priority, usize); 4] {
-        let mut counts = Priority::ALL.map(|p| (p, 0));
+        let mut counts = [
+            Priority::Low,
+            Priority::Normal,
+            Priority::High,
+            Priority::Critical,
+        ]
+        .map(|p| (p, 0));
         for entry in &self.ready {
             counts[entry.priority as usize].1 += 1;
         }

@@ -12,8 +12,6 @@
 //! Every method that changes a task takes `now` and validates the move
 //! first, so an illegal transition is an error value, never a silent change.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -35,41 +33,12 @@ pub enum Priority {
     Critical,
 }
 
-impl Priority {
-    pub const ALL: [Priority; 4] = [
-        Priority::Low,
-        Priority::Normal,
-        Priority::High,
-        Priority::Critical,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Low => "low",
-            Priority::Normal => "normal",
-            Priority::High => "high",
-            Priority::Critical => "critical",
-        }
-    }
-}
-
-impl fmt::Display for Priority {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Priority {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Priority::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown priority `{s}` (expected low, normal, high or critical)")
-            })
-    }
-}
+crate::named_variants!(Priority, "priority", [
+    Low => "low",
+    Normal => "normal",
+    High => "high",
+    Critical => "critical",
+]);
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -93,33 +62,19 @@ pub enum TaskStatus {
     NotStarted,
 }
 
+crate::named_variants!(TaskStatus, "status", [
+    Pending => "pending",
+    Queued => "queued",
+    Running => "running",
+    RetryWaiting => "retry_waiting",
+    Completed => "completed",
+    Failed => "failed",
+    Cancelled => "cancelled",
+    Skipped => "skipped",
+    NotStarted => "not_started",
+]);
+
 impl TaskStatus {
-    pub const ALL: [TaskStatus; 9] = [
-        TaskStatus::Pending,
-        TaskStatus::Queued,
-        TaskStatus::Running,
-        TaskStatus::RetryWaiting,
-        TaskStatus::Completed,
-        TaskStatus::Failed,
-        TaskStatus::Cancelled,
-        TaskStatus::Skipped,
-        TaskStatus::NotStarted,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Pending => "pending",
-            TaskStatus::Queued => "queued",
-            TaskStatus::Running => "running",
-            TaskStatus::RetryWaiting => "retry_waiting",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-            TaskStatus::Skipped => "skipped",
-            TaskStatus::NotStarted => "not_started",
-        }
-    }
-
     /// A terminal status never changes again.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -145,28 +100,6 @@ impl TaskStatus {
                     Completed | Failed | RetryWaiting | Cancelled | Queued
                 )
         )
-    }
-}
-
-impl fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for TaskStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        TaskStatus::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                let known: Vec<_> = TaskStatus::ALL.iter().map(|s| s.as_str()).collect();
-                format!(
-                    "unknown status `{s}` (expected one of {})",
-                    known.join(", ")
-                )
-            })
     }
 }
 
@@ -754,8 +687,8 @@ mod tests {
 
     #[test]
     fn transition_table_has_no_exit_from_terminal_states() {
-        for from in TaskStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
-            for to in TaskStatus::ALL {
+        for &from in TaskStatus::ALL.iter().filter(|s| s.is_terminal()) {
+            for &to in TaskStatus::ALL {
                 assert!(!from.can_become(to), "{from} -> {to}");
             }
         }
@@ -763,12 +696,12 @@ mod tests {
 
     #[test]
     fn statuses_and_priorities_parse_from_their_names() {
-        for status in TaskStatus::ALL {
+        for &status in TaskStatus::ALL {
             assert_eq!(status.as_str().parse::<TaskStatus>().unwrap(), status);
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(json, format!("\"{}\"", status.as_str()));
         }
-        for priority in Priority::ALL {
+        for &priority in Priority::ALL {
             assert_eq!(priority.as_str().parse::<Priority>().unwrap(), priority);
         }
         let err = "urgent".parse::<Priority>().unwrap_err();

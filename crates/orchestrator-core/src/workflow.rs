@@ -139,51 +139,15 @@ pub enum WorkflowStatus {
     Cancelled,
 }
 
-impl WorkflowStatus {
-    pub const ALL: [WorkflowStatus; 7] = [
-        WorkflowStatus::Scheduled,
-        WorkflowStatus::Queued,
-        WorkflowStatus::Running,
-        WorkflowStatus::RollingBack,
-        WorkflowStatus::Completed,
-        WorkflowStatus::Failed,
-        WorkflowStatus::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkflowStatus::Scheduled => "scheduled",
-            WorkflowStatus::Queued => "queued",
-            WorkflowStatus::Running => "running",
-            WorkflowStatus::RollingBack => "rolling_back",
-            WorkflowStatus::Completed => "completed",
-            WorkflowStatus::Failed => "failed",
-            WorkflowStatus::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl std::fmt::Display for WorkflowStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for WorkflowStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        WorkflowStatus::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                let known: Vec<_> = WorkflowStatus::ALL.iter().map(|s| s.as_str()).collect();
-                format!(
-                    "unknown status `{s}` (expected one of {})",
-                    known.join(", ")
-                )
-            })
-    }
-}
+crate::named_variants!(WorkflowStatus, "status", [
+    Scheduled => "scheduled",
+    Queued => "queued",
+    Running => "running",
+    RollingBack => "rolling_back",
+    Completed => "completed",
+    Failed => "failed",
+    Cancelled => "cancelled",
+]);
 
 impl WorkflowStatus {
     pub fn is_terminal(self) -> bool {
