@@ -1,0 +1,227 @@
+//! `make bench`: measures what orchestration costs on top of running the
+//! scripts themselves (issue 8), against real `orchestrator serve`
+//! processes on loopback, and writes the table to `docs/benchmarks.md`.
+//!
+//! It exits non-zero only when a run failed, never because a target was
+//! missed.
+
+mod dataset;
+mod load;
+mod report;
+mod service;
+mod stats;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "orchestrator-bench",
+    about = "Benchmark the orchestrator against spawning the scripts directly"
+)]
+struct Args {
+    /// The `orchestrator` binary [default: next to this one].
+    #[arg(long)]
+    orchestrator: Option<PathBuf>,
+    /// Storage backends to measure, comma-separated: filesystem,
+    /// surrealdb-embedded (needs a binary built with `--features surrealdb`).
+    #[arg(long, env = "BENCH_BACKENDS", default_value = "filesystem")]
+    backends: String,
+    /// Write the results into this markdown file (latest table + history).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Runs per figure; each figure is the median.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Scale every task count by this factor (for quick trials and
+    /// profiling; a scaled run never writes `--out`).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Workers of the service and parallelism of the baselines
+    /// [default: number of CPUs].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6 (w3 includes w4).
+    #[arg(long, default_value = "w1,w2,w3,w5,w6")]
+    only: String,
+    /// Where the temporary data directories go [default: the system temp dir].
+    #[arg(long)]
+    tmp_dir: Option<PathBuf>,
+    /// Keep the temporary directory (service logs, data dirs) afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// What every workload needs.
+pub struct Ctx {
+    pub orchestrator: PathBuf,
+    pub scripts: PathBuf,
+    pub workers: usize,
+    pub runs: usize,
+    pub scale: f64,
+    pub tmp: PathBuf,
+}
+
+impl Ctx {
+    pub fn scaled(&self, n: usize) -> usize {
+        ((n as f64 * self.scale).round() as usize).max(1)
+    }
+}
+
+/// Every result of one invocation; `None` where a workload was not run,
+/// `Err` text where it failed.
+#[derive(Default)]
+pub struct Results {
+    pub backends: Vec<BackendResults>,
+    pub scale: Option<Result<workloads::Scale, String>>,
+    pub migrate: Option<Result<bool, String>>,
+}
+
+pub struct BackendResults {
+    pub backend: String,
+    pub w1: Option<Result<workloads::W1, String>>,
+    pub w2: Option<Result<workloads::W2, String>>,
+    pub w3: Option<Result<workloads::LatencyAndReads, String>>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn flatten<T>(r: Result<T>) -> Option<Result<T, String>> {
+    Some(r.map_err(|e| format!("{e:#}")))
+}
+
+async fn run(args: Args) -> Result<bool> {
+    let started = Instant::now();
+    let load_at_start = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into());
+    let orchestrator = match args.orchestrator {
+        Some(p) => p,
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or_else(|| anyhow!("no directory for the current executable"))?
+            .join("orchestrator"),
+    };
+    if !orchestrator.is_file() {
+        bail!(
+            "{} not found; build it first (`cargo build --release -p orchestrator`) or pass --orchestrator",
+            orchestrator.display()
+        );
+    }
+    let scripts = std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts"))
+        .context("the bench scripts directory")?;
+    let workers = args.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(2)
+    });
+    let tmp_parent = args.tmp_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("orchestrator-bench-")
+        .tempdir_in(&tmp_parent)?;
+    let ctx = Ctx {
+        orchestrator: std::fs::canonicalize(&orchestrator)?,
+        scripts,
+        workers,
+        runs: args.runs.max(1),
+        scale: args.scale,
+        tmp: tmp.path().to_path_buf(),
+    };
+    let only: Vec<&str> = args.only.split(',').map(str::trim).collect();
+    let backends: Vec<String> = args
+        .backends
+        .split(',')
+        .map(|b| b.trim().to_owned())
+        .filter(|b| !b.is_empty())
+        .collect();
+    eprintln!(
+        "orchestrator-bench: {} with {workers} workers, {} run(s) per figure, backends {backends:?}, data in {}",
+        ctx.orchestrator.display(),
+        ctx.runs,
+        ctx.tmp.display()
+    );
+
+    let mut results = Results::default();
+    for backend in &backends {
+        let mut b = BackendResults {
+            backend: backend.clone(),
+            w1: None,
+            w2: None,
+            w3: None,
+        };
+        if only.contains(&"w1") {
+            eprintln!("[{backend}] workload 1: independent tasks");
+            b.w1 = flatten(workloads::independent(&ctx, backend).await);
+        }
+        if only.contains(&"w2") {
+            eprintln!("[{backend}] workload 2: DAG");
+            b.w2 = flatten(workloads::dag(&ctx, backend).await);
+        }
+        if only.contains(&"w3") || only.contains(&"w4") {
+            eprintln!("[{backend}] workloads 3 and 4: latency and reads");
+            b.w3 = flatten(workloads::latency_and_reads(&ctx, backend).await);
+        }
+        results.backends.push(b);
+    }
+    if only.contains(&"w5") {
+        eprintln!("[filesystem] workload 5: 100k stored tasks");
+        results.scale = flatten(workloads::scale(&ctx).await);
+    }
+    if only.contains(&"w6") {
+        results.migrate = flatten(workloads::has_migrate(&ctx).await);
+    }
+
+    let env =
+        report::Environment::collect(&ctx, &tmp_parent, started.elapsed(), load_at_start).await;
+    let table = report::render(&ctx, &env, &results);
+    println!("{table}");
+    let failures = report::failures(&results);
+    for f in &failures {
+        eprintln!("FAILED: {f}");
+    }
+    if let Some(out) = &args.out {
+        if !failures.is_empty() {
+            eprintln!("not writing {} because a run failed", out.display());
+        } else if ctx.scale != 1.0 || only.len() < 5 {
+            eprintln!(
+                "not writing {}: only a full run (scale 1, every workload) is recorded",
+                out.display()
+            );
+        } else {
+            report::write_doc(out, &table, &report::history_line(&env, &results))?;
+            eprintln!("wrote {}", out.display());
+        }
+    }
+    if args.keep {
+        let kept = tmp.keep();
+        eprintln!("kept {}", kept.display());
+    }
+    eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
+    Ok(failures.is_empty())
+}

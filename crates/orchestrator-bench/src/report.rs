@@ -1,0 +1,611 @@
+//! The markdown table, and `docs/benchmarks.md`: one latest table between
+//! markers, and a dated history list of one line per run.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use crate::stats::{median, percentile};
+use crate::{Ctx, Results};
+
+const LATEST_START: &str = "<!-- bench:latest:start -->";
+const LATEST_END: &str = "<!-- bench:latest:end -->";
+const HISTORY_START: &str = "<!-- bench:history:start -->";
+const HISTORY_END: &str = "<!-- bench:history:end -->";
+const HISTORY_KEEP: usize = 20;
+
+pub struct Environment {
+    pub date: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub memory: String,
+    pub kernel: String,
+    pub fs: String,
+    /// `/proc/loadavg` when the benchmark started: other work on the
+    /// machine skews every figure.
+    pub load_at_start: String,
+    pub version: String,
+    pub commit: String,
+    pub took: Duration,
+}
+
+impl Environment {
+    pub async fn collect(
+        ctx: &Ctx,
+        tmp_parent: &Path,
+        took: Duration,
+        load_at_start: String,
+    ) -> Environment {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_else(|| "unknown CPU".into());
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            })
+            .map(|kib| format!("{:.0} GiB", kib / 1024.0 / 1024.0))
+            .unwrap_or_else(|| "?".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "?".into());
+        let fs = output("stat", &["-f", "-c", "%T", &tmp_parent.to_string_lossy()]).await;
+        let version = output(&ctx.orchestrator.to_string_lossy(), &["--version"]).await;
+        let mut commit = output("git", &["rev-parse", "--short", "HEAD"]).await;
+        let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"]).await;
+        if !dirty.is_empty() && commit != "?" {
+            commit.push_str(" + uncommitted changes");
+        }
+        Environment {
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            cpu,
+            cores: ctx.workers,
+            memory,
+            kernel,
+            fs,
+            load_at_start,
+            version,
+            commit,
+            took,
+        }
+    }
+}
+
+async fn output(cmd: &str, args: &[&str]) -> String {
+    match tokio::process::Command::new(cmd).args(args).output().await {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        _ => "?".into(),
+    }
+}
+
+fn s(v: f64) -> String {
+    format!("{v:.3} s")
+}
+
+fn ms(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2} ms")
+    } else {
+        format!("{v:.1} ms")
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn thousands(v: f64) -> String {
+    let n = v.round() as u64;
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// "met", or by how much a target of "at most `target`" was missed.
+fn at_most(value: f64, target: f64) -> String {
+    if value <= target {
+        "met".into()
+    } else {
+        format!(
+            "**missed** by {:.2}× ({:+.0} %)",
+            value / target,
+            (value / target - 1.0) * 100.0
+        )
+    }
+}
+
+fn at_least(value: f64, target: f64) -> String {
+    if value >= target {
+        "met".into()
+    } else {
+        format!(
+            "**missed**: {:.0} % of the target ({:.2}× short)",
+            value / target * 100.0,
+            target / value
+        )
+    }
+}
+
+fn spread(values: &[f64], unit: impl Fn(f64) -> String) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if values.len() < 2 {
+        String::new()
+    } else {
+        format!(" (runs: {}–{})", unit(min), unit(max))
+    }
+}
+
+/// Every run that failed, as text.
+pub fn failures(r: &Results) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in &r.backends {
+        for (name, err) in [
+            ("workload 1", b.w1.as_ref().and_then(|x| x.as_ref().err())),
+            ("workload 2", b.w2.as_ref().and_then(|x| x.as_ref().err())),
+            (
+                "workloads 3/4",
+                b.w3.as_ref().and_then(|x| x.as_ref().err()),
+            ),
+        ] {
+            if let Some(e) = err {
+                out.push(format!("[{}] {name}: {e}", b.backend));
+            }
+        }
+    }
+    if let Some(Err(e)) = &r.scale {
+        out.push(format!("workload 5: {e}"));
+    }
+    if let Some(Err(e)) = &r.migrate {
+        out.push(format!("workload 6: {e}"));
+    }
+    out
+}
+
+pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
+    let mut t = String::new();
+    let backends: Vec<&str> = r.backends.iter().map(|b| b.backend.as_str()).collect();
+    let _ = writeln!(
+        t,
+        "Run on {} · {} · load average at start {} · `{}` at commit {} · backend(s): {} · {} workers · median of {} runs · the whole benchmark took {:.0} s.\n",
+        env.date,
+        format_args!(
+            "{} cores of {}, {} RAM, Linux {}, data dirs on {}",
+            env.cores, env.cpu, env.memory, env.kernel, env.fs
+        ),
+        env.load_at_start,
+        env.version,
+        env.commit,
+        backends.join(", "),
+        ctx.workers,
+        ctx.runs,
+        env.took.as_secs_f64()
+    );
+    if ctx.scale != 1.0 {
+        let _ = writeln!(t, "**Scaled run ({}×): not comparable.**\n", ctx.scale);
+    }
+    t.push_str("| # | workload | measure | orchestrator | baseline | ratio | target | result |\n");
+    t.push_str("|---|---|---|---|---|---|---|---|\n");
+    let mut row = |cells: [&str; 8]| {
+        let _ = writeln!(t, "| {} |", cells.join(" | "));
+    };
+    for b in &r.backends {
+        let be = b.backend.as_str();
+        let target1 = if be == "filesystem" { 1.3 } else { 1.6 };
+        match &b.w1 {
+            Some(Ok(w)) => {
+                let per_task = (w.orch() - w.base()) / w.n as f64 * 1000.0;
+                row([
+                    "1",
+                    &format!(
+                        "{} independent no-op tasks, one `POST /workflows` each ({be})",
+                        thousands(w.n as f64)
+                    ),
+                    "first submit → last completion",
+                    &format!(
+                        "{} = {} tasks/s{}",
+                        s(w.orch()),
+                        thousands(w.n as f64 / w.orch()),
+                        spread(&w.orch_s, s)
+                    ),
+                    &format!(
+                        "{} = {} tasks/s, `xargs -P {}`{}",
+                        s(w.base()),
+                        thousands(w.n as f64 / w.base()),
+                        ctx.workers,
+                        spread(&w.base_s, s)
+                    ),
+                    &format!("{:.2}", w.ratio()),
+                    &format!("≤ {target1}"),
+                    &at_most(w.ratio(), target1),
+                ]);
+                row([
+                    "1",
+                    "",
+                    "orchestration overhead per task (wall-time difference ÷ N)",
+                    &format!(
+                        "{} (submitting alone took {})",
+                        ms(per_task),
+                        s(median(&w.submit_s))
+                    ),
+                    "",
+                    "",
+                    "< 1 ms",
+                    &at_most(per_task, 1.0),
+                ]);
+            }
+            Some(Err(e)) => row([
+                "1",
+                &format!("independent tasks ({be})"),
+                "",
+                &format!("FAILED: {e}"),
+                "",
+                "",
+                "",
+                "",
+            ]),
+            None => {}
+        }
+        match &b.w2 {
+            Some(Ok(w)) => {
+                let o = median(&w.orch_s);
+                let m = median(&w.base_s);
+                row([
+                    "2",
+                    &format!(
+                        "DAG of {} steps, {} layers × 25, 2 deps each, one inline template ({be})",
+                        thousands(w.steps as f64),
+                        w.steps / 25
+                    ),
+                    "submit (`wait`) → workflow completed",
+                    &format!(
+                        "{} = {} per step{}",
+                        s(o),
+                        ms(o / w.steps as f64 * 1000.0),
+                        spread(&w.orch_s, s)
+                    ),
+                    &format!(
+                        "{} = {} per step, `make -j{}`{}",
+                        s(m),
+                        ms(m / w.steps as f64 * 1000.0),
+                        ctx.workers,
+                        spread(&w.base_s, s)
+                    ),
+                    &format!("{:.2}", w.ratio()),
+                    "≤ 1.3",
+                    &at_most(w.ratio(), 1.3),
+                ]);
+            }
+            Some(Err(e)) => row([
+                "2",
+                &format!("DAG ({be})"),
+                "",
+                &format!("FAILED: {e}"),
+                "",
+                "",
+                "",
+                "",
+            ]),
+            None => {}
+        }
+        match &b.w3 {
+            Some(Ok(w3)) => {
+                let reads = &w3.reads;
+                for lat in &w3.latency {
+                    let p99 = lat.median(2);
+                    let main = lat.rate == 100;
+                    row([
+                        "3",
+                        &format!(
+                            "submit → script start, {}/s for {} s × {} run(s), {} samples ({be})",
+                            lat.rate,
+                            lat.secs_per_run,
+                            lat.runs.len(),
+                            thousands(lat.samples as f64)
+                        ),
+                        "p50 / p95 / p99",
+                        &format!(
+                            "{} / {} / {}",
+                            ms(lat.median(0)),
+                            ms(lat.median(1)),
+                            ms(p99)
+                        ),
+                        &format!(
+                            "{} / {} / {}: spawning the same script directly (spawn → its first line)",
+                            ms(w3.floor[0]),
+                            ms(w3.floor[1]),
+                            ms(w3.floor[2])
+                        ),
+                        "",
+                        if main { "p99 ≤ 10 ms" } else { "(context)" },
+                        &if main {
+                            at_most(p99, 10.0)
+                        } else {
+                            String::new()
+                        },
+                    ]);
+                }
+                for (name, res, target) in [
+                    ("`GET /tasks/{id}`", &reads.by_id, Some(15_000.0)),
+                    ("`GET /tasks?limit=50`", &reads.list, None),
+                ] {
+                    let mut lat: Vec<u32> = res.latencies_us.clone();
+                    lat.sort_unstable();
+                    let rps = res.median_window_rps();
+                    row([
+                        "4",
+                        &format!(
+                            "{name}, {} connections, {} s, {} stored tasks ({be})",
+                            reads.connections,
+                            reads.secs,
+                            thousands(reads.stored as f64)
+                        ),
+                        "requests/s (median of 5 s windows), p99",
+                        &format!(
+                            "{} req/s, p99 {}",
+                            thousands(rps),
+                            ms(f64::from(percentile(&lat, 99.0)) / 1000.0)
+                        ),
+                        "",
+                        "",
+                        if target.is_some() {
+                            "≥ 15,000 req/s"
+                        } else {
+                            ""
+                        },
+                        &target.map(|t| at_least(rps, t)).unwrap_or_default(),
+                    ]);
+                }
+            }
+            Some(Err(e)) => row([
+                "3–4",
+                &format!("latency and reads ({be})"),
+                "",
+                &format!("FAILED: {e}"),
+                "",
+                "",
+                "",
+                "",
+            ]),
+            None => {}
+        }
+    }
+    let idle_rss = r
+        .backends
+        .iter()
+        .find(|b| b.backend == "filesystem")
+        .and_then(|b| b.w1.as_ref())
+        .and_then(|w| w.as_ref().ok());
+    match &r.scale {
+        Some(Ok(sc)) => {
+            let start = median(&sc.start_s);
+            let empty = idle_rss.map(|w| median(&w.empty_start_s));
+            row([
+                "5",
+                &format!(
+                    "{} stored tasks (filesystem; {:.0} MiB snapshot)",
+                    thousands(sc.tasks as f64),
+                    sc.snapshot_mib
+                ),
+                "start-up: spawn → first `200` from `/health`",
+                &format!("{}{}", s(start), spread(&sc.start_s, s)),
+                &empty
+                    .map(|e| format!("{} with an empty data dir", s(e)))
+                    .unwrap_or_default(),
+                "",
+                "< 2 s",
+                &at_most(start, 2.0),
+            ]);
+            if let Some(w) = idle_rss {
+                let idle =
+                    median(&w.idle_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+                let peak =
+                    median(&w.peak_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+                row([
+                    "5",
+                    "idle service, empty data dir (filesystem)",
+                    "RSS",
+                    &format!("{} (peak after workload 1: {})", mib(idle), mib(peak)),
+                    "",
+                    "",
+                    "< 30 MB",
+                    &at_most(idle as f64 * 1024.0, 30e6),
+                ]);
+            }
+            row([
+                "5",
+                &format!("{} stored tasks", thousands(sc.tasks as f64)),
+                "RSS idle after loading; after the list queries (peak)",
+                &format!(
+                    "{}; {} ({})",
+                    mib(sc.rss_loaded_kib),
+                    mib(sc.rss_after_kib),
+                    mib(sc.hwm_after_kib)
+                ),
+                "",
+                "",
+                "",
+                "",
+            ]);
+            for (label, p50, p99) in &sc.lists {
+                row([
+                    "5",
+                    &format!("`GET /tasks` {label}"),
+                    "p50 / p99 of 200 sequential requests",
+                    &format!("{} / {}", ms(*p50), ms(*p99)),
+                    "",
+                    "",
+                    "",
+                    "",
+                ]);
+            }
+        }
+        Some(Err(e)) => row([
+            "5",
+            "100k stored tasks",
+            "",
+            &format!("FAILED: {e}"),
+            "",
+            "",
+            "",
+            "",
+        ]),
+        None => {}
+    }
+    match &r.migrate {
+        Some(Ok(false)) => row([
+            "6",
+            "migration fs ↔ embedded, 100k tasks with logs",
+            "records/s, peak RSS",
+            "not implemented yet (no `orchestrator migrate` command)",
+            "",
+            "",
+            "≥ 20,000 records/s",
+            "n/a",
+        ]),
+        Some(Ok(true)) => row([
+            "6",
+            "migration fs ↔ embedded, 100k tasks with logs",
+            "records/s, peak RSS",
+            "`orchestrator migrate` exists, but this bench does not drive it yet",
+            "",
+            "",
+            "≥ 20,000 records/s",
+            "n/a",
+        ]),
+        Some(Err(e)) => row([
+            "6",
+            "migration",
+            "",
+            &format!("FAILED: {e}"),
+            "",
+            "",
+            "",
+            "",
+        ]),
+        None => {}
+    }
+    t
+}
+
+/// One line of the history list.
+pub fn history_line(env: &Environment, r: &Results) -> String {
+    let mut parts = vec![format!("{} · {} · `{}`", env.date, env.commit, env.version)];
+    for b in &r.backends {
+        let mut p = vec![b.backend.clone()];
+        if let Some(Ok(w)) = &b.w1 {
+            p.push(format!("w1 {:.2}× ({})", w.ratio(), s(w.orch())));
+        }
+        if let Some(Ok(w)) = &b.w2 {
+            p.push(format!("w2 {:.2}×", w.ratio()));
+        }
+        if let Some(Ok(w3)) = &b.w3 {
+            if let Some(lat) = w3.latency.first() {
+                p.push(format!("p99 {}", ms(lat.median(2))));
+            }
+            p.push(format!(
+                "get {} req/s",
+                thousands(w3.reads.by_id.median_window_rps())
+            ));
+        }
+        parts.push(p.join(", "));
+    }
+    if let Some(Ok(sc)) = &r.scale {
+        parts.push(format!(
+            "100k start-up {}, RSS {}",
+            s(median(&sc.start_s)),
+            mib(sc.rss_loaded_kib)
+        ));
+    }
+    parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
+    format!("- {}", parts.join(" · "))
+}
+
+const SKELETON: &str = "# Benchmarks\n\nRun `make bench`.\n\n## Latest results\n\n<!-- bench:latest:start -->\n<!-- bench:latest:end -->\n\n## History\n\n<!-- bench:history:start -->\n<!-- bench:history:end -->\n";
+
+/// Replaces the latest table and prepends a history line; everything
+/// outside the markers is kept as written.
+pub fn write_doc(path: &Path, table: &str, history: &str) -> Result<()> {
+    let doc = std::fs::read_to_string(path).unwrap_or_else(|_| SKELETON.to_owned());
+    let doc = replace_between(&doc, LATEST_START, LATEST_END, &format!("\n{table}\n"))?;
+    let old = between(&doc, HISTORY_START, HISTORY_END)?;
+    let mut lines: Vec<&str> = vec![history];
+    lines.extend(
+        old.lines()
+            .filter(|l| l.starts_with("- "))
+            .take(HISTORY_KEEP - 1),
+    );
+    let doc = replace_between(
+        &doc,
+        HISTORY_START,
+        HISTORY_END,
+        &format!("\n{}\n", lines.join("\n")),
+    )?;
+    std::fs::write(path, doc)?;
+    Ok(())
+}
+
+fn between<'a>(doc: &'a str, start: &str, end: &str) -> Result<&'a str> {
+    let (Some(a), Some(b)) = (doc.find(start), doc.find(end)) else {
+        bail!("the document lacks the markers {start} … {end}");
+    };
+    if b < a {
+        bail!("{end} comes before {start}");
+    }
+    Ok(&doc[a + start.len()..b])
+}
+
+fn replace_between(doc: &str, start: &str, end: &str, with: &str) -> Result<String> {
+    let inner = between(doc, start, end)?;
+    let a = doc.find(start).unwrap_or_default() + start.len();
+    Ok(format!("{}{with}{}", &doc[..a], &doc[a + inner.len()..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doc_keeps_its_text_and_a_bounded_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.md");
+        std::fs::write(
+            &path,
+            SKELETON.replace("Run `make bench`.", "Hand-written notes."),
+        )
+        .unwrap();
+        for i in 0..25 {
+            write_doc(&path, &format!("table {i}"), &format!("- run {i}")).unwrap();
+        }
+        let doc = std::fs::read_to_string(&path).unwrap();
+        assert!(doc.contains("Hand-written notes."));
+        assert!(doc.contains("table 24") && !doc.contains("table 23"));
+        assert!(doc.contains("- run 24\n- run 23"));
+        assert_eq!(doc.matches("- run ").count(), HISTORY_KEEP);
+    }
+
+    #[test]
+    fn targets_say_by_how_much_they_were_missed() {
+        assert_eq!(at_most(1.2, 1.3), "met");
+        assert_eq!(at_most(2.6, 1.3), "**missed** by 2.00× (+100 %)");
+        assert_eq!(
+            at_least(7_500.0, 15_000.0),
+            "**missed**: 50 % of the target (2.00× short)"
+        );
+        assert_eq!(thousands(1234567.0), "1,234,567");
+    }
+}
