@@ -38,6 +38,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/workflows/{id}", get(get_workflow))
         .route("/workflows/{id}/cancel", post(cancel_workflow))
         .route("/workflows/{id}/retry", post(retry_workflow))
+        .route("/cluster/nodes", get(list_nodes))
         .route("/templates", get(list_templates))
         .route("/templates/{ref_name}", get(get_template))
         .route("/workflows/servers/create", post(create_servers))
@@ -479,6 +480,24 @@ async fn validate_workflow(
 /// Typed view of a body already parsed as JSON, with the same 422 errors.
 fn parse_body<T: serde::de::DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiError> {
     crate::extract::from_value(body.clone())
+}
+
+/// The nodes sharing this store: their last heartbeat and whether it is
+/// recent enough (within one lease) to count them alive.
+async fn list_nodes(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let nodes: Vec<serde_json::Value> = state
+        .engine
+        .nodes()
+        .await?
+        .into_iter()
+        .map(|(node, alive)| {
+            let mut value = serde_json::to_value(&node).unwrap_or_default();
+            value["alive"] = json!(alive);
+            value["this_node"] = json!(node.id == state.engine.config().node_id);
+            value
+        })
+        .collect();
+    Ok(Json(json!({"nodes": nodes})))
 }
 
 async fn list_templates(State(state): State<AppState>) -> Json<serde_json::Value> {

@@ -8,6 +8,7 @@
 mod error;
 mod ids;
 mod names;
+mod node;
 mod queue;
 pub mod refs;
 mod retry;
@@ -17,7 +18,11 @@ mod workflow;
 
 pub use error::{Error, Result};
 pub use ids::{TaskId, WorkflowId};
+pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
-pub use task::{FailureOutcome, FailurePolicy, Priority, StepSettings, Task, TaskSpec, TaskStatus};
+pub use task::{
+    AttemptRecord, FailureOutcome, FailurePolicy, Priority, StepSettings, Task, TaskSpec,
+    TaskStatus,
+};
 pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide};

@@ -41,6 +41,9 @@ type DelayedEntry = Reverse<(DateTime<Utc>, u64, Priority, TaskId)>;
 pub struct ReadyQueue {
     ready: BinaryHeap<ReadyEntry>,
     delayed: BinaryHeap<DelayedEntry>,
+    /// Ids in either heap: pushing one again is a no-op, so sources that
+    /// may offer the same task twice (a poll of shared storage) are safe.
+    members: std::collections::HashSet<TaskId>,
     next_seq: u64,
 }
 
@@ -54,16 +57,24 @@ impl ReadyQueue {
         self.next_seq
     }
 
-    /// Adds a task that may run now.
+    /// Adds a task that may run now (unless it is queued already).
     pub fn push(&mut self, id: TaskId, priority: Priority) {
-        let seq = self.seq();
-        self.ready.push(ReadyEntry { priority, seq, id });
+        if self.members.insert(id) {
+            let seq = self.seq();
+            self.ready.push(ReadyEntry { priority, seq, id });
+        }
     }
 
-    /// Adds a task that may run from `due` on.
+    /// Adds a task that may run from `due` on (unless it is queued already).
     pub fn push_at(&mut self, id: TaskId, priority: Priority, due: DateTime<Utc>) {
-        let seq = self.seq();
-        self.delayed.push(Reverse((due, seq, priority, id)));
+        if self.members.insert(id) {
+            let seq = self.seq();
+            self.delayed.push(Reverse((due, seq, priority, id)));
+        }
+    }
+
+    pub fn contains(&self, id: TaskId) -> bool {
+        self.members.contains(&id)
     }
 
     /// The next task to run at `now`, if any.
@@ -73,9 +84,12 @@ impl ReadyQueue {
                 break;
             }
             self.delayed.pop();
-            self.push(id, priority);
+            let seq = self.seq();
+            self.ready.push(ReadyEntry { priority, seq, id });
         }
-        self.ready.pop().map(|entry| entry.id)
+        let id = self.ready.pop()?.id;
+        self.members.remove(&id);
+        Some(id)
     }
 
     /// When the earliest delayed task becomes due, if any is waiting.
@@ -154,6 +168,21 @@ mod tests {
         q.push_at(retry, Priority::High, at(1));
         assert_eq!(q.pop(at(2)), Some(retry));
         assert_eq!(q.pop(at(2)), Some(fresh));
+    }
+
+    #[test]
+    fn a_task_is_queued_once_however_often_it_is_offered() {
+        let mut q = ReadyQueue::new();
+        let id = TaskId::new();
+        q.push(id, Priority::Normal);
+        q.push(id, Priority::Normal);
+        q.push_at(id, Priority::Normal, at(5));
+        assert_eq!(q.len(), 1);
+        assert!(q.contains(id));
+        assert_eq!(q.pop(at(0)), Some(id));
+        assert_eq!(q.pop(at(10)), None);
+        q.push(id, Priority::Normal);
+        assert_eq!(q.len(), 1, "after a pop it may be queued again");
     }
 
     #[test]

@@ -217,6 +217,16 @@ pub struct Task {
     pub error: Option<String>,
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The node running the current attempt (or that ran the last one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// While running: the claim holds until this time, renewed by the
+    /// node's heartbeat. Past it, another node may take the task over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<DateTime<Utc>>,
+    /// One record per ended attempt: who ran it, when, and how it ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<AttemptRecord>,
     /// Key/value state the script saved while it ran (e.g. the id of an
     /// external job it launched). Kept across attempts and handed to the
     /// next one, so a re-run can resume instead of repeating a side effect.
@@ -225,6 +235,21 @@ pub struct Task {
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
+}
+
+/// How one attempt of a task went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: DateTime<Utc>,
+    /// The status the attempt led to (`completed`, `retry_waiting`, ...).
+    pub outcome: TaskStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What a failed attempt led to.
@@ -269,6 +294,9 @@ impl Task {
             output: None,
             error: None,
             exit_code: None,
+            node: None,
+            lease_until: None,
+            history: Vec::new(),
             checkpoint: Map::new(),
             version: 0,
         }
@@ -310,6 +338,19 @@ impl Task {
                 from: self.status,
                 to: next,
             });
+        }
+        if self.status == TaskStatus::Running {
+            // The attempt ends here, whatever comes next: record it. The
+            // error is filled in by the caller right after.
+            self.history.push(AttemptRecord {
+                attempt: self.attempts,
+                node: self.node.clone(),
+                started_at: self.started_at,
+                ended_at: now,
+                outcome: next,
+                error: None,
+            });
+            self.lease_until = None;
         }
         self.status = next;
         self.updated_at = now;
@@ -373,9 +414,11 @@ impl Task {
             let delay = policy.delay_before_retry(self.attempts, jitter);
             self.move_to(TaskStatus::RetryWaiting, now)?;
             self.retry_at = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+            self.stamp_attempt();
             Ok(FailureOutcome::RetryAfter(delay))
         } else {
             self.move_to(TaskStatus::Failed, now)?;
+            self.stamp_attempt();
             Ok(FailureOutcome::Failed)
         }
     }
@@ -417,7 +460,18 @@ impl Task {
             "cancelled while running (attempt {})",
             self.attempts
         ));
+        self.stamp_attempt();
         Ok(())
+    }
+
+    /// Copies the error of the attempt that just ended into its history record.
+    fn stamp_attempt(&mut self) {
+        if let Some(last) = self.history.last_mut()
+            && last.outcome == self.status
+            && last.ended_at == self.updated_at
+        {
+            last.error = self.error.clone();
+        }
     }
 
     /// The task can never run (its input could not be resolved from its
@@ -502,6 +556,7 @@ impl Task {
         self.move_to(TaskStatus::Queued, now)?;
         self.attempts = self.attempts.saturating_sub(1);
         self.error = Some(reason);
+        self.stamp_attempt();
         Ok(())
     }
 }
@@ -674,6 +729,30 @@ mod tests {
 
         let mut queued = Task::new(WorkflowId::new(), spec(vec![]), now());
         assert!(queued.rerun(now()).is_err(), "only finished tasks rerun");
+    }
+
+    #[test]
+    fn every_ended_attempt_is_recorded_with_its_node_and_error() {
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now());
+        task.node = Some("node-a".into());
+        task.start(now()).unwrap();
+        task.fail("boom".into(), Some(2), &RetryPolicy::default(), 0.0, now())
+            .unwrap();
+        task.node = Some("node-b".into());
+        task.start(now()).unwrap();
+        task.complete(Value::Null, now()).unwrap();
+        let summary: Vec<_> = task
+            .history
+            .iter()
+            .map(|r| (r.attempt, r.node.as_deref(), r.outcome, r.error.as_deref()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (1, Some("node-a"), TaskStatus::RetryWaiting, Some("boom")),
+                (2, Some("node-b"), TaskStatus::Completed, None)
+            ]
+        );
     }
 
     #[test]

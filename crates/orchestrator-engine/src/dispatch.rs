@@ -119,7 +119,11 @@ impl Inner {
         token: CancellationToken,
     ) -> Result<Option<(Task, Outcome)>> {
         let mut claim = task;
-        claim.start(Utc::now())?;
+        let now = Utc::now();
+        claim.start(now)?;
+        claim.node = Some(self.config.node_id.clone());
+        claim.lease_until =
+            Some(now + chrono::Duration::from_std(self.config.lease).unwrap_or_default());
         let task = match self.store.update_task(&claim).await {
             Ok(task) => task,
             Err(e) if is_conflict(&e) => return Ok(None),

@@ -27,6 +27,13 @@ pub struct EngineConfig {
     /// Per-attempt timeout when neither the template nor the submission says.
     pub default_timeout: Duration,
     pub retry: RetryPolicy,
+    /// This instance's stable id, recorded on every attempt it runs.
+    pub node_id: String,
+    /// Where this instance's API listens, for `GET /cluster/nodes`.
+    pub address: String,
+    /// How long a claim on a running task holds without renewal; heartbeats
+    /// renew it three times per period. Past it, another node takes over.
+    pub lease: Duration,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +43,9 @@ impl Default for EngineConfig {
             default_max_attempts: 3,
             default_timeout: Duration::from_secs(3600),
             retry: RetryPolicy::default(),
+            node_id: "local".to_owned(),
+            address: String::new(),
+            lease: Duration::from_secs(15),
         }
     }
 }
@@ -149,6 +159,7 @@ pub(crate) struct Inner {
     pub(crate) finished: watch::Sender<u64>,
     /// Set when shutdown begins: nothing new is dispatched or accepted.
     pub(crate) stopping: CancellationToken,
+    pub(crate) started_at: chrono::DateTime<Utc>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -178,9 +189,12 @@ impl Engine {
             slots: Mutex::new(HashMap::new()),
             finished: watch::Sender::new(0),
             stopping: CancellationToken::new(),
+            started_at: Utc::now(),
         });
+        inner.heartbeat().await?;
         inner.recover().await?;
         tokio::spawn(inner.clone().dispatch_loop());
+        tokio::spawn(inner.clone().housekeeping_loop());
         Ok(Engine { inner })
     }
 
@@ -198,6 +212,23 @@ impl Engine {
 
     pub fn executor(&self) -> &ScriptExecutor {
         &self.inner.executor
+    }
+
+    /// Every node that shares the store, and whether it is alive.
+    pub async fn nodes(&self) -> Result<Vec<(orchestrator_core::Node, bool)>> {
+        let lease = chrono::Duration::from_std(self.inner.config.lease).unwrap_or_default();
+        let now = Utc::now();
+        Ok(self
+            .inner
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|n| {
+                let alive = n.alive(lease, now);
+                (n, alive)
+            })
+            .collect())
     }
 
     /// Entries in the queue (cancelled ones until they are popped) and
@@ -259,8 +290,10 @@ impl Engine {
             if self.inner.load_workflow(id).await?.status.is_terminal() {
                 return Ok(true);
             }
+            // Another node may finish it: look again now and then too.
             tokio::select! {
                 changed = finished.changed() => if changed.is_err() { return Ok(false) },
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 () = tokio::time::sleep_until(deadline) => return Ok(false),
             }
         }
@@ -363,6 +396,35 @@ impl Inner {
             tracing::info!(tasks = requeued, "resumed unfinished tasks");
         }
         Ok(())
+    }
+
+    /// Ends an attempt whose runner is gone (this service's previous life,
+    /// or a node whose lease ran out): its left-over processes are killed,
+    /// never adopted, then the attempt counts as failed (or the task ends
+    /// cancelled, if that was asked). Returns the stored task, or `None`
+    /// if someone else moved it first.
+    pub(crate) async fn take_over(&self, mut task: Task, error: String) -> Result<Option<Task>> {
+        let leftovers = orchestrator_executor::kill_leftovers(&task.id.to_string());
+        if leftovers > 0 {
+            tracing::warn!(task = %task.id, processes = leftovers, "killed a script left running by a stopped service");
+        }
+        let now = Utc::now();
+        if task.cancel_requested {
+            task.finish_cancel(now)?;
+        } else {
+            task.fail(error, None, &self.config.retry, rand::random(), now)?;
+        }
+        let stored = match self.store.update_task(&task).await {
+            Ok(stored) => stored,
+            Err(e) if crate::dispatch::is_conflict(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        tracing::warn!(task = %stored.id, status = %stored.status, "recovered an interrupted attempt");
+        match stored.status {
+            TaskStatus::RetryWaiting => self.enqueue(&stored),
+            _ => self.advance(stored.workflow_id).await?,
+        }
+        Ok(Some(stored))
     }
 
     pub(crate) fn register_limit(&self, workflow: &Workflow) {

@@ -9,6 +9,7 @@
 //! task's resolved input is stored before it is queued.
 
 pub mod builtin;
+mod cluster;
 mod dispatch;
 mod engine;
 mod error;

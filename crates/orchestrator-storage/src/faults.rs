@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{Backend, Error, LogChunk, Page, Result, Storage, TaskQuery, WorkflowQuery};
 
@@ -106,6 +106,19 @@ impl Backend for FaultyBackend {
     async fn health(&self) -> Result<()> {
         self.check("health")?;
         self.inner.health().await
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+
+    async fn heartbeat(&self, node: &Node) -> Result<()> {
+        self.check("heartbeat")?;
+        self.inner.heartbeat(node).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>> {
+        self.inner.nodes().await
     }
 
     async fn close(&self) -> Result<()> {

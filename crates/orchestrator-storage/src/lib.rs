@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use orchestrator_core::{Node, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 pub use error::{Error, Result};
 
@@ -76,6 +76,18 @@ pub trait Backend: Send + Sync {
     /// it can, otherwise the reason (closed, poisoned by a failed write, a
     /// database server that does not answer).
     async fn health(&self) -> Result<()>;
+
+    /// Whether several services may use this store at once (then they
+    /// coordinate through leases). Only a database server is shared.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Records a node's heartbeat (replacing its previous one).
+    async fn heartbeat(&self, node: &Node) -> Result<()>;
+
+    /// Every node that ever sent a heartbeat, by id.
+    async fn nodes(&self) -> Result<Vec<Node>>;
 
     /// Flushes and releases the backend. Later calls fail.
     async fn close(&self) -> Result<()>;

@@ -206,6 +206,14 @@ pub struct ServeArgs {
     /// Seconds between SIGTERM and SIGKILL for a stopped script [default: 10].
     #[arg(long, env = "ORCHESTRATOR_KILL_GRACE")]
     pub kill_grace: Option<u64>,
+    /// This node's id, recorded on every attempt it runs [default: kept
+    /// in <data-dir>/node-id, created on first start].
+    #[arg(long, env = "ORCHESTRATOR_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Seconds a node's claim on a running task holds without a heartbeat;
+    /// past it, another node on the same SurrealDB server takes over [default: 15].
+    #[arg(long, env = "ORCHESTRATOR_LEASE_SECS")]
+    pub lease_secs: Option<u64>,
     /// Log format: pretty or json [default: pretty].
     #[arg(long, env = "ORCHESTRATOR_LOG_FORMAT")]
     pub log_format: Option<String>,

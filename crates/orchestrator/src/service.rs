@@ -56,7 +56,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),
         work_dir: data_dir.join("work"),
-        data_dir,
+        data_dir: data_dir.clone(),
         kill_grace: settings.kill_grace,
         interpreters: settings.interpreters.clone(),
         service_url: Some(format!("http://{}", reachable(addr))),
@@ -73,6 +73,9 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             default_max_attempts: settings.max_attempts,
             default_timeout: settings.task_timeout,
             retry: settings.retry,
+            node_id: node_id(&settings, &data_dir)?,
+            address: format!("http://{}", reachable(addr)),
+            lease: settings.lease,
         },
     )
     .await
@@ -93,11 +96,15 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         let stop = stop.clone();
         let engine = engine.clone();
         tokio::spawn(async move {
-            let http_stop = stop.clone();
+            // The API stays up through the grace period: submissions are
+            // refused (503), but running scripts can still save checkpoints
+            // and clients can watch them finish.
+            let http_stop = CancellationToken::new();
+            let http_stopped = http_stop.clone();
             let http = tokio::spawn(orchestrator_api::serve(
                 listener,
                 engine.clone(),
-                async move { http_stop.cancelled().await },
+                async move { http_stopped.cancelled().await },
             ));
             stop.cancelled().await;
             tracing::info!(
@@ -105,6 +112,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 "shutting down: no new work; letting running tasks finish"
             );
             engine.shutdown(grace).await;
+            http_stop.cancel();
             // Requests still open (a long `wait`) get a moment, then are dropped.
             match tokio::time::timeout(std::time::Duration::from_secs(5), http).await {
                 Ok(joined) => joined
@@ -122,6 +130,30 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         stop,
         task,
     })
+}
+
+/// This node's id: the setting, else the one kept in the data dir (made
+/// on the first start), so that a restarted node is the same node.
+fn node_id(settings: &ServeSettings, data_dir: &std::path::Path) -> anyhow::Result<String> {
+    if let Some(id) = &settings.node_id {
+        anyhow::ensure!(
+            !id.trim().is_empty() && id.len() <= 100,
+            "--node-id: must be 1-100 characters"
+        );
+        return Ok(id.clone());
+    }
+    let path = data_dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let id = format!("node-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    std::fs::write(&path, &id).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(id)
 }
 
 /// The address a local script can reach the listener at: a wildcard bind

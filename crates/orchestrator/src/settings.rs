@@ -31,6 +31,8 @@ pub struct FileConfig {
     pub retry_max_ms: Option<u64>,
     pub shutdown_grace: Option<u64>,
     pub kill_grace: Option<u64>,
+    pub node_id: Option<String>,
+    pub lease_secs: Option<u64>,
     pub log_format: Option<String>,
     pub surrealdb_url: Option<String>,
     pub surrealdb_username: Option<String>,
@@ -68,6 +70,9 @@ pub struct ServeSettings {
     pub retry: RetryPolicy,
     pub shutdown_grace: Duration,
     pub kill_grace: Duration,
+    /// `None`: read (or create) `<data-dir>/node-id` at start.
+    pub node_id: Option<String>,
+    pub lease: Duration,
     pub log_format: LogFormat,
     pub interpreters: HashMap<String, PathBuf>,
 }
@@ -89,6 +94,8 @@ impl ServeSettings {
             retry: RetryPolicy::default(),
             shutdown_grace: Duration::from_secs(30),
             kill_grace: Duration::from_secs(10),
+            node_id: None,
+            lease: Duration::from_secs(15),
             log_format: LogFormat::Pretty,
             interpreters: HashMap::new(),
         }
@@ -165,6 +172,12 @@ impl ServeSettings {
                 .kill_grace
                 .or(file.kill_grace)
                 .map_or(defaults.kill_grace, Duration::from_secs),
+            node_id: args.node_id.or(file.node_id),
+            lease: match args.lease_secs.or(file.lease_secs) {
+                Some(0) => bail!("--lease-secs: must be at least 1"),
+                Some(secs) => Duration::from_secs(secs),
+                None => defaults.lease,
+            },
             log_format,
             interpreters: file.interpreters,
         })

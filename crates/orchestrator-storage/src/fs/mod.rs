@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
 use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
@@ -95,6 +95,9 @@ pub struct FsBackend {
     /// an `.await`; durability is awaited after it is released.
     state: Mutex<State>,
     journal: JournalWriter,
+    /// Heartbeats. Only this process can use the dir (the lock), so there
+    /// is one node, and its heartbeats need not outlive it.
+    nodes: Mutex<std::collections::BTreeMap<String, Node>>,
     /// Keeps the `LOCK` file's advisory lock for as long as we are open.
     _lock: File,
 }
@@ -146,6 +149,7 @@ impl FsBackend {
             options,
             state: Mutex::new(state),
             journal,
+            nodes: Mutex::new(Default::default()),
             _lock: lock,
         })
     }
@@ -501,6 +505,25 @@ impl Backend for FsBackend {
 
     async fn health(&self) -> Result<()> {
         self.journal.check_open()
+    }
+
+    async fn heartbeat(&self, node: &Node) -> Result<()> {
+        self.journal.check_usable()?;
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.id.clone(), node.clone());
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>> {
+        Ok(self
+            .nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect())
     }
 
     async fn close(&self) -> Result<()> {

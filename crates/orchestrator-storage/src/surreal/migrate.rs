@@ -56,6 +56,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "task_logs",
         sql: include_str!("../../../../migrations/0002_task_logs.surql"),
     },
+    Migration {
+        version: 3,
+        name: "nodes",
+        sql: include_str!("../../../../migrations/0003_nodes.surql"),
+    },
 ];
 
 /// How long a start waits for another process's migration lock.

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orchestrator_core::{Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId};
+use orchestrator_core::{Node, Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use surrealdb::engine::any::{self, Any};
@@ -966,6 +966,36 @@ impl Backend for SurrealBackend {
                 format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
             )),
         }
+    }
+
+    fn shared(&self) -> bool {
+        self.name == "surrealdb-server"
+    }
+
+    async fn heartbeat(&self, node: &Node) -> Result<()> {
+        let mut vars = Variables::new();
+        vars.insert("id", node.id.clone());
+        vars.insert(
+            "doc",
+            serde_json::to_string(node)
+                .map_err(|e| Error::io("serialize a node", std::io::Error::other(e)))?,
+        );
+        self.query(
+            "record a heartbeat",
+            "UPSERT type::record('node', $id) CONTENT { doc: $doc };",
+            &vars,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>> {
+        self.docs(
+            "list nodes",
+            "SELECT VALUE doc FROM node ORDER BY id;",
+            &Variables::new(),
+        )
+        .await
     }
 
     async fn close(&self) -> Result<()> {

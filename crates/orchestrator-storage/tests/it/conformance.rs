@@ -54,6 +54,24 @@ pub async fn suite(harness: &impl Harness) {
     workflows_update_by_compare_and_set_and_grow_atomically(&harness.open().await).await;
     idempotency_keys_and_revisions_are_unique(&harness.open().await).await;
     workflows_filter_by_every_field(&harness.open().await).await;
+    heartbeats_keep_the_latest_per_node(&harness.open().await).await;
+}
+
+async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
+    let started = Utc::now();
+    let node = |id: &str, seconds: i64| orchestrator_core::Node {
+        id: id.to_owned(),
+        address: format!("http://{id}:8080"),
+        started_at: started,
+        last_seen: started + chrono::Duration::seconds(seconds),
+    };
+    store.heartbeat(&node("node-a", 0)).await.unwrap();
+    store.heartbeat(&node("node-b", 1)).await.unwrap();
+    store.heartbeat(&node("node-a", 5)).await.unwrap();
+    let mut nodes = store.nodes().await.unwrap();
+    nodes.retain(|n| n.id == "node-a" || n.id == "node-b");
+    nodes.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(nodes, vec![node("node-a", 5), node("node-b", 1)]);
 }
 
 async fn insert_and_read_back(store: &Storage) {

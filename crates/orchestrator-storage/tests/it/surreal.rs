@@ -362,7 +362,8 @@ async fn a_failing_migration_applies_nothing_and_leaves_no_mark() {
         .await
         .unwrap();
     let versions: Vec<i64> = response.take(0).unwrap();
-    assert_eq!(versions, vec![1, 2], "the earlier ones stay applied");
+    let known: Vec<i64> = MIGRATIONS.iter().map(|m| i64::from(m.version)).collect();
+    assert_eq!(versions, known, "the earlier ones stay applied");
     let info: Option<serde_json::Value> = response.take(1).unwrap();
     assert!(!info.unwrap().to_string().contains("half_done"));
     // And the real set still opens.

@@ -87,7 +87,7 @@ fn db_status_shows_the_filesystem_layout_version() {
 
 #[cfg(feature = "surrealdb")]
 #[path = "../../../orchestrator-storage/tests/it/dev_server.rs"]
-mod dev_server;
+pub(crate) mod dev_server;
 
 #[cfg(feature = "surrealdb")]
 mod surrealdb {
@@ -121,7 +121,7 @@ mod surrealdb {
         let (ok, text) = db_status(&["--storage-type", "surrealdb-embedded"], dir.path());
         assert!(ok, "{text}");
         assert!(text.contains("workflows_and_tasks  applied"), "{text}");
-        assert!(text.contains("2 applied, 0 pending"), "{text}");
+        assert!(text.contains("3 applied, 0 pending"), "{text}");
     }
 
     #[tokio::test]

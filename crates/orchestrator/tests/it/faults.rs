@@ -34,7 +34,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 }
 
 /// POSTs a drill workflow; `Some(id)` only for an acknowledged submission.
-fn try_submit(url: &str, tag: &str) -> Option<String> {
+pub(crate) fn try_submit(url: &str, tag: &str) -> Option<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -55,15 +55,20 @@ fn try_submit(url: &str, tag: &str) -> Option<String> {
     })
 }
 
-struct LedgerEntry {
+pub(crate) struct LedgerEntry {
     attempt: u32,
     event: String,
     time: f64,
 }
 
-fn read_ledger(path: &std::path::Path) -> HashMap<String, Vec<LedgerEntry>> {
+/// The drill's ledger, merged from every node's data dir.
+pub(crate) fn read_ledger(paths: &[std::path::PathBuf]) -> HashMap<String, Vec<LedgerEntry>> {
     let mut by_task: HashMap<String, Vec<LedgerEntry>> = HashMap::new();
-    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+    let text: String = paths
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    for line in text.lines() {
         let parts: Vec<&str> = line.split(' ').collect();
         if let [task, attempt, event, time] = parts[..] {
             by_task
@@ -142,14 +147,37 @@ fn crash_restart_drill_keeps_every_promise() {
         assert_eq!(view["status"], "completed", "{view}");
     }
 
-    let ledger = read_ledger(&data.join("ledger.log"));
+    let ledger = read_ledger(&[data.join("ledger.log")]);
     let jobs = std::fs::read_to_string(data.join("jobs.log")).unwrap_or_default();
+    check_promises(&views, &ledger, &jobs);
+    // The drill did crash in the middle of work.
+    let interrupted = ledger.values().flatten().filter(|e| e.attempt > 1).count();
+    assert!(
+        rounds == 0 || interrupted > 0,
+        "no attempt was ever interrupted: the drill tested nothing"
+    );
+    eprintln!(
+        "fault drill: {} workflows survived {rounds} crashes ({interrupted} ledger entries from re-run attempts)",
+        acknowledged.len()
+    );
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success());
+}
+
+/// What every drill asserts about finished workflows, from the ledger the
+/// steps wrote and the external jobs they launched.
+pub(crate) fn check_promises(
+    views: &[Value],
+    ledger: &HashMap<String, Vec<LedgerEntry>>,
+    jobs: &str,
+) {
     let mut jobs_by_task: HashMap<&str, HashSet<&str>> = HashMap::new();
     for line in jobs.lines() {
         let (task, job) = line.split_once(' ').unwrap();
         jobs_by_task.entry(task).or_default().insert(job);
     }
-    for view in &views {
+    for view in views {
+        assert_eq!(view["status"], "completed", "{view}");
         for task in view["tasks"].as_array().unwrap() {
             let id = task["id"].as_str().unwrap();
             let attempts = task["attempts"].as_u64().unwrap() as u32;
@@ -158,6 +186,18 @@ fn crash_restart_drill_keeps_every_promise() {
             assert!(
                 entries.iter().all(|e| e.attempt <= attempts),
                 "task {id} ran after it completed"
+            );
+            // No attempt ran twice (on one node or two).
+            let starts: Vec<u32> = entries
+                .iter()
+                .filter(|e| e.event == "start")
+                .map(|e| e.attempt)
+                .collect();
+            let unique: HashSet<u32> = starts.iter().copied().collect();
+            assert_eq!(
+                starts.len(),
+                unique.len(),
+                "task {id} ran an attempt twice: {starts:?}"
             );
             // No attempt outlived its successor: left-overs were killed.
             for later in entries.iter().filter(|e| e.event == "start") {
@@ -180,16 +220,138 @@ fn crash_restart_drill_keeps_every_promise() {
             }
         }
     }
-    // The drill did crash in the middle of work.
-    let interrupted = ledger.values().flatten().filter(|e| e.attempt > 1).count();
-    assert!(
-        rounds == 0 || interrupted > 0,
-        "no attempt was ever interrupted: the drill tested nothing"
-    );
-    eprintln!(
-        "fault drill: {} workflows survived {rounds} crashes ({interrupted} ledger entries from re-run attempts)",
-        acknowledged.len()
-    );
-    daemon.signal("-TERM");
-    assert!(daemon.wait().success());
+}
+
+#[cfg(feature = "surrealdb")]
+mod nodes {
+    use super::*;
+    use crate::backends::dev_server::DevServer;
+
+    /// Two nodes on one SurrealDB server share the work; when one dies
+    /// with SIGKILL, the other takes its running tasks over once their
+    /// leases expire, and every promise still holds.
+    #[test]
+    fn a_node_takes_over_the_work_of_a_dead_one() {
+        let server = DevServer::start_memory();
+        let url = server.url();
+        let database = format!("nodes_{}", uuid::Uuid::now_v7().simple());
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "--storage-type",
+            "surrealdb-server",
+            "--surrealdb-url",
+            &url,
+            "--surrealdb-database",
+            &database,
+            "--lease-secs",
+            "2",
+            "--workers",
+            "2",
+        ];
+        let a = Daemon::start(&dir.path().join("a"), &args);
+        let b = Daemon::start(&dir.path().join("b"), &args);
+
+        let mut acknowledged = Vec::new();
+        for i in 0..4 {
+            acknowledged.extend(try_submit(&a.url, &format!("a{i}")));
+        }
+        for i in 0..2 {
+            acknowledged.extend(try_submit(&b.url, &format!("b{i}")));
+        }
+        assert_eq!(acknowledged.len(), 6);
+
+        // Kill A while it runs something of its own.
+        let a_id = std::fs::read_to_string(dir.path().join("a/node-id")).unwrap();
+        let busy_by = Instant::now() + Duration::from_secs(20);
+        loop {
+            let running = a.cli_json(&["tasks", "--status", "running", "--json"]);
+            if running["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["node"] == a_id.as_str())
+            {
+                break;
+            }
+            assert!(Instant::now() < busy_by, "node A never ran anything");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        a.signal("-KILL");
+        assert!(!a.wait().success());
+
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut views = Vec::new();
+        for id in &acknowledged {
+            let view = loop {
+                let view = b.cli_json(&["workflow", "status", id, "--json"]);
+                if matches!(
+                    view["status"].as_str(),
+                    Some("completed" | "failed" | "cancelled")
+                ) {
+                    break view;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "workflow {id} never finished: {view}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            views.push(view);
+        }
+        let ledger = read_ledger(&[
+            dir.path().join("a/ledger.log"),
+            dir.path().join("b/ledger.log"),
+        ]);
+        let jobs: String = ["a", "b"]
+            .iter()
+            .map(|n| {
+                std::fs::read_to_string(dir.path().join(n).join("jobs.log")).unwrap_or_default()
+            })
+            .collect();
+        check_promises(&views, &ledger, &jobs);
+
+        // B finished what A had started: the history says who ran what.
+        let b_id = std::fs::read_to_string(dir.path().join("b/node-id")).unwrap();
+        let taken_over = views
+            .iter()
+            .flat_map(|v| v["tasks"].as_array().unwrap().iter())
+            .any(|t| {
+                let history = t["history"].as_array().unwrap();
+                history.iter().any(|h| {
+                    h["node"] == a_id.as_str()
+                        && h["error"]
+                            .as_str()
+                            .is_some_and(|e| e.contains("stopped renewing its lease"))
+                }) && history.last().is_some_and(|h| h["node"] == b_id.as_str())
+            });
+        assert!(
+            taken_over,
+            "no task shows A's interrupted attempt followed by B's"
+        );
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listed: Value = runtime.block_on(async {
+            reqwest::get(format!("{}/cluster/nodes", b.url))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        });
+        let alive = |id: &str| {
+            listed["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["id"] == id)
+                .map(|n| n["alive"].clone())
+        };
+        assert_eq!(alive(&a_id), Some(json!(false)), "{listed}");
+        assert_eq!(alive(&b_id), Some(json!(true)), "{listed}");
+        b.signal("-TERM");
+        assert!(b.wait().success());
+    }
 }

@@ -1,0 +1,137 @@
+//! Life among other nodes: heartbeats, lease renewal, taking over the
+//! running tasks of nodes that stopped, and (on a shared store) picking up
+//! work that other nodes accepted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use orchestrator_core::{Node, TaskStatus, WorkflowStatus};
+use orchestrator_storage::WorkflowQuery;
+
+use crate::Result;
+use crate::dispatch::is_conflict;
+use crate::engine::{Inner, lock};
+
+/// How often a node on a shared store looks for work others accepted.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Every this many polls, unfinished workflows are advanced too, in case
+/// the node that should have done it stopped half-way.
+const ADVANCE_EVERY: u32 = 10;
+
+impl Inner {
+    pub(crate) async fn heartbeat(&self) -> Result<()> {
+        let node = Node {
+            id: self.config.node_id.clone(),
+            address: self.config.address.clone(),
+            started_at: self.started_at,
+            last_seen: Utc::now(),
+        };
+        Ok(self.store.heartbeat(&node).await?)
+    }
+
+    pub(crate) async fn housekeeping_loop(self: Arc<Self>) {
+        let renew_every = (self.config.lease / 3).max(Duration::from_millis(100));
+        let shared = self.store.shared();
+        let tick = if shared {
+            POLL_INTERVAL.min(renew_every)
+        } else {
+            renew_every
+        };
+        let mut last_renewal = tokio::time::Instant::now();
+        let mut polls = 0u32;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(tick) => {}
+                () = self.stopping.cancelled() => return,
+            }
+            if last_renewal.elapsed() >= renew_every {
+                last_renewal = tokio::time::Instant::now();
+                if let Err(e) = self.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                self.renew_leases().await;
+            }
+            polls += 1;
+            if let Err(e) = self.look_for_work(shared, polls % ADVANCE_EVERY == 0).await {
+                tracing::warn!(error = %e, "looking for work failed");
+            }
+        }
+    }
+
+    /// Pushes the lease of every attempt this node runs forward.
+    async fn renew_leases(&self) {
+        let ids: Vec<_> = lock(&self.running).keys().copied().collect();
+        for id in ids {
+            for _ in 0..3 {
+                let Ok(Some(mut task)) = self.store.get_task(id).await else {
+                    break;
+                };
+                if task.status != TaskStatus::Running
+                    || task.node.as_deref() != Some(&self.config.node_id)
+                {
+                    break;
+                }
+                task.lease_until = Some(
+                    Utc::now() + chrono::Duration::from_std(self.config.lease).unwrap_or_default(),
+                );
+                match self.store.update_task(&task).await {
+                    Ok(_) => break,
+                    Err(e) if is_conflict(&e) => continue,
+                    Err(e) => {
+                        tracing::warn!(task = %id, error = %e, "lease renewal failed");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes over running tasks whose lease ran out (their node stopped, or
+    /// this node could not record their outcome), and on a shared store
+    /// queues what other nodes accepted.
+    async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
+        let now = Utc::now();
+        for task in self.store.unfinished_tasks().await? {
+            match task.status {
+                TaskStatus::Running => {
+                    let expired = task.lease_until.is_some_and(|until| until < now);
+                    let mine_and_alive = lock(&self.running).contains_key(&task.id);
+                    if expired && !mine_and_alive {
+                        let error = format!(
+                            "interrupted: node {} stopped renewing its lease during attempt {}",
+                            task.node.as_deref().unwrap_or("?"),
+                            task.attempts
+                        );
+                        self.take_over(task, error).await?;
+                    }
+                }
+                TaskStatus::Queued | TaskStatus::RetryWaiting if shared => {
+                    if !lock(&self.queue).contains(task.id) {
+                        self.enqueue(&task);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if shared && advance_workflows {
+            for status in [
+                WorkflowStatus::Queued,
+                WorkflowStatus::Running,
+                WorkflowStatus::RollingBack,
+                WorkflowStatus::Scheduled,
+            ] {
+                let query = WorkflowQuery {
+                    status: Some(status),
+                    limit: usize::MAX,
+                    ..Default::default()
+                };
+                for workflow in self.store.list_workflows(&query).await?.items {
+                    self.register_limit(&workflow);
+                    self.advance(workflow.id).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
