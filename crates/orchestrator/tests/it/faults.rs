@@ -86,15 +86,45 @@ pub(crate) fn read_ledger(paths: &[std::path::PathBuf]) -> HashMap<String, Vec<L
 
 #[test]
 fn crash_restart_drill_keeps_every_promise() {
+    drill(&[]);
+}
+
+#[cfg(feature = "surrealdb")]
+#[test]
+fn crash_restart_drill_on_embedded_surrealdb() {
+    drill(&["--storage-type", "surrealdb-embedded"]);
+}
+
+#[cfg(feature = "surrealdb")]
+#[test]
+fn crash_restart_drill_on_a_surrealdb_server() {
+    let server = crate::backends::dev_server::DevServer::start_memory();
+    let url = server.url();
+    let database = format!("drill_{}", uuid::Uuid::now_v7().simple());
+    drill(&[
+        "--storage-type",
+        "surrealdb-server",
+        "--surrealdb-url",
+        &url,
+        "--surrealdb-database",
+        &database,
+    ]);
+}
+
+/// Crashes a service on the given store `ORCHESTRATOR_FAULT_ROUNDS` times
+/// in the middle of work, then checks every promise.
+fn drill(store_args: &[&str]) {
     let seed = env_number("ORCHESTRATOR_FAULT_SEED", 20_261_122);
     let rounds = env_number("ORCHESTRATOR_FAULT_ROUNDS", 3);
-    eprintln!("fault drill: seed {seed}, {rounds} crash rounds");
+    eprintln!("fault drill {store_args:?}: seed {seed}, {rounds} crash rounds");
     let mut moments = Moments(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut acknowledged: Vec<String> = Vec::new();
     for round in 0..rounds {
-        let daemon = Daemon::start(&data, &["--workers", "2"]);
+        let mut args = vec!["--workers", "2"];
+        args.extend_from_slice(store_args);
+        let daemon = Daemon::start(&data, &args);
         for i in 0..1 + moments.next(3) {
             if let Some(id) = try_submit(&daemon.url, &format!("r{round}-{i}")) {
                 acknowledged.push(id);
@@ -113,7 +143,7 @@ fn crash_restart_drill_keeps_every_promise() {
         assert!(!daemon.wait().success());
     }
 
-    let daemon = Daemon::start(&data, &[]);
+    let daemon = Daemon::start(&data, store_args);
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut views = Vec::new();
     for id in &acknowledged {
