@@ -160,6 +160,10 @@ impl Inner {
 
     /// A workflow's first claim moves it to running.
     async fn mark_workflow_running(&self, id: WorkflowId) -> Result<()> {
+        // Known running: skip re-reading the workflow on every claim.
+        if lock(&self.running_workflows).contains(&id) {
+            return Ok(());
+        }
         loop {
             let mut workflow = self.load_workflow(id).await?;
             if !matches!(
@@ -173,7 +177,10 @@ impl Inner {
             workflow.started_at.get_or_insert(now);
             workflow.updated_at = now;
             match self.store.update_workflow(&workflow, &[]).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    lock(&self.running_workflows).insert(id);
+                    return Ok(());
+                }
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
             }

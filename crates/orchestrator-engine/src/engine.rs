@@ -153,6 +153,9 @@ pub(crate) struct Inner {
     /// Cancel tokens of the attempts in flight. Registered before the task
     /// is marked running, so a cancel that sees "running" always finds it.
     pub(crate) running: Mutex<HashMap<TaskId, CancellationToken>>,
+    /// Workflows this node saw running, so that claims need not re-read
+    /// them; forgotten when they finish.
+    pub(crate) running_workflows: Mutex<std::collections::HashSet<WorkflowId>>,
     /// Workflows with a `parallel_limit`, and how many of their tasks run.
     pub(crate) slots: Mutex<HashMap<WorkflowId, Slots>>,
     /// Bumped whenever a workflow finishes; waiters watch it.
@@ -187,6 +190,7 @@ impl Engine {
             workers: Arc::new(Semaphore::new(workers)),
             running: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
+            running_workflows: Mutex::new(Default::default()),
             finished: watch::Sender::new(0),
             stopping: CancellationToken::new(),
             started_at: Utc::now(),

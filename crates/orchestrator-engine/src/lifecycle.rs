@@ -27,6 +27,11 @@ impl Inner {
                 return Ok(());
             }
             let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+            // Another round is needed only when a decision ended a task or
+            // changed the workflow (which may enable further decisions), or
+            // lost a race; a plain release does neither. Each round re-reads
+            // the whole workflow, so skipping the needless one matters.
+            let mut again = false;
             for decision in decisions {
                 let now = Utc::now();
                 match decision {
@@ -40,21 +45,24 @@ impl Inner {
                             }
                             Err(error) => task.fail_unrunnable(error, now)?,
                         }
-                        if let Some(stored) = self.store_task(&task).await?
-                            && stored.status == TaskStatus::Queued
-                        {
-                            self.enqueue(&stored);
+                        match self.store_task(&task).await? {
+                            Some(stored) if stored.status == TaskStatus::Queued => {
+                                self.enqueue(&stored)
+                            }
+                            _ => again = true,
                         }
                     }
                     Decision::Skip(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
                         task.skip(reason, now)?;
                         self.store_task(&task).await?;
+                        again = true;
                     }
                     Decision::Abandon(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
                         task.abandon(reason, now)?;
                         self.store_task(&task).await?;
+                        again = true;
                     }
                     Decision::Halt(halt) => {
                         tracing::warn!(workflow = %id, reason = %halt.reason, rollback = halt.rollback, "workflow halted");
@@ -62,10 +70,12 @@ impl Inner {
                         workflow.halt = Some(halt);
                         workflow.updated_at = now;
                         self.store_workflow(&workflow, &[]).await?;
+                        again = true;
                         break;
                     }
                     Decision::Rollback(undo) => {
                         self.start_rollback(&workflow, &undo, &by_id).await?;
+                        again = true;
                         break;
                     }
                     Decision::Finish(status) => {
@@ -76,11 +86,17 @@ impl Inner {
                         if self.store_workflow(&workflow, &[]).await?.is_some() {
                             tracing::info!(workflow = %id, %status, "workflow finished");
                             lock(&self.slots).remove(&id);
+                            lock(&self.running_workflows).remove(&id);
                             self.finished.send_modify(|n| *n += 1);
+                        } else {
+                            again = true;
                         }
                         break;
                     }
                 }
+            }
+            if !again {
+                return Ok(());
             }
         }
     }

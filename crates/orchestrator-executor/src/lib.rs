@@ -40,6 +40,11 @@ pub struct ExecutorConfig {
 #[derive(Debug, Clone)]
 pub struct ScriptExecutor {
     config: ExecutorConfig,
+    /// The environment scripts inherit, read once: the service's own,
+    /// less its `ORCHESTRATOR_*` settings (not the script's business, and
+    /// possibly credentials). Walking the process environment on every
+    /// spawn was a measurable share of the per-task cost.
+    inherited_env: std::sync::Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
 }
 
 impl ScriptExecutor {
@@ -53,7 +58,13 @@ impl ScriptExecutor {
                     dir: config.scripts_dir.clone(),
                     source,
                 })?;
-        Ok(ScriptExecutor { config })
+        let inherited_env = std::env::vars_os()
+            .filter(|(key, _)| !key.to_string_lossy().starts_with("ORCHESTRATOR_"))
+            .collect();
+        Ok(ScriptExecutor {
+            config,
+            inherited_env: std::sync::Arc::new(inherited_env),
+        })
     }
 
     pub fn config(&self) -> &ExecutorConfig {

@@ -95,14 +95,9 @@ impl ScriptExecutor {
             }
             Launcher::Direct => Command::new(&script.path),
         };
-        // Service settings are not the script's business (and may hold
-        // credentials): drop inherited ORCHESTRATOR_* variables, then set ours.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("ORCHESTRATOR_") {
-                command.env_remove(key);
-            }
-        }
         command
+            .env_clear()
+            .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
             .env("ORCHESTRATOR_TASK_ID", &job.task_id)
             .env("ORCHESTRATOR_WORKFLOW_ID", &job.workflow_id)
             .env("ORCHESTRATOR_ATTEMPT", job.attempt.to_string())

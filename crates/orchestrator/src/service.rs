@@ -172,10 +172,13 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
 pub async fn serve_from_args(args: ServeArgs) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(args)?;
     init_logging(settings.log_format);
+    // Listen for signals from the start, so that one arriving while the
+    // service is still starting is not lost.
+    let signal = tokio::spawn(wait_for_signal());
     let service = start(settings).await?;
     let stop = service.stop.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        let _ = signal.await;
         stop.cancel();
     });
     service.wait().await
