@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use orchestrator_core::{Node, TaskStatus, WorkflowStatus};
-use orchestrator_storage::WorkflowQuery;
+use orchestrator_core::{Node, TaskStatus};
 
 use crate::Result;
 use crate::dispatch::is_conflict;
@@ -115,22 +114,7 @@ impl Inner {
             }
         }
         if shared && advance_workflows {
-            for status in [
-                WorkflowStatus::Queued,
-                WorkflowStatus::Running,
-                WorkflowStatus::RollingBack,
-                WorkflowStatus::Scheduled,
-            ] {
-                let query = WorkflowQuery {
-                    status: Some(status),
-                    limit: usize::MAX,
-                    ..Default::default()
-                };
-                for workflow in self.store.list_workflows(&query).await?.items {
-                    self.register_limit(&workflow);
-                    self.advance(workflow.id).await?;
-                }
-            }
+            self.advance_unfinished_workflows().await?;
         }
         Ok(())
     }

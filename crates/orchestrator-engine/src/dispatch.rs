@@ -235,6 +235,16 @@ impl Inner {
         }
     }
 
+    pub(crate) async fn load_task(&self, id: TaskId) -> Result<Task> {
+        self.store
+            .get_task(id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "task",
+                id: id.to_string(),
+            })
+    }
+
     /// Merges entries into a running task's checkpoint; returns once durable.
     pub(crate) async fn save_checkpoint(
         &self,
@@ -242,14 +252,7 @@ impl Inner {
         entries: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Task> {
         loop {
-            let mut task = self
-                .store
-                .get_task(id)
-                .await?
-                .ok_or_else(|| Error::NotFound {
-                    what: "task",
-                    id: id.to_string(),
-                })?;
+            let mut task = self.load_task(id).await?;
             task.save_checkpoint(entries.clone(), Utc::now())?;
             match self.store.update_task(&task).await {
                 Ok(stored) => return Ok(stored),
@@ -261,14 +264,7 @@ impl Inner {
 
     pub(crate) async fn cancel_task(&self, id: TaskId) -> Result<Task> {
         loop {
-            let mut task = self
-                .store
-                .get_task(id)
-                .await?
-                .ok_or_else(|| Error::NotFound {
-                    what: "task",
-                    id: id.to_string(),
-                })?;
+            let mut task = self.load_task(id).await?;
             let immediate = task
                 .request_cancel(Utc::now())
                 .map_err(|e| Error::Conflict(e.to_string()))?;

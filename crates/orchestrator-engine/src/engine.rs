@@ -380,22 +380,7 @@ impl Inner {
                 _ => {}
             }
         }
-        for status in [
-            WorkflowStatus::Scheduled,
-            WorkflowStatus::Queued,
-            WorkflowStatus::Running,
-            WorkflowStatus::RollingBack,
-        ] {
-            let query = WorkflowQuery {
-                status: Some(status),
-                limit: usize::MAX,
-                ..Default::default()
-            };
-            for workflow in self.store.list_workflows(&query).await?.items {
-                self.register_limit(&workflow);
-                self.advance(workflow.id).await?;
-            }
-        }
+        self.advance_unfinished_workflows().await?;
         if requeued > 0 {
             tracing::info!(tasks = requeued, "resumed unfinished tasks");
         }
@@ -429,6 +414,29 @@ impl Inner {
             _ => self.advance(stored.workflow_id).await?,
         }
         Ok(Some(stored))
+    }
+
+    /// Moves every unfinished workflow along: after a start, and now and
+    /// then on a shared store, in case the node that should have stopped
+    /// half-way.
+    pub(crate) async fn advance_unfinished_workflows(&self) -> Result<()> {
+        for status in [
+            WorkflowStatus::Scheduled,
+            WorkflowStatus::Queued,
+            WorkflowStatus::Running,
+            WorkflowStatus::RollingBack,
+        ] {
+            let query = WorkflowQuery {
+                status: Some(status),
+                limit: usize::MAX,
+                ..Default::default()
+            };
+            for workflow in self.store.list_workflows(&query).await?.items {
+                self.register_limit(&workflow);
+                self.advance(workflow.id).await?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn register_limit(&self, workflow: &Workflow) {

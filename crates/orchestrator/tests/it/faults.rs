@@ -144,25 +144,7 @@ fn drill(store_args: &[&str]) {
     }
 
     let daemon = Daemon::start(&data, store_args);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut views = Vec::new();
-    for id in &acknowledged {
-        let view = loop {
-            let view = daemon.cli_json(&["workflow", "status", id, "--json"]);
-            if matches!(
-                view["status"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            ) {
-                break view;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "workflow {id} never finished: {view}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        views.push(view);
-    }
+    let views = wait_for_workflows(&daemon, &acknowledged);
 
     // Nothing acknowledged is missing, and every workflow finished well.
     let listed = daemon.cli_json(&["workflow", "list", "--limit", "1000", "--json"]);
@@ -192,6 +174,30 @@ fn drill(store_args: &[&str]) {
     );
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
+}
+
+/// Polls until every workflow finished (three minutes at most); returns
+/// their final views.
+pub(crate) fn wait_for_workflows(daemon: &Daemon, ids: &[String]) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    ids.iter()
+        .map(|id| {
+            loop {
+                let view = daemon.cli_json(&["workflow", "status", id, "--json"]);
+                if matches!(
+                    view["status"].as_str(),
+                    Some("completed" | "failed" | "cancelled")
+                ) {
+                    return view;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "workflow {id} never finished: {view}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .collect()
 }
 
 /// What every drill asserts about finished workflows, from the ledger the
@@ -309,25 +315,7 @@ mod nodes {
         a.signal("-KILL");
         assert!(!a.wait().success());
 
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut views = Vec::new();
-        for id in &acknowledged {
-            let view = loop {
-                let view = b.cli_json(&["workflow", "status", id, "--json"]);
-                if matches!(
-                    view["status"].as_str(),
-                    Some("completed" | "failed" | "cancelled")
-                ) {
-                    break view;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "workflow {id} never finished: {view}"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            };
-            views.push(view);
-        }
+        let views = wait_for_workflows(&b, &acknowledged);
         let ledger = read_ledger(&[
             dir.path().join("a/ledger.log"),
             dir.path().join("b/ledger.log"),
