@@ -29,6 +29,9 @@ impl Inner {
         Ok(self.store.heartbeat(&node).await?)
     }
 
+    /// Runs until the engine has shut down completely (not just stopped
+    /// dispatching): leases of scripts finishing in the shutdown grace
+    /// must keep being renewed, or another node would take them over.
     pub(crate) async fn housekeeping_loop(self: Arc<Self>) {
         let renew_every = (self.config.lease / 3).max(Duration::from_millis(100));
         let shared = self.store.shared();
@@ -42,7 +45,7 @@ impl Inner {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(tick) => {}
-                () = self.stopping.cancelled() => return,
+                () = self.closed.cancelled() => return,
             }
             if last_renewal.elapsed() >= renew_every {
                 last_renewal = tokio::time::Instant::now();
@@ -50,6 +53,11 @@ impl Inner {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
                 self.renew_leases().await;
+            } else if shared {
+                self.watch_running().await;
+            }
+            if self.stopping.is_cancelled() {
+                continue;
             }
             polls += 1;
             if let Err(e) = self.look_for_work(shared, polls % ADVANCE_EVERY == 0).await {
@@ -58,25 +66,53 @@ impl Inner {
         }
     }
 
-    /// Pushes the lease of every attempt this node runs forward.
-    async fn renew_leases(&self) {
-        let ids: Vec<_> = lock(&self.running).keys().copied().collect();
-        for id in ids {
-            for _ in 0..3 {
-                let Ok(Some(mut task)) = self.store.get_task(id).await else {
-                    break;
-                };
-                if task.status != TaskStatus::Running
-                    || task.node.as_deref() != Some(&self.config.node_id)
-                {
-                    break;
+    /// Stops the scripts of attempts this node no longer owns (their lease
+    /// ran out and another node took them over) or whose cancel was
+    /// requested through another node. Returns the tasks still owned.
+    async fn watch_running(&self) -> Vec<orchestrator_core::Task> {
+        let running: Vec<_> = lock(&self.running)
+            .iter()
+            .map(|(id, token)| (*id, token.clone()))
+            .collect();
+        let mut owned = Vec::new();
+        for (id, token) in running {
+            let Ok(Some(task)) = self.store.get_task(id).await else {
+                continue;
+            };
+            if task.status != TaskStatus::Running
+                || task.node.as_deref() != Some(&self.config.node_id)
+            {
+                tracing::warn!(task = %id, "another node took the task over; stopping its script here");
+                token.cancel();
+            } else {
+                if task.cancel_requested {
+                    token.cancel();
                 }
+                owned.push(task);
+            }
+        }
+        owned
+    }
+
+    /// Pushes the lease of every attempt this node still owns forward
+    /// (and stops those it lost).
+    async fn renew_leases(&self) {
+        for mut task in self.watch_running().await {
+            let id = task.id;
+            for _ in 0..3 {
                 task.lease_until = Some(
                     Utc::now() + chrono::Duration::from_std(self.config.lease).unwrap_or_default(),
                 );
                 match self.store.update_task(&task).await {
                     Ok(_) => break,
-                    Err(e) if is_conflict(&e) => continue,
+                    Err(e) if is_conflict(&e) => match self.store.get_task(id).await {
+                        Ok(Some(fresh))
+                            if fresh.status == TaskStatus::Running && fresh.node == task.node =>
+                        {
+                            task = fresh
+                        }
+                        _ => break,
+                    },
                     Err(e) => {
                         tracing::warn!(task = %id, error = %e, "lease renewal failed");
                         break;

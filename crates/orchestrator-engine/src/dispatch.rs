@@ -189,13 +189,23 @@ impl Inner {
 
     /// Stores how the attempt ended, re-reading the task on conflicts (a
     /// cancel request may have landed while the script ran).
-    async fn record_outcome(&self, task: Task, outcome: Outcome) -> Result<()> {
-        let id = task.id;
+    async fn record_outcome(&self, claimed: Task, outcome: Outcome) -> Result<()> {
+        let id = claimed.id;
         loop {
-            let mut task = self.store.get_task(id).await?.ok_or(Error::NotFound {
-                what: "task",
-                id: id.to_string(),
-            })?;
+            let mut task = self.load_task(id).await?;
+            // Only the attempt this node claimed may be ended by it: if its
+            // lease ran out and another node took the task over, this
+            // outcome is stale and must not land on the newer attempt.
+            if task.status != TaskStatus::Running
+                || task.attempts != claimed.attempts
+                || task.node != claimed.node
+            {
+                tracing::warn!(
+                    task = %id, attempt = claimed.attempts,
+                    "the attempt ended after another node took the task over; its outcome is discarded"
+                );
+                return Ok(());
+            }
             let now = Utc::now();
             match &outcome {
                 Outcome::Succeeded { output } => task.complete(output.clone(), now)?,

@@ -162,6 +162,8 @@ pub(crate) struct Inner {
     pub(crate) finished: watch::Sender<u64>,
     /// Set when shutdown begins: nothing new is dispatched or accepted.
     pub(crate) stopping: CancellationToken,
+    /// Set when shutdown is over: heartbeats and lease renewal stop.
+    pub(crate) closed: CancellationToken,
     pub(crate) started_at: chrono::DateTime<Utc>,
 }
 
@@ -193,6 +195,7 @@ impl Engine {
             running_workflows: Mutex::new(Default::default()),
             finished: watch::Sender::new(0),
             stopping: CancellationToken::new(),
+            closed: CancellationToken::new(),
             started_at: Utc::now(),
         });
         inner.heartbeat().await?;
@@ -323,6 +326,7 @@ impl Engine {
             let _ = tokio::time::timeout(Duration::from_secs(30), inner.workers.acquire_many(all))
                 .await;
         }
+        inner.closed.cancel();
         if let Err(e) = inner.store.close().await {
             tracing::error!(error = %e, "closing storage failed");
         }
@@ -343,7 +347,7 @@ impl Inner {
     /// Puts unfinished work back in motion after a start.
     async fn recover(&self) -> Result<()> {
         let mut requeued = 0usize;
-        for mut task in self.store.unfinished_tasks().await? {
+        for task in self.store.unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Queued => {
                     self.enqueue(&task);
@@ -354,27 +358,21 @@ impl Inner {
                     requeued += 1;
                 }
                 TaskStatus::Running => {
-                    // The previous instance died during this attempt. Its
-                    // script may live on: stop it before anything reruns.
-                    let leftovers = orchestrator_executor::kill_leftovers(&task.id.to_string());
-                    if leftovers > 0 {
-                        tracing::warn!(task = %task.id, processes = leftovers, "killed the script left running by the previous instance");
-                    }
-                    let now = Utc::now();
-                    if task.cancel_requested {
-                        task.finish_cancel(now)?;
-                    } else {
+                    // The previous life of this node died during this
+                    // attempt. On a shared store the task may instead be
+                    // another live node's: leave those to their lease.
+                    let ours = !self.store.shared()
+                        || task.node.as_deref() == Some(self.config.node_id.as_str())
+                        || task.lease_until.is_none_or(|until| until < Utc::now());
+                    if ours {
                         let error = format!(
                             "interrupted: the service stopped during attempt {}",
                             task.attempts
                         );
-                        task.fail(error, None, &self.config.retry, rand::random(), now)?;
-                    }
-                    let stored = self.store.update_task(&task).await?;
-                    tracing::warn!(task = %task.id, status = %stored.status, "recovered an interrupted attempt");
-                    if stored.status == TaskStatus::RetryWaiting {
-                        self.enqueue(&stored);
-                        requeued += 1;
+                        let stored = self.take_over(task, error).await?;
+                        if stored.is_some_and(|t| t.status == TaskStatus::RetryWaiting) {
+                            requeued += 1;
+                        }
                     }
                 }
                 _ => {}

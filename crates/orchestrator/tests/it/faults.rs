@@ -312,6 +312,11 @@ mod nodes {
             assert!(Instant::now() < busy_by, "node A never ran anything");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // A restart of B must not take A's running tasks: they are A's,
+        // and A's lease is alive.
+        b.signal("-TERM");
+        assert!(b.wait().success());
+        let b = Daemon::start(&dir.path().join("b"), &args);
         a.signal("-KILL");
         assert!(!a.wait().success());
 
@@ -345,6 +350,21 @@ mod nodes {
         assert!(
             taken_over,
             "no task shows A's interrupted attempt followed by B's"
+        );
+        let stolen = views
+            .iter()
+            .flat_map(|v| v["tasks"].as_array().unwrap().iter())
+            .any(|t| {
+                t["history"].as_array().unwrap().iter().any(|h| {
+                    h["node"] == a_id.as_str()
+                        && h["error"]
+                            .as_str()
+                            .is_some_and(|e| e.contains("the service stopped"))
+                })
+            });
+        assert!(
+            !stolen,
+            "B's restart interrupted an attempt that A was running"
         );
 
         let runtime = tokio::runtime::Builder::new_current_thread()

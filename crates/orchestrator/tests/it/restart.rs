@@ -50,3 +50,45 @@ async fn queued_and_interrupted_work_resumes_after_a_restart() {
     }
     service.stop().await;
 }
+
+#[tokio::test]
+async fn during_the_shutdown_grace_the_api_answers_but_refuses_new_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let (_, running) = service.create_servers(&["slow-g"], json!({})).await;
+    service
+        .wait_task(&running[0], |t| t["status"] == "running")
+        .await;
+    let TestService {
+        handle,
+        base,
+        http,
+        data_dir,
+    } = service;
+    let stopping = tokio::spawn(handle.unwrap().shutdown());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let probe = TestService {
+        handle: None,
+        base,
+        http,
+        data_dir,
+    };
+    let (status, body) = probe
+        .post(
+            "/workflows/servers/create",
+            json!({"infra": "test", "servers": ["ok-late"]}),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "shutting_down");
+    // The running script is still visible, and finishes within the grace.
+    let (status, task) = probe.get(&format!("/tasks/{}", running[0])).await;
+    assert_eq!(status, 200, "{task}");
+    stopping.await.unwrap().unwrap();
+
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let task = service.get(&format!("/tasks/{}", running[0])).await.1;
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["attempts"], 1);
+    service.stop().await;
+}
