@@ -551,7 +551,7 @@ impl Template {
 
         let mut tasks: Vec<PlannedTask> = Vec::new();
         // Per step: (task index, each values) of its instances.
-        let mut instances: HashMap<&str, Vec<(usize, Option<Map<String, Value>>)>> = HashMap::new();
+        let mut instances: HashMap<&str, Vec<Instance>> = HashMap::new();
         for ref_name in &step_order {
             let step = self
                 .step(ref_name)
@@ -584,7 +584,7 @@ impl Template {
                 .map(parse_timeout)
                 .transpose()
                 .map_err(|m| err(format!("{at}.timeout"), m))?;
-            let mut mine: Vec<(usize, Option<Map<String, Value>>)> = Vec::new();
+            let mut mine: Vec<Instance> = Vec::new();
             for each in combos {
                 let each_value = each.clone().map(Value::Object);
                 let scope = Scope {
@@ -665,6 +665,9 @@ impl Template {
         })
     }
 }
+
+/// A planned instance of a step: its task index and `for_each` values.
+type Instance = (usize, Option<Map<String, Value>>);
 
 /// Every combination of a step's `for_each` lists, or one empty instance.
 fn for_each_combinations(

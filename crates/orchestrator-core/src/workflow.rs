@@ -216,14 +216,12 @@ pub fn decide(workflow: &Workflow, tasks: &[Task]) -> Vec<Decision> {
     for task in tasks.iter().filter(|t| waiting(t)) {
         let stop_reason = if workflow.cancel_requested {
             Some("workflow cancelled".to_owned())
-        } else if let Some(halt) = workflow
-            .halt
-            .as_ref()
-            .filter(|_| !task.step.always_run && !is_rollback(task))
-        {
-            Some(format!("not started: {}", halt.reason))
         } else {
-            None
+            workflow
+                .halt
+                .as_ref()
+                .filter(|_| !task.step.always_run && !is_rollback(task))
+                .map(|halt| format!("not started: {}", halt.reason))
         };
         if let Some(reason) = stop_reason {
             decisions.push(Decision::Abandon(task.id, reason));

@@ -60,7 +60,10 @@ impl Inner {
                 continue;
             }
             polls += 1;
-            if let Err(e) = self.look_for_work(shared, polls % ADVANCE_EVERY == 0).await {
+            if let Err(e) = self
+                .look_for_work(shared, polls.is_multiple_of(ADVANCE_EVERY))
+                .await
+            {
                 tracing::warn!(error = %e, "looking for work failed");
             }
         }
@@ -141,10 +144,10 @@ impl Inner {
                         self.take_over(task, error).await?;
                     }
                 }
-                TaskStatus::Queued | TaskStatus::RetryWaiting if shared => {
-                    if !lock(&self.queue).contains(task.id) {
-                        self.enqueue(&task);
-                    }
+                TaskStatus::Queued | TaskStatus::RetryWaiting
+                    if shared && !lock(&self.queue).contains(task.id) =>
+                {
+                    self.enqueue(&task);
                 }
                 _ => {}
             }

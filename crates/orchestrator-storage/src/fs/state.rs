@@ -145,9 +145,9 @@ impl State {
 
     pub(super) fn unfinished_tasks(&self) -> Vec<Task> {
         let mut ids: Vec<TaskId> = TaskStatus::ALL
-            .into_iter()
+            .iter()
             .filter(|s| !s.is_terminal())
-            .filter_map(|s| self.by_status.get(&s))
+            .filter_map(|s| self.by_status.get(s))
             .flatten()
             .copied()
             .collect();

@@ -829,7 +829,7 @@ impl Backend for SurrealBackend {
 
     async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
         let unfinished: Vec<String> = TaskStatus::ALL
-            .into_iter()
+            .iter()
             .filter(|s| !s.is_terminal())
             .map(|s| s.as_str().to_owned())
             .collect();
