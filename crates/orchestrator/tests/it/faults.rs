@@ -392,4 +392,67 @@ mod nodes {
         b.signal("-TERM");
         assert!(b.wait().success());
     }
+
+    /// A cancel sent to one node stops the script that another node runs.
+    #[test]
+    fn a_cancel_through_any_node_stops_the_script() {
+        let server = DevServer::start_memory();
+        let url = server.url();
+        let database = format!("cancel_{}", uuid::Uuid::now_v7().simple());
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "--storage-type",
+            "surrealdb-server",
+            "--surrealdb-url",
+            &url,
+            "--surrealdb-database",
+            &database,
+            "--lease-secs",
+            "3",
+        ];
+        let a = Daemon::start(&dir.path().join("a"), &args);
+        let b = Daemon::start(&dir.path().join("b"), &args);
+        let created = crate::cli::submit(
+            &format!("{}/workflows/servers/create", a.url),
+            json!({"infra": "x", "servers": ["hang-remote"]}),
+        );
+        let id = created["task_ids"][0].as_str().unwrap().to_owned();
+        let pid_file = |node: &str| dir.path().join(node).join("pids/hang-remote");
+        let started_by = Instant::now() + Duration::from_secs(30);
+        while !pid_file("a").exists() && !pid_file("b").exists() {
+            assert!(Instant::now() < started_by, "the script never started");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Cancel through the node that does not run it.
+        let runner = if pid_file("a").exists() { "a" } else { "b" };
+        let other = if runner == "a" { &b } else { &a };
+        assert!(other.cli(&["cancel", &id]).status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let task = loop {
+            let task = other.cli_json(&["task", &id, "--json"]);
+            if task["status"] == "cancelled" {
+                break task;
+            }
+            assert!(Instant::now() < deadline, "never cancelled: {task}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(task["attempts"], 1);
+        let pid: i32 = std::fs::read_to_string(pid_file(runner))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone_by = Instant::now() + Duration::from_secs(10);
+        while crate::harness::pid_alive(pid) {
+            assert!(
+                Instant::now() < gone_by,
+                "the script's child {pid} survived the cancel"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for node in [a, b] {
+            node.signal("-TERM");
+            assert!(node.wait().success());
+        }
+    }
 }
