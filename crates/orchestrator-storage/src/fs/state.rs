@@ -101,27 +101,48 @@ impl State {
     }
 
     pub(super) fn list_tasks(&self, query: &TaskQuery) -> Page<Task> {
-        let status_matches = |t: &&Task| query.status.is_none_or(|s| t.status == s);
-        // Walk the narrowest index that applies; ids are time-sortable, so
-        // walking any id set backwards is newest first.
-        let candidates: Box<dyn DoubleEndedIterator<Item = &TaskId>> =
-            match (query.workflow, query.status) {
-                (Some(workflow), _) => match self.by_workflow.get(&workflow) {
-                    Some(ids) => Box::new(ids.iter()),
-                    None => Box::new(std::iter::empty()),
-                },
-                (None, Some(status)) => match self.by_status.get(&status) {
-                    Some(ids) => Box::new(ids.iter()),
-                    None => Box::new(std::iter::empty()),
-                },
-                (None, None) => Box::new(self.tasks.keys()),
-            };
+        let page = |ids: &mut dyn DoubleEndedIterator<Item = &TaskId>| -> Vec<Task> {
+            ids.rev()
+                .skip(query.offset)
+                .take(query.limit)
+                .filter_map(|id| self.tasks.get(id))
+                .cloned()
+                .collect()
+        };
+        // One index answers the query: its size is the total, and only the
+        // page's ids are looked up. Ids are time-sortable, so walking an id
+        // set backwards is newest first.
+        match (query.workflow, query.status) {
+            (None, None) => {
+                return Page {
+                    items: page(&mut self.tasks.keys()),
+                    total: self.tasks.len(),
+                };
+            }
+            (None, Some(status)) => {
+                let Some(ids) = self.by_status.get(&status) else {
+                    return Page {
+                        items: Vec::new(),
+                        total: 0,
+                    };
+                };
+                return Page {
+                    items: page(&mut ids.iter()),
+                    total: ids.len(),
+                };
+            }
+            (Some(_), _) => {}
+        }
+        // A workflow, maybe with a status: walk the workflow's (small) index.
         let mut total = 0;
         let mut items = Vec::new();
-        for task in candidates
+        let ids = query.workflow.and_then(|w| self.by_workflow.get(&w));
+        for task in ids
+            .into_iter()
+            .flatten()
             .rev()
             .filter_map(|id| self.tasks.get(id))
-            .filter(status_matches)
+            .filter(|t| query.status.is_none_or(|s| t.status == s))
         {
             if total >= query.offset && items.len() < query.limit {
                 items.push(task.clone());
