@@ -263,27 +263,49 @@ mod nodes {
     use super::*;
     use crate::backends::dev_server::DevServer;
 
+    /// A SurrealDB server with a fresh database, and the `serve` flags that
+    /// put nodes on it; each node gets its own data dir under `dir`.
+    struct SharedStore {
+        _server: DevServer,
+        dir: tempfile::TempDir,
+        flags: Vec<String>,
+    }
+
+    impl SharedStore {
+        fn new(extra: &[&str]) -> SharedStore {
+            let server = DevServer::start_memory();
+            let database = format!("nodes_{}", uuid::Uuid::now_v7().simple());
+            let mut flags: Vec<String> = [
+                "--storage-type",
+                "surrealdb-server",
+                "--surrealdb-url",
+                &server.url(),
+                "--surrealdb-database",
+                &database,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            flags.extend(extra.iter().map(|s| s.to_string()));
+            SharedStore {
+                _server: server,
+                dir: tempfile::tempdir().unwrap(),
+                flags,
+            }
+        }
+
+        fn args(&self) -> Vec<&str> {
+            self.flags.iter().map(String::as_str).collect()
+        }
+    }
+
     /// Two nodes on one SurrealDB server share the work; when one dies
     /// with SIGKILL, the other takes its running tasks over once their
     /// leases expire, and every promise still holds.
     #[test]
     fn a_node_takes_over_the_work_of_a_dead_one() {
-        let server = DevServer::start_memory();
-        let url = server.url();
-        let database = format!("nodes_{}", uuid::Uuid::now_v7().simple());
-        let dir = tempfile::tempdir().unwrap();
-        let args = [
-            "--storage-type",
-            "surrealdb-server",
-            "--surrealdb-url",
-            &url,
-            "--surrealdb-database",
-            &database,
-            "--lease-secs",
-            "2",
-            "--workers",
-            "2",
-        ];
+        let cluster = SharedStore::new(&["--lease-secs", "2", "--workers", "2"]);
+        let (dir, args) = (&cluster.dir, cluster.args());
         let a = Daemon::start(&dir.path().join("a"), &args);
         let b = Daemon::start(&dir.path().join("b"), &args);
 
@@ -396,20 +418,8 @@ mod nodes {
     /// A cancel sent to one node stops the script that another node runs.
     #[test]
     fn a_cancel_through_any_node_stops_the_script() {
-        let server = DevServer::start_memory();
-        let url = server.url();
-        let database = format!("cancel_{}", uuid::Uuid::now_v7().simple());
-        let dir = tempfile::tempdir().unwrap();
-        let args = [
-            "--storage-type",
-            "surrealdb-server",
-            "--surrealdb-url",
-            &url,
-            "--surrealdb-database",
-            &database,
-            "--lease-secs",
-            "3",
-        ];
+        let cluster = SharedStore::new(&["--lease-secs", "3"]);
+        let (dir, args) = (&cluster.dir, cluster.args());
         let a = Daemon::start(&dir.path().join("a"), &args);
         let b = Daemon::start(&dir.path().join("b"), &args);
         let created = crate::cli::submit(
