@@ -55,17 +55,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
                 format!("request body must be a JSON object, not {}", kind_of(&json)),
             ));
         }
-        let value = serde_path_to_error::deserialize(json).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            let message = if path == "." {
-                inner.to_string()
-            } else {
-                format!("{path}: {inner}")
-            };
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
-        })?;
-        Ok(JsonBody(value))
+        Ok(JsonBody(from_value(json)?))
     }
 }
 

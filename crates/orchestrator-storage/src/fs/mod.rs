@@ -98,8 +98,9 @@ pub struct FsBackend {
     /// Heartbeats. Only this process can use the dir (the lock), so there
     /// is one node, and its heartbeats need not outlive it.
     nodes: Mutex<std::collections::BTreeMap<String, Node>>,
-    /// Keeps the `LOCK` file's advisory lock for as long as we are open.
-    _lock: File,
+    /// Holds the `LOCK` file's advisory lock until the store is closed
+    /// (or dropped), so that a restart in the same process can reopen it.
+    lock: Mutex<Option<File>>,
 }
 
 impl FsBackend {
@@ -150,7 +151,7 @@ impl FsBackend {
             state: Mutex::new(state),
             journal,
             nodes: Mutex::new(Default::default()),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         })
     }
 
@@ -202,14 +203,8 @@ impl FsBackend {
 
 fn check_layout(dir: &Path) -> Result<()> {
     let path = dir.join(LAYOUT_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            let layout: Layout = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::Layout(format!(
-                    "{} is not a valid layout file: {e}",
-                    path.display()
-                ))
-            })?;
+    match read_layout(&path) {
+        Ok(layout) => {
             if layout.layout_version > LAYOUT_VERSION {
                 return Err(Error::Layout(format!(
                     "data dir {} has layout version {}, newer than this build supports ({LAYOUT_VERSION}); \
@@ -221,7 +216,7 @@ fn check_layout(dir: &Path) -> Result<()> {
             // Older layouts would be upgraded forward here, one version at a time.
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
                 return Err(Error::Layout(format!(
                     "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
@@ -235,25 +230,30 @@ fn check_layout(dir: &Path) -> Result<()> {
             write_atomically(&path, &json)
                 .map_err(|e| Error::io(format!("write {}", path.display()), e))
         }
-        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+        Err(e) => Err(e),
     }
+}
+
+/// Reads and parses `layout.json`; a missing file is an `Io` error of kind
+/// `NotFound`.
+fn read_layout(path: &Path) -> Result<Layout> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Layout(format!(
+            "{} is not a valid layout file: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// The data dir's layout against this build, read without the lock and
 /// without changing anything: `orchestrator db status`.
 pub(crate) fn layout_status(dir: &Path) -> Result<SchemaStatus> {
     let path = dir.join(LAYOUT_FILE);
-    let on_disk = match std::fs::read(&path) {
-        Ok(bytes) => {
-            let layout: Layout = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::Layout(format!(
-                    "{} is not a valid layout file: {e}",
-                    path.display()
-                ))
-            })?;
-            layout.layout_version
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let on_disk = match read_layout(&path) {
+        Ok(layout) => layout.layout_version,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
                 return Err(Error::Layout(format!(
                     "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
@@ -262,7 +262,7 @@ pub(crate) fn layout_status(dir: &Path) -> Result<SchemaStatus> {
             }
             0
         }
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+        Err(e) => return Err(e),
     };
     let entries = (1..=on_disk.max(LAYOUT_VERSION))
         .map(|version| SchemaEntry {
@@ -528,6 +528,7 @@ impl Backend for FsBackend {
 
     async fn close(&self) -> Result<()> {
         self.journal.shutdown();
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
         tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
         Ok(())
     }
