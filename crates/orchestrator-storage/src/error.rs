@@ -53,6 +53,9 @@ pub enum Error {
     Poisoned(String),
     #[error("storage is closed")]
     Closed,
+    /// A store opened with [`crate::open_read_only`] was asked to write.
+    #[error("{0} is open read-only; it is never written to")]
+    ReadOnly(String),
     /// The database cannot be reached right now (a server that went away,
     /// a request that timed out). The write may or may not have happened;
     /// the caller re-reads before deciding again.

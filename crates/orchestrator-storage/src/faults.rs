@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 
-use crate::{Backend, Error, LogChunk, Page, Result, Storage, TaskQuery, WorkflowQuery};
+use crate::{
+    Backend, Error, LogChunk, Page, Record, RecordKind, Result, Scanned, Storage, TaskQuery,
+    WorkflowQuery,
+};
 
 /// Wraps a store; while `failing` is set, every write returns an I/O error
 /// without reaching it.
@@ -123,5 +126,36 @@ impl Backend for FaultyBackend {
 
     async fn close(&self) -> Result<()> {
         self.inner.close().await
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        self.inner.scan(kind, after, limit).await
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        self.inner.fetch(kind, keys).await
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        self.inner.count(kind).await
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.check("import records")?;
+        self.inner.import(records).await
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        self.inner.log_lengths(ids).await
+    }
+
+    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
+        self.check("import a log")?;
+        self.inner.import_log(id, offset, data).await
     }
 }

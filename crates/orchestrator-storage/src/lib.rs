@@ -11,6 +11,7 @@ pub mod fs;
 pub mod schema;
 #[cfg(feature = "surrealdb")]
 pub mod surreal;
+pub mod transfer;
 
 use std::fmt;
 use std::ops::Deref;
@@ -91,6 +92,126 @@ pub trait Backend: Send + Sync {
 
     /// Flushes and releases the backend. Later calls fail.
     async fn close(&self) -> Result<()>;
+
+    // Bulk transfer, for `orchestrator migrate`: records move as they are
+    // stored, ids, versions and timestamps included, never through the
+    // state machine's update paths.
+
+    /// Up to `limit` records of `kind` whose keys sort after `after`, in
+    /// key order. A record that cannot be read comes back as
+    /// [`Scanned::record`] `Err`, named by its key, instead of failing the
+    /// whole batch, so the caller can report it and decide.
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>>;
+
+    /// The records of `kind` stored under these keys, in key order; keys
+    /// without a record are left out.
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>>;
+
+    /// How many records of `kind` are stored, readable or not.
+    async fn count(&self, kind: RecordKind) -> Result<u64>;
+
+    /// Stores records exactly as given, replacing any under the same key.
+    /// Durable on return; repeating it changes nothing, so an interrupted
+    /// copy can simply be run again.
+    async fn import(&self, records: &[Record]) -> Result<()>;
+
+    /// The length in bytes of each task's log (0 for none), in the order asked.
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>>;
+
+    /// Writes `data` into a task's log at `offset`, which must be the log's
+    /// current length (else [`Error::Conflict`]); durable on return.
+    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()>;
+}
+
+/// The kinds of record `orchestrator migrate` moves, in the order it moves
+/// them: a task's workflow is in place before the task. A task's log and
+/// checkpoint travel with the task; heartbeats of nodes do not move (they
+/// describe live processes, which re-register on the new store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordKind {
+    Workflow,
+    Task,
+}
+
+impl RecordKind {
+    pub const ALL: [RecordKind; 2] = [RecordKind::Workflow, RecordKind::Task];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Workflow => "workflow",
+            RecordKind::Task => "task",
+        }
+    }
+
+    pub fn plural(self) -> &'static str {
+        match self {
+            RecordKind::Workflow => "workflows",
+            RecordKind::Task => "tasks",
+        }
+    }
+}
+
+impl fmt::Display for RecordKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One stored record of any kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Workflow(Workflow),
+    Task(Task),
+}
+
+impl Record {
+    pub fn kind(&self) -> RecordKind {
+        match self {
+            Record::Workflow(_) => RecordKind::Workflow,
+            Record::Task(_) => RecordKind::Task,
+        }
+    }
+
+    /// The key it is stored under: its id as text.
+    pub fn key(&self) -> String {
+        match self {
+            Record::Workflow(w) => w.id.to_string(),
+            Record::Task(t) => t.id.to_string(),
+        }
+    }
+
+    /// The record as JSON, the same bytes for the same content on every
+    /// backend: what checksums are taken of.
+    pub fn to_json(&self) -> Vec<u8> {
+        let json = match self {
+            Record::Workflow(w) => serde_json::to_vec(w),
+            Record::Task(t) => serde_json::to_vec(t),
+        };
+        // Plain data with string keys: serialization cannot fail.
+        json.unwrap_or_default()
+    }
+
+    /// Reads a record of `kind` from its JSON.
+    pub fn from_json(kind: RecordKind, json: &[u8]) -> std::result::Result<Record, String> {
+        let record = match kind {
+            RecordKind::Workflow => serde_json::from_slice(json).map(Record::Workflow),
+            RecordKind::Task => serde_json::from_slice(json).map(Record::Task),
+        };
+        record.map_err(|e| format!("unreadable {kind}: {e}"))
+    }
+}
+
+/// A record as a bulk read found it: readable, or why not.
+#[derive(Debug, Clone)]
+pub struct Scanned {
+    pub key: String,
+    pub record: std::result::Result<Record, String>,
 }
 
 /// Filters for [`Backend::list_tasks`].
@@ -359,6 +480,25 @@ pub async fn open(config: &StorageConfig) -> Result<Storage> {
         StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => {
             Ok(Storage::new(surreal::SurrealBackend::open(config).await?))
         }
+        #[cfg(not(feature = "surrealdb"))]
+        other => Err(other.not_compiled()),
+    }
+}
+
+/// Opens a store to read it only, for `orchestrator migrate`: no lock is
+/// taken and nothing is created or changed, so a filesystem store can be
+/// read while its service runs. Every write is refused with
+/// [`Error::ReadOnly`]. A filesystem store's damaged records are reported
+/// by [`Backend::scan`] instead of failing the open.
+pub async fn open_read_only(config: &StorageConfig) -> Result<Storage> {
+    match config.storage_type {
+        StorageType::Filesystem => Ok(Storage::new(
+            fs::FsBackend::open_read_only(&config.data_dir).await?,
+        )),
+        #[cfg(feature = "surrealdb")]
+        StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Ok(Storage::new(
+            surreal::SurrealBackend::open_read_only(config).await?,
+        )),
         #[cfg(not(feature = "surrealdb"))]
         other => Err(other.not_compiled()),
     }

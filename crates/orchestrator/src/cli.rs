@@ -39,10 +39,79 @@ pub enum Command {
     /// Look at the store itself.
     #[command(subcommand)]
     Db(DbCommand),
+    /// Move every record between storage backends (`--from` is only read),
+    /// resumable and verifiable; see docs/migration.md.
+    Migrate(MigrateArgs),
     /// Save or read the checkpoint of the running task (for scripts: the
     /// task id and service URL come from ORCHESTRATOR_TASK_ID and ORCHESTRATOR_URL).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct MigrateArgs {
+    #[command(subcommand)]
+    pub command: Option<MigrateCommand>,
+    #[command(flatten)]
+    pub stores: StoreArgs,
+    /// Continue an earlier migration into a target that already holds
+    /// records, or catch up with what changed in the source since.
+    #[arg(long)]
+    pub resume: bool,
+    /// Read and count everything, report unreadable records, write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Copy everything readable and list unreadable source records in the
+    /// summary, instead of stopping at the first.
+    #[arg(long)]
+    pub skip_unreadable: bool,
+    /// Compare source and target record by record after copying.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MigrateCommand {
+    /// Compare two stores record by record, changing nothing; exits
+    /// non-zero and names the first differing records on any mismatch.
+    Verify(StoreArgs),
+}
+
+/// The two stores of a migration. A spec is `<backend>:<location>`:
+/// `filesystem:./data`, `surrealdb-embedded:./data` (its data dir) or
+/// `surrealdb-server:ws://127.0.0.1:8000/<namespace>/<database>`.
+/// Credentials never go in a spec.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The store to read.
+    #[arg(long, value_name = "SPEC", required = true)]
+    pub from: Option<String>,
+    /// The store to write.
+    #[arg(long, value_name = "SPEC", required = true)]
+    pub to: Option<String>,
+    #[arg(long, env = "ORCHESTRATOR_MIGRATE_FROM_USERNAME")]
+    pub from_username: Option<String>,
+    #[arg(
+        long,
+        env = "ORCHESTRATOR_MIGRATE_FROM_PASSWORD",
+        hide_env_values = true
+    )]
+    pub from_password: Option<orchestrator_storage::Secret>,
+    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_USERNAME")]
+    pub to_username: Option<String>,
+    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_PASSWORD", hide_env_values = true)]
+    pub to_password: Option<orchestrator_storage::Secret>,
+    /// TOML config file: its surrealdb_* settings are the defaults of both
+    /// stores (credentials included).
+    #[arg(long, env = "ORCHESTRATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Records per read and write.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: usize,
+    /// Print a JSON summary on stdout at the end.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,6 +4,7 @@
 pub mod cli;
 mod client;
 mod db;
+mod migrate;
 pub mod service;
 pub mod settings;
 mod workflows;
@@ -35,6 +36,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
+            Command::Migrate(args) => migrate::run(args).await,
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
         }
     });

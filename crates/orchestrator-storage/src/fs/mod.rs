@@ -18,6 +18,7 @@
 mod journal;
 mod state;
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,9 @@ use serde::{Deserialize, Serialize};
 use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
 use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
-use crate::{Backend, Error, LogChunk, Page, Result, TaskQuery, WorkflowQuery};
+use crate::{
+    Backend, Error, LogChunk, Page, Record, RecordKind, Result, Scanned, TaskQuery, WorkflowQuery,
+};
 
 /// The on-disk layout this build reads and writes.
 pub const LAYOUT_VERSION: u32 = 1;
@@ -55,10 +58,10 @@ impl Default for FsOptions {
     }
 }
 
-/// One journal or snapshot line.
+/// One journal or snapshot line: a record, or several written as one.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
-enum Record {
+enum Line {
     Workflow(Workflow),
     Task(Task),
     /// A workflow with the tasks it gained (all of them when it is new) in
@@ -69,16 +72,53 @@ enum Record {
     },
 }
 
-impl Record {
+impl Line {
     fn apply(self, state: &mut State) {
         match self {
-            Record::Workflow(w) => state.put_workflow(w),
-            Record::Task(t) => state.put_task(t),
-            Record::Submission { workflow, tasks } => {
+            Line::Workflow(w) => state.put_workflow(w),
+            Line::Task(t) => state.put_task(t),
+            Line::Submission { workflow, tasks } => {
                 state.put_workflow(workflow);
                 tasks.into_iter().for_each(|t| state.put_task(t));
             }
         }
+    }
+}
+
+impl Line {
+    /// The records this line writes.
+    fn keys(&self) -> Vec<(RecordKind, String)> {
+        match self {
+            Line::Workflow(w) => vec![(RecordKind::Workflow, w.id.to_string())],
+            Line::Task(t) => vec![(RecordKind::Task, t.id.to_string())],
+            Line::Submission { workflow, tasks } => {
+                std::iter::once((RecordKind::Workflow, workflow.id.to_string()))
+                    .chain(tasks.iter().map(|t| (RecordKind::Task, t.id.to_string())))
+                    .collect()
+            }
+        }
+    }
+
+    /// The records a damaged line seems to name, read as loosely as
+    /// possible: a flipped byte in a value should still name its record.
+    fn keys_in_damaged(payload: &[u8]) -> Vec<(RecordKind, String)> {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload) else {
+            return Vec::new();
+        };
+        let id = |v: &serde_json::Value| v.get("id").and_then(|id| id.as_str()).map(str::to_owned);
+        let data = &value["data"];
+        let mut keys = Vec::new();
+        match value["type"].as_str() {
+            Some("workflow") => keys.extend(id(data).map(|k| (RecordKind::Workflow, k))),
+            Some("task") => keys.extend(id(data).map(|k| (RecordKind::Task, k))),
+            Some("submission") => {
+                keys.extend(id(&data["workflow"]).map(|k| (RecordKind::Workflow, k)));
+                let tasks = data["tasks"].as_array().into_iter().flatten();
+                keys.extend(tasks.filter_map(id).map(|k| (RecordKind::Task, k)));
+            }
+            _ => {}
+        }
+        keys
     }
 }
 
@@ -94,7 +134,12 @@ pub struct FsBackend {
     /// A std mutex: it guards plain in-memory maps and is never held across
     /// an `.await`; durability is awaited after it is released.
     state: Mutex<State>,
-    journal: JournalWriter,
+    /// `None` when opened read-only: nothing can write.
+    journal: Option<JournalWriter>,
+    /// Read-only only: records whose latest line is damaged, by kind and
+    /// key, with why. A migration reports them instead of silently taking
+    /// an older version.
+    damaged: BTreeMap<(RecordKind, String), String>,
     /// Heartbeats. Only this process can use the dir (the lock), so there
     /// is one node, and its heartbeats need not outlive it.
     nodes: Mutex<std::collections::BTreeMap<String, Node>>,
@@ -149,10 +194,66 @@ impl FsBackend {
             logs_dir,
             options,
             state: Mutex::new(state),
-            journal,
+            journal: Some(journal),
+            damaged: BTreeMap::new(),
             nodes: Mutex::new(Default::default()),
             lock: Mutex::new(Some(lock)),
         })
+    }
+
+    /// Opens `dir` to read only: no lock, nothing created, no journal
+    /// writer. A running service may be appending meanwhile; this reads the
+    /// records as of the moment it opens. Damage is kept per record (see
+    /// [`FsBackend::damaged`]) instead of failing the open.
+    pub async fn open_read_only(dir: &Path) -> Result<FsBackend> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_read_only_blocking(dir))
+            .await
+            .map_err(|e| Error::io("open storage", std::io::Error::other(e)))?
+    }
+
+    fn open_read_only_blocking(dir: PathBuf) -> Result<FsBackend> {
+        if !dir.join(LAYOUT_FILE).exists() && !dir.join(JOURNAL_FILE).exists() {
+            return Err(Error::Layout(format!(
+                "{} holds no filesystem store (no {LAYOUT_FILE} or {JOURNAL_FILE})",
+                dir.display()
+            )));
+        }
+        check_layout(&dir)?;
+        let snapshot_path = dir.join(SNAPSHOT_FILE);
+        let journal_path = dir.join(JOURNAL_FILE);
+        // A running service may compact meanwhile: it renames a new
+        // snapshot into place and then empties the journal. Reading the old
+        // snapshot and the emptied journal would miss records, so read both
+        // again whenever the snapshot was replaced while they were read.
+        let mut attempts = 0;
+        let (state, damaged) = loop {
+            let before = file_identity(&snapshot_path);
+            let mut state = State::default();
+            let mut damaged = BTreeMap::new();
+            replay_tolerant(&snapshot_path, &mut state, &mut damaged)?;
+            replay_tolerant(&journal_path, &mut state, &mut damaged)?;
+            if file_identity(&snapshot_path) == before || attempts >= 10 {
+                break (state, damaged);
+            }
+            attempts += 1;
+        };
+        Ok(FsBackend {
+            logs_dir: dir.join(LOGS_DIR),
+            dir,
+            options: FsOptions::default(),
+            state: Mutex::new(state),
+            journal: None,
+            damaged,
+            nodes: Mutex::new(Default::default()),
+            lock: Mutex::new(None),
+        })
+    }
+
+    fn writer(&self) -> Result<&JournalWriter> {
+        self.journal
+            .as_ref()
+            .ok_or_else(|| Error::ReadOnly(self.dir.display().to_string()))
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -167,13 +268,13 @@ impl FsBackend {
 
     /// Applies records in memory and queues their journal lines, under the
     /// state lock; returns the write to await once the lock is released.
-    fn commit(&self, state: &mut State, record: Record) -> Result<journal::Pending> {
+    fn commit(&self, state: &mut State, record: Line) -> Result<journal::Pending> {
         let mut bytes = Vec::new();
         let json = serde_json::to_vec(&record)
             .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
         encode_line(&json, &mut bytes);
         state.journal_bytes += bytes.len() as u64;
-        let pending = self.journal.append(bytes)?;
+        let pending = self.writer()?.append(bytes)?;
         record.apply(state);
         if state.journal_bytes > self.options.compact_after_bytes {
             self.queue_compaction(state)?;
@@ -184,19 +285,19 @@ impl FsBackend {
     fn queue_compaction(&self, state: &mut State) -> Result<()> {
         let mut bytes = Vec::new();
         for workflow in state.workflows() {
-            let json = serde_json::to_vec(&Record::Workflow(workflow.clone()))
+            let json = serde_json::to_vec(&Line::Workflow(workflow.clone()))
                 .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
             encode_line(&json, &mut bytes);
         }
         for task in state.tasks() {
-            let json = serde_json::to_vec(&Record::Task(task.clone()))
+            let json = serde_json::to_vec(&Line::Task(task.clone()))
                 .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
             encode_line(&json, &mut bytes);
         }
         state.journal_bytes = 0;
         // Nobody awaits the snapshot itself: a failure poisons the journal,
         // and every later write reports it.
-        drop(self.journal.snapshot(bytes)?);
+        drop(self.writer()?.snapshot(bytes)?);
         Ok(())
     }
 }
@@ -312,7 +413,7 @@ fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
         };
         let parsed = decode_line(line)
             .filter(|_| complete)
-            .and_then(|json| serde_json::from_slice::<Record>(json).ok());
+            .and_then(|json| serde_json::from_slice::<Line>(json).ok());
         let Some(record) = parsed else {
             let is_last = !complete || offset + line.len() + 1 >= bytes.len();
             if torn_tail == TornTail::Truncate && is_last {
@@ -341,6 +442,70 @@ fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
         offset += line.len() + 1;
     }
     Ok(offset as u64)
+}
+
+/// Damaged records of a read-only open, by kind and key, with why.
+type Damaged = BTreeMap<(RecordKind, String), String>;
+
+/// As [`replay`], for a read-only open. A damaged line marks the records it
+/// names as damaged instead of failing the open, and a later good line for
+/// a record clears its mark (each line holds the whole record). A line that
+/// names no record is marked under its own place, `<file> line <n>`, a key
+/// that sorts after every id. A last line without its newline, or a damaged
+/// last line of the journal, is a write in progress or torn by a crash:
+/// the service drops it too, so it is skipped.
+fn replay_tolerant(path: &Path, state: &mut State, damaged: &mut Damaged) -> Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    let file = path
+        .file_name()
+        .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    let is_journal = file == JOURNAL_FILE;
+    let mut lines = bytes
+        .split_inclusive(|&b| b == b'\n')
+        .enumerate()
+        .peekable();
+    while let Some((index, line)) = lines.next() {
+        let Some(line) = line.strip_suffix(b"\n") else {
+            break;
+        };
+        let is_last = lines.peek().is_none_or(|(_, next)| !next.ends_with(b"\n"));
+        let line_no = index + 1;
+        let reason = match decode_line(line) {
+            Some(json) => match serde_json::from_slice::<Line>(json) {
+                Ok(record) => {
+                    for key in record.keys() {
+                        damaged.remove(&key);
+                    }
+                    record.apply(state);
+                    continue;
+                }
+                Err(e) => format!("{file} line {line_no}: unreadable record: {e}"),
+            },
+            None if is_journal && is_last => continue,
+            None => format!("{file} line {line_no}: checksum mismatch"),
+        };
+        let payload = line.get(9..).unwrap_or_default();
+        let named = Line::keys_in_damaged(payload);
+        if named.is_empty() {
+            damaged.insert((RecordKind::Task, format!("{file} line {line_no}")), reason);
+        } else {
+            for key in named {
+                damaged.insert(key, reason.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which file a path names right now (device and inode), to notice a
+/// rename over it.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 #[async_trait]
@@ -382,7 +547,7 @@ impl Backend for FsBackend {
                     id: format!("{reference}#{}", workflow.revision),
                 });
             }
-            let record = Record::Submission {
+            let record = Line::Submission {
                 workflow: workflow.clone(),
                 tasks: tasks.to_vec(),
             };
@@ -405,7 +570,7 @@ impl Backend for FsBackend {
             }
             let mut stored = task.clone();
             stored.version += 1;
-            let pending = self.commit(&mut state, Record::Task(stored.clone()))?;
+            let pending = self.commit(&mut state, Line::Task(stored.clone()))?;
             (pending, stored)
         };
         pending.durable().await?;
@@ -434,7 +599,7 @@ impl Backend for FsBackend {
             }
             let mut stored = workflow.clone();
             stored.version += 1;
-            let record = Record::Submission {
+            let record = Line::Submission {
                 workflow: stored.clone(),
                 tasks: new_tasks.to_vec(),
             };
@@ -469,7 +634,7 @@ impl Backend for FsBackend {
     }
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
-        self.journal.check_usable()?;
+        self.writer()?.check_usable()?;
         let path = self.log_path(id);
         // Page-cache writes of a few bytes: cheaper inline than a hop to the
         // blocking pool. Logs are not fsynced per chunk; see docs/storage.md.
@@ -504,11 +669,15 @@ impl Backend for FsBackend {
     }
 
     async fn health(&self) -> Result<()> {
-        self.journal.check_open()
+        match &self.journal {
+            Some(journal) => journal.check_open(),
+            // Read-only: reads are served from memory.
+            None => Ok(()),
+        }
     }
 
     async fn heartbeat(&self, node: &Node) -> Result<()> {
-        self.journal.check_usable()?;
+        self.writer()?.check_usable()?;
         self.nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -526,8 +695,146 @@ impl Backend for FsBackend {
             .collect())
     }
 
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        let is_damaged = |key: &String| self.damaged.contains_key(&(kind, key.clone()));
+        let mut found: Vec<Scanned> = self
+            .lock_state()
+            .records_after(kind, after)
+            .filter(|record| !is_damaged(&record.key()))
+            .take(limit)
+            .map(|record| Scanned {
+                key: record.key(),
+                record: Ok(record),
+            })
+            .collect();
+        let start = (kind, after.unwrap_or_default().to_owned());
+        found.extend(
+            self.damaged
+                .range(start..)
+                .take_while(|((k, _), _)| *k == kind)
+                .filter(|((_, key), _)| after.is_none_or(|a| key.as_str() > a))
+                .take(limit)
+                .map(|((_, key), reason)| Scanned {
+                    key: key.clone(),
+                    record: Err(reason.clone()),
+                }),
+        );
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        let state = self.lock_state();
+        let mut found: Vec<Scanned> = keys
+            .iter()
+            .filter_map(|key| {
+                if let Some(reason) = self.damaged.get(&(kind, key.clone())) {
+                    return Some(Scanned {
+                        key: key.clone(),
+                        record: Err(reason.clone()),
+                    });
+                }
+                state.record(kind, key).map(|record| Scanned {
+                    key: key.clone(),
+                    record: Ok(record),
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        let state = self.lock_state();
+        let damaged_only = self
+            .damaged
+            .keys()
+            .filter(|(k, key)| *k == kind && state.record(kind, key).is_none())
+            .count();
+        Ok((state.count(kind) + damaged_only) as u64)
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.writer()?.check_usable()?;
+        let pending = {
+            let mut state = self.lock_state();
+            records
+                .iter()
+                .map(|record| {
+                    let line = match record {
+                        Record::Workflow(w) => Line::Workflow(w.clone()),
+                        Record::Task(t) => Line::Task(t.clone()),
+                    };
+                    self.commit(&mut state, line)
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        // Queued together, so the writer makes them durable with one sync.
+        for write in pending {
+            write.durable().await?;
+        }
+        Ok(())
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        ids.iter()
+            .map(|id| {
+                let path = self.log_path(*id);
+                match std::fs::metadata(&path) {
+                    Ok(meta) => Ok(meta.len()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+                    Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
+                }
+            })
+            .collect()
+    }
+
+    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
+        self.writer()?.check_usable()?;
+        let path = self.log_path(id);
+        let data = data.to_vec();
+        let logs_dir = self.logs_dir.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let io = |e| Error::io(format!("write {}", path.display()), e);
+            let mut file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(io)?;
+            let found = file.metadata().map_err(io)?.len();
+            if found != offset {
+                return Err(Error::Conflict {
+                    what: "task log",
+                    id: id.to_string(),
+                    expected: offset,
+                    found,
+                });
+            }
+            file.write_all(&data)
+                .and_then(|()| file.sync_data())
+                .map_err(io)?;
+            if offset == 0 {
+                // A new file: make its name durable too.
+                File::open(&logs_dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::io("write a task log", std::io::Error::other(e)))?
+    }
+
     async fn close(&self) -> Result<()> {
-        self.journal.shutdown();
+        if let Some(journal) = &self.journal {
+            journal.shutdown();
+        }
         self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
         tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
         Ok(())
@@ -536,6 +843,8 @@ impl Backend for FsBackend {
 
 impl Drop for FsBackend {
     fn drop(&mut self) {
-        self.journal.shutdown();
+        if let Some(journal) = &self.journal {
+            journal.shutdown();
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
-use crate::{Page, TaskQuery, WorkflowQuery};
+use crate::{Page, Record, RecordKind, TaskQuery, WorkflowQuery};
 
 #[derive(Default)]
 pub(super) struct State {
@@ -25,6 +25,60 @@ impl State {
 
     pub(super) fn workflow_count(&self) -> usize {
         self.workflows.len()
+    }
+
+    pub(super) fn count(&self, kind: RecordKind) -> usize {
+        match kind {
+            RecordKind::Workflow => self.workflows.len(),
+            RecordKind::Task => self.tasks.len(),
+        }
+    }
+
+    /// The record of `kind` stored under `key`, if any.
+    pub(super) fn record(&self, kind: RecordKind, key: &str) -> Option<Record> {
+        let id: uuid::Uuid = key.parse().ok()?;
+        match kind {
+            RecordKind::Workflow => self
+                .workflows
+                .get(&WorkflowId::from_uuid(id))
+                .cloned()
+                .map(Record::Workflow),
+            RecordKind::Task => self
+                .tasks
+                .get(&TaskId::from_uuid(id))
+                .cloned()
+                .map(Record::Task),
+        }
+    }
+
+    /// Records of `kind` whose keys sort after `after`, in key order. Ids
+    /// print as lowercase hex, so text order is id order; a key that is not
+    /// an id (a damaged line's place) sorts after every id.
+    pub(super) fn records_after<'a>(
+        &'a self,
+        kind: RecordKind,
+        after: Option<&str>,
+    ) -> Box<dyn Iterator<Item = Record> + 'a> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = match after {
+            None => Unbounded,
+            Some(key) => match key.parse::<uuid::Uuid>() {
+                Ok(id) => Excluded(id),
+                Err(_) => return Box::new(std::iter::empty()),
+            },
+        };
+        match kind {
+            RecordKind::Workflow => Box::new(
+                self.workflows
+                    .range((from.map(WorkflowId::from_uuid), Unbounded))
+                    .map(|(_, w)| Record::Workflow(w.clone())),
+            ),
+            RecordKind::Task => Box::new(
+                self.tasks
+                    .range((from.map(TaskId::from_uuid), Unbounded))
+                    .map(|(_, t)| Record::Task(t.clone())),
+            ),
+        }
     }
 
     pub(super) fn task(&self, id: TaskId) -> Option<&Task> {

@@ -33,10 +33,10 @@ use surrealdb::opt::auth::Root;
 use surrealdb::types::{AlreadyExistsError, Bytes, Variables};
 use surrealdb::{IndexedResults, Surreal};
 
-use crate::schema::SchemaStatus;
+use crate::schema::{EntryState, SchemaStatus};
 use crate::{
-    Backend, EmbeddedEngine, Error, LogChunk, Page, Result, StorageConfig, StorageType, TaskQuery,
-    WorkflowQuery,
+    Backend, EmbeddedEngine, Error, LogChunk, Page, Record, RecordKind, Result, Scanned,
+    StorageConfig, StorageType, TaskQuery, WorkflowQuery,
 };
 
 /// Transaction conflicts (two writers on one record) are retried this many
@@ -62,6 +62,8 @@ pub struct SurrealBackend {
     /// Shared with the probe task, which outlives no one: it holds the
     /// client weakly and stops when the backend is dropped.
     link: Arc<Link>,
+    /// Opened by [`SurrealBackend::open_read_only`]: every write is refused.
+    read_only: bool,
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -106,7 +108,67 @@ impl SurrealBackend {
                 _ => None,
             },
             link: Arc::new(Link::default()),
+            read_only: false,
         })
+    }
+
+    /// Opens an existing store to read only: nothing is created and no
+    /// schema migration runs, so the schema must already be this build's.
+    pub async fn open_read_only(config: &StorageConfig) -> Result<SurrealBackend> {
+        let target = Target::of(config)?;
+        if let Some(dir) = &target.dir
+            && !dir.exists()
+        {
+            return Err(Error::Config(format!(
+                "there is no embedded SurrealDB store at {}",
+                dir.display()
+            )));
+        }
+        let db = target.connect(config, false).await?;
+        let timeout = config.surrealdb.request_timeout;
+        let entries = migrate::status(&db, migrate::MIGRATIONS, timeout).await?;
+        if let Some(entry) = entries.iter().find(|e| e.state != EntryState::Applied) {
+            return Err(Error::Schema(format!(
+                "{} (namespace {}, database {}): schema migration `{}` is {}; a store is read \
+                 only as this build's schema (start `orchestrator serve` on it once to apply \
+                 pending migrations)",
+                target.location,
+                config.surrealdb.namespace,
+                config.surrealdb.database,
+                entry.name,
+                entry.state
+            )));
+        }
+        Ok(SurrealBackend {
+            name: target.name,
+            location: target.location,
+            db: RwLock::new(Some(Arc::new(db))),
+            request_timeout: timeout,
+            engine_lock: match (&target.dir, config.surrealdb.engine) {
+                (Some(dir), EmbeddedEngine::SurrealKv) => Some(dir.join("LOCK")),
+                _ => None,
+            },
+            link: Arc::new(Link::default()),
+            read_only: true,
+        })
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly(self.location.clone()));
+        }
+        Ok(())
+    }
+
+    /// Rows of `[key, doc]` read as records of `kind`, in key order.
+    fn scanned(kind: RecordKind, mut rows: Vec<(String, String)>) -> Vec<Scanned> {
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows.into_iter()
+            .map(|(key, doc)| Scanned {
+                record: Record::from_json(kind, doc.as_bytes()),
+                key,
+            })
+            .collect()
     }
 
     fn handle(&self) -> Result<Arc<Surreal<Any>>> {
@@ -603,6 +665,14 @@ fn to_doc(value: &impl Serialize) -> Result<String> {
         .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))
 }
 
+/// The table that holds records of `kind`.
+fn table_of(kind: RecordKind) -> &'static str {
+    match kind {
+        RecordKind::Workflow => "workflow",
+        RecordKind::Task => "task",
+    }
+}
+
 fn version_param(version: u64) -> i64 {
     i64::try_from(version).unwrap_or(i64::MAX)
 }
@@ -675,6 +745,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        self.writable()?;
         let mut vars = Variables::new();
         vars.insert("workflow", workflow_row(workflow, true)?);
         vars.insert(
@@ -701,6 +772,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        self.writable()?;
         let mut stored = workflow.clone();
         stored.version += 1;
         let mut vars = Variables::new();
@@ -751,6 +823,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
+        self.writable()?;
         let mut stored = task.clone();
         stored.version += 1;
         let mut vars = Variables::new();
@@ -891,6 +964,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+        self.writable()?;
         if chunk.is_empty() {
             return Ok(());
         }
@@ -973,6 +1047,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn heartbeat(&self, node: &Node) -> Result<()> {
+        self.writable()?;
         let mut vars = Variables::new();
         vars.insert("id", node.id.clone());
         vars.insert(
@@ -996,6 +1071,162 @@ impl Backend for SurrealBackend {
             &Variables::new(),
         )
         .await
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        let table = table_of(kind);
+        // The range is put together from a table constant and a parsed
+        // UUID, so nothing from outside reaches the statement. A range over
+        // record ids is a key scan, not a table scan.
+        let from = match after {
+            None => table.to_owned(),
+            Some(key) => match key.parse::<uuid::Uuid>() {
+                Ok(id) => format!("{table}:⟨{id}⟩>.."),
+                // Every key here is an id; anything else sorts after them.
+                Err(_) => return Ok(Vec::new()),
+            },
+        };
+        let mut vars = Variables::new();
+        vars.insert("limit", to_i64(limit));
+        let sql =
+            format!("SELECT VALUE [record::id(id), doc] FROM {from} ORDER BY id LIMIT $limit;");
+        let mut response = self.query("scan records", &sql, &vars).await?;
+        let rows: Vec<(String, String)> =
+            response.take(0).map_err(|e| db_error("scan records", &e))?;
+        Ok(Self::scanned(kind, rows))
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        let ids: Vec<String> = keys
+            .iter()
+            .filter(|k| k.parse::<uuid::Uuid>().is_ok())
+            .cloned()
+            .collect();
+        let mut vars = Variables::new();
+        vars.insert("table", table_of(kind));
+        vars.insert("ids", ids);
+        let mut response = self
+            .query(
+                "fetch records",
+                "SELECT VALUE [record::id(id), doc]
+                 FROM array::map($ids, |$i| type::record($table, $i)) WHERE id != NONE;",
+                &vars,
+            )
+            .await?;
+        let rows: Vec<(String, String)> = response
+            .take(0)
+            .map_err(|e| db_error("fetch records", &e))?;
+        Ok(Self::scanned(kind, rows))
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        let sql = format!("SELECT count() AS n FROM {} GROUP ALL;", table_of(kind));
+        let mut response = self.query("count records", &sql, &Variables::new()).await?;
+        let counts: Vec<i64> = response
+            .take((0, "n"))
+            .map_err(|e| db_error("count records", &e))?;
+        Ok(counts.first().copied().unwrap_or(0).try_into().unwrap_or(0))
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.writable()?;
+        let mut workflows = Vec::new();
+        let mut tasks = Vec::new();
+        for record in records {
+            match record {
+                Record::Workflow(w) => workflows.push(serde_json::json!({
+                    "id": w.id.to_string(), "row": workflow_row(w, false)?
+                })),
+                Record::Task(t) => tasks.push(serde_json::json!({
+                    "id": t.id.to_string(), "row": task_row(t, false)?
+                })),
+            }
+        }
+        let mut vars = Variables::new();
+        vars.insert("workflows", serde_json::Value::Array(workflows));
+        vars.insert("tasks", serde_json::Value::Array(tasks));
+        self.query(
+            "import records",
+            "BEGIN;
+             FOR $r IN $workflows { UPSERT type::record('workflow', $r.id) CONTENT $r.row; };
+             FOR $r IN $tasks { UPSERT type::record('task', $r.id) CONTENT $r.row; };
+             COMMIT;",
+            &vars,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        let mut vars = Variables::new();
+        vars.insert(
+            "ids",
+            ids.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        );
+        let mut response = self
+            .query(
+                "read log lengths",
+                "SELECT VALUE [record::id(id), bytes]
+                 FROM array::map($ids, |$i| type::record('log_length', $i)) WHERE id != NONE;",
+                &vars,
+            )
+            .await?;
+        let rows: Vec<(String, i64)> = response
+            .take(0)
+            .map_err(|e| db_error("read log lengths", &e))?;
+        let lengths: std::collections::HashMap<String, i64> = rows.into_iter().collect();
+        Ok(ids
+            .iter()
+            .map(|id| {
+                lengths
+                    .get(&id.to_string())
+                    .map_or(0, |n| u64::try_from(*n).unwrap_or(0))
+            })
+            .collect())
+    }
+
+    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
+        self.writable()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut vars = Variables::new();
+        vars.insert("task", id.to_string());
+        vars.insert("offset", i64::try_from(offset).unwrap_or(i64::MAX));
+        vars.insert("len", to_i64(data.len()));
+        vars.insert("data", Bytes::from(data.to_vec()));
+        // As `append_log`, but only onto a log of exactly `offset` bytes, so
+        // a repeated import can never write a chunk twice.
+        let result = self
+            .query(
+                "import a task log",
+                "BEGIN;
+                 LET $found = (SELECT VALUE bytes FROM ONLY type::record('log_length', $task)) ?? 0;
+                 IF $found != $offset { THROW 'orchestrator: log length mismatch' };
+                 LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $len RETURN VALUE bytes);
+                 CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data;
+                 COMMIT;",
+                &vars,
+            )
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(Error::Database { message, .. }) if message.contains("log length mismatch") => {
+                let found = self.log_lengths(&[id]).await?.first().copied().unwrap_or(0);
+                Err(Error::Conflict {
+                    what: "task log",
+                    id: id.to_string(),
+                    expected: offset,
+                    found,
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn close(&self) -> Result<()> {

@@ -10,3 +10,4 @@ mod dev_server;
 mod filesystem;
 #[cfg(feature = "surrealdb")]
 mod surreal;
+mod transfer;

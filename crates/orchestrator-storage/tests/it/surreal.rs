@@ -50,7 +50,7 @@ async fn open(config: &StorageConfig) -> Storage {
 
 /// A plain SDK connection to the same database, to look at or tamper with
 /// what the backend stored.
-async fn raw(config: &StorageConfig) -> Surreal<Any> {
+pub(crate) async fn raw(config: &StorageConfig) -> Surreal<Any> {
     let db = surrealdb::engine::any::connect(config.surrealdb.url.as_str())
         .await
         .unwrap();

@@ -1,0 +1,471 @@
+//! Copying and verifying between stores (`orchestrator migrate`'s engine),
+//! through the storage trait: every direction between the filesystem,
+//! embedded SurrealDB and a real SurrealDB server, resumption after a
+//! failed write, damaged source records, and a tampered target.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use chrono::Utc;
+use orchestrator_core::{AttemptRecord, Task, TaskStatus};
+use orchestrator_storage::faults::{FaultSwitch, FaultyBackend};
+use orchestrator_storage::fs::{FsBackend, FsOptions};
+use orchestrator_storage::transfer::{self, CopyOptions, Progress, Silent, TransferError};
+use orchestrator_storage::{Error, RecordKind, Storage, StorageConfig, StorageType};
+use serde_json::json;
+
+use crate::conformance::workflow_with_tasks;
+
+/// Everything a store holds, as it would be compared byte for byte:
+/// each record's JSON by kind and key, and each task's log.
+#[derive(Debug, PartialEq)]
+struct Dump {
+    records: BTreeMap<(RecordKind, String), Vec<u8>>,
+    logs: BTreeMap<String, Vec<u8>>,
+}
+
+async fn dump(store: &Storage) -> Dump {
+    let mut records = BTreeMap::new();
+    let mut logs = BTreeMap::new();
+    for kind in RecordKind::ALL {
+        let mut after: Option<String> = None;
+        loop {
+            let batch = store.scan(kind, after.as_deref(), 7).await.unwrap();
+            let Some(last) = batch.last() else { break };
+            after = Some(last.key.clone());
+            for scanned in batch {
+                let record = scanned.record.unwrap();
+                if let orchestrator_storage::Record::Task(task) = &record {
+                    let log = store.read_log(task.id, 0, usize::MAX >> 1).await.unwrap();
+                    if !log.data.is_empty() {
+                        logs.insert(scanned.key.clone(), log.data);
+                    }
+                }
+                records.insert((kind, scanned.key), record.to_json());
+            }
+        }
+    }
+    Dump { records, logs }
+}
+
+/// A store with what real use leaves behind: finished and failed tasks
+/// with attempts, checkpoints and outputs; idempotency keys and revisions;
+/// logs in several chunks, one larger than a transfer chunk.
+async fn fill(store: &Storage) {
+    let now = Utc::now();
+    for round in 0..3u32 {
+        let (mut workflow, tasks) = workflow_with_tasks(4);
+        workflow.idempotency_key = Some(format!("key-{round}"));
+        workflow.reference = Some("nightly".into());
+        workflow.revision = round + 1;
+        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        for (i, task) in tasks.into_iter().enumerate() {
+            let mut task: Task = task;
+            task.start(now).unwrap();
+            let mut checkpoint = serde_json::Map::new();
+            checkpoint.insert("step".into(), json!(i));
+            task.save_checkpoint(checkpoint, now).unwrap();
+            task.history.push(AttemptRecord {
+                attempt: 1,
+                node: Some("node-a".into()),
+                started_at: Some(now),
+                ended_at: now,
+                outcome: TaskStatus::Completed,
+                error: None,
+            });
+            task.complete(json!({"ip": format!("10.0.{round}.{i}"), "ünï": "✓"}), now)
+                .unwrap();
+            let task = store.update_task(&task).await.unwrap();
+            store
+                .append_log(task.id, format!("starting {}\n", task.name).as_bytes())
+                .await
+                .unwrap();
+            store.append_log(task.id, b"done\n").await.unwrap();
+        }
+    }
+    // One log over a megabyte, so it moves in more than one chunk.
+    let (workflow, tasks) = workflow_with_tasks(1);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let big: Vec<u8> = (0..1_300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    store.append_log(tasks[0].id, &big).await.unwrap();
+}
+
+async fn open_fs(dir: &Path) -> Storage {
+    Storage::new(FsBackend::open(dir, FsOptions::default()).await.unwrap())
+}
+
+async fn read_only(config: &StorageConfig) -> Storage {
+    orchestrator_storage::open_read_only(config).await.unwrap()
+}
+
+fn fs_config(dir: &Path) -> StorageConfig {
+    StorageConfig {
+        storage_type: StorageType::Filesystem,
+        data_dir: dir.to_path_buf(),
+        surrealdb: Default::default(),
+    }
+}
+
+/// Copies `source` into the empty `target`, checks they hold the same
+/// and that verify agrees; returns the target's dump.
+async fn copy_and_check(source: &Storage, target: &Storage) -> Dump {
+    let report = transfer::copy(&**source, &**target, &CopyOptions::default(), &Silent)
+        .await
+        .unwrap();
+    assert!(report.unreadable.is_empty());
+    let expected = dump(source).await;
+    let copied = dump(target).await;
+    assert_eq!(copied, expected, "{} -> {}", source.name(), target.name());
+    let verified = transfer::verify(&**source, &**target, 5, &Silent)
+        .await
+        .unwrap();
+    assert!(verified.matches(), "{verified:?}");
+    assert_eq!(verified.kinds[1].source, expected.records.len() as u64 - 4);
+    copied
+}
+
+#[tokio::test]
+async fn filesystem_to_filesystem_copies_everything_and_resumes_as_a_no_op() {
+    let root = tempfile::tempdir().unwrap();
+    let source = open_fs(&root.path().join("a")).await;
+    fill(&source).await;
+    let target = open_fs(&root.path().join("b")).await;
+    let copied = copy_and_check(&source, &target).await;
+    assert_eq!(copied.logs.len(), 13);
+
+    // A non-empty target is refused without --resume...
+    let refused = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+    assert!(
+        matches!(
+            refused,
+            Err(TransferError::TargetNotEmpty {
+                workflows: 4,
+                tasks: 13
+            })
+        ),
+        "{refused:?}"
+    );
+    // ...and with it, finds nothing left to write.
+    let resume = CopyOptions {
+        resume: true,
+        ..CopyOptions::default()
+    };
+    let again = transfer::copy(&*source, &*target, &resume, &Silent)
+        .await
+        .unwrap();
+    assert!(again.kinds.iter().all(|k| k.written == 0), "{again:?}");
+    assert_eq!(again.log_bytes_written, 0);
+}
+
+/// Counts durable writes and turns the target's fault switch on after `n`.
+struct FailAfter {
+    n: usize,
+    seen: Mutex<usize>,
+    switch: FaultSwitch,
+}
+
+impl Progress for FailAfter {
+    fn phase(&self, _: RecordKind, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn wrote(&self) {
+        let mut seen = self.seen.lock().unwrap();
+        *seen += 1;
+        if *seen == self.n {
+            self.switch.fail_writes(true);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_copy_cut_short_at_any_write_resumes_to_the_same_end() {
+    let root = tempfile::tempdir().unwrap();
+    let source = open_fs(&root.path().join("source")).await;
+    fill(&source).await;
+    let expected = dump(&source).await;
+    let options = CopyOptions {
+        batch_size: 3,
+        ..CopyOptions::default()
+    };
+    for cut_after in [1, 2, 5, 9] {
+        let dir = root.path().join(format!("target-{cut_after}"));
+        let (target, switch) = FaultyBackend::wrap(open_fs(&dir).await);
+        let progress = FailAfter {
+            n: cut_after,
+            seen: Mutex::new(0),
+            switch: switch.clone(),
+        };
+        let cut = transfer::copy(&*source, &*target, &options, &progress).await;
+        assert!(matches!(cut, Err(TransferError::Target(_))), "{cut:?}");
+        switch.fail_writes(false);
+        let resume = CopyOptions {
+            resume: true,
+            ..options.clone()
+        };
+        transfer::copy(&*source, &*target, &resume, &Silent)
+            .await
+            .unwrap();
+        assert_eq!(
+            dump(&target).await,
+            expected,
+            "cut after {cut_after} writes"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_filesystem_store_is_read_while_its_service_writes_and_never_written() {
+    let root = tempfile::tempdir().unwrap();
+    let live = open_fs(root.path()).await;
+    fill(&live).await;
+    // The live store holds the lock; a read-only open does not need it.
+    let source = read_only(&fs_config(root.path())).await;
+    assert_eq!(dump(&source).await, dump(&live).await);
+    let (workflow, tasks) = workflow_with_tasks(1);
+    let refused = source.insert_workflow(&workflow, &tasks).await;
+    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+    let refused = source.import(&[]).await;
+    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+    // Written after the read-only open: seen by the next open.
+    live.insert_workflow(&workflow, &tasks).await.unwrap();
+    let later = read_only(&fs_config(root.path())).await;
+    assert_eq!(later.count(RecordKind::Task).await.unwrap(), 14);
+    assert!(!root.path().join("nothing").exists());
+    let missing =
+        orchestrator_storage::open_read_only(&fs_config(&root.path().join("nothing"))).await;
+    assert!(
+        matches!(&missing, Err(Error::Layout(m)) if m.contains("holds no filesystem store")),
+        "{:?}",
+        missing.map(|_| ())
+    );
+    assert!(
+        !root.path().join("nothing").exists(),
+        "a read-only open creates nothing"
+    );
+}
+
+/// Flips one byte inside the JSON of the journal line holding `needle`.
+fn damage_line(path: &Path, needle: &str) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    let at = text.find(needle).unwrap();
+    bytes[at + 1] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test]
+async fn damaged_source_records_are_named_and_skipped_only_when_asked() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("source");
+    let (workflow, tasks) = workflow_with_tasks(3);
+    {
+        let store = open_fs(&dir).await;
+        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        let mut task = tasks[1].clone();
+        task.start(Utc::now()).unwrap();
+        store.update_task(&task).await.unwrap();
+        // A later line, so the damaged one is not the journal's last.
+        let (other, other_tasks) = workflow_with_tasks(1);
+        store.insert_workflow(&other, &other_tasks).await.unwrap();
+        store.close().await.unwrap();
+    }
+    // The task's latest version is the damaged one: an older version must
+    // not be copied in its place.
+    damage_line(&dir.join("journal.jsonl"), "\"status\":\"running\"");
+    let source = read_only(&fs_config(&dir)).await;
+    let damaged = tasks[1].id.to_string();
+
+    let target = open_fs(&root.path().join("target")).await;
+    let stopped = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+    match stopped {
+        Err(TransferError::Unreadable { kind, key, reason }) => {
+            assert_eq!(kind, RecordKind::Task);
+            assert_eq!(key, damaged);
+            assert!(
+                reason.contains("journal.jsonl line 2: checksum mismatch"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected the damaged task to stop the copy: {other:?}"),
+    }
+
+    let skip = CopyOptions {
+        skip_unreadable: true,
+        resume: true,
+        ..CopyOptions::default()
+    };
+    let report = transfer::copy(&*source, &*target, &skip, &Silent)
+        .await
+        .unwrap();
+    assert_eq!(report.unreadable.len(), 1);
+    assert_eq!(report.unreadable[0].key, damaged);
+    assert_eq!(target.count(RecordKind::Task).await.unwrap(), 3);
+    assert!(target.get_task(tasks[1].id).await.unwrap().is_none());
+
+    let verified = transfer::verify(&*source, &*target, 100, &Silent)
+        .await
+        .unwrap();
+    assert_eq!(verified.mismatch_count, 1, "{verified:?}");
+    assert_eq!(verified.mismatches[0].key, damaged);
+    assert!(
+        verified.mismatches[0]
+            .problem
+            .contains("unreadable in the source")
+    );
+}
+
+#[tokio::test]
+async fn verify_names_a_tampered_record_and_a_tampered_log() {
+    let root = tempfile::tempdir().unwrap();
+    let source = open_fs(&root.path().join("a")).await;
+    fill(&source).await;
+    let target = open_fs(&root.path().join("b")).await;
+    copy_and_check(&source, &target).await;
+
+    let page = target
+        .list_tasks(&orchestrator_storage::TaskQuery {
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut tampered = page.items[0].clone();
+    tampered.output = Some(json!({"ip": "6.6.6.6"}));
+    target.update_task(&tampered).await.unwrap();
+    target.append_log(page.items[1].id, b"extra").await.unwrap();
+
+    let report = transfer::verify(&*source, &*target, 4, &Silent)
+        .await
+        .unwrap();
+    assert_eq!(report.mismatch_count, 2, "{report:?}");
+    let problems: BTreeMap<String, String> = report
+        .mismatches
+        .iter()
+        .map(|m| (format!("{} {}", m.kind, m.key), m.problem.clone()))
+        .collect();
+    assert!(
+        problems[&format!("task {}", tampered.id)].contains("field `output`"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[&format!("log {}", page.items[1].id)].contains("in the target"),
+        "{problems:?}"
+    );
+    let tasks = &report.kinds[1];
+    assert_ne!(tasks.source_checksum, tasks.target_checksum);
+}
+
+#[cfg(feature = "surrealdb")]
+mod surreal {
+    use std::time::Duration;
+
+    use orchestrator_storage::SurrealdbConfig;
+
+    use super::*;
+    use crate::dev_server::DevServer;
+
+    fn embedded(dir: &Path) -> StorageConfig {
+        StorageConfig {
+            storage_type: StorageType::SurrealdbEmbedded,
+            data_dir: dir.to_path_buf(),
+            surrealdb: SurrealdbConfig::default(),
+        }
+    }
+
+    fn server(server: &DevServer) -> StorageConfig {
+        StorageConfig {
+            storage_type: StorageType::SurrealdbServer,
+            data_dir: std::env::temp_dir(),
+            surrealdb: SurrealdbConfig {
+                url: server.url(),
+                database: format!("test_{}", uuid::Uuid::now_v7().simple()),
+                request_timeout: Duration::from_secs(10),
+                ..SurrealdbConfig::default()
+            },
+        }
+    }
+
+    async fn open(config: &StorageConfig) -> Storage {
+        orchestrator_storage::open(config).await.unwrap()
+    }
+
+    /// fs -> embedded -> server -> fs, then back the other way round:
+    /// every direction, and the end equals the start byte for byte.
+    #[tokio::test]
+    async fn round_trips_through_every_backend_end_equal_to_the_start() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = DevServer::start_memory();
+        let start = open_fs(&root.path().join("start")).await;
+        fill(&start).await;
+        let original = dump(&start).await;
+
+        let forward = [
+            embedded(&root.path().join("embedded-1")),
+            server(&dev),
+            fs_config(&root.path().join("end-1")),
+        ];
+        let backward = [
+            server(&dev),
+            embedded(&root.path().join("embedded-2")),
+            fs_config(&root.path().join("end-2")),
+        ];
+        for hops in [forward, backward] {
+            let mut opened = vec![start.clone()];
+            for config in hops {
+                let target = open(&config).await;
+                let source = opened.last().unwrap();
+                let copied = copy_and_check(source, &target).await;
+                assert_eq!(copied, original, "into {}", config.storage_type);
+                opened.push(target);
+            }
+            for store in opened.drain(1..) {
+                store.close().await.unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_surrealdb_source_opens_read_only_and_reports_unreadable_docs() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = DevServer::start_memory();
+        let config = server(&dev);
+        let store = open(&config).await;
+        let (workflow, tasks) = workflow_with_tasks(2);
+        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store.close().await.unwrap();
+        let db = crate::surreal::raw(&config).await;
+        db.query("UPDATE type::record('task', $id) SET doc = '{not json'")
+            .bind(("id", tasks[0].id.to_string()))
+            .await
+            .unwrap()
+            .check()
+            .unwrap();
+
+        let source = read_only(&config).await;
+        let refused = source.import(&[]).await;
+        assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+        let target = open_fs(&root.path().join("target")).await;
+        let stopped = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+        assert!(
+            matches!(&stopped, Err(TransferError::Unreadable { key, .. }) if *key == tasks[0].id.to_string()),
+            "{stopped:?}"
+        );
+        let dry = CopyOptions {
+            dry_run: true,
+            ..CopyOptions::default()
+        };
+        let report = transfer::copy(&*source, &*target, &dry, &Silent)
+            .await
+            .unwrap();
+        assert_eq!(report.unreadable.len(), 1);
+        assert_eq!(report.kinds[1].read, 2);
+        // A missing embedded store is not created by a read-only open.
+        let missing = root.path().join("missing");
+        assert!(
+            orchestrator_storage::open_read_only(&embedded(&missing))
+                .await
+                .is_err()
+        );
+        assert!(!missing.join("surrealdb").exists());
+    }
+}

@@ -1,0 +1,503 @@
+//! `orchestrator migrate`: store specs, credentials, progress and the
+//! summary around [`orchestrator_storage::transfer`], which does the work.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use orchestrator_storage::transfer::{self, CopyOptions, CopyReport, Progress, VerifyReport};
+use orchestrator_storage::{RecordKind, Storage, StorageConfig, StorageType, SurrealdbConfig};
+
+use crate::cli::{MigrateArgs, MigrateCommand, ServeArgs, StoreArgs};
+use crate::settings::ServeSettings;
+
+/// Test hook: abort the process (as abruptly as `kill -9`) right after this
+/// many durable writes to the target, to prove a resumed run finishes.
+const CRASH_AFTER_WRITES: &str = "ORCHESTRATOR_MIGRATE_CRASH_AFTER_WRITES";
+
+pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
+    match args.command {
+        Some(MigrateCommand::Verify(stores)) => verify_only(stores).await,
+        None => migrate(args).await,
+    }
+}
+
+async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let stores = &args.stores;
+    let (from, to) = resolve_stores(stores)?;
+    let started = Instant::now();
+    let source = open_source(&from).await?;
+    let options = CopyOptions {
+        batch_size: stores.batch_size,
+        dry_run: args.dry_run,
+        skip_unreadable: args.skip_unreadable,
+        resume: args.resume,
+    };
+    if args.dry_run {
+        // Not even opened: opening creates a store or applies its schema.
+        let report = transfer::copy(&*source, &*source, &options, &Reporter::new())
+            .await
+            .context("dry run failed")?;
+        source.close().await.ok();
+        return finish_copy(stores, &from, &to, &report, None, started);
+    }
+    let target = orchestrator_storage::open(&to.config)
+        .await
+        .with_context(|| format!("cannot open the target {}", to.spec))?;
+    let progress = Reporter::new();
+    let copied = transfer::copy(&*source, &*target, &options, &progress).await;
+    let result = match copied {
+        Ok(report) => {
+            let verified = if args.verify {
+                Some(
+                    transfer::verify(&*source, &*target, stores.batch_size, &progress)
+                        .await
+                        .context("verify failed")?,
+                )
+            } else {
+                None
+            };
+            Ok((report, verified))
+        }
+        Err(e) => Err(e),
+    };
+    progress.clear();
+    // Close both whatever happened: the target flushes and lets go of its
+    // files, so a resumed run or the service can open it.
+    let closed = target.close().await;
+    source.close().await.ok();
+    let (report, verified) = result.with_context(|| {
+        format!(
+            "migration from {} to {} stopped; what was written is durable, and \
+             `orchestrator migrate --resume` with the same stores continues",
+            from.spec, to.spec
+        )
+    })?;
+    closed.with_context(|| format!("cannot close the target {}", to.spec))?;
+    finish_copy(stores, &from, &to, &report, verified.as_ref(), started)
+}
+
+fn finish_copy(
+    stores: &StoreArgs,
+    from: &Store,
+    to: &Store,
+    report: &CopyReport,
+    verified: Option<&VerifyReport>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let elapsed = started.elapsed();
+    if stores.json {
+        let summary = serde_json::json!({
+            "from": from.spec,
+            "to": to.spec,
+            "elapsed_ms": elapsed.as_millis() as u64,
+            "copy": report,
+            "verify": verified,
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", render_copy(from, to, report, elapsed));
+        if let Some(verified) = verified {
+            print!("{}", render_verify(verified));
+        }
+    }
+    if let Some(verified) = verified {
+        check_verified(verified)?;
+    }
+    Ok(())
+}
+
+async fn verify_only(stores: StoreArgs) -> anyhow::Result<()> {
+    let (from, to) = resolve_stores(&stores)?;
+    let source = open_source(&from).await?;
+    let target = orchestrator_storage::open_read_only(&to.config)
+        .await
+        .with_context(|| format!("cannot open the target {}", to.spec))?;
+    let progress = Reporter::new();
+    let report = transfer::verify(&*source, &*target, stores.batch_size, &progress).await;
+    progress.clear();
+    source.close().await.ok();
+    target.close().await.ok();
+    let report = report.context("verify failed")?;
+    if stores.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render_verify(&report));
+    }
+    check_verified(&report)
+}
+
+fn check_verified(report: &VerifyReport) -> anyhow::Result<()> {
+    if report.matches() {
+        return Ok(());
+    }
+    let first: Vec<String> = report
+        .mismatches
+        .iter()
+        .take(3)
+        .map(|m| format!("{} {}: {}", m.kind, m.key, m.problem))
+        .collect();
+    bail!(
+        "source and target differ in {} records; first: {}",
+        report.mismatch_count,
+        first.join("; ")
+    )
+}
+
+/// A parsed `--from` or `--to`.
+struct Store {
+    /// As given, for messages (a spec holds no credentials).
+    spec: String,
+    config: StorageConfig,
+}
+
+fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
+    // The config file's settings are both stores' defaults.
+    let defaults = ServeSettings::resolve(ServeArgs {
+        config: args.config.clone(),
+        ..Default::default()
+    })?
+    .surrealdb;
+    let side = |flag: &str, spec: &Option<String>, username: &Option<String>, password| {
+        let spec = spec
+            .as_deref()
+            .with_context(|| format!("{flag} is required"))?;
+        let mut config = parse_spec(spec, defaults.clone()).with_context(|| format!("{flag}"))?;
+        if let Some(username) = username {
+            config.surrealdb.username.clone_from(username);
+        }
+        if let Some(password) = password {
+            config.surrealdb.password = password;
+        }
+        anyhow::Ok(Store {
+            spec: spec.to_owned(),
+            config,
+        })
+    };
+    let from = side(
+        "--from",
+        &args.from,
+        &args.from_username,
+        args.from_password.clone(),
+    )?;
+    let to = side(
+        "--to",
+        &args.to,
+        &args.to_username,
+        args.to_password.clone(),
+    )?;
+    if same_store(&from.config, &to.config) {
+        bail!(
+            "--from and --to name the same store ({}); migrate into another one",
+            to.spec
+        );
+    }
+    Ok((from, to))
+}
+
+/// Reads `<backend>:<location>`.
+fn parse_spec(spec: &str, surrealdb: SurrealdbConfig) -> anyhow::Result<StorageConfig> {
+    let Some((backend, location)) = spec.split_once(':') else {
+        bail!(
+            "`{spec}`: expected <backend>:<location>, e.g. filesystem:./data, \
+             surrealdb-embedded:./data or surrealdb-server:ws://127.0.0.1:8000/orchestrator/orchestrator"
+        );
+    };
+    let storage_type: StorageType = backend
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("`{spec}`: {e}"))?;
+    if location.is_empty() {
+        bail!("`{spec}`: the location after `{backend}:` is empty");
+    }
+    let mut config = StorageConfig {
+        storage_type,
+        data_dir: PathBuf::from(location),
+        surrealdb,
+    };
+    if storage_type == StorageType::SurrealdbServer {
+        let (scheme, rest) = location
+            .split_once("://")
+            .with_context(|| format!("`{spec}`: expected ws://host:port[/namespace/database]"))?;
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if authority.contains('@') {
+            bail!(
+                "{backend}: credentials do not belong in a spec, which is printed and logged; \
+                 use --from-password / --to-password or their ORCHESTRATOR_MIGRATE_* variables"
+            );
+        }
+        config.surrealdb.url = format!("{scheme}://{authority}");
+        let names: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        match names.as_slice() {
+            [] => {}
+            [namespace, database] => {
+                config.surrealdb.namespace = (*namespace).to_owned();
+                config.surrealdb.database = (*database).to_owned();
+            }
+            _ => bail!(
+                "`{spec}`: the path names the namespace and the database, as /<namespace>/<database>"
+            ),
+        }
+        config.data_dir = PathBuf::new();
+    }
+    Ok(config)
+}
+
+fn same_store(a: &StorageConfig, b: &StorageConfig) -> bool {
+    if a.storage_type != b.storage_type {
+        return false;
+    }
+    match a.storage_type {
+        StorageType::SurrealdbServer => {
+            (
+                &a.surrealdb.url,
+                &a.surrealdb.namespace,
+                &a.surrealdb.database,
+            ) == (
+                &b.surrealdb.url,
+                &b.surrealdb.namespace,
+                &b.surrealdb.database,
+            )
+        }
+        _ => std::path::absolute(&a.data_dir).ok() == std::path::absolute(&b.data_dir).ok(),
+    }
+}
+
+async fn open_source(store: &Store) -> anyhow::Result<Storage> {
+    orchestrator_storage::open_read_only(&store.config)
+        .await
+        .with_context(|| format!("cannot open the source {}", store.spec))
+}
+
+fn render_copy(from: &Store, to: &Store, report: &CopyReport, elapsed: Duration) -> String {
+    let mut out = if report.dry_run {
+        format!(
+            "dry run of {} -> {}: read in {:.1}s, nothing written\n",
+            from.spec,
+            to.spec,
+            elapsed.as_secs_f64()
+        )
+    } else {
+        format!(
+            "migrated {} -> {} in {:.1}s\n",
+            from.spec,
+            to.spec,
+            elapsed.as_secs_f64()
+        )
+    };
+    for kind in &report.kinds {
+        out.push_str(&format!(
+            "  {:<10} {:>8} read {:>8} written {:>8} already there\n",
+            kind.kind.plural(),
+            kind.read,
+            kind.written,
+            kind.unchanged
+        ));
+    }
+    out.push_str(&format!(
+        "  {:<10} {:>8} tasks with logs, {} bytes ({} written now)\n",
+        "logs", report.logs, report.log_bytes, report.log_bytes_written
+    ));
+    if report.unreadable.is_empty() {
+        out.push_str("  unreadable source records: none\n");
+    } else {
+        out.push_str(&format!(
+            "  unreadable source records ({}), not copied:\n",
+            report.unreadable.len()
+        ));
+        for u in &report.unreadable {
+            out.push_str(&format!("    {} {}: {}\n", u.kind, u.key, u.reason));
+        }
+    }
+    out
+}
+
+fn render_verify(report: &VerifyReport) -> String {
+    let mut out = String::from("verify:\n");
+    for kind in &report.kinds {
+        let same = kind.source == kind.target && kind.source_checksum == kind.target_checksum;
+        out.push_str(&format!(
+            "  {:<10} source {:>8} target {:>8}  checksum {} {}\n",
+            kind.kind,
+            kind.source,
+            kind.target,
+            &kind.source_checksum[..16.min(kind.source_checksum.len())],
+            if same { "equal" } else { "DIFFERENT" }
+        ));
+    }
+    if report.matches() {
+        out.push_str("  every record matches\n");
+    } else {
+        out.push_str(&format!("  {} records differ:\n", report.mismatch_count));
+        for m in &report.mismatches {
+            out.push_str(&format!("    {} {}: {}\n", m.kind, m.key, m.problem));
+        }
+    }
+    out
+}
+
+/// Shows progress: a bar on a terminal, a line a second otherwise.
+struct Reporter {
+    bar: Option<indicatif::ProgressBar>,
+    plain: Mutex<PlainProgress>,
+    writes: AtomicU64,
+    crash_after: Option<u64>,
+}
+
+struct PlainProgress {
+    kind: Option<RecordKind>,
+    total: u64,
+    done: u64,
+    started: Instant,
+    last_line: Instant,
+}
+
+impl Reporter {
+    fn new() -> Reporter {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix:>10} [{bar:30}] {pos}/{len} {per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            bar
+        });
+        Reporter {
+            bar,
+            plain: Mutex::new(PlainProgress {
+                kind: None,
+                total: 0,
+                done: 0,
+                started: Instant::now(),
+                last_line: Instant::now(),
+            }),
+            writes: AtomicU64::new(0),
+            crash_after: std::env::var(CRASH_AFTER_WRITES)
+                .ok()
+                .and_then(|n| n.parse().ok()),
+        }
+    }
+
+    fn clear(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        } else {
+            self.plain_line(true);
+        }
+    }
+
+    fn plain_line(&self, force: bool) {
+        let mut plain = self.plain.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(kind) = plain.kind else { return };
+        if !force && plain.last_line.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        plain.last_line = Instant::now();
+        let secs = plain.started.elapsed().as_secs_f64().max(0.001);
+        let rate = plain.done as f64 / secs;
+        let left = plain.total.saturating_sub(plain.done) as f64 / rate.max(0.001);
+        eprintln!(
+            "migrate: {} {}/{} ({:.0} records/s, eta {:.0}s)",
+            kind.plural(),
+            plain.done,
+            plain.total,
+            rate,
+            left
+        );
+    }
+}
+
+impl Progress for Reporter {
+    fn phase(&self, kind: RecordKind, total: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_prefix(kind.plural());
+            bar.set_length(total);
+            bar.set_position(0);
+            bar.reset_eta();
+            return;
+        }
+        self.plain_line(true);
+        let mut plain = self.plain.lock().unwrap_or_else(|e| e.into_inner());
+        *plain = PlainProgress {
+            kind: Some(kind),
+            total,
+            done: 0,
+            started: Instant::now(),
+            last_line: Instant::now(),
+        };
+    }
+
+    fn advance(&self, records: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(records);
+            return;
+        }
+        self.plain.lock().unwrap_or_else(|e| e.into_inner()).done += records;
+        self.plain_line(false);
+    }
+
+    fn wrote(&self) {
+        let writes = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crash_after == Some(writes) {
+            eprintln!("migrate: {CRASH_AFTER_WRITES}={writes} reached; aborting");
+            std::process::abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(spec: &str) -> anyhow::Result<StorageConfig> {
+        parse_spec(spec, SurrealdbConfig::default())
+    }
+
+    #[test]
+    fn specs_name_backend_and_location() {
+        let fs = parse("filesystem:./data").unwrap();
+        assert_eq!(fs.storage_type, StorageType::Filesystem);
+        assert_eq!(fs.data_dir, PathBuf::from("./data"));
+        let embedded = parse("surrealdb-embedded:/var/lib/o").unwrap();
+        assert_eq!(embedded.storage_type, StorageType::SurrealdbEmbedded);
+        assert_eq!(embedded.data_dir, PathBuf::from("/var/lib/o"));
+        let server = parse("surrealdb-server:ws://db:8000/ops/prod").unwrap();
+        assert_eq!(server.storage_type, StorageType::SurrealdbServer);
+        assert_eq!(server.surrealdb.url, "ws://db:8000");
+        assert_eq!(server.surrealdb.namespace, "ops");
+        assert_eq!(server.surrealdb.database, "prod");
+        let bare = parse("surrealdb-server:wss://db:8000").unwrap();
+        assert_eq!(bare.surrealdb.url, "wss://db:8000");
+        assert_eq!(bare.surrealdb.namespace, "orchestrator");
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        let message = |spec: &str| format!("{:#}", parse(spec).unwrap_err());
+        assert!(message("./data").contains("expected <backend>:<location>"));
+        assert!(message("postgres:./x").contains("unknown storage type `postgres`"));
+        assert!(message("filesystem:").contains("location after `filesystem:` is empty"));
+        assert!(
+            message("surrealdb-server:ws://root:secret@db:8000")
+                .contains("credentials do not belong")
+        );
+        assert!(!message("surrealdb-server:ws://root:secret@db:8000").contains("secret@"));
+        assert!(
+            message("surrealdb-server:ws://db:8000/onlyns").contains("/<namespace>/<database>")
+        );
+    }
+
+    #[test]
+    fn the_same_store_twice_is_noticed() {
+        let a = parse("filesystem:./data").unwrap();
+        let b = parse("filesystem:data").unwrap();
+        assert!(same_store(&a, &b));
+        let c = parse("surrealdb-embedded:./data").unwrap();
+        assert!(!same_store(&a, &c));
+    }
+}
