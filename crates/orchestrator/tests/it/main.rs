@@ -8,6 +8,7 @@ mod cli;
 mod errors;
 mod faults;
 mod harness;
+mod migrate;
 mod provisioning;
 mod restart;
 mod tasks;
