@@ -4,7 +4,9 @@
 //! from the journal and copied, with fresh UUIDv7 ids, into the layout a
 //! compacted filesystem backend leaves behind (docs/storage.md): a
 //! `snapshot.jsonl` of every workflow record, then every task record, each
-//! line `<crc32 hex> <json>`, and an empty `journal.jsonl`. Running 100k
+//! line `<crc32 hex> <json>`, and an empty `journal.jsonl`. Every task also
+//! gets a log, `logs/<task-id>.log`: the seed task's captured output,
+//! padded with synthetic output lines to about [`LOG_BYTES`]. Running 100k
 //! scripts for real would take minutes; the records are the same ones.
 
 use std::collections::{HashMap, HashSet};
@@ -21,6 +23,27 @@ pub struct Seed {
     pub tasks: Vec<String>,
     /// The ids inside the texts: the workflow's first, then the tasks'.
     pub ids: Vec<String>,
+    /// The log of each task of the copies, in the order of `tasks`.
+    pub logs: Vec<Vec<u8>>,
+}
+
+/// The least size of a generated task log ("a few hundred bytes").
+pub const LOG_BYTES: usize = 320;
+
+/// The seed task's own log, padded with output-like lines to at least
+/// [`LOG_BYTES`] and cut at four times that.
+fn padded_log(mut log: Vec<u8>, n: usize) -> Vec<u8> {
+    let mut line = 0;
+    while log.len() < LOG_BYTES {
+        line += 1;
+        let text = format!(
+            "[bench] step {n:03} output line {line}: provisioning progress {}%\n",
+            line * 10
+        );
+        log.extend_from_slice(text.as_bytes());
+    }
+    log.truncate(LOG_BYTES * 4);
+    log
 }
 
 /// Replays `snapshot.jsonl` (if any) and `journal.jsonl` of a stopped seed
@@ -72,16 +95,20 @@ pub fn read_seed(dir: &Path) -> Result<Seed> {
     task_ids.sort(); // UUIDv7: creation order
     let mut ids = vec![wf_id];
     let mut texts = Vec::new();
-    for id in &task_ids {
+    let mut logs = Vec::new();
+    for (n, id) in task_ids.iter().enumerate() {
         texts.push(serde_json::to_string(
             &json!({"type": "task", "data": tasks[id]}),
         )?);
         ids.push(id.clone());
+        let log = std::fs::read(dir.join("logs").join(format!("{id}.log"))).unwrap_or_default();
+        logs.push(padded_log(log, n));
     }
     Ok(Seed {
         workflow: serde_json::to_string(&json!({"type": "workflow", "data": wf}))?,
         tasks: texts,
         ids,
+        logs,
     })
 }
 
@@ -137,9 +164,16 @@ fn line(json: &str, out: &mut impl Write) -> std::io::Result<u64> {
     Ok(9 + json.len() as u64 + 1)
 }
 
-/// Writes `copies` copies of the seed workflow into `dir`. Returns the
-/// snapshot's size in bytes.
-pub fn write(seed: &Seed, seed_dir: &Path, dir: &Path, copies: usize) -> Result<u64> {
+/// What [`write`] wrote.
+pub struct Written {
+    pub snapshot_bytes: u64,
+    pub logs: usize,
+    pub log_bytes: u64,
+}
+
+/// Writes `copies` copies of the seed workflow, and a log for each task,
+/// into `dir`.
+pub fn write(seed: &Seed, seed_dir: &Path, dir: &Path, copies: usize) -> Result<Written> {
     std::fs::create_dir_all(dir)?;
     std::fs::copy(seed_dir.join("layout.json"), dir.join("layout.json"))
         .context("the seed data dir has no layout.json")?;
@@ -184,12 +218,34 @@ pub fn write(seed: &Seed, seed_dir: &Path, dir: &Path, copies: usize) -> Result<
     }
     out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::File::create(dir.join("journal.jsonl"))?.sync_all()?;
-    Ok(bytes)
+    let logs_dir = dir.join("logs");
+    std::fs::create_dir_all(&logs_dir)?;
+    let (mut logs, mut log_bytes) = (0, 0);
+    for ids in &all_ids {
+        for (id, log) in ids[1..].iter().zip(&seed.logs) {
+            std::fs::write(logs_dir.join(format!("{id}.log")), log)?;
+            logs += 1;
+            log_bytes += log.len() as u64;
+        }
+    }
+    Ok(Written {
+        snapshot_bytes: bytes,
+        logs,
+        log_bytes,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_are_a_few_hundred_bytes() {
+        let log = padded_log(b"{}\n".to_vec(), 7);
+        assert!(log.starts_with(b"{}\n"));
+        assert!((LOG_BYTES..LOG_BYTES + 100).contains(&log.len()));
+        assert_eq!(padded_log(vec![b'x'; 10_000], 0).len(), LOG_BYTES * 4);
+    }
 
     #[test]
     fn copies_replace_every_id() {

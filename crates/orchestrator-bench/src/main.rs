@@ -8,6 +8,7 @@
 mod dataset;
 mod load;
 mod report;
+mod rusage;
 mod service;
 mod stats;
 mod workloads;
@@ -65,6 +66,8 @@ pub struct Ctx {
     pub runs: usize,
     pub scale: f64,
     pub tmp: PathBuf,
+    /// `--keep`: leave every data directory in place.
+    pub keep: bool,
 }
 
 impl Ctx {
@@ -78,8 +81,9 @@ impl Ctx {
 #[derive(Default)]
 pub struct Results {
     pub backends: Vec<BackendResults>,
-    pub scale: Option<Result<workloads::Scale, String>>,
-    pub migrate: Option<Result<bool, String>>,
+    /// Workload 5, per backend.
+    pub scale: Vec<(String, Result<workloads::Scale, String>)>,
+    pub migrate: Option<Result<workloads::Migration, String>>,
 }
 
 pub struct BackendResults {
@@ -90,6 +94,10 @@ pub struct BackendResults {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == rusage::WRAP) {
+        return rusage::reap(&argv[2..]);
+    }
     let args = Args::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -152,6 +160,7 @@ async fn run(args: Args) -> Result<bool> {
         runs: args.runs.max(1),
         scale: args.scale,
         tmp: tmp.path().to_path_buf(),
+        keep: args.keep,
     };
     let only: Vec<&str> = args.only.split(',').map(str::trim).collect();
     let backends: Vec<String> = args
@@ -189,12 +198,67 @@ async fn run(args: Args) -> Result<bool> {
         }
         results.backends.push(b);
     }
-    if only.contains(&"w5") {
-        eprintln!("[filesystem] workload 5: 100k stored tasks");
-        results.scale = flatten(workloads::scale(&ctx).await);
-    }
-    if only.contains(&"w6") {
-        results.migrate = flatten(workloads::has_migrate(&ctx).await);
+    let (want5, want6) = (only.contains(&"w5"), only.contains(&"w6"));
+    let embedded = backends.iter().any(|b| b == "surrealdb-embedded");
+    if want5 || want6 {
+        eprintln!("workloads 5 and 6: generating the 100k-task data set");
+        let mut sizes = vec![("w5-data", 100_000)];
+        if want6 {
+            // For how peak memory of a migration grows with the store.
+            sizes.push(("w6-small-data", 10_000));
+        }
+        match workloads::datasets(&ctx, &sizes).await {
+            Err(e) => {
+                let e = format!("generating the data set: {e:#}");
+                if want5 {
+                    results.scale.push(("filesystem".into(), Err(e.clone())));
+                }
+                if want6 {
+                    results.migrate = Some(Err(e));
+                }
+            }
+            Ok(sets) => {
+                let data = &sets[0];
+                if want5 {
+                    eprintln!("[filesystem] workload 5: 100k stored tasks");
+                    let r = workloads::scale(&ctx, "filesystem", data, &data.dir, None).await;
+                    results
+                        .scale
+                        .push(("filesystem".into(), r.map_err(|e| format!("{e:#}"))));
+                }
+                let mut converted = None;
+                if want6 {
+                    let other = if embedded {
+                        "surrealdb-embedded"
+                    } else {
+                        "filesystem"
+                    };
+                    eprintln!("workload 6: migration filesystem → {other} → filesystem");
+                    let r = workloads::migration(&ctx, data, sets.get(1), other).await;
+                    if let Ok(m) = &r {
+                        converted.clone_from(&m.embedded);
+                    }
+                    results.migrate = flatten(r);
+                }
+                if want5 && embedded {
+                    let backend = "surrealdb-embedded";
+                    eprintln!(
+                        "[{backend}] workload 5: 100k stored tasks, converted with `orchestrator migrate`"
+                    );
+                    let r = async {
+                        let (dir, took) = match converted {
+                            Some(c) => c,
+                            None => workloads::convert(&ctx, data, backend).await?,
+                        };
+                        workloads::scale(&ctx, backend, data, &dir, Some(took)).await
+                    }
+                    .await;
+                    results
+                        .scale
+                        .push((backend.into(), r.map_err(|e| format!("{e:#}"))));
+                }
+            }
+        }
     }
 
     let env =

@@ -140,6 +140,27 @@ fn at_least(value: f64, target: f64) -> String {
     }
 }
 
+/// Whether peak memory stayed bounded: at most 2× for 10× the records.
+fn bounded(growth: f64) -> String {
+    if growth <= 2.0 {
+        "met".into()
+    } else {
+        format!(
+            "**missed**: grows {:.2}× (target ≤ 2×; {:.2}× over)",
+            growth,
+            growth / 2.0
+        )
+    }
+}
+
+fn short(backend: &str) -> &str {
+    match backend {
+        "filesystem" => "fs",
+        "surrealdb-embedded" => "embedded",
+        other => other,
+    }
+}
+
 fn spread(values: &[f64], unit: impl Fn(f64) -> String) -> String {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -167,8 +188,10 @@ pub fn failures(r: &Results) -> Vec<String> {
             }
         }
     }
-    if let Some(Err(e)) = &r.scale {
-        out.push(format!("workload 5: {e}"));
+    for (backend, scale) in &r.scale {
+        if let Err(e) = scale {
+            out.push(format!("[{backend}] workload 5: {e}"));
+        }
     }
     if let Some(Err(e)) = &r.migrate {
         out.push(format!("workload 6: {e}"));
@@ -384,109 +407,186 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
             None => {}
         }
     }
-    let idle_rss = r
-        .backends
-        .iter()
-        .find(|b| b.backend == "filesystem")
-        .and_then(|b| b.w1.as_ref())
-        .and_then(|w| w.as_ref().ok());
-    match &r.scale {
-        Some(Ok(sc)) => {
-            let start = median(&sc.start_s);
-            let empty = idle_rss.map(|w| median(&w.empty_start_s));
+    for b in &r.backends {
+        if let Some(Ok(w)) = &b.w1 {
+            let idle = median(&w.idle_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+            let peak = median(&w.peak_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
             row([
                 "5",
-                &format!(
-                    "{} stored tasks (filesystem; {:.0} MiB snapshot)",
-                    thousands(sc.tasks as f64),
-                    sc.snapshot_mib
-                ),
-                "start-up: spawn → first `200` from `/health`",
-                &format!("{}{}", s(start), spread(&sc.start_s, s)),
-                &empty
-                    .map(|e| format!("{} with an empty data dir", s(e)))
-                    .unwrap_or_default(),
+                &format!("idle service, empty data dir ({})", b.backend),
+                "RSS",
+                &format!("{} (peak after workload 1: {})", mib(idle), mib(peak)),
                 "",
-                "< 2 s",
-                &at_most(start, 2.0),
+                "",
+                "< 30 MB",
+                &at_most(idle as f64 * 1024.0, 30e6),
             ]);
-            if let Some(w) = idle_rss {
-                let idle =
-                    median(&w.idle_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
-                let peak =
-                    median(&w.peak_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+        }
+    }
+    for (be, scale) in &r.scale {
+        let sc = match scale {
+            Ok(sc) => sc,
+            Err(e) => {
                 row([
                     "5",
-                    "idle service, empty data dir (filesystem)",
-                    "RSS",
-                    &format!("{} (peak after workload 1: {})", mib(idle), mib(peak)),
+                    &format!("100k stored tasks ({be})"),
+                    "",
+                    &format!("FAILED: {e}"),
                     "",
                     "",
-                    "< 30 MB",
-                    &at_most(idle as f64 * 1024.0, 30e6),
+                    "",
+                    "",
                 ]);
+                continue;
             }
+        };
+        let start = median(&sc.start_s);
+        let empty = r
+            .backends
+            .iter()
+            .find(|b| &b.backend == be)
+            .and_then(|b| b.w1.as_ref())
+            .and_then(|w| w.as_ref().ok())
+            .map(|w| median(&w.empty_start_s));
+        let stored = match sc.converted_s {
+            None => format!("{:.0} MiB snapshot", sc.data_mib),
+            Some(took) => format!(
+                "converted from the filesystem data set by `orchestrator migrate` in {}; {:.0} MiB on disk",
+                s(took),
+                sc.data_mib
+            ),
+        };
+        row([
+            "5",
+            &format!(
+                "{} stored tasks, {} logs ({be}; {stored})",
+                thousands(sc.tasks as f64),
+                thousands(sc.logs as f64)
+            ),
+            "start-up: spawn → first `200` from `/health`",
+            &format!("{}{}", s(start), spread(&sc.start_s, s)),
+            &empty
+                .map(|e| format!("{} with an empty data dir", s(e)))
+                .unwrap_or_default(),
+            "",
+            "< 2 s",
+            &at_most(start, 2.0),
+        ]);
+        row([
+            "5",
+            &format!("{} stored tasks ({be})", thousands(sc.tasks as f64)),
+            "RSS idle after loading; after the list queries (peak)",
+            &format!(
+                "{}; {} ({})",
+                mib(sc.rss_loaded_kib),
+                mib(sc.rss_after_kib),
+                mib(sc.hwm_after_kib)
+            ),
+            "",
+            "",
+            "",
+            "",
+        ]);
+        for l in &sc.lists {
             row([
                 "5",
-                &format!("{} stored tasks", thousands(sc.tasks as f64)),
-                "RSS idle after loading; after the list queries (peak)",
-                &format!(
-                    "{}; {} ({})",
-                    mib(sc.rss_loaded_kib),
-                    mib(sc.rss_after_kib),
-                    mib(sc.hwm_after_kib)
-                ),
+                &format!("`GET /tasks` {} ({be})", l.label),
+                &format!("p50 / p99 of {} sequential requests", l.samples),
+                &format!("{} / {}", ms(l.p50_ms), ms(l.p99_ms)),
                 "",
                 "",
                 "",
                 "",
             ]);
-            for (label, p50, p99) in &sc.lists {
+        }
+    }
+    match &r.migrate {
+        Some(Ok(m)) => {
+            for d in &m.directions {
+                let fs_only = d.from == d.to;
+                let what = if fs_only {
+                    format!(
+                        "migration {} → {} (SurrealDB not in this run's backends: stands in for fs ↔ embedded)",
+                        d.from, d.to
+                    )
+                } else {
+                    format!("migration {} → {}", d.from, d.to)
+                };
+                let rate = d.rate();
                 row([
-                    "5",
-                    &format!("`GET /tasks` {label}"),
-                    "p50 / p99 of 200 sequential requests",
-                    &format!("{} / {}", ms(*p50), ms(*p99)),
+                    "6",
+                    &format!(
+                        "{what}: {} workflows + {} tasks, {} logs ({:.0} MiB), into a new store",
+                        thousands(m.workflows as f64),
+                        thousands(m.tasks as f64),
+                        thousands(m.logs as f64),
+                        m.log_bytes as f64 / (1024.0 * 1024.0)
+                    ),
+                    &format!(
+                        "records/s: (workflows + tasks) ÷ wall time of the `orchestrator migrate` process, {} {}",
+                        d.runs.len(),
+                        if d.runs.len() == 1 {
+                            "run (one run: time budget)"
+                        } else {
+                            "runs"
+                        }
+                    ),
+                    &format!(
+                        "{} records/s = {} for {} records{}; CPU {}",
+                        thousands(rate),
+                        s(median(&d.wall_s())),
+                        thousands(d.runs[0].records() as f64),
+                        spread(&d.rates(), |v| format!("{} records/s", thousands(v))),
+                        s(d.cpu_s())
+                    ),
                     "",
                     "",
+                    "≥ 20,000 records/s",
+                    &at_least(rate, 20_000.0),
+                ]);
+                let peak = d.maxrss_kib();
+                let (measure, value, result) = match (&d.small, m.small_tasks) {
+                    (Some(small), Some(small_tasks)) => {
+                        let growth = peak as f64 / small.maxrss_kib.max(1) as f64;
+                        let tenfold = m.tasks as f64 / small_tasks as f64;
+                        (
+                            format!(
+                                "peak RSS (`ru_maxrss`) at {} and at {} tasks",
+                                thousands(small_tasks as f64),
+                                thousands(m.tasks as f64)
+                            ),
+                            format!(
+                                "{} → {} ({:.2}× for {:.0}× the records; {:.0} KiB per 1,000 extra records)",
+                                mib(small.maxrss_kib),
+                                mib(peak),
+                                growth,
+                                tenfold,
+                                (peak as f64 - small.maxrss_kib as f64).max(0.0)
+                                    / ((m.tasks + m.workflows) as f64 - small.records() as f64)
+                                        .max(1.0)
+                                    * 1000.0
+                            ),
+                            bounded(growth),
+                        )
+                    }
+                    _ => (
+                        "peak RSS (`ru_maxrss`)".to_owned(),
+                        mib(peak),
+                        "n/a".to_owned(),
+                    ),
+                };
+                row([
+                    "6",
+                    "",
+                    &measure,
+                    &value,
                     "",
                     "",
+                    "memory bounded: ≤ 2× for 10× the records",
+                    &result,
                 ]);
             }
         }
-        Some(Err(e)) => row([
-            "5",
-            "100k stored tasks",
-            "",
-            &format!("FAILED: {e}"),
-            "",
-            "",
-            "",
-            "",
-        ]),
-        None => {}
-    }
-    match &r.migrate {
-        Some(Ok(false)) => row([
-            "6",
-            "migration fs ↔ embedded, 100k tasks with logs",
-            "records/s, peak RSS",
-            "not implemented yet (no `orchestrator migrate` command)",
-            "",
-            "",
-            "≥ 20,000 records/s",
-            "n/a",
-        ]),
-        Some(Ok(true)) => row([
-            "6",
-            "migration fs ↔ embedded, 100k tasks with logs",
-            "records/s, peak RSS",
-            "`orchestrator migrate` exists, but this bench does not drive it yet",
-            "",
-            "",
-            "≥ 20,000 records/s",
-            "n/a",
-        ]),
         Some(Err(e)) => row([
             "6",
             "migration",
@@ -524,12 +624,30 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
         }
         parts.push(p.join(", "));
     }
-    if let Some(Ok(sc)) = &r.scale {
-        parts.push(format!(
-            "100k start-up {}, RSS {}",
-            s(median(&sc.start_s)),
-            mib(sc.rss_loaded_kib)
-        ));
+    for (backend, sc) in &r.scale {
+        if let Ok(sc) = sc {
+            parts.push(format!(
+                "100k ({backend}) start-up {}, RSS {}",
+                s(median(&sc.start_s)),
+                mib(sc.rss_loaded_kib)
+            ));
+        }
+    }
+    if let Some(Ok(m)) = &r.migrate {
+        let dirs: Vec<String> = m
+            .directions
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}→{} {} records/s, peak {}",
+                    short(&d.from),
+                    short(&d.to),
+                    thousands(d.rate()),
+                    mib(d.maxrss_kib())
+                )
+            })
+            .collect();
+        parts.push(format!("migrate {}", dirs.join(", ")));
     }
     parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
     format!("- {}", parts.join(" · "))

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -483,42 +483,97 @@ async fn spawn_floor(ctx: &Ctx) -> Result<[f64; 3]> {
 
 // ---------------------------------------------------------------- workload 5
 
-pub struct Scale {
+/// A generated data directory in the filesystem layout, with task logs.
+pub struct DataSet {
+    pub dir: PathBuf,
+    pub workflows: usize,
     pub tasks: usize,
-    pub generate_s: f64,
-    pub snapshot_mib: f64,
-    pub start_s: Vec<f64>,
-    pub rss_loaded_kib: u64,
-    pub rss_after_kib: u64,
-    pub hwm_after_kib: u64,
-    /// (label, p50 ms, p99 ms)
-    pub lists: Vec<(String, f64, f64)>,
+    pub snapshot_bytes: u64,
+    pub logs: usize,
+    pub log_bytes: u64,
 }
 
 const SEED_OK: usize = 90;
 const SEED_FAILED: usize = 10;
+const PER_WORKFLOW: usize = SEED_OK + SEED_FAILED;
 
-/// 100,000 stored tasks (written in the documented snapshot layout from the
-/// records of a real run), then start-up, RSS and filtered list latency.
-pub async fn scale(ctx: &Ctx) -> Result<Scale> {
-    let backend = "filesystem";
-    let per_wf = SEED_OK + SEED_FAILED;
-    let workflows = ctx.scaled(100_000) / per_wf;
+/// The data sets of workloads 5 and 6, one per `(directory name, tasks)`
+/// (scaled), all copied from the records of one real seed run.
+pub async fn datasets(ctx: &Ctx, sizes: &[(&str, usize)]) -> Result<Vec<DataSet>> {
     let t0 = Instant::now();
     let seed_dir = ctx.tmp.join("w5-seed");
     let seed = seed_records(ctx, &seed_dir).await?;
-    let dir = ctx.tmp.join("w5-data");
-    let snapshot_bytes = crate::dataset::write(&seed, &seed_dir, &dir, workflows)?;
-    let generate_s = secs(t0.elapsed());
-    let tasks = workflows * per_wf;
+    let mut sets = Vec::new();
+    for (name, tasks) in sizes {
+        let workflows = (ctx.scaled(*tasks) / PER_WORKFLOW).max(1);
+        let dir = ctx.tmp.join(name);
+        let written = crate::dataset::write(&seed, &seed_dir, &dir, workflows)?;
+        sets.push(DataSet {
+            dir,
+            workflows,
+            tasks: workflows * PER_WORKFLOW,
+            snapshot_bytes: written.snapshot_bytes,
+            logs: written.logs,
+            log_bytes: written.log_bytes,
+        });
+    }
+    eprintln!(
+        "  data sets {:?} generated in {:.1} s",
+        sizes.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+        secs(t0.elapsed())
+    );
+    Ok(sets)
+}
 
+pub struct ListLatency {
+    pub label: String,
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+pub struct Scale {
+    pub backend: String,
+    pub tasks: usize,
+    pub logs: usize,
+    /// The stored data: the snapshot (filesystem) or the database directory.
+    pub data_mib: f64,
+    /// How long `orchestrator migrate` took to convert the generated data
+    /// set into this backend (`None`: the data set itself).
+    pub converted_s: Option<f64>,
+    pub start_s: Vec<f64>,
+    pub rss_loaded_kib: u64,
+    pub rss_after_kib: u64,
+    pub hwm_after_kib: u64,
+    pub lists: Vec<ListLatency>,
+}
+
+/// Requests per list query, unless [`LIST_LIMIT`] passes first.
+const LIST_REQUESTS: usize = 200;
+const LIST_LIMIT: Duration = Duration::from_secs(20);
+
+/// The stored tasks of `data` (in `dir`, in `backend`'s layout): start-up,
+/// RSS and filtered list latency.
+pub async fn scale(
+    ctx: &Ctx,
+    backend: &str,
+    data: &DataSet,
+    dir: &Path,
+    converted_s: Option<f64>,
+) -> Result<Scale> {
+    let tasks = data.tasks;
+    let data_bytes = if backend == "filesystem" {
+        data.snapshot_bytes
+    } else {
+        dir_size(dir)
+    };
     let mut start_s = Vec::new();
     for _ in 0..ctx.runs.saturating_sub(1) {
-        let svc = Service::start(ctx, backend, &dir).await?;
+        let svc = Service::start(ctx, backend, dir).await?;
         start_s.push(secs(svc.started_in));
         svc.stop().await?;
     }
-    let svc = Service::start(ctx, backend, &dir).await?;
+    let svc = Service::start(ctx, backend, dir).await?;
     start_s.push(secs(svc.started_in));
     let total = svc.get_json("/tasks?limit=1").await?["total"]
         .as_u64()
@@ -554,7 +609,8 @@ pub async fn scale(ctx: &Ctx) -> Result<Scale> {
     let mut lists = Vec::new();
     for (path, label) in &queries {
         let mut ms = Vec::new();
-        for _ in 0..200 {
+        let t0 = Instant::now();
+        while ms.len() < LIST_REQUESTS && (ms.len() < 5 || t0.elapsed() < LIST_LIMIT) {
             let t = Instant::now();
             let page = svc.get_json(path).await?;
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -563,21 +619,49 @@ pub async fn scale(ctx: &Ctx) -> Result<Scale> {
             }
         }
         ms.sort_by(f64::total_cmp);
-        lists.push((label.clone(), percentile(&ms, 50.0), percentile(&ms, 99.0)));
+        lists.push(ListLatency {
+            label: label.clone(),
+            samples: ms.len(),
+            p50_ms: percentile(&ms, 50.0),
+            p99_ms: percentile(&ms, 99.0),
+        });
     }
     let (rss_after_kib, hwm_after_kib) = svc.rss_kib()?;
     svc.stop().await?;
-    eprintln!("  w5: {tasks} tasks, start-up {start_s:?} s, lists {lists:?}");
+    eprintln!(
+        "  w5 ({backend}): {tasks} tasks, start-up {start_s:?} s, lists {:?}",
+        lists
+            .iter()
+            .map(|l| (l.samples, l.p50_ms, l.p99_ms))
+            .collect::<Vec<_>>()
+    );
     Ok(Scale {
+        backend: backend.to_owned(),
         tasks,
-        generate_s,
-        snapshot_mib: snapshot_bytes as f64 / (1024.0 * 1024.0),
+        logs: data.logs,
+        data_mib: data_bytes as f64 / (1024.0 * 1024.0),
+        converted_s,
         start_s,
         rss_loaded_kib,
         rss_after_kib,
         hwm_after_kib,
         lists,
     })
+}
+
+/// Bytes of every file under `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or_default(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Runs one real workflow of 90 no-op and 10 failing steps, stops the
@@ -615,8 +699,257 @@ async fn seed_records(ctx: &Ctx, dir: &Path) -> Result<crate::dataset::Seed> {
 
 // ---------------------------------------------------------------- workload 6
 
+/// One `orchestrator migrate` process.
+#[derive(Clone)]
+pub struct MigrationRun {
+    pub workflows: u64,
+    pub tasks: u64,
+    pub logs: u64,
+    pub log_bytes: u64,
+    /// Spawn → exit of the process.
+    pub wall_s: f64,
+    /// User + system CPU time of the process.
+    pub cpu_s: f64,
+    /// Peak RSS (`ru_maxrss` of the reaped process).
+    pub maxrss_kib: u64,
+}
+
+impl MigrationRun {
+    pub fn records(&self) -> u64 {
+        self.workflows + self.tasks
+    }
+    pub fn rate(&self) -> f64 {
+        self.records() as f64 / self.wall_s
+    }
+}
+
+/// The runs of one direction.
+pub struct Direction {
+    pub from: String,
+    pub to: String,
+    pub runs: Vec<MigrationRun>,
+    /// One run on the small data set, to see whether memory grows with it.
+    pub small: Option<MigrationRun>,
+}
+
+impl Direction {
+    pub fn rates(&self) -> Vec<f64> {
+        self.runs.iter().map(MigrationRun::rate).collect()
+    }
+    pub fn rate(&self) -> f64 {
+        median(&self.rates())
+    }
+    pub fn wall_s(&self) -> Vec<f64> {
+        self.runs.iter().map(|r| r.wall_s).collect()
+    }
+    pub fn cpu_s(&self) -> f64 {
+        median(&self.runs.iter().map(|r| r.cpu_s).collect::<Vec<_>>())
+    }
+    pub fn maxrss_kib(&self) -> u64 {
+        median(
+            &self
+                .runs
+                .iter()
+                .map(|r| r.maxrss_kib as f64)
+                .collect::<Vec<_>>(),
+        ) as u64
+    }
+}
+
+pub struct Migration {
+    pub workflows: usize,
+    pub tasks: usize,
+    pub logs: usize,
+    pub log_bytes: u64,
+    pub small_tasks: Option<usize>,
+    pub directions: Vec<Direction>,
+    /// The embedded store of the first filesystem → embedded run, kept for
+    /// workload 5, and how long that migration took.
+    pub embedded: Option<(PathBuf, f64)>,
+}
+
+/// Further runs of workload 6 start only while it has taken less than this.
+const MIGRATION_BUDGET: Duration = Duration::from_secs(150);
+/// One `orchestrator migrate` may take this long before it counts as failed.
+const MIGRATE_LIMIT: Duration = Duration::from_secs(900);
+
+fn spec(backend: &str, dir: &Path) -> String {
+    format!("{backend}:{}", dir.display())
+}
+
+/// Filesystem → `other` into a fresh store, then back into a fresh
+/// filesystem directory, each a timed `orchestrator migrate` process.
+/// Up to `ctx.runs` rounds while [`MIGRATION_BUDGET`] lasts, then one round
+/// on the small data set (for how peak memory grows with the store).
+pub async fn migration(
+    ctx: &Ctx,
+    data: &DataSet,
+    small: Option<&DataSet>,
+    other: &str,
+) -> Result<Migration> {
+    if !has_migrate(ctx).await? {
+        bail!("{} has no `migrate` command", ctx.orchestrator.display());
+    }
+    let mut there = Direction {
+        from: "filesystem".to_owned(),
+        to: other.to_owned(),
+        runs: vec![],
+        small: None,
+    };
+    let mut back = Direction {
+        from: other.to_owned(),
+        to: "filesystem".to_owned(),
+        runs: vec![],
+        small: None,
+    };
+    let mut embedded = None;
+    let t0 = Instant::now();
+    for run in 0..ctx.runs {
+        let a = ctx.tmp.join(format!("w6-{run}-{other}"));
+        let b = ctx.tmp.join(format!("w6-{run}-back"));
+        let r1 = migrate(ctx, ("filesystem", &data.dir), (other, &a), data).await?;
+        let r2 = migrate(ctx, (other, &a), ("filesystem", &b), data).await?;
+        eprintln!(
+            "  w6 run {}: filesystem → {other} {:.3} s ({:.0} records/s, peak RSS {} KiB), back {:.3} s ({:.0} records/s, peak RSS {} KiB)",
+            run + 1,
+            r1.wall_s,
+            r1.rate(),
+            r1.maxrss_kib,
+            r2.wall_s,
+            r2.rate(),
+            r2.maxrss_kib
+        );
+        if run == 0 && other != "filesystem" {
+            embedded = Some((a.clone(), r1.wall_s));
+        } else if !ctx.keep {
+            let _ = std::fs::remove_dir_all(&a);
+        }
+        if !ctx.keep {
+            let _ = std::fs::remove_dir_all(&b);
+        }
+        there.runs.push(r1);
+        back.runs.push(r2);
+        if t0.elapsed() > MIGRATION_BUDGET {
+            break;
+        }
+    }
+    if let Some(small) = small {
+        let a = ctx.tmp.join(format!("w6-small-{other}"));
+        let b = ctx.tmp.join("w6-small-back");
+        let r1 = migrate(ctx, ("filesystem", &small.dir), (other, &a), small).await?;
+        let r2 = migrate(ctx, (other, &a), ("filesystem", &b), small).await?;
+        eprintln!(
+            "  w6 small ({} tasks): peak RSS {} KiB there, {} KiB back",
+            small.tasks, r1.maxrss_kib, r2.maxrss_kib
+        );
+        there.small = Some(r1);
+        back.small = Some(r2);
+    }
+    Ok(Migration {
+        workflows: data.workflows,
+        tasks: data.tasks,
+        logs: data.logs,
+        log_bytes: data.log_bytes,
+        small_tasks: small.map(|s| s.tasks),
+        directions: vec![there, back],
+        embedded,
+    })
+}
+
+/// Converts `data` into a fresh embedded store, for workload 5 when
+/// workload 6 did not leave one. Returns the data dir and the time taken.
+pub async fn convert(ctx: &Ctx, data: &DataSet, backend: &str) -> Result<(PathBuf, f64)> {
+    let dir = ctx.tmp.join(format!("w5-{backend}"));
+    let run = migrate(ctx, ("filesystem", &data.dir), (backend, &dir), data).await?;
+    Ok((dir, run.wall_s))
+}
+
+/// One `orchestrator migrate --from … --to … --json` into a store that does
+/// not exist yet, run under `orchestrator-bench`'s own reaper (see
+/// `rusage.rs`) for its wall time, CPU time and peak RSS. Fails unless it
+/// read and wrote every record and log of `expect`.
+async fn migrate(
+    ctx: &Ctx,
+    from: (&str, &Path),
+    to: (&str, &Path),
+    expect: &DataSet,
+) -> Result<MigrationRun> {
+    let usage_path = to.1.with_extension("rusage.json");
+    let log_path = to.1.with_extension("migrate.log");
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg(crate::rusage::WRAP)
+        .arg(&usage_path)
+        .arg(&ctx.orchestrator)
+        .arg("migrate")
+        .arg("--from")
+        .arg(spec(from.0, from.1))
+        .arg("--to")
+        .arg(spec(to.0, to.1))
+        .arg("--json")
+        .current_dir(&ctx.tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path)?)
+        .kill_on_drop(true);
+    clean_env(&mut cmd);
+    let what = format!("orchestrator migrate {} → {}", from.0, to.0);
+    let out = tokio::time::timeout(MIGRATE_LIMIT, cmd.output())
+        .await
+        .map_err(|_| anyhow!("{what} took more than {MIGRATE_LIMIT:?}"))??;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}); its log ({}) ends with:\n{}",
+            out.status,
+            log_path.display(),
+            tail_of(&log_path)
+        );
+    }
+    let usage = crate::rusage::Usage::read(&usage_path)?;
+    let summary: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{what}: the --json summary"))?;
+    let kind = |name: &str, field: &str| {
+        summary["copy"]["kinds"]
+            .as_array()
+            .and_then(|kinds| kinds.iter().find(|k| k["kind"] == json!(name)))
+            .and_then(|k| k[field].as_u64())
+            .ok_or_else(|| anyhow!("{what}: no copy.kinds[{name}].{field} in {summary}"))
+    };
+    let run = MigrationRun {
+        workflows: kind("workflow", "read")?,
+        tasks: kind("task", "read")?,
+        logs: summary["copy"]["logs"].as_u64().unwrap_or_default(),
+        log_bytes: summary["copy"]["log_bytes"].as_u64().unwrap_or_default(),
+        wall_s: usage.wall_s,
+        cpu_s: usage.user_s + usage.sys_s,
+        maxrss_kib: usage.maxrss_kib,
+    };
+    let written = (kind("workflow", "written")?, kind("task", "written")?);
+    let unreadable = summary["copy"]["unreadable"].as_array().map_or(0, Vec::len);
+    if (run.workflows, run.tasks) != (expect.workflows as u64, expect.tasks as u64)
+        || written != (run.workflows, run.tasks)
+        || run.logs != expect.logs as u64
+        || run.log_bytes != expect.log_bytes
+        || unreadable != 0
+    {
+        bail!(
+            "{what} did not copy everything: expected {} workflows, {} tasks, {} logs of {} bytes; the summary says {summary}",
+            expect.workflows,
+            expect.tasks,
+            expect.logs,
+            expect.log_bytes
+        );
+    }
+    Ok(run)
+}
+
+fn tail_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
 /// Whether the binary has a `migrate` subcommand.
-pub async fn has_migrate(ctx: &Ctx) -> Result<bool> {
+async fn has_migrate(ctx: &Ctx) -> Result<bool> {
     let out = Command::new(&ctx.orchestrator)
         .arg("--help")
         .output()
