@@ -61,6 +61,14 @@ pub enum Error {
     /// the caller re-reads before deciding again.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// A SurrealDB server refused the credentials. Callers add which of
+    /// their settings hold them: the flags differ between commands.
+    #[error("cannot sign in to the SurrealDB server at {location} as `{username}`: {reason}")]
+    SignIn {
+        location: String,
+        username: String,
+        reason: String,
+    },
     /// The database refused a request for a reason other than the ones
     /// above (a malformed record, a permission, an internal error).
     #[error("database error while trying to {context}: {message}")]

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
-    Backend, Error, LogChunk, Page, Record, RecordKind, Result, Scanned, Storage, TaskQuery,
-    WorkflowQuery,
+    Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned, Storage,
+    TaskQuery, WorkflowQuery,
 };
 
 /// Wraps a store; while `failing` is set, every write returns an I/O error
@@ -154,8 +154,8 @@ impl Backend for FaultyBackend {
         self.inner.log_lengths(ids).await
     }
 
-    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
-        self.check("import a log")?;
-        self.inner.import_log(id, offset, data).await
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
+        self.check("import logs")?;
+        self.inner.import_logs(pieces).await
     }
 }

@@ -123,9 +123,19 @@ pub trait Backend: Send + Sync {
     /// The length in bytes of each task's log (0 for none), in the order asked.
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>>;
 
-    /// Writes `data` into a task's log at `offset`, which must be the log's
-    /// current length (else [`Error::Conflict`]); durable on return.
-    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()>;
+    /// Writes pieces of task logs, each at its `offset`, which must be its
+    /// log's length when the piece is written (else [`Error::Conflict`]),
+    /// so a repeated import never writes a byte twice. Pieces of one task
+    /// come in order. Durable on return: many small logs cost one sync.
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()>;
+}
+
+/// A piece of a task's log being imported: `data` belongs at byte `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPiece {
+    pub task: TaskId,
+    pub offset: u64,
+    pub data: Vec<u8>,
 }
 
 /// The kinds of record `orchestrator migrate` moves, in the order it moves
@@ -183,6 +193,14 @@ impl Record {
         match self {
             Record::Workflow(w) => w.id.to_string(),
             Record::Task(t) => t.id.to_string(),
+        }
+    }
+
+    /// Its compare-and-set version: higher is newer.
+    pub fn version(&self) -> u64 {
+        match self {
+            Record::Workflow(w) => w.version,
+            Record::Task(t) => t.version,
         }
     }
 

@@ -21,10 +21,12 @@ use orchestrator_core::TaskId;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::{Backend, Error, Record, RecordKind, Scanned};
+use crate::{Backend, Error, LogPiece, Record, RecordKind, Scanned};
 
 /// Bytes of a log moved per read and write.
 const LOG_CHUNK: usize = 1 << 20;
+/// Log bytes gathered before they are written in one import.
+const LOG_BATCH_BYTES: usize = 4 << 20;
 /// Mismatches listed by a verify; the rest are only counted.
 const MISMATCHES_LISTED: usize = 20;
 
@@ -134,6 +136,17 @@ pub enum TransferError {
         source_bytes: u64,
         target_bytes: u64,
     },
+    #[error(
+        "the target's {kind} {key} is newer than the source's (version {target_version} > \
+         {source_version}): something wrote to the target after it was copied, so it is no \
+         longer a copy of this source; nothing of this batch was written"
+    )]
+    TargetNewer {
+        kind: RecordKind,
+        key: String,
+        source_version: u64,
+        target_version: u64,
+    },
     #[error("reading the source: {0}")]
     Source(#[source] Error),
     #[error("writing the target: {0}")]
@@ -225,26 +238,26 @@ pub async fn copy(
             let changed = if target_empty {
                 readable
             } else {
-                let keys: Vec<String> = readable.iter().map(Record::key).collect();
-                let stored: HashMap<String, Vec<u8>> = target
-                    .fetch(kind, &keys)
-                    .await
-                    .map_err(tgt)?
-                    .into_iter()
-                    .filter_map(|s| Some((s.key, s.record.ok()?.to_json())))
-                    .collect();
-                readable
-                    .into_iter()
-                    .filter(|r| stored.get(&r.key()) != Some(&r.to_json()))
-                    .collect()
+                changed_records(target, kind, readable).await?
             };
+            // Everything of the batch is checked before anything is written.
+            let logs = log_lengths(source, target, &task_ids).await?;
+            if let Some(&(task, source_bytes, target_bytes)) =
+                logs.iter().find(|(_, source, target)| target > source)
+            {
+                return Err(TransferError::LogDiverged {
+                    task,
+                    source_bytes,
+                    target_bytes,
+                });
+            }
             copied.unchanged += (readable_count - changed.len()) as u64;
             if !changed.is_empty() {
                 target.import(&changed).await.map_err(tgt)?;
                 copied.written += changed.len() as u64;
                 progress.wrote();
             }
-            copy_logs(source, target, &task_ids, &mut report, progress).await?;
+            copy_logs(source, &logs, target, &mut report, progress).await?;
             progress.advance(n);
         }
         report.kinds.push(copied);
@@ -252,36 +265,56 @@ pub async fn copy(
     Ok(report)
 }
 
-/// Appends to each task's target log what the source has beyond it.
+/// The records the target lacks or holds differently. A target record
+/// newer than the source's means something wrote to the target since it
+/// was copied: writing the older one over it would roll it back, so stop.
+async fn changed_records(
+    target: &dyn Backend,
+    kind: RecordKind,
+    readable: Vec<Record>,
+) -> Result<Vec<Record>, TransferError> {
+    let keys: Vec<String> = readable.iter().map(Record::key).collect();
+    let stored: HashMap<String, Record> = target
+        .fetch(kind, &keys)
+        .await
+        .map_err(TransferError::Target)?
+        .into_iter()
+        .filter_map(|s| Some((s.key, s.record.ok()?)))
+        .collect();
+    let mut changed = Vec::new();
+    for record in readable {
+        match stored.get(&record.key()) {
+            Some(held) if held.to_json() == record.to_json() => {}
+            Some(held) if held.version() > record.version() => {
+                return Err(TransferError::TargetNewer {
+                    kind,
+                    key: record.key(),
+                    source_version: record.version(),
+                    target_version: held.version(),
+                });
+            }
+            _ => changed.push(record),
+        }
+    }
+    Ok(changed)
+}
+
+/// Appends to each task's target log what the source has beyond it
+/// (`logs` as [`log_lengths`] gave them), in imports of up to
+/// [`LOG_BATCH_BYTES`]: many small logs share one.
 async fn copy_logs(
     source: &dyn Backend,
+    logs: &[(TaskId, u64, u64)],
     target: &dyn Backend,
-    tasks: &[TaskId],
     report: &mut CopyReport,
     progress: &dyn Progress,
 ) -> Result<(), TransferError> {
-    if tasks.is_empty() {
-        return Ok(());
-    }
-    let source_lengths = source
-        .log_lengths(tasks)
-        .await
-        .map_err(TransferError::Source)?;
-    let target_lengths = target
-        .log_lengths(tasks)
-        .await
-        .map_err(TransferError::Target)?;
-    for ((&task, &wanted), &present) in tasks.iter().zip(&source_lengths).zip(&target_lengths) {
+    let mut pending: Vec<LogPiece> = Vec::new();
+    let mut pending_bytes = 0;
+    for &(task, wanted, present) in logs {
         if wanted > 0 {
             report.logs += 1;
             report.log_bytes += wanted;
-        }
-        if present > wanted {
-            return Err(TransferError::LogDiverged {
-                task,
-                source_bytes: wanted,
-                target_bytes: present,
-            });
         }
         let mut offset = present;
         while offset < wanted {
@@ -298,15 +331,62 @@ async fn copy_logs(
                     )),
                 }));
             }
-            target
-                .import_log(task, offset, &chunk.data)
-                .await
-                .map_err(TransferError::Target)?;
+            pending_bytes += chunk.data.len();
+            pending.push(LogPiece {
+                task,
+                offset,
+                data: chunk.data,
+            });
             offset = chunk.next_offset;
-            report.log_bytes_written += chunk.data.len() as u64;
-            progress.wrote();
+            if pending_bytes >= LOG_BATCH_BYTES {
+                flush_logs(target, &mut pending, report, progress).await?;
+                pending_bytes = 0;
+            }
         }
     }
+    flush_logs(target, &mut pending, report, progress).await
+}
+
+/// Each task with its log's length in the source and in the target.
+async fn log_lengths(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    tasks: &[TaskId],
+) -> Result<Vec<(TaskId, u64, u64)>, TransferError> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let source_lengths = source
+        .log_lengths(tasks)
+        .await
+        .map_err(TransferError::Source)?;
+    let target_lengths = target
+        .log_lengths(tasks)
+        .await
+        .map_err(TransferError::Target)?;
+    Ok(tasks
+        .iter()
+        .zip(source_lengths.into_iter().zip(target_lengths))
+        .map(|(&task, (source, target))| (task, source, target))
+        .collect())
+}
+
+async fn flush_logs(
+    target: &dyn Backend,
+    pending: &mut Vec<LogPiece>,
+    report: &mut CopyReport,
+    progress: &dyn Progress,
+) -> Result<(), TransferError> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    target
+        .import_logs(pending)
+        .await
+        .map_err(TransferError::Target)?;
+    report.log_bytes_written += pending.iter().map(|p| p.data.len() as u64).sum::<u64>();
+    pending.clear();
+    progress.wrote();
     Ok(())
 }
 
@@ -591,18 +671,7 @@ async fn compare_logs(
     target_sum: &mut Checksum,
     report: &mut VerifyReport,
 ) -> Result<(), TransferError> {
-    if tasks.is_empty() {
-        return Ok(());
-    }
-    let source_lengths = source
-        .log_lengths(tasks)
-        .await
-        .map_err(TransferError::Source)?;
-    let target_lengths = target
-        .log_lengths(tasks)
-        .await
-        .map_err(TransferError::Target)?;
-    for ((&task, &left), &right) in tasks.iter().zip(&source_lengths).zip(&target_lengths) {
+    for (task, left, right) in log_lengths(source, target, tasks).await? {
         if left == 0 && right == 0 {
             continue;
         }

@@ -67,7 +67,7 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub skip_unreadable: bool,
     /// Compare source and target record by record after copying.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dry_run")]
     pub verify: bool,
 }
 

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use orchestrator_storage::transfer::{self, CopyOptions, CopyReport, Progress, VerifyReport};
+use orchestrator_storage::transfer::{
+    self, CopyOptions, CopyReport, Progress, TransferError, VerifyReport,
+};
 use orchestrator_storage::{RecordKind, Storage, StorageConfig, StorageType, SurrealdbConfig};
 
 use crate::cli::{MigrateArgs, MigrateCommand, ServeArgs, StoreArgs};
@@ -37,26 +39,30 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         resume: args.resume,
     };
     if args.dry_run {
-        // Not even opened: opening creates a store or applies its schema.
-        let report = transfer::copy(&*source, &*source, &options, &Reporter::new())
-            .await
-            .context("dry run failed")?;
+        // The target is not even opened: opening creates a store or
+        // applies its schema. The source stands in for it, unused.
+        let progress = Reporter::new();
+        let report = transfer::copy(&*source, &*source, &options, &progress).await;
+        progress.clear();
         source.close().await.ok();
-        return finish_copy(stores, &from, &to, &report, None, started);
+        let report = report.context("dry run failed")?;
+        finish_copy(stores, &from, &to, &report, None, started)?;
+        if !report.unreadable.is_empty() && !args.skip_unreadable {
+            bail!(
+                "{} source records are unreadable: the migration would stop at the first \
+                 (see above); --skip-unreadable copies everything else",
+                report.unreadable.len()
+            );
+        }
+        return Ok(());
     }
-    let target = orchestrator_storage::open(&to.config)
-        .await
-        .with_context(|| format!("cannot open the target {}", to.spec))?;
+    let target = open(&to, "--to", orchestrator_storage::open(&to.config)).await?;
     let progress = Reporter::new();
     let copied = transfer::copy(&*source, &*target, &options, &progress).await;
     let result = match copied {
         Ok(report) => {
             let verified = if args.verify {
-                Some(
-                    transfer::verify(&*source, &*target, stores.batch_size, &progress)
-                        .await
-                        .context("verify failed")?,
-                )
+                Some(transfer::verify(&*source, &*target, stores.batch_size, &progress).await)
             } else {
                 None
             };
@@ -65,16 +71,29 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         Err(e) => Err(e),
     };
     progress.clear();
+    let result = result.and_then(|(report, verified)| match verified {
+        Some(Err(e)) => Err(e),
+        Some(Ok(verified)) => Ok((report, Some(verified))),
+        None => Ok((report, None)),
+    });
     // Close both whatever happened: the target flushes and lets go of its
     // files, so a resumed run or the service can open it.
     let closed = target.close().await;
     source.close().await.ok();
-    let (report, verified) = result.with_context(|| {
-        format!(
-            "migration from {} to {} stopped; what was written is durable, and \
+    let (report, verified) = result.map_err(|e| match e {
+        // A store failed midway: what was written is durable.
+        TransferError::Source(_) | TransferError::Target(_) => {
+            anyhow::Error::new(e).context(format!(
+                "migration from {} to {} stopped; what was written is durable, and \
              `orchestrator migrate --resume` with the same stores continues",
+                from.spec, to.spec
+            ))
+        }
+        // The stores themselves are not fit: a re-run would meet the same.
+        other => anyhow::Error::new(other).context(format!(
+            "migration from {} to {} refused",
             from.spec, to.spec
-        )
+        )),
     })?;
     closed.with_context(|| format!("cannot close the target {}", to.spec))?;
     finish_copy(stores, &from, &to, &report, verified.as_ref(), started)
@@ -113,9 +132,12 @@ fn finish_copy(
 async fn verify_only(stores: StoreArgs) -> anyhow::Result<()> {
     let (from, to) = resolve_stores(&stores)?;
     let source = open_source(&from).await?;
-    let target = orchestrator_storage::open_read_only(&to.config)
-        .await
-        .with_context(|| format!("cannot open the target {}", to.spec))?;
+    let target = open(
+        &to,
+        "--to",
+        orchestrator_storage::open_read_only(&to.config),
+    )
+    .await?;
     let progress = Reporter::new();
     let report = transfer::verify(&*source, &*target, stores.batch_size, &progress).await;
     progress.clear();
@@ -155,9 +177,14 @@ struct Store {
 }
 
 fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
-    // The config file's settings are both stores' defaults.
+    // The config file's settings, then ORCHESTRATOR_SURREALDB_USERNAME and
+    // _PASSWORD, are both stores' defaults; the per-side flags beat them.
     let defaults = ServeSettings::resolve(ServeArgs {
         config: args.config.clone(),
+        surrealdb_username: std::env::var("ORCHESTRATOR_SURREALDB_USERNAME").ok(),
+        surrealdb_password: std::env::var("ORCHESTRATOR_SURREALDB_PASSWORD")
+            .ok()
+            .map(orchestrator_storage::Secret::new),
         ..Default::default()
     })?
     .surrealdb;
@@ -165,7 +192,7 @@ fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
         let spec = spec
             .as_deref()
             .with_context(|| format!("{flag} is required"))?;
-        let mut config = parse_spec(spec, defaults.clone()).with_context(|| format!("{flag}"))?;
+        let mut config = parse_spec(spec, defaults.clone()).with_context(|| flag.to_owned())?;
         if let Some(username) = username {
             config.surrealdb.username.clone_from(username);
         }
@@ -266,9 +293,35 @@ fn same_store(a: &StorageConfig, b: &StorageConfig) -> bool {
 }
 
 async fn open_source(store: &Store) -> anyhow::Result<Storage> {
-    orchestrator_storage::open_read_only(&store.config)
-        .await
-        .with_context(|| format!("cannot open the source {}", store.spec))
+    open(
+        store,
+        "--from",
+        orchestrator_storage::open_read_only(&store.config),
+    )
+    .await
+}
+
+/// Awaits the opening of one side, saying which side failed and, for
+/// refused credentials, which settings hold them.
+async fn open(
+    store: &Store,
+    side: &str,
+    opening: impl Future<Output = orchestrator_storage::Result<Storage>>,
+) -> anyhow::Result<Storage> {
+    let role = if side == "--from" { "source" } else { "target" };
+    opening.await.map_err(|e| {
+        let hint = match &e {
+            orchestrator_storage::Error::SignIn { .. } => {
+                let upper = side.trim_start_matches("--").to_uppercase();
+                format!(
+                    "; check {side}-username and {side}-password (or \
+                     ORCHESTRATOR_MIGRATE_{upper}_USERNAME and _PASSWORD)"
+                )
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!("cannot open the {role} {}: {e}{hint}", store.spec)
+    })
 }
 
 fn render_copy(from: &Store, to: &Store, report: &CopyReport, elapsed: Duration) -> String {
@@ -360,9 +413,15 @@ impl Reporter {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(
-                    "{prefix:>10} [{bar:30}] {pos}/{len} {per_sec} eta {eta}",
+                    "{prefix:>10} [{bar:30}] {pos}/{len} {rate} eta {eta}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .with_key(
+                    "rate",
+                    |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                        let _ = write!(out, "{:.0} records/s", state.per_sec());
+                    },
+                )
                 .progress_chars("=> "),
             );
             bar
@@ -400,14 +459,18 @@ impl Reporter {
         plain.last_line = Instant::now();
         let secs = plain.started.elapsed().as_secs_f64().max(0.001);
         let rate = plain.done as f64 / secs;
-        let left = plain.total.saturating_sub(plain.done) as f64 / rate.max(0.001);
+        // No rate yet, no estimate.
+        let eta = if plain.done == 0 {
+            String::new()
+        } else {
+            let left = plain.total.saturating_sub(plain.done) as f64 / rate;
+            format!(", {rate:.0} records/s, eta {left:.0}s")
+        };
         eprintln!(
-            "migrate: {} {}/{} ({:.0} records/s, eta {:.0}s)",
+            "migrate: {} {}/{}{eta}",
             kind.plural(),
             plain.done,
-            plain.total,
-            rate,
-            left
+            plain.total
         );
     }
 }

@@ -52,6 +52,12 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         surrealdb: settings.surrealdb.clone(),
     })
     .await
+    .map_err(|e| match e {
+        orchestrator_storage::Error::SignIn { .. } => {
+            anyhow::anyhow!("{e}; check --surrealdb-username and --surrealdb-password")
+        }
+        other => other.into(),
+    })
     .context("cannot open storage")?;
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),

@@ -32,7 +32,8 @@ use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
 use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{
-    Backend, Error, LogChunk, Page, Record, RecordKind, Result, Scanned, TaskQuery, WorkflowQuery,
+    Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned, TaskQuery,
+    WorkflowQuery,
 };
 
 /// The on-disk layout this build reads and writes.
@@ -474,7 +475,7 @@ fn replay_tolerant(path: &Path, state: &mut State, damaged: &mut Damaged) -> Res
         };
         let is_last = lines.peek().is_none_or(|(_, next)| !next.ends_with(b"\n"));
         let line_no = index + 1;
-        let reason = match decode_line(line) {
+        let problem = match decode_line(line) {
             Some(json) => match serde_json::from_slice::<Line>(json) {
                 Ok(record) => {
                     for key in record.keys() {
@@ -483,18 +484,21 @@ fn replay_tolerant(path: &Path, state: &mut State, damaged: &mut Damaged) -> Res
                     record.apply(state);
                     continue;
                 }
-                Err(e) => format!("{file} line {line_no}: unreadable record: {e}"),
+                Err(e) => format!("unreadable record: {e}"),
             },
             None if is_journal && is_last => continue,
-            None => format!("{file} line {line_no}: checksum mismatch"),
+            None => "checksum mismatch".to_owned(),
         };
+        let place = format!("{file} line {line_no}");
         let payload = line.get(9..).unwrap_or_default();
         let named = Line::keys_in_damaged(payload);
         if named.is_empty() {
-            damaged.insert((RecordKind::Task, format!("{file} line {line_no}")), reason);
+            // Listed with the tasks, the bulk of any store, under its place.
+            let reason = format!("{problem}; the line names no record");
+            damaged.insert((RecordKind::Task, place), reason);
         } else {
             for key in named {
-                damaged.insert(key, reason.clone());
+                damaged.insert(key, format!("{place}: {problem}"));
             }
         }
     }
@@ -795,40 +799,47 @@ impl Backend for FsBackend {
             .collect()
     }
 
-    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
         self.writer()?.check_usable()?;
-        let path = self.log_path(id);
-        let data = data.to_vec();
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let pieces = pieces.to_vec();
+        let paths: Vec<PathBuf> = pieces.iter().map(|p| self.log_path(p.task)).collect();
         let logs_dir = self.logs_dir.clone();
         tokio::task::spawn_blocking(move || -> Result<()> {
-            let io = |e| Error::io(format!("write {}", path.display()), e);
-            let mut file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(io)?;
-            let found = file.metadata().map_err(io)?.len();
-            if found != offset {
-                return Err(Error::Conflict {
-                    what: "task log",
-                    id: id.to_string(),
-                    expected: offset,
-                    found,
-                });
-            }
-            file.write_all(&data)
-                .and_then(|()| file.sync_data())
-                .map_err(io)?;
-            if offset == 0 {
-                // A new file: make its name durable too.
-                File::open(&logs_dir)
-                    .and_then(|d| d.sync_all())
+            for (piece, path) in pieces.iter().zip(&paths) {
+                let io = |e| Error::io(format!("write {}", path.display()), e);
+                let mut file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
                     .map_err(io)?;
+                let found = file.metadata().map_err(io)?.len();
+                if found != piece.offset {
+                    return Err(Error::Conflict {
+                        what: "task log",
+                        id: piece.task.to_string(),
+                        expected: piece.offset,
+                        found,
+                    });
+                }
+                file.write_all(&piece.data).map_err(io)?;
             }
-            Ok(())
+            // One flush of the whole filesystem makes every file written
+            // above durable, new names included: one sync for the batch
+            // instead of two per file.
+            let dir = File::open(&logs_dir)
+                .map_err(|e| Error::io(format!("open {}", logs_dir.display()), e))?;
+            nix::unistd::syncfs(&dir).map_err(|e| {
+                Error::io(
+                    format!("sync {}", logs_dir.display()),
+                    std::io::Error::from(e),
+                )
+            })
         })
         .await
-        .map_err(|e| Error::io("write a task log", std::io::Error::other(e)))?
+        .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
     }
 
     async fn close(&self) -> Result<()> {

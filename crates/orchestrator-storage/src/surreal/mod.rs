@@ -35,7 +35,7 @@ use surrealdb::{IndexedResults, Surreal};
 
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
-    Backend, EmbeddedEngine, Error, LogChunk, Page, Record, RecordKind, Result, Scanned,
+    Backend, EmbeddedEngine, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
     StorageConfig, StorageType, TaskQuery, WorkflowQuery,
 };
 
@@ -127,6 +127,13 @@ impl SurrealBackend {
         let db = target.connect(config, false).await?;
         let timeout = config.surrealdb.request_timeout;
         let entries = migrate::status(&db, migrate::MIGRATIONS, timeout).await?;
+        if entries.iter().all(|e| e.state == EntryState::Pending) {
+            return Err(Error::Config(format!(
+                "there is no orchestrator store at {} (namespace {}, database {}): nothing \
+                 was ever written there; check the URL, namespace and database",
+                target.location, config.surrealdb.namespace, config.surrealdb.database
+            )));
+        }
         if let Some(entry) = entries.iter().find(|e| e.state != EntryState::Applied) {
             return Err(Error::Schema(format!(
                 "{} (namespace {}, database {}): schema migration `{}` is {}; a store is read \
@@ -418,14 +425,10 @@ impl Target {
                     password: surreal.password.expose().to_owned(),
                 })
                 .await
-                .map_err(|e| {
-                    Error::Unavailable(format!(
-                        "cannot sign in to the SurrealDB server at {} as `{}`: {}; check \
-                         --surrealdb-username and --surrealdb-password",
-                        self.location,
-                        surreal.username,
-                        e.message()
-                    ))
+                .map_err(|e| Error::SignIn {
+                    location: self.location.clone(),
+                    username: surreal.username.clone(),
+                    reason: e.message().to_owned(),
                 })?;
             }
             if create {
@@ -475,8 +478,8 @@ impl Target {
                 }
                 Err(e) if !self.remote && is_locked(&e) => {
                     return Err(Error::Unavailable(format!(
-                        "{} is in use by another process ({}); stop the other orchestrator, \
-                         or use another --data-dir",
+                        "{} is in use by another process ({}); stop the orchestrator \
+                         that has it open first",
                         self.location,
                         e.message()
                     )));
@@ -1190,26 +1193,55 @@ impl Backend for SurrealBackend {
             .collect())
     }
 
-    async fn import_log(&self, id: TaskId, offset: u64, data: &[u8]) -> Result<()> {
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
         self.writable()?;
-        if data.is_empty() {
+        let pieces: Vec<&LogPiece> = pieces.iter().filter(|p| !p.data.is_empty()).collect();
+        if pieces.is_empty() {
             return Ok(());
         }
         let mut vars = Variables::new();
-        vars.insert("task", id.to_string());
-        vars.insert("offset", i64::try_from(offset).unwrap_or(i64::MAX));
-        vars.insert("len", to_i64(data.len()));
-        vars.insert("data", Bytes::from(data.to_vec()));
-        // As `append_log`, but only onto a log of exactly `offset` bytes, so
-        // a repeated import can never write a chunk twice.
+        vars.insert(
+            "tasks",
+            pieces
+                .iter()
+                .map(|p| p.task.to_string())
+                .collect::<Vec<_>>(),
+        );
+        vars.insert(
+            "offsets",
+            pieces
+                .iter()
+                .map(|p| i64::try_from(p.offset).unwrap_or(i64::MAX))
+                .collect::<Vec<_>>(),
+        );
+        vars.insert(
+            "lens",
+            pieces
+                .iter()
+                .map(|p| to_i64(p.data.len()))
+                .collect::<Vec<_>>(),
+        );
+        vars.insert(
+            "data",
+            pieces
+                .iter()
+                .map(|p| Bytes::from(p.data.clone()))
+                .collect::<Vec<_>>(),
+        );
+        // As `append_log`, but each piece only onto a log of exactly its
+        // offset, all in one transaction: a repeated import can never write
+        // a chunk twice, and an interrupted one wrote nothing.
         let result = self
             .query(
-                "import a task log",
+                "import task logs",
                 "BEGIN;
-                 LET $found = (SELECT VALUE bytes FROM ONLY type::record('log_length', $task)) ?? 0;
-                 IF $found != $offset { THROW 'orchestrator: log length mismatch' };
-                 LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $len RETURN VALUE bytes);
-                 CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data;
+                 FOR $i IN 0..array::len($tasks) {
+                     LET $task = $tasks[$i];
+                     LET $found = (SELECT VALUE bytes FROM ONLY type::record('log_length', $task)) ?? 0;
+                     IF $found != $offsets[$i] { THROW 'orchestrator: log length mismatch: ' + $task };
+                     LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $lens[$i] RETURN VALUE bytes);
+                     CREATE log_chunk SET task = $task, start_offset = $end - $lens[$i], end_offset = $end, data = $data[$i];
+                 };
                  COMMIT;",
                 &vars,
             )
@@ -1217,11 +1249,20 @@ impl Backend for SurrealBackend {
         match result {
             Ok(_) => Ok(()),
             Err(Error::Database { message, .. }) if message.contains("log length mismatch") => {
-                let found = self.log_lengths(&[id]).await?.first().copied().unwrap_or(0);
+                let piece = pieces
+                    .iter()
+                    .find(|p| message.contains(&p.task.to_string()))
+                    .unwrap_or(&pieces[0]);
+                let found = self
+                    .log_lengths(&[piece.task])
+                    .await?
+                    .first()
+                    .copied()
+                    .unwrap_or(0);
                 Err(Error::Conflict {
                     what: "task log",
-                    id: id.to_string(),
-                    expected: offset,
+                    id: piece.task.to_string(),
+                    expected: piece.offset,
                     found,
                 })
             }

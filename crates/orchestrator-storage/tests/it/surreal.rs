@@ -380,7 +380,7 @@ async fn a_wrong_password_is_a_clear_error_that_does_not_echo_it() {
         .expect_err("refused")
         .to_string();
     assert!(message.contains("cannot sign in"), "{message}");
-    assert!(message.contains("--surrealdb-password"), "{message}");
+    assert!(message.contains("as `root`"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
     assert!(!format!("{config:?}").contains("hunter2"));
 }

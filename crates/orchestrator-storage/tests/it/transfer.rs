@@ -355,6 +355,55 @@ async fn verify_names_a_tampered_record_and_a_tampered_log() {
     assert_ne!(tasks.source_checksum, tasks.target_checksum);
 }
 
+#[tokio::test]
+async fn a_target_changed_since_its_copy_is_never_rolled_back() {
+    let root = tempfile::tempdir().unwrap();
+    let source = open_fs(&root.path().join("a")).await;
+    fill(&source).await;
+    let resume = CopyOptions {
+        resume: true,
+        ..CopyOptions::default()
+    };
+    let newest = |store: Storage| async move {
+        let query = orchestrator_storage::TaskQuery {
+            limit: 1,
+            ..Default::default()
+        };
+        store.list_tasks(&query).await.unwrap().items.remove(0)
+    };
+
+    // A record written on the target after the copy.
+    let target = open_fs(&root.path().join("b")).await;
+    copy_and_check(&source, &target).await;
+    let mut task = newest(target.clone()).await;
+    task.name = "renamed on the target".into();
+    let stored = target.update_task(&task).await.unwrap();
+    let refused = transfer::copy(&*source, &*target, &resume, &Silent).await;
+    match refused {
+        Err(TransferError::TargetNewer {
+            key,
+            target_version,
+            ..
+        }) => {
+            assert_eq!(key, task.id.to_string());
+            assert_eq!(target_version, stored.version);
+        }
+        other => panic!("expected TargetNewer: {other:?}"),
+    }
+    assert_eq!(target.get_task(task.id).await.unwrap().unwrap(), stored);
+
+    // A log that grew on the target after the copy.
+    let target = open_fs(&root.path().join("c")).await;
+    copy_and_check(&source, &target).await;
+    let task = newest(target.clone()).await;
+    target.append_log(task.id, b"later").await.unwrap();
+    let refused = transfer::copy(&*source, &*target, &resume, &Silent).await;
+    assert!(
+        matches!(refused, Err(TransferError::LogDiverged { task: t, .. }) if t == task.id),
+        "{refused:?}"
+    );
+}
+
 #[cfg(feature = "surrealdb")]
 mod surreal {
     use std::time::Duration;

@@ -249,7 +249,25 @@ async fn a_damaged_source_record_stops_the_copy_by_name_unless_skipped() {
         "{message}"
     );
 
-    let dry = migrate_ok(&["--from", &fs(&source), "--to", &fs(&target), "--dry-run"]);
+    // A dry run lists it, and fails as the real run would.
+    let output = migrate(
+        &[
+            "--from",
+            &fs(&source),
+            "--to",
+            &fs(&target),
+            "--dry-run",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(
+        text(&output).contains("1 source records are unreadable"),
+        "{}",
+        text(&output)
+    );
+    let dry: Value = serde_json::from_slice(&output.stdout).unwrap();
     let unreadable = dry["copy"]["unreadable"].as_array().unwrap();
     assert!(
         unreadable.iter().any(|u| u["key"] == workflow.as_str()),
@@ -299,8 +317,7 @@ fn tamper_task(dir: &Path, task: &str) {
             Some("submission") => line["data"]["tasks"].as_array().unwrap().clone(),
             _ => vec![],
         })
-        .filter(|t| t["id"] == task)
-        .last()
+        .rfind(|t| t["id"] == task)
         .unwrap();
     let mut changed = stored;
     changed["name"] = json!("tampered");
@@ -384,6 +401,23 @@ fn bad_specs_and_missing_backends_exit_non_zero_with_the_reason() {
     let output = migrate(&["--to", &from], &[]);
     assert!(!output.status.success());
     assert!(text(&output).contains("--from"), "{}", text(&output));
+    let output = migrate(
+        &[
+            "--from",
+            &from,
+            "--to",
+            "filesystem:x",
+            "--dry-run",
+            "--verify",
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    assert!(
+        text(&output).contains("cannot be used with"),
+        "{}",
+        text(&output)
+    );
     #[cfg(not(feature = "surrealdb"))]
     {
         let output = migrate(&["--from", &from, "--to", "surrealdb-embedded:./x"], &[]);
@@ -483,7 +517,19 @@ mod surrealdb {
         assert!(!output.status.success());
         let message = text(&output);
         assert!(message.contains("cannot sign in"), "{message}");
+        assert!(message.contains("--to-password"), "{message}");
         assert!(!message.contains("not-the-password"), "{message}");
+
+        // A source namespace or database with nothing in it is a typo, not
+        // a store to set up.
+        let from = format!("surrealdb-server:{}/orchestrator/typo", server.url());
+        let output = migrate(&["--from", &from, "--to", &fs(&root.path().join("t"))], &[]);
+        assert!(!output.status.success());
+        assert!(
+            text(&output).contains("there is no orchestrator store"),
+            "{}",
+            text(&output)
+        );
     }
 
     /// The zero-downtime procedure of docs/migration.md: copy while the
