@@ -3,6 +3,8 @@
 
 mod error;
 mod extract;
+mod layers;
+pub mod prometheus;
 mod routes;
 
 use std::future::Future;
@@ -10,12 +12,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
 use orchestrator_engine::Engine;
 use tokio::net::TcpListener;
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use error::ApiError;
+pub use layers::{REQUEST_TIMEOUT, SUBMISSION_TIMEOUT};
 
 /// Largest request body accepted; workflow submissions are small.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -32,20 +37,52 @@ pub(crate) struct AppState {
 
 /// The full router with its middleware.
 pub fn app(engine: Engine) -> Router {
+    with_layers(
+        all_routes(),
+        AppState { engine },
+        layers::Deadlines::default(),
+    )
+}
+
+/// Every route, before middleware: the API's and the operational ones.
+pub(crate) fn all_routes() -> Router<AppState> {
+    routes::router().merge(Router::new().route("/metrics", get(prometheus::metrics)))
+}
+
+/// The middleware stack, innermost first. `Router::layer` wraps each route
+/// (and the fallback) after routing, so every layer sees the `MatchedPath`.
+fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Deadlines) -> Router {
     let request_id = axum::http::HeaderName::from_static("x-request-id");
-    routes::router()
-        .with_state(AppState { engine })
+    routes
+        .with_state(state)
+        // Bodies over the limit: by `Content-Length` at once (413 from the
+        // layer), or while a handler reads a longer body (413 from the
+        // extractor). Both answer with the JSON error body.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(TraceLayer::new_for_http().make_span_with(|request: &axum::http::Request<_>| {
-            let id = request
-                .headers()
-                .get("x-request-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
-            tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            deadlines.enforce(request, next)
         }))
+        .layer(axum::middleware::map_response(layers::json_error_body))
+        .layer(axum::middleware::from_fn(prometheus::track_requests))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        // One span per request, with the request id as a field, so every
+        // log line of the request carries it (in JSON logs as
+        // `span.request_id`); one INFO line per answered request.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &axum::http::Request<_>| {
+                    let id = request
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+                })
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+    // No CORS layer: browsers get no cross-origin access.
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops

@@ -131,6 +131,8 @@ impl Inner {
         };
         self.mark_workflow_running(task.workflow_id).await?;
         tracing::debug!(task = %task.id, attempt = task.attempts, script = %task.script, "attempt started");
+        metrics::counter!("orchestrator_task_attempts_total", "script" => task.script.clone())
+            .increment(1);
 
         let (logs, mut log_lines) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
         let store = self.store.clone();
@@ -236,6 +238,20 @@ impl Inner {
                 Err(e) => return Err(e.into()),
             };
             tracing::info!(task = %id, status = %stored.status, attempt = stored.attempts, "attempt ended");
+            // The attempt's wall time, from its claim to its stored outcome,
+            // by script and by the status it led to.
+            if let Some(started) = claimed.started_at {
+                metrics::histogram!(
+                    "orchestrator_task_duration_seconds",
+                    "script" => stored.script.clone(),
+                    "outcome" => stored.status.as_str(),
+                )
+                .record((now - started).to_std().unwrap_or_default().as_secs_f64());
+            }
+            if stored.status == TaskStatus::RetryWaiting {
+                metrics::counter!("orchestrator_task_retries_total", "script" => stored.script.clone())
+                    .increment(1);
+            }
             match stored.status {
                 // Interrupted by shutdown: back in the queue for the next start.
                 TaskStatus::RetryWaiting | TaskStatus::Queued => self.enqueue(&stored),

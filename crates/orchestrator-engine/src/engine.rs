@@ -247,6 +247,16 @@ impl Engine {
         )
     }
 
+    /// Tasks in the ready queue that may run now, by priority (lowest
+    /// first), and those waiting for a due time (retries, scheduled
+    /// starts): what `GET /metrics` reports as the queue depth.
+    pub fn queue_depth(&self) -> ([(orchestrator_core::Priority, usize); 4], usize) {
+        let queue = lock(&self.inner.queue);
+        let ready = queue.ready_by_priority();
+        let n_ready: usize = ready.iter().map(|(_, n)| n).sum();
+        (ready, queue.len() - n_ready)
+    }
+
     pub async fn task(&self, id: TaskId) -> Result<Task> {
         self.inner
             .store

@@ -11,6 +11,7 @@ pub mod fs;
 pub mod schema;
 #[cfg(feature = "surrealdb")]
 pub mod surreal;
+pub mod timed;
 pub mod transfer;
 
 use std::fmt;

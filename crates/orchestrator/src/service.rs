@@ -59,6 +59,10 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         other => other.into(),
     })
     .context("cannot open storage")?;
+    // Metrics: the process's recorder is installed before any work starts,
+    // and every storage call is timed whatever the backend.
+    orchestrator_api::prometheus::handle();
+    let storage = orchestrator_storage::timed::TimedBackend::wrap(storage);
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),
         work_dir: data_dir.join("work"),

@@ -9,6 +9,7 @@ mod errors;
 mod faults;
 mod harness;
 mod migrate;
+mod operations;
 mod provisioning;
 mod restart;
 mod tasks;

@@ -1,0 +1,210 @@
+//! A [`Backend`] wrapper that times every call, in the spirit of
+//! [`crate::faults`]: the service wraps whatever store it opened, so every
+//! backend reports the same metrics without knowing about them.
+//!
+//! It records through the `metrics` facade only (no I/O, no HTTP):
+//! `orchestrator_storage_operation_duration_seconds{backend, operation}`
+//! for every call, and `orchestrator_storage_errors_total{backend,
+//! operation}` for calls that failed for a reason other than a lost
+//! compare-and-set or a duplicate (those are normal answers, not faults).
+//! Without an installed recorder the calls cost next to nothing.
+
+use std::future::Future;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+
+use crate::{
+    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
+    Storage, TaskQuery, WorkflowQuery,
+};
+
+/// Wraps a store and times each of its calls.
+pub struct TimedBackend {
+    inner: Storage,
+    /// The inner backend's name, the `backend` label.
+    backend: &'static str,
+}
+
+impl TimedBackend {
+    pub fn wrap(inner: Storage) -> Storage {
+        let backend = inner.name();
+        Storage::new(TimedBackend { inner, backend })
+    }
+
+    async fn timed<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let result = call.await;
+        metrics::histogram!(
+            "orchestrator_storage_operation_duration_seconds",
+            "backend" => self.backend,
+            "operation" => operation,
+        )
+        .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result
+            && !matches!(e, Error::Conflict { .. } | Error::AlreadyExists { .. })
+        {
+            metrics::counter!(
+                "orchestrator_storage_errors_total",
+                "backend" => self.backend,
+                "operation" => operation,
+            )
+            .increment(1);
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl Backend for TimedBackend {
+    fn name(&self) -> &'static str {
+        self.backend
+    }
+
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        self.timed(
+            "insert_workflow",
+            self.inner.insert_workflow(workflow, tasks),
+        )
+        .await
+    }
+
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        self.timed(
+            "update_workflow",
+            self.inner.update_workflow(workflow, new_tasks),
+        )
+        .await
+    }
+
+    async fn update_task(&self, task: &Task) -> Result<Task> {
+        self.timed("update_task", self.inner.update_task(task))
+            .await
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        self.timed("get_task", self.inner.get_task(id)).await
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
+        self.timed("list_tasks", self.inner.list_tasks(query)).await
+    }
+
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+        self.timed("workflow_tasks", self.inner.workflow_tasks(id))
+            .await
+    }
+
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
+        self.timed("unfinished_tasks", self.inner.unfinished_tasks())
+            .await
+    }
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
+        self.timed("get_workflow", self.inner.get_workflow(id))
+            .await
+    }
+
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
+        self.timed("list_workflows", self.inner.list_workflows(query))
+            .await
+    }
+
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+        self.timed("append_log", self.inner.append_log(id, chunk))
+            .await
+    }
+
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        self.timed("read_log", self.inner.read_log(id, offset, max_bytes))
+            .await
+    }
+
+    async fn health(&self) -> Result<()> {
+        self.timed("health", self.inner.health()).await
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+
+    async fn heartbeat(&self, node: &Node) -> Result<()> {
+        self.timed("heartbeat", self.inner.heartbeat(node)).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>> {
+        self.timed("nodes", self.inner.nodes()).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.timed("close", self.inner.close()).await
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        self.timed("scan", self.inner.scan(kind, after, limit))
+            .await
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        self.timed("fetch", self.inner.fetch(kind, keys)).await
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        self.timed("count", self.inner.count(kind)).await
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.timed("import", self.inner.import(records)).await
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        self.timed("log_lengths", self.inner.log_lengths(ids)).await
+    }
+
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.timed("put_token", self.inner.put_token(token)).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.timed("tokens", self.inner.tokens()).await
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.timed("put_secret", self.inner.put_secret(secret))
+            .await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        self.timed("delete_secret", self.inner.delete_secret(name))
+            .await
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.timed("secrets", self.inner.secrets()).await
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.timed("append_audit", self.inner.append_audit(record))
+            .await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        self.timed("list_audit", self.inner.list_audit(query)).await
+    }
+
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
+        self.timed("import_logs", self.inner.import_logs(pieces))
+            .await
+    }
+}
