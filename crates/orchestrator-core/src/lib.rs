@@ -5,6 +5,7 @@
 //! process: time comes in as `now` arguments and randomness as samples, so
 //! every decision here is a plain function that unit tests can pin down.
 
+pub mod access;
 mod error;
 mod ids;
 mod names;

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
-    Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned, Storage,
-    TaskQuery, WorkflowQuery,
+    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
+    Storage, TaskQuery, WorkflowQuery,
 };
 
 /// Wraps a store; while `failing` is set, every write returns an I/O error
@@ -148,6 +149,38 @@ impl Backend for FaultyBackend {
     async fn import(&self, records: &[Record]) -> Result<()> {
         self.check("import records")?;
         self.inner.import(records).await
+    }
+
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.check("store a token")?;
+        self.inner.put_token(token).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.inner.tokens().await
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.check("store a secret")?;
+        self.inner.put_secret(secret).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        self.check("delete a secret")?;
+        self.inner.delete_secret(name).await
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.inner.secrets().await
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.check("append an audit record")?;
+        self.inner.append_audit(record).await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        self.inner.list_audit(query).await
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {

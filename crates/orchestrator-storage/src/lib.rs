@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 pub use error::{Error, Result};
@@ -124,6 +126,30 @@ pub trait Backend: Send + Sync {
     /// The length in bytes of each task's log (0 for none), in the order asked.
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>>;
 
+    // Access: API tokens, secrets and the audit log. Few records, read
+    // rarely (tokens and secrets are cached by their users).
+
+    /// Stores a token record, replacing the one with the same id (a revoke).
+    async fn put_token(&self, token: &ApiToken) -> Result<()>;
+
+    /// Every token record, active or revoked, oldest first.
+    async fn tokens(&self) -> Result<Vec<ApiToken>>;
+
+    /// Stores a secret, replacing the one with the same name.
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()>;
+
+    /// Deletes a secret; whether there was one.
+    async fn delete_secret(&self, name: &str) -> Result<bool>;
+
+    /// Every secret, by name.
+    async fn secrets(&self) -> Result<Vec<SecretRecord>>;
+
+    /// Appends an audit record; durable on return.
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()>;
+
+    /// Audit records matching the query, newest first.
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
+
     /// Writes pieces of task logs, each at its `offset`, which must be its
     /// log's length when the piece is written (else [`Error::Conflict`]),
     /// so a repeated import never writes a byte twice. Pieces of one task
@@ -139,24 +165,64 @@ pub struct LogPiece {
     pub data: Vec<u8>,
 }
 
+/// Filters for [`Backend::list_audit`]; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// At or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Before.
+    pub until: Option<DateTime<Utc>>,
+    pub actor: Option<String>,
+    pub action: Option<String>,
+    pub target: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+impl AuditQuery {
+    pub fn matches(&self, record: &AuditRecord) -> bool {
+        self.since.is_none_or(|t| record.time >= t)
+            && self.until.is_none_or(|t| record.time < t)
+            && self.actor.as_ref().is_none_or(|a| &record.actor == a)
+            && self.action.as_ref().is_none_or(|a| &record.action == a)
+            && self
+                .target
+                .as_ref()
+                .is_none_or(|t| record.target.as_ref() == Some(t))
+    }
+}
+
 /// The kinds of record `orchestrator migrate` moves, in the order it moves
 /// them: a task's workflow is in place before the task. A task's log and
 /// checkpoint travel with the task; heartbeats of nodes do not move (they
-/// describe live processes, which re-register on the new store).
+/// describe live processes, which re-register on the new store). Secrets
+/// move encrypted, as they are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordKind {
     Workflow,
     Task,
+    Token,
+    Secret,
+    Audit,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 2] = [RecordKind::Workflow, RecordKind::Task];
+    pub const ALL: [RecordKind; 5] = [
+        RecordKind::Workflow,
+        RecordKind::Task,
+        RecordKind::Token,
+        RecordKind::Secret,
+        RecordKind::Audit,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             RecordKind::Workflow => "workflow",
             RecordKind::Task => "task",
+            RecordKind::Token => "token",
+            RecordKind::Secret => "secret",
+            RecordKind::Audit => "audit",
         }
     }
 
@@ -164,6 +230,9 @@ impl RecordKind {
         match self {
             RecordKind::Workflow => "workflows",
             RecordKind::Task => "tasks",
+            RecordKind::Token => "tokens",
+            RecordKind::Secret => "secrets",
+            RecordKind::Audit => "audit",
         }
     }
 }
@@ -179,6 +248,9 @@ impl fmt::Display for RecordKind {
 pub enum Record {
     Workflow(Workflow),
     Task(Task),
+    Token(ApiToken),
+    Secret(SecretRecord),
+    Audit(AuditRecord),
 }
 
 impl Record {
@@ -186,22 +258,32 @@ impl Record {
         match self {
             Record::Workflow(_) => RecordKind::Workflow,
             Record::Task(_) => RecordKind::Task,
+            Record::Token(_) => RecordKind::Token,
+            Record::Secret(_) => RecordKind::Secret,
+            Record::Audit(_) => RecordKind::Audit,
         }
     }
 
-    /// The key it is stored under: its id as text.
+    /// The key it is stored under: its id (a secret's name) as text.
     pub fn key(&self) -> String {
         match self {
             Record::Workflow(w) => w.id.to_string(),
             Record::Task(t) => t.id.to_string(),
+            Record::Token(t) => t.id.clone(),
+            Record::Secret(s) => s.name.clone(),
+            Record::Audit(a) => a.id.clone(),
         }
     }
 
-    /// Its compare-and-set version: higher is newer.
+    /// Its compare-and-set version: higher is newer. Audit records never
+    /// change.
     pub fn version(&self) -> u64 {
         match self {
             Record::Workflow(w) => w.version,
             Record::Task(t) => t.version,
+            Record::Token(t) => t.version,
+            Record::Secret(s) => s.version,
+            Record::Audit(_) => 0,
         }
     }
 
@@ -211,6 +293,9 @@ impl Record {
         let json = match self {
             Record::Workflow(w) => serde_json::to_vec(w),
             Record::Task(t) => serde_json::to_vec(t),
+            Record::Token(t) => serde_json::to_vec(t),
+            Record::Secret(s) => serde_json::to_vec(s),
+            Record::Audit(a) => serde_json::to_vec(a),
         };
         // Plain data with string keys: serialization cannot fail.
         json.unwrap_or_default()
@@ -221,6 +306,9 @@ impl Record {
         let record = match kind {
             RecordKind::Workflow => serde_json::from_slice(json).map(Record::Workflow),
             RecordKind::Task => serde_json::from_slice(json).map(Record::Task),
+            RecordKind::Token => serde_json::from_slice(json).map(Record::Token),
+            RecordKind::Secret => serde_json::from_slice(json).map(Record::Secret),
+            RecordKind::Audit => serde_json::from_slice(json).map(Record::Audit),
         };
         record.map_err(|e| format!("unreadable {kind}: {e}"))
     }

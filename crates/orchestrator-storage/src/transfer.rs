@@ -224,7 +224,7 @@ pub async fn copy(
                 .iter()
                 .filter_map(|r| match r {
                     Record::Task(t) => Some(t.id),
-                    Record::Workflow(_) => None,
+                    _ => None,
                 })
                 .collect();
             if options.dry_run {

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
@@ -32,8 +33,8 @@ use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
 use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{
-    Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned, TaskQuery,
-    WorkflowQuery,
+    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
+    TaskQuery, WorkflowQuery,
 };
 
 /// The on-disk layout this build reads and writes.
@@ -71,6 +72,12 @@ enum Line {
         workflow: Workflow,
         tasks: Vec<Task>,
     },
+    Token(ApiToken),
+    Secret(SecretRecord),
+    SecretDeleted {
+        name: String,
+    },
+    Audit(AuditRecord),
 }
 
 impl Line {
@@ -82,6 +89,23 @@ impl Line {
                 state.put_workflow(workflow);
                 tasks.into_iter().for_each(|t| state.put_task(t));
             }
+            Line::Token(t) => state.put_token(t),
+            Line::Secret(s) => state.put_secret(s),
+            Line::SecretDeleted { name } => {
+                state.delete_secret(&name);
+            }
+            Line::Audit(a) => state.put_audit(a),
+        }
+    }
+
+    /// The line that stores `record`.
+    fn of(record: Record) -> Line {
+        match record {
+            Record::Workflow(w) => Line::Workflow(w),
+            Record::Task(t) => Line::Task(t),
+            Record::Token(t) => Line::Token(t),
+            Record::Secret(s) => Line::Secret(s),
+            Record::Audit(a) => Line::Audit(a),
         }
     }
 }
@@ -97,6 +121,10 @@ impl Line {
                     .chain(tasks.iter().map(|t| (RecordKind::Task, t.id.to_string())))
                     .collect()
             }
+            Line::Token(t) => vec![(RecordKind::Token, t.id.clone())],
+            Line::Secret(s) => vec![(RecordKind::Secret, s.name.clone())],
+            Line::SecretDeleted { name } => vec![(RecordKind::Secret, name.clone())],
+            Line::Audit(a) => vec![(RecordKind::Audit, a.id.clone())],
         }
     }
 
@@ -117,6 +145,13 @@ impl Line {
                 let tasks = data["tasks"].as_array().into_iter().flatten();
                 keys.extend(tasks.filter_map(id).map(|k| (RecordKind::Task, k)));
             }
+            Some("token") => keys.extend(id(data).map(|k| (RecordKind::Token, k))),
+            Some("audit") => keys.extend(id(data).map(|k| (RecordKind::Audit, k))),
+            Some("secret" | "secret_deleted") => keys.extend(
+                data.get("name")
+                    .and_then(|n| n.as_str())
+                    .map(|n| (RecordKind::Secret, n.to_owned())),
+            ),
             _ => {}
         }
         keys
@@ -283,15 +318,23 @@ impl FsBackend {
         Ok(pending)
     }
 
+    /// Commits one line and waits until it is durable.
+    async fn write(&self, line: Line) -> Result<()> {
+        let pending = self.commit(&mut self.lock_state(), line)?;
+        pending.durable().await
+    }
+
     fn queue_compaction(&self, state: &mut State) -> Result<()> {
         let mut bytes = Vec::new();
-        for workflow in state.workflows() {
-            let json = serde_json::to_vec(&Line::Workflow(workflow.clone()))
-                .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
-            encode_line(&json, &mut bytes);
-        }
-        for task in state.tasks() {
-            let json = serde_json::to_vec(&Line::Task(task.clone()))
+        let lines = state
+            .workflows()
+            .map(|w| Line::Workflow(w.clone()))
+            .chain(state.tasks().map(|t| Line::Task(t.clone())))
+            .chain(state.tokens().map(|t| Line::Token(t.clone())))
+            .chain(state.secrets().map(|s| Line::Secret(s.clone())))
+            .chain(state.audit().map(|a| Line::Audit(a.clone())));
+        for line in lines {
+            let json = serde_json::to_vec(&line)
                 .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
             encode_line(&json, &mut bytes);
         }
@@ -770,13 +813,7 @@ impl Backend for FsBackend {
             let mut state = self.lock_state();
             records
                 .iter()
-                .map(|record| {
-                    let line = match record {
-                        Record::Workflow(w) => Line::Workflow(w.clone()),
-                        Record::Task(t) => Line::Task(t.clone()),
-                    };
-                    self.commit(&mut state, line)
-                })
+                .map(|record| self.commit(&mut state, Line::of(record.clone())))
                 .collect::<Result<Vec<_>>>()?
         };
         // Queued together, so the writer makes them durable with one sync.
@@ -784,6 +821,45 @@ impl Backend for FsBackend {
             write.durable().await?;
         }
         Ok(())
+    }
+
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.write(Line::Token(token.clone())).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        Ok(self.lock_state().tokens().cloned().collect())
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.write(Line::Secret(secret.clone())).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.record(RecordKind::Secret, name).is_none() {
+                return Ok(false);
+            }
+            let line = Line::SecretDeleted {
+                name: name.to_owned(),
+            };
+            self.commit(&mut state, line)?
+        };
+        pending.durable().await?;
+        Ok(true)
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        Ok(self.lock_state().secrets().cloned().collect())
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.write(Line::Audit(record.clone())).await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        Ok(self.lock_state().list_audit(query))
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
-use crate::{Page, Record, RecordKind, TaskQuery, WorkflowQuery};
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+
+use crate::{AuditQuery, Page, Record, RecordKind, TaskQuery, WorkflowQuery};
 
 #[derive(Default)]
 pub(super) struct State {
@@ -14,6 +16,10 @@ pub(super) struct State {
     workflows: BTreeMap<WorkflowId, Workflow>,
     by_idempotency_key: HashMap<String, WorkflowId>,
     by_reference: HashMap<String, BTreeMap<u32, WorkflowId>>,
+    tokens: BTreeMap<String, ApiToken>,
+    secrets: BTreeMap<String, SecretRecord>,
+    /// By id: UUIDv7, so in time order.
+    audit: BTreeMap<String, AuditRecord>,
     /// Bytes appended to the journal since the last compaction.
     pub(super) journal_bytes: u64,
 }
@@ -31,11 +37,74 @@ impl State {
         match kind {
             RecordKind::Workflow => self.workflows.len(),
             RecordKind::Task => self.tasks.len(),
+            RecordKind::Token => self.tokens.len(),
+            RecordKind::Secret => self.secrets.len(),
+            RecordKind::Audit => self.audit.len(),
         }
+    }
+
+    /// Replaying an older version over a newer one changes nothing, as for
+    /// tasks.
+    pub(super) fn put_token(&mut self, token: ApiToken) {
+        if self
+            .tokens
+            .get(&token.id)
+            .is_none_or(|old| old.version <= token.version)
+        {
+            self.tokens.insert(token.id.clone(), token);
+        }
+    }
+
+    pub(super) fn put_secret(&mut self, secret: SecretRecord) {
+        if self
+            .secrets
+            .get(&secret.name)
+            .is_none_or(|old| old.version <= secret.version)
+        {
+            self.secrets.insert(secret.name.clone(), secret);
+        }
+    }
+
+    pub(super) fn delete_secret(&mut self, name: &str) -> bool {
+        self.secrets.remove(name).is_some()
+    }
+
+    pub(super) fn put_audit(&mut self, record: AuditRecord) {
+        self.audit.insert(record.id.clone(), record);
+    }
+
+    pub(super) fn tokens(&self) -> impl Iterator<Item = &ApiToken> {
+        self.tokens.values()
+    }
+
+    pub(super) fn secrets(&self) -> impl Iterator<Item = &SecretRecord> {
+        self.secrets.values()
+    }
+
+    pub(super) fn audit(&self) -> impl DoubleEndedIterator<Item = &AuditRecord> {
+        self.audit.values()
+    }
+
+    pub(super) fn list_audit(&self, query: &AuditQuery) -> Page<AuditRecord> {
+        let mut total = 0;
+        let mut items = Vec::new();
+        for record in self.audit.values().rev().filter(|r| query.matches(r)) {
+            if total >= query.offset && items.len() < query.limit {
+                items.push(record.clone());
+            }
+            total += 1;
+        }
+        Page { items, total }
     }
 
     /// The record of `kind` stored under `key`, if any.
     pub(super) fn record(&self, kind: RecordKind, key: &str) -> Option<Record> {
+        match kind {
+            RecordKind::Token => return self.tokens.get(key).cloned().map(Record::Token),
+            RecordKind::Secret => return self.secrets.get(key).cloned().map(Record::Secret),
+            RecordKind::Audit => return self.audit.get(key).cloned().map(Record::Audit),
+            RecordKind::Workflow | RecordKind::Task => {}
+        }
         let id: uuid::Uuid = key.parse().ok()?;
         match kind {
             RecordKind::Workflow => self
@@ -48,6 +117,7 @@ impl State {
                 .get(&TaskId::from_uuid(id))
                 .cloned()
                 .map(Record::Task),
+            _ => None,
         }
     }
 
@@ -60,6 +130,35 @@ impl State {
         after: Option<&str>,
     ) -> Box<dyn Iterator<Item = Record> + 'a> {
         use std::ops::Bound::{Excluded, Unbounded};
+        // Keyed by text: the range is the text after `after`.
+        let by_text = |after: Option<&str>| match after {
+            None => (Unbounded, Unbounded),
+            Some(key) => (Excluded(key.to_owned()), Unbounded),
+        };
+        match kind {
+            RecordKind::Token => {
+                return Box::new(
+                    self.tokens
+                        .range(by_text(after))
+                        .map(|(_, t)| Record::Token(t.clone())),
+                );
+            }
+            RecordKind::Secret => {
+                return Box::new(
+                    self.secrets
+                        .range(by_text(after))
+                        .map(|(_, s)| Record::Secret(s.clone())),
+                );
+            }
+            RecordKind::Audit => {
+                return Box::new(
+                    self.audit
+                        .range(by_text(after))
+                        .map(|(_, a)| Record::Audit(a.clone())),
+                );
+            }
+            RecordKind::Workflow | RecordKind::Task => {}
+        }
         let from = match after {
             None => Unbounded,
             Some(key) => match key.parse::<uuid::Uuid>() {
@@ -73,7 +172,7 @@ impl State {
                     .range((from.map(WorkflowId::from_uuid), Unbounded))
                     .map(|(_, w)| Record::Workflow(w.clone())),
             ),
-            RecordKind::Task => Box::new(
+            _ => Box::new(
                 self.tasks
                     .range((from.map(TaskId::from_uuid), Unbounded))
                     .map(|(_, t)| Record::Task(t.clone())),

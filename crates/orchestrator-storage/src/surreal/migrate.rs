@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "nodes",
         sql: include_str!("../../../../migrations/0003_nodes.surql"),
     },
+    Migration {
+        version: 4,
+        name: "access",
+        sql: include_str!("../../../../migrations/0004_access.surql"),
+    },
 ];
 
 /// How long a start waits for another process's migration lock.

@@ -33,10 +33,12 @@ use surrealdb::opt::auth::Root;
 use surrealdb::types::{AlreadyExistsError, Bytes, Variables};
 use surrealdb::{IndexedResults, Surreal};
 
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
-    Backend, EmbeddedEngine, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
-    StorageConfig, StorageType, TaskQuery, WorkflowQuery,
+    AuditQuery, Backend, EmbeddedEngine, Error, LogChunk, LogPiece, Page, Record, RecordKind,
+    Result, Scanned, StorageConfig, StorageType, TaskQuery, WorkflowQuery,
 };
 
 /// Transaction conflicts (two writers on one record) are retried this many
@@ -158,6 +160,22 @@ impl SurrealBackend {
             link: Arc::new(Link::default()),
             read_only: true,
         })
+    }
+
+    /// Replaces one record whole.
+    async fn upsert(&self, record: &Record, context: &str) -> Result<()> {
+        self.writable()?;
+        let mut vars = Variables::new();
+        vars.insert("table", table_of(record.kind()));
+        vars.insert("id", record.key());
+        vars.insert("row", row_of(record)?);
+        self.query(
+            context,
+            "UPSERT type::record($table, $id) CONTENT $row;",
+            &vars,
+        )
+        .await?;
+        Ok(())
     }
 
     fn writable(&self) -> Result<()> {
@@ -673,6 +691,41 @@ fn table_of(kind: RecordKind) -> &'static str {
     match kind {
         RecordKind::Workflow => "workflow",
         RecordKind::Task => "task",
+        RecordKind::Token => "api_token",
+        RecordKind::Secret => "secret",
+        RecordKind::Audit => "audit",
+    }
+}
+
+/// Whether a record key is made of plain characters only (ids, names),
+/// so that it can stand inside `⟨…⟩` in a statement.
+fn is_plain_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// The stored row of any record: `doc` and the fields queries need.
+fn row_of(record: &Record) -> Result<serde_json::Value> {
+    match record {
+        Record::Workflow(w) => workflow_row(w, false),
+        Record::Task(t) => task_row(t, false),
+        Record::Token(t) => Ok(serde_json::json!({"doc": to_doc(t)?})),
+        Record::Secret(s) => Ok(serde_json::json!({"doc": to_doc(s)?})),
+        Record::Audit(a) => {
+            let mut row = serde_json::json!({
+                "doc": to_doc(a)?,
+                "time_ms": a.time.timestamp_millis(),
+                "actor": a.actor,
+                "action": a.action,
+            });
+            if let Some(target) = &a.target {
+                row["target"] = target.clone().into();
+            }
+            Ok(row)
+        }
     }
 }
 
@@ -1083,16 +1136,14 @@ impl Backend for SurrealBackend {
         limit: usize,
     ) -> Result<Vec<Scanned>> {
         let table = table_of(kind);
-        // The range is put together from a table constant and a parsed
-        // UUID, so nothing from outside reaches the statement. A range over
-        // record ids is a key scan, not a table scan.
+        // The range is put together from a table constant and a key of
+        // plain characters only, so nothing else reaches the statement. A
+        // range over record ids is a key scan, not a table scan.
         let from = match after {
             None => table.to_owned(),
-            Some(key) => match key.parse::<uuid::Uuid>() {
-                Ok(id) => format!("{table}:⟨{id}⟩>.."),
-                // Every key here is an id; anything else sorts after them.
-                Err(_) => return Ok(Vec::new()),
-            },
+            Some(key) if is_plain_key(key) => format!("{table}:⟨{key}⟩>.."),
+            // Every key stored here is plain; anything else sorts after them.
+            Some(_) => return Ok(Vec::new()),
         };
         let mut vars = Variables::new();
         vars.insert("limit", to_i64(limit));
@@ -1105,11 +1156,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
-        let ids: Vec<String> = keys
-            .iter()
-            .filter(|k| k.parse::<uuid::Uuid>().is_ok())
-            .cloned()
-            .collect();
+        let ids: Vec<String> = keys.iter().filter(|k| is_plain_key(k)).cloned().collect();
         let mut vars = Variables::new();
         vars.insert("table", table_of(kind));
         vars.insert("ids", ids);
@@ -1138,31 +1185,118 @@ impl Backend for SurrealBackend {
 
     async fn import(&self, records: &[Record]) -> Result<()> {
         self.writable()?;
-        let mut workflows = Vec::new();
-        let mut tasks = Vec::new();
+        let mut by_table: std::collections::BTreeMap<&'static str, Vec<serde_json::Value>> =
+            Default::default();
         for record in records {
-            match record {
-                Record::Workflow(w) => workflows.push(serde_json::json!({
-                    "id": w.id.to_string(), "row": workflow_row(w, false)?
-                })),
-                Record::Task(t) => tasks.push(serde_json::json!({
-                    "id": t.id.to_string(), "row": task_row(t, false)?
-                })),
-            }
+            by_table
+                .entry(table_of(record.kind()))
+                .or_default()
+                .push(serde_json::json!({"id": record.key(), "row": row_of(record)?}));
         }
         let mut vars = Variables::new();
-        vars.insert("workflows", serde_json::Value::Array(workflows));
-        vars.insert("tasks", serde_json::Value::Array(tasks));
+        // Table names are constants of this module; the rows are bound.
+        let mut sql = String::from("BEGIN;\n");
+        for (table, rows) in by_table {
+            sql.push_str(&format!(
+                "FOR $r IN ${table} {{ UPSERT type::record('{table}', $r.id) CONTENT $r.row; }};\n"
+            ));
+            vars.insert(table, serde_json::Value::Array(rows));
+        }
+        sql.push_str("COMMIT;");
+        self.query("import records", &sql, &vars).await?;
+        Ok(())
+    }
+
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.upsert(&Record::Token(token.clone()), "store a token")
+            .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.docs(
+            "list tokens",
+            "SELECT VALUE doc FROM api_token ORDER BY id;",
+            &Variables::new(),
+        )
+        .await
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.upsert(&Record::Secret(secret.clone()), "store a secret")
+            .await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        self.writable()?;
+        let mut vars = Variables::new();
+        vars.insert("name", name.to_owned());
+        let mut response = self
+            .query(
+                "delete a secret",
+                "DELETE type::record('secret', $name) RETURN BEFORE;",
+                &vars,
+            )
+            .await?;
+        let deleted: Vec<serde_json::Value> = response
+            .take(0)
+            .map_err(|e| db_error("delete a secret", &e))?;
+        Ok(!deleted.is_empty())
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.docs(
+            "list secrets",
+            "SELECT VALUE doc FROM secret ORDER BY id;",
+            &Variables::new(),
+        )
+        .await
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.writable()?;
+        let mut vars = Variables::new();
+        vars.insert("id", record.id.clone());
+        vars.insert("row", row_of(&Record::Audit(record.clone()))?);
         self.query(
-            "import records",
-            "BEGIN;
-             FOR $r IN $workflows { UPSERT type::record('workflow', $r.id) CONTENT $r.row; };
-             FOR $r IN $tasks { UPSERT type::record('task', $r.id) CONTENT $r.row; };
-             COMMIT;",
+            "append an audit record",
+            "CREATE type::record('audit', $id) CONTENT $row;",
             &vars,
         )
         .await?;
         Ok(())
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        let mut conditions = Vec::new();
+        let mut vars = Variables::new();
+        if let Some(since) = query.since {
+            conditions.push("time_ms >= $since");
+            vars.insert("since", since.timestamp_millis());
+        }
+        if let Some(until) = query.until {
+            conditions.push("time_ms < $until");
+            vars.insert("until", until.timestamp_millis());
+        }
+        let text_filters = [
+            ("actor = $actor", "actor", &query.actor),
+            ("action = $action", "action", &query.action),
+            ("target = $target", "target", &query.target),
+        ];
+        for (condition, name, value) in text_filters {
+            if let Some(value) = value {
+                conditions.push(condition);
+                vars.insert(name, value.clone());
+            }
+        }
+        self.page(
+            "list audit records",
+            "audit",
+            &conditions,
+            vars,
+            query.limit,
+            query.offset,
+        )
+        .await
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {

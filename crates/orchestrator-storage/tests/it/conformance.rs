@@ -5,10 +5,11 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
+use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord};
 use orchestrator_core::{
     Priority, Task, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
-use orchestrator_storage::{Error, Storage, TaskQuery, WorkflowQuery};
+use orchestrator_storage::{AuditQuery, Error, Storage, TaskQuery, WorkflowQuery};
 use serde_json::json;
 
 pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
@@ -55,6 +56,140 @@ pub async fn suite(harness: &impl Harness) {
     idempotency_keys_and_revisions_are_unique(&harness.open().await).await;
     workflows_filter_by_every_field(&harness.open().await).await;
     heartbeats_keep_the_latest_per_node(&harness.open().await).await;
+    tokens_secrets_and_audit_records(&harness.open().await).await;
+}
+
+pub fn audit_record(
+    actor: &str,
+    action: &str,
+    target: Option<&str>,
+    at: chrono::DateTime<Utc>,
+) -> AuditRecord {
+    AuditRecord {
+        id: uuid::Uuid::now_v7().to_string(),
+        time: at,
+        actor: actor.into(),
+        role: Some(Role::Operator),
+        action: action.into(),
+        target: target.map(Into::into),
+        outcome: "ok".into(),
+        status: 202,
+        request_id: Some("req-1".into()),
+    }
+}
+
+async fn tokens_secrets_and_audit_records(store: &Storage) {
+    let now = Utc::now();
+    let token = ApiToken::new(
+        "0190aa".into(),
+        "ci".into(),
+        Role::Operator,
+        "orch_0190aa_x",
+        now,
+    );
+    store.put_token(&token).await.unwrap();
+    let mut revoked = token.clone();
+    revoked.revoked_at = Some(now);
+    revoked.version += 1;
+    store.put_token(&revoked).await.unwrap();
+    let other = ApiToken::new(
+        "0190bb".into(),
+        "ops".into(),
+        Role::Admin,
+        "orch_0190bb_y",
+        now,
+    );
+    store.put_token(&other).await.unwrap();
+    assert_eq!(store.tokens().await.unwrap(), vec![revoked, other]);
+
+    let secret = SecretRecord {
+        name: "db.password".into(),
+        nonce: "bm9uY2U=".into(),
+        ciphertext: "Y2lwaGVy".into(),
+        created_at: now,
+        updated_at: now,
+        version: 0,
+    };
+    store.put_secret(&secret).await.unwrap();
+    let mut changed = secret.clone();
+    changed.ciphertext = "b3RoZXI=".into();
+    changed.version = 1;
+    store.put_secret(&changed).await.unwrap();
+    assert_eq!(store.secrets().await.unwrap(), vec![changed]);
+    assert!(store.delete_secret("db.password").await.unwrap());
+    assert!(!store.delete_secret("db.password").await.unwrap());
+    assert!(store.secrets().await.unwrap().is_empty());
+
+    let early = now - chrono::Duration::seconds(60);
+    let records = [
+        audit_record("ci", "workflow.submit", Some("w1"), early),
+        audit_record("ci", "task.cancel", Some("t1"), now),
+        audit_record("ops", "token.create", Some("0190bb"), now),
+    ];
+    for record in &records {
+        store.append_audit(record).await.unwrap();
+    }
+    let list = |query: AuditQuery| async move {
+        let query = AuditQuery {
+            limit: if query.limit == 0 { 10 } else { query.limit },
+            ..query
+        };
+        let page = store.list_audit(&query).await.unwrap();
+        (
+            page.items.into_iter().map(|r| r.action).collect::<Vec<_>>(),
+            page.total,
+        )
+    };
+    assert_eq!(
+        list(AuditQuery::default()).await,
+        (
+            vec![
+                "token.create".into(),
+                "task.cancel".into(),
+                "workflow.submit".into()
+            ],
+            3
+        )
+    );
+    let by_actor = AuditQuery {
+        actor: Some("ci".into()),
+        ..Default::default()
+    };
+    assert_eq!(list(by_actor).await.1, 2);
+    let by_action = AuditQuery {
+        action: Some("task.cancel".into()),
+        ..Default::default()
+    };
+    assert_eq!(list(by_action).await.0, vec!["task.cancel".to_owned()]);
+    let by_target = AuditQuery {
+        target: Some("w1".into()),
+        ..Default::default()
+    };
+    assert_eq!(list(by_target).await.0, vec!["workflow.submit".to_owned()]);
+    let recent = AuditQuery {
+        since: Some(now - chrono::Duration::seconds(1)),
+        ..Default::default()
+    };
+    assert_eq!(list(recent).await.1, 2);
+    let old = AuditQuery {
+        until: Some(now - chrono::Duration::seconds(1)),
+        ..Default::default()
+    };
+    assert_eq!(list(old).await.0, vec!["workflow.submit".to_owned()]);
+    let paged = AuditQuery {
+        limit: 1,
+        offset: 1,
+        ..Default::default()
+    };
+    assert_eq!(list(paged).await, (vec!["task.cancel".into()], 3));
+    let stored = store
+        .list_audit(&AuditQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored.items[2], records[0], "stored as given");
 }
 
 async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
