@@ -4,8 +4,11 @@
 mod error;
 mod extract;
 mod layers;
+pub mod openapi;
 pub mod prometheus;
 mod routes;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::time::Duration;
@@ -46,7 +49,11 @@ pub fn app(engine: Engine) -> Router {
 
 /// Every route, before middleware: the API's and the operational ones.
 pub(crate) fn all_routes() -> Router<AppState> {
-    routes::router().merge(Router::new().route("/metrics", get(prometheus::metrics)))
+    routes::router().merge(
+        Router::new()
+            .route("/metrics", get(prometheus::metrics))
+            .route("/openapi.json", get(openapi::openapi_json)),
+    )
 }
 
 /// The middleware stack, innermost first. `Router::layer` wraps each route

@@ -1,0 +1,362 @@
+//! Tests of the router through its public surface (`oneshot` requests)
+//! against a real engine on the filesystem backend in a temp dir: the
+//! OpenAPI document against the router, the layers, and a property test
+//! that no request makes the service answer 5xx or panic.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::response::Response;
+use orchestrator_engine::templates::Templates;
+use orchestrator_engine::{Engine, EngineConfig};
+use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
+use orchestrator_storage::{StorageConfig, StorageType};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::{AppState, all_routes, app, openapi};
+
+/// An engine on a fresh filesystem store, running the service tests'
+/// fixture scripts (bash under the built-in `.nu` names).
+async fn engine(dir: &Path) -> Engine {
+    let data_dir = dir.join("data");
+    let storage = orchestrator_storage::open(&StorageConfig {
+        storage_type: StorageType::Filesystem,
+        data_dir: data_dir.clone(),
+        surrealdb: Default::default(),
+    })
+    .await
+    .unwrap();
+    let scripts_dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../orchestrator/tests/fixtures/scripts");
+    let executor = ScriptExecutor::new(ExecutorConfig {
+        scripts_dir,
+        work_dir: data_dir.join("work"),
+        data_dir,
+        kill_grace: Duration::from_millis(200),
+        interpreters: [("nu".to_owned(), "bash".into())].into(),
+        service_url: None,
+    })
+    .unwrap();
+    let templates = Templates::load(None, &executor).unwrap();
+    Engine::start(
+        storage,
+        executor,
+        templates,
+        EngineConfig {
+            workers: 2,
+            node_id: "api-test".into(),
+            ..EngineConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Response {
+    app.clone().oneshot(request).await.unwrap()
+}
+
+async fn body_json(response: Response) -> Value {
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+fn request(method: Method, uri: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap()
+}
+
+/// The route templates registered in the router, read from the router
+/// itself (its `Debug` lists them), so a route added anywhere is seen.
+fn router_paths() -> BTreeSet<String> {
+    let debug = format!("{:?}", all_routes());
+    // `Router { path_router: .., fallback_router: .., .. }`: the routes are
+    // in the first part, the fallback's own paths in the second.
+    let (routes, _) = debug
+        .split_once("fallback_router")
+        .unwrap_or_else(|| panic!("unexpected router Debug: {debug}"));
+    let paths: BTreeSet<String> = routes
+        .split('"')
+        .filter(|s| s.starts_with('/') && !s.contains("__private__"))
+        .map(str::to_owned)
+        .collect();
+    assert!(paths.len() >= 10, "cannot read the routes from {debug}");
+    paths
+}
+
+/// A concrete URI for a route template.
+fn concrete(path: &str) -> String {
+    path.replace("{id}", "0190f0a0-0000-7000-8000-000000000000")
+        .replace("{ref_name}", "servers-create")
+        .replace("{name}", "probe")
+}
+
+/// Each route with the methods it answers, found by asking the router
+/// (without middleware) which methods are not `405`.
+async fn router_routes(state: AppState) -> BTreeSet<(String, String)> {
+    let router = all_routes().with_state(state);
+    let mut routes = BTreeSet::new();
+    for path in router_paths() {
+        for method in [
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+        ] {
+            let response = send(&router, request(method.clone(), &concrete(&path), "{}")).await;
+            if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+                routes.insert((path.clone(), method.as_str().to_lowercase()));
+            }
+        }
+    }
+    routes
+}
+
+fn document_routes(doc: &Value) -> BTreeSet<(String, String)> {
+    let mut routes = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["get", "post", "put", "delete", "patch"] {
+            if item.get(method).is_some() {
+                routes.insert((path.clone(), method.to_owned()));
+            }
+        }
+    }
+    routes
+}
+
+/// Follows a `#/components/schemas/...` reference.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(reference) => {
+            let name = reference
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("unexpected $ref {reference}"));
+            resolve(doc, &doc["components"]["schemas"][name])
+        }
+        None => schema,
+    }
+}
+
+/// Every `$ref` in the document points at a schema it defines.
+fn check_refs(doc: &Value, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(reference) = map.get("$ref").and_then(Value::as_str) {
+                let name = reference.strip_prefix("#/components/schemas/").unwrap();
+                assert!(
+                    doc["components"]["schemas"].get(name).is_some(),
+                    "dangling $ref {reference}"
+                );
+            }
+            map.values().for_each(|v| check_refs(doc, v));
+        }
+        Value::Array(items) => items.iter().for_each(|v| check_refs(doc, v)),
+        _ => {}
+    }
+}
+
+/// The served `value` has no field its schema lacks, recursively through
+/// objects and arrays (the mirrors in `openapi.rs` cannot drift unseen).
+fn check_shape(doc: &Value, schema: &Value, value: &Value, at: &str) {
+    let schema = resolve(doc, schema);
+    if let Some(options) = schema.get("oneOf").and_then(Value::as_array) {
+        // `Option<T>` of an object is `oneOf: [null, T]`.
+        if let Some(option) = options.iter().find(|o| o["type"] != "null") {
+            if !value.is_null() {
+                check_shape(doc, option, value, at);
+            }
+        }
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+                return; // a free-form object
+            };
+            for (key, item) in map {
+                let property = properties
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{at}.{key} is served but not in the schema"));
+                check_shape(doc, property, item, &format!("{at}.{key}"));
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    check_shape(doc, item_schema, item, &format!("{at}[{i}]"));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn response_schema<'a>(doc: &'a Value, path: &str, method: &str, status: &str) -> &'a Value {
+    &doc["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_valid_and_covers_every_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let app = app(engine.clone());
+
+    let response = send(&app, request(Method::GET, "/openapi.json", Body::empty())).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let doc = body_json(response).await;
+    assert_eq!(doc, openapi::document());
+
+    // OpenAPI 3 structure: the version, the info, every reference resolves,
+    // every path parameter is declared, every operation has a success and
+    // documents its errors with the one error body. (utoipa writes 3.1,
+    // which the `openapiv3` crate cannot read: it knows 3.0 only.
+    // schemathesis validates the document fully; see docs/api.md.)
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    check_refs(&doc, &doc);
+    let mut operation_ids = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            assert!(operation_ids.insert(operation["operationId"].as_str().unwrap()));
+            let declared: BTreeSet<&str> = operation["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["in"] == "path")
+                .map(|p| {
+                    assert_eq!(p["required"], true, "{method} {path}");
+                    p["name"].as_str().unwrap()
+                })
+                .collect();
+            let in_template: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            assert_eq!(declared, in_template, "{method} {path}");
+            let responses = operation["responses"].as_object().unwrap();
+            assert!(
+                responses.keys().any(|s| s.starts_with('2')),
+                "{method} {path}"
+            );
+            for (status, response) in responses {
+                assert!(
+                    response["description"].is_string(),
+                    "{method} {path} {status}"
+                );
+                if !status.starts_with('2') && status != "503"
+                    || path != "/health" && status == "503"
+                {
+                    assert_eq!(
+                        response["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/ErrorBody",
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+        }
+    }
+    // Bearer tokens everywhere but /health.
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearerAuth"],
+        json!({"type": "http", "scheme": "bearer", "description": "An API token: `Authorization: Bearer <token>`."})
+    );
+    assert_eq!(doc["security"], json!([{"bearerAuth": []}]));
+    assert_eq!(doc["paths"]["/health"]["get"]["security"], json!([]));
+
+    // Every route of the router, with its methods, and nothing else.
+    let served = router_routes(AppState {
+        engine: engine.clone(),
+    })
+    .await;
+    assert_eq!(document_routes(&doc), served);
+
+    // docs/api.md lists every operation of the document in its table.
+    let api_md =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md"))
+            .unwrap();
+    for (path, method) in &served {
+        let row = format!("| `{}` | [`{path}`]", method.to_uppercase());
+        assert!(api_md.contains(&row), "docs/api.md has no row `{row}`");
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn served_objects_match_their_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let app = app(engine.clone());
+    let doc = openapi::document();
+
+    let body =
+        json!({"infra": "doc", "servers": ["s-01", "fail-02"], "max_attempts": 1, "wait": true});
+    let response = send(
+        &app,
+        request(Method::POST, "/workflows/servers/create", body.to_string()),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let submitted = body_json(response).await;
+    let schema = response_schema(&doc, "/workflows/servers/create", "post", "200");
+    check_shape(&doc, schema, &submitted, "submitted");
+
+    let id = submitted["workflow_id"].as_str().unwrap();
+    let task = submitted["task_ids"][1].as_str().unwrap();
+    for (path, route) in [
+        (format!("/workflows/{id}"), "/workflows/{id}"),
+        ("/workflows".to_owned(), "/workflows"),
+        ("/tasks".to_owned(), "/tasks"),
+        (format!("/tasks/{task}"), "/tasks/{id}"),
+        ("/templates".to_owned(), "/templates"),
+        ("/cluster/nodes".to_owned(), "/cluster/nodes"),
+        ("/health".to_owned(), "/health"),
+        ("/tasks/nope".to_owned(), "/tasks/{id}"),
+    ] {
+        let response = send(&app, request(Method::GET, &path, Body::empty())).await;
+        let status = response.status().as_u16().to_string();
+        let value = body_json(response).await;
+        let schema = response_schema(&doc, route, "get", &status);
+        assert!(schema.is_object(), "GET {route} {status} is not documented");
+        check_shape(&doc, schema, &value, &path);
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413_with_the_error_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let app = app(engine.clone());
+    let big = vec![b' '; crate::MAX_BODY_BYTES + 1];
+    // Refused by its Content-Length before the handler runs (a body
+    // streamed without one is refused by the extractor: tests/it/errors.rs).
+    let response = send(
+        &app,
+        Request::builder()
+            .method(Method::POST)
+            .uri("/workflows")
+            .header("content-length", big.len())
+            .body(Body::from(big.clone()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(response.headers().contains_key("x-request-id"));
+    let body = body_json(response).await;
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
