@@ -550,7 +550,7 @@ pub struct Scale {
 
 /// Requests per list query, unless [`LIST_LIMIT`] passes first.
 const LIST_REQUESTS: usize = 200;
-const LIST_LIMIT: Duration = Duration::from_secs(20);
+const LIST_LIMIT: Duration = Duration::from_secs(10);
 
 /// The stored tasks of `data` (in `dir`, in `backend`'s layout): start-up,
 /// RSS and filtered list latency.
