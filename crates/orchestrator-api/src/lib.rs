@@ -1,6 +1,8 @@
 //! The HTTP API. This is the only crate that knows HTTP: it maps requests
 //! onto the engine and engine results (and errors) onto responses.
 
+mod admin;
+mod auth;
 mod error;
 mod extract;
 mod layers;
@@ -49,7 +51,7 @@ pub fn app(engine: Engine) -> Router {
 
 /// Every route, before middleware: the API's and the operational ones.
 pub(crate) fn all_routes() -> Router<AppState> {
-    routes::router().merge(
+    routes::router().merge(admin::router()).merge(
         Router::new()
             .route("/metrics", get(prometheus::metrics))
             .route("/openapi.json", get(openapi::openapi_json)),
@@ -60,6 +62,7 @@ pub(crate) fn all_routes() -> Router<AppState> {
 /// (and the fallback) after routing, so every layer sees the `MatchedPath`.
 fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Deadlines) -> Router {
     let request_id = axum::http::HeaderName::from_static("x-request-id");
+    let guard = auth::Guard::new(state.engine.clone());
     routes
         .with_state(state)
         // Bodies over the limit: by `Content-Length` at once (413 from the
@@ -71,6 +74,9 @@ fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Dea
             deadlines.enforce(request, next)
         }))
         .layer(axum::middleware::map_response(layers::json_error_body))
+        // Tokens, roles, rate limits and the audit log; after routing, so
+        // it knows the route template.
+        .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
         .layer(axum::middleware::from_fn(prometheus::track_requests))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         // One span per request, with the request id as a field, so every
@@ -99,7 +105,12 @@ pub async fn serve(
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(engine))
-        .with_graceful_shutdown(shutdown)
-        .await
+    // The peer address tells the guard whether `/metrics` is asked from
+    // this machine.
+    axum::serve(
+        listener,
+        app(engine).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

@@ -153,6 +153,7 @@ impl Inner {
             check_mode: task.check_mode,
             timeout: task.timeout(),
             checkpoint: &task.checkpoint,
+            token: Some(self.access.task_token(task.id)),
         };
         let outcome = self.executor.run(job, logs, token).await;
         // The log is complete before the final state is stored.

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     /// How long a claim on a running task holds without renewal; heartbeats
     /// renew it three times per period. Past it, another node takes over.
     pub lease: Duration,
+    /// Tokens, roles and rate limits.
+    pub access: crate::access::AccessConfig,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +48,7 @@ impl Default for EngineConfig {
             node_id: "local".to_owned(),
             address: String::new(),
             lease: Duration::from_secs(15),
+            access: crate::access::AccessConfig::default(),
         }
     }
 }
@@ -141,6 +144,7 @@ pub(crate) struct Slots {
 
 pub(crate) struct Inner {
     pub(crate) store: Storage,
+    pub(crate) access: crate::access::Access,
     pub(crate) executor: ScriptExecutor,
     pub(crate) templates: Templates,
     pub(crate) config: EngineConfig,
@@ -182,7 +186,9 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Engine> {
         let workers = config.workers.max(1);
+        let access = crate::access::Access::load(store.clone(), config.access.clone()).await?;
         let inner = Arc::new(Inner {
+            access,
             store,
             executor,
             templates,
@@ -211,6 +217,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// Tokens and the audit log.
+    pub fn access(&self) -> &crate::access::Access {
+        &self.inner.access
     }
 
     pub fn templates(&self) -> &Templates {

@@ -8,6 +8,7 @@
 //! "cancel requested" is stored before a script is signalled; a released
 //! task's resolved input is stored before it is queued.
 
+pub mod access;
 pub mod builtin;
 mod cluster;
 mod dispatch;

@@ -32,6 +32,9 @@ pub struct Job<'a> {
     pub timeout: Duration,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,
+    /// The script's `ORCHESTRATOR_TOKEN`: it may save this task's
+    /// checkpoint through the API, and do nothing else.
+    pub token: Option<String>,
 }
 
 /// How an attempt ended.
@@ -123,6 +126,9 @@ impl ScriptExecutor {
 
         if let Some(url) = &self.config.service_url {
             command.env("ORCHESTRATOR_URL", url);
+        }
+        if let Some(token) = &job.token {
+            command.env("ORCHESTRATOR_TOKEN", token);
         }
         let mut child = match command.spawn() {
             Ok(child) => child,

@@ -39,6 +39,11 @@ pub enum Command {
     /// Look at the store itself.
     #[command(subcommand)]
     Db(DbCommand),
+    /// Create, list and revoke API tokens (needs an admin token).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Read the audit log (needs an admin token).
+    Audit(AuditArgs),
     /// Move every record between storage backends (`--from` is only read),
     /// resumable and verifiable; see docs/migration.md.
     Migrate(MigrateArgs),
@@ -46,6 +51,49 @@ pub enum Command {
     /// task id and service URL come from ORCHESTRATOR_TASK_ID and ORCHESTRATOR_URL).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; it is printed once and never again.
+    Create {
+        /// What the token is for, e.g. `ci` or `alice`.
+        #[arg(long)]
+        name: String,
+        /// viewer (reads), operator (also submits, cancels, retries) or
+        /// admin (also tokens, secrets, the audit log).
+        #[arg(long)]
+        role: String,
+    },
+    /// List tokens (never the tokens themselves).
+    List,
+    /// Revoke a token by its id (see `token list`).
+    Revoke { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Records at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Records before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// A token name (`anonymous` for calls without one).
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// e.g. `workflow.submit`, `token.create`.
+    #[arg(long)]
+    pub action: Option<String>,
+    #[arg(long)]
+    pub target: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    /// Print the JSON answer.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -226,6 +274,14 @@ pub struct ClientArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
+    /// API token, sent as `Authorization: Bearer <token>`.
+    #[arg(
+        long,
+        global = true,
+        env = "ORCHESTRATOR_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<orchestrator_storage::Secret>,
 }
 
 /// Service settings. Each can also come from an `ORCHESTRATOR_*` variable
@@ -286,6 +342,14 @@ pub struct ServeArgs {
     /// Log format: pretty or json [default: pretty].
     #[arg(long, env = "ORCHESTRATOR_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Serve without API tokens: everyone may do everything. Allowed only
+    /// on a loopback address.
+    #[arg(long, env = "ORCHESTRATOR_NO_AUTH")]
+    pub no_auth: bool,
+    /// Requests per second per token (or per address without one) before
+    /// 429; 0 for no limit [default: 50].
+    #[arg(long, env = "ORCHESTRATOR_RATE_LIMIT")]
+    pub rate_limit: Option<u32>,
     /// SurrealDB server for `--storage-type surrealdb-server` [default: ws://127.0.0.1:8000].
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_URL")]
     pub surrealdb_url: Option<String>,

@@ -9,7 +9,7 @@ use reqwest::{Client, Method, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{ClientArgs, LogsArgs, TaskArgs, TasksArgs};
+use crate::cli::{AuditArgs, ClientArgs, LogsArgs, TaskArgs, TasksArgs, TokenCommand};
 
 pub(crate) struct Api {
     http: Client,
@@ -18,8 +18,17 @@ pub(crate) struct Api {
 
 impl Api {
     pub(crate) fn new(args: &ClientArgs) -> anyhow::Result<Api> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &args.token {
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+                    .context("--token: not a valid header value")?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Api {
@@ -64,6 +73,12 @@ impl Api {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         let message = body["error"]["message"].as_str().unwrap_or("no details");
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            bail!(
+                "{message} (HTTP 401); pass --token or set ORCHESTRATOR_TOKEN \
+                 (the first start of the service printed an admin token)"
+            )
+        }
         bail!("{message} (HTTP {})", status.as_u16())
     }
 
@@ -305,4 +320,96 @@ pub async fn checkpoint(
             Ok(())
         }
     }
+}
+
+pub async fn token(client: &ClientArgs, command: TokenCommand) -> anyhow::Result<()> {
+    let api = Api::new(client)?;
+    match command {
+        TokenCommand::Create { name, role } => {
+            let body = serde_json::json!({"name": name, "role": role});
+            let created: Value = api
+                .send_body(Method::POST, "/tokens", &[], Some(&body))
+                .await?
+                .json()
+                .await
+                .context("the service answered with unexpected JSON")?;
+            println!(
+                "created token {} ({}, {}); it is shown only this once:\n\n{}",
+                created["id"].as_str().unwrap_or("?"),
+                created["name"].as_str().unwrap_or("?"),
+                created["role"].as_str().unwrap_or("?"),
+                created["token"].as_str().unwrap_or("?"),
+            );
+        }
+        TokenCommand::List => {
+            let list: Value = api.json(Method::GET, "/tokens", &[]).await?;
+            println!(
+                "{:<32}  {:<20}  {:<8}  {:<25}  STATE",
+                "ID", "NAME", "ROLE", "CREATED"
+            );
+            for token in list["tokens"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<32}  {:<20}  {:<8}  {:<25}  {}",
+                    token["id"].as_str().unwrap_or("?"),
+                    token["name"].as_str().unwrap_or("?"),
+                    token["role"].as_str().unwrap_or("?"),
+                    token["created_at"].as_str().unwrap_or("?"),
+                    token["revoked_at"]
+                        .as_str()
+                        .map_or_else(|| "active".to_owned(), |t| format!("revoked {t}")),
+                );
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let path = format!("/tokens/{id}");
+            let revoked: Value = api.json(Method::DELETE, &path, &[]).await?;
+            println!(
+                "revoked token {} ({})",
+                revoked["id"].as_str().unwrap_or("?"),
+                revoked["name"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn audit(client: &ClientArgs, args: AuditArgs) -> anyhow::Result<()> {
+    let api = Api::new(client)?;
+    let mut query = vec![
+        ("limit", args.limit.to_string()),
+        ("offset", args.offset.to_string()),
+    ];
+    for (name, value) in [
+        ("since", args.since),
+        ("until", args.until),
+        ("actor", args.actor),
+        ("action", args.action),
+        ("target", args.target),
+    ] {
+        if let Some(value) = value {
+            query.push((name, value));
+        }
+    }
+    let page: Value = api.json(Method::GET, "/audit", &query).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    for record in page["records"].as_array().into_iter().flatten() {
+        println!(
+            "{}  {:<16} {:<26} {:<8} {:>3}  {}",
+            record["time"].as_str().unwrap_or("?"),
+            record["actor"].as_str().unwrap_or("?"),
+            record["action"].as_str().unwrap_or("?"),
+            record["outcome"].as_str().unwrap_or("?"),
+            record["status"],
+            record["target"].as_str().unwrap_or("-"),
+        );
+    }
+    println!(
+        "{} of {} records",
+        page["records"].as_array().map_or(0, Vec::len),
+        page["total"]
+    );
+    Ok(())
 }

@@ -37,6 +37,8 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Template(command) => workflows::template(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
             Command::Migrate(args) => migrate::run(args).await,
+            Command::Token(command) => client::token(&cli.client, command).await,
+            Command::Audit(args) => client::audit(&cli.client, args).await,
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
         }
     });

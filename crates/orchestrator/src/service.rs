@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
@@ -41,6 +41,13 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     // Scripts get absolute paths whatever their own cwd becomes.
     let data_dir = std::path::absolute(&settings.data_dir)
         .with_context(|| format!("--data-dir {}", settings.data_dir.display()))?;
+    if !settings.auth && !settings.bind.is_loopback() {
+        bail!(
+            "--no-auth is allowed only on a loopback address, and --bind is {}: anyone who can \
+             reach it could run and cancel work; bind 127.0.0.1 (or ::1), or keep auth on",
+            settings.bind
+        );
+    }
     // Bound first: scripts are told the address to reach the API at.
     let listener = TcpListener::bind((settings.bind, settings.port))
         .await
@@ -86,10 +93,15 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             node_id: node_id(&settings, &data_dir)?,
             address: format!("http://{}", reachable(addr)),
             lease: settings.lease,
+            access: orchestrator_engine::access::AccessConfig {
+                auth: settings.auth,
+                rate_limit: settings.rate_limit,
+            },
         },
     )
     .await
     .context("cannot start the engine")?;
+    announce_access(&engine, &settings).await?;
     tracing::info!(
         %addr,
         storage = %settings.storage_type,
@@ -228,4 +240,36 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// Says loudly when auth is off; on a store without an admin token, makes
+/// the first one and prints it, once.
+async fn announce_access(engine: &Engine, settings: &ServeSettings) -> anyhow::Result<()> {
+    if !settings.auth {
+        tracing::warn!(
+            bind = %settings.bind,
+            "AUTH IS OFF (--no-auth): every caller that reaches this address may do everything"
+        );
+        return Ok(());
+    }
+    let supplied = settings.bootstrap_token.as_ref().map(|t| t.expose());
+    let issued = engine
+        .access()
+        .bootstrap(supplied)
+        .await
+        .context("cannot create the bootstrap admin token")?;
+    match issued {
+        Some(_) if supplied.is_some() => {
+            tracing::info!("bootstrap admin token taken from ORCHESTRATOR_BOOTSTRAP_TOKEN");
+        }
+        // Printed to the terminal, not logged: log files travel further.
+        Some(issued) => eprintln!(
+            "\n  bootstrap admin token (shown once, keep it safe):\n\n    {}\n\n  \
+             use it as `Authorization: Bearer <token>` or ORCHESTRATOR_TOKEN; create \
+             others with `orchestrator token create`\n",
+            issued.token
+        ),
+        None => {}
+    }
+    Ok(())
 }

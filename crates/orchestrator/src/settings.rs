@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub node_id: Option<String>,
     pub lease_secs: Option<u64>,
     pub log_format: Option<String>,
+    pub no_auth: Option<bool>,
+    pub rate_limit: Option<u32>,
     pub surrealdb_url: Option<String>,
     pub surrealdb_username: Option<String>,
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
@@ -75,6 +77,13 @@ pub struct ServeSettings {
     pub lease: Duration,
     pub log_format: LogFormat,
     pub interpreters: HashMap<String, PathBuf>,
+    /// API tokens required (the default); off only on loopback.
+    pub auth: bool,
+    /// Requests per second per caller; 0 for no limit.
+    pub rate_limit: u32,
+    /// `ORCHESTRATOR_BOOTSTRAP_TOKEN`: the first admin token, instead of
+    /// one made and printed at the first start.
+    pub bootstrap_token: Option<orchestrator_storage::Secret>,
 }
 
 impl ServeSettings {
@@ -98,6 +107,9 @@ impl ServeSettings {
             lease: Duration::from_secs(15),
             log_format: LogFormat::Pretty,
             interpreters: HashMap::new(),
+            auth: true,
+            rate_limit: 50,
+            bootstrap_token: None,
         }
     }
 
@@ -180,6 +192,15 @@ impl ServeSettings {
             },
             log_format,
             interpreters: file.interpreters,
+            auth: !(args.no_auth || file.no_auth.unwrap_or(false)),
+            rate_limit: args
+                .rate_limit
+                .or(file.rate_limit)
+                .unwrap_or(defaults.rate_limit),
+            bootstrap_token: std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty())
+                .map(orchestrator_storage::Secret::new),
         })
     }
 }

@@ -23,7 +23,8 @@ impl Daemon {
         let config = data_dir.with_extension("toml");
         std::fs::write(
             &config,
-            "workers = 2\nretry_base_ms = 50\n[interpreters]\nnu = \"bash\"\n",
+            // Auth has tests of its own (auth.rs); here it would only be noise.
+            "workers = 2\nretry_base_ms = 50\nno_auth = true\n[interpreters]\nnu = \"bash\"\n",
         )
         .unwrap();
         let mut child = Command::new(BIN)

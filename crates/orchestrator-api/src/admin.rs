@@ -1,0 +1,159 @@
+//! Admin routes: API tokens and the audit log. Only admins reach them (see
+//! `auth::need`).
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{delete, get};
+use chrono::{DateTime, Utc};
+use orchestrator_core::access::{ApiToken, Role};
+use orchestrator_storage::AuditQuery;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::extract::{JsonBody, QueryParams};
+use crate::{ApiError, AppState};
+
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 1000;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/tokens", get(list_tokens).post(create_token))
+        .route("/tokens/{id}", delete(revoke_token))
+        .route("/audit", get(list_audit))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewToken {
+    name: String,
+    role: String,
+}
+
+/// A token as listed: never its hash.
+#[derive(Serialize)]
+struct TokenView {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revoked_at: Option<DateTime<Utc>>,
+}
+
+impl From<ApiToken> for TokenView {
+    fn from(t: ApiToken) -> TokenView {
+        TokenView {
+            id: t.id,
+            name: t.name,
+            role: t.role,
+            created_at: t.created_at,
+            revoked_at: t.revoked_at,
+        }
+    }
+}
+
+async fn create_token(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<NewToken>,
+) -> Result<impl IntoResponse, ApiError> {
+    let role: Role = body.role.parse().map_err(|e: String| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("role: {e}"),
+        )
+    })?;
+    let issued = state.engine.access().create_token(&body.name, role).await?;
+    let view = TokenView::from(issued.record);
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": view.id,
+            "name": view.name,
+            "role": view.role,
+            "created_at": view.created_at,
+            // The only time it is ever shown.
+            "token": issued.token,
+        })),
+    ))
+}
+
+async fn list_tokens(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let tokens: Vec<TokenView> = state
+        .engine
+        .access()
+        .tokens()
+        .await?
+        .into_iter()
+        .map(TokenView::from)
+        .collect();
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+async fn revoke_token(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    match state.engine.access().revoke_token(&id).await? {
+        Some(token) => Ok(Json(token.into())),
+        None => Err(ApiError::not_found(format!("token {id} not found"))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditParams {
+    since: Option<String>,
+    until: Option<String>,
+    actor: Option<String>,
+    action: Option<String>,
+    target: Option<String>,
+    limit: Option<usize>,
+    offset: Option<usize>,
+}
+
+fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    value
+        .map(|v| {
+            DateTime::parse_from_rfc3339(&v)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "{name}: `{v}` is not an RFC 3339 time such as 2026-11-22T10:00:00Z ({e})"
+                    ))
+                })
+        })
+        .transpose()
+}
+
+async fn list_audit(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<AuditParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit: must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    let query = AuditQuery {
+        since: time_param("since", params.since)?,
+        until: time_param("until", params.until)?,
+        actor: params.actor,
+        action: params.action,
+        target: params.target,
+        limit,
+        offset: params.offset.unwrap_or(0),
+    };
+    let page = state.engine.access().audit(&query).await?;
+    Ok(Json(json!({
+        "records": page.items,
+        "total": page.total,
+        "limit": query.limit,
+        "offset": query.offset,
+    })))
+}

@@ -1,0 +1,370 @@
+//! The door: who is calling (bearer token), whether their role allows the
+//! route, whether they are over their rate, and the audit record of every
+//! change and every refusal.
+//!
+//! Which route needs which role is decided here, from the route template,
+//! in one table ([`need`]), so a new route is covered by its method: reads
+//! need `viewer`, changes `operator`, unless the table says otherwise.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::RequestExt;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, MatchedPath, RawPathParams, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use orchestrator_core::access::{AuditRecord, Role};
+use orchestrator_engine::Engine;
+use orchestrator_engine::access::Principal;
+
+use crate::ApiError;
+
+/// What the guard needs: the engine (tokens, audit) and the rate limiter.
+#[derive(Clone)]
+pub(crate) struct Guard {
+    engine: Engine,
+    limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+}
+
+impl Guard {
+    pub(crate) fn new(engine: Engine) -> Guard {
+        let config = engine.access().config();
+        // Off when auth is off: one local user needs no protection from itself.
+        let limiter = NonZeroU32::new(config.rate_limit)
+            .filter(|_| config.auth)
+            .map(|rate| {
+                let burst = rate.saturating_mul(NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN));
+                Arc::new(RateLimiter::keyed(
+                    Quota::per_second(rate).allow_burst(burst),
+                ))
+            });
+        Guard { engine, limiter }
+    }
+}
+
+/// What a route requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Anyone: liveness and the API's own description.
+    Open,
+    /// Anyone on loopback; elsewhere any valid token.
+    Metrics,
+    /// The task's own token, or an operator.
+    Checkpoint,
+    Role(Role),
+}
+
+/// The table. `path` is the route template (`/tasks/{id}`), `None` when no
+/// route matched: such a request is answered 401 before 404, so that
+/// probing without a token learns nothing.
+pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
+    match path {
+        Some("/health" | "/openapi.json") => Need::Open,
+        Some("/metrics") => Need::Metrics,
+        Some("/tasks/{id}/checkpoint") => Need::Checkpoint,
+        Some(p) if p.starts_with("/tokens") || p.starts_with("/secrets") || p == "/audit" => {
+            Need::Role(Role::Admin)
+        }
+        // Checking a template changes nothing.
+        Some("/workflows/validate") => Need::Role(Role::Viewer),
+        _ if matches!(*method, Method::GET | Method::HEAD) => Need::Role(Role::Viewer),
+        None => Need::Role(Role::Viewer),
+        Some(_) => Need::Role(Role::Operator),
+    }
+}
+
+/// Whether a call changes something, and so is audited whatever its outcome.
+fn is_change(method: &Method, path: Option<&str>) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+        && path.is_some_and(|p| p != "/workflows/validate")
+}
+
+/// `<resource>.<verb>` for the audit log, from the route template.
+fn action(method: &Method, path: Option<&str>) -> String {
+    let path = path.unwrap_or("unknown");
+    let named = match (method.as_str(), path) {
+        ("POST", "/workflows") => "workflow.submit",
+        ("POST", "/workflows/servers/create") => "workflow.submit_servers",
+        ("POST", "/workflows/taskserv/create") => "workflow.submit_taskservs",
+        ("POST", "/workflows/cluster/create") => "workflow.submit_cluster",
+        ("POST", "/workflows/{id}/cancel") => "workflow.cancel",
+        ("POST", "/workflows/{id}/retry") => "workflow.retry",
+        ("POST", "/tasks/{id}/cancel") => "task.cancel",
+        ("PUT", "/tasks/{id}/checkpoint") => "task.checkpoint",
+        ("POST", "/tokens") => "token.create",
+        ("DELETE", "/tokens/{id}") => "token.revoke",
+        ("PUT", "/secrets/{name}") => "secret.put",
+        ("DELETE", "/secrets/{name}") => "secret.delete",
+        _ => "",
+    };
+    if named.is_empty() {
+        format!("{} {path}", method.as_str().to_lowercase())
+    } else {
+        named.to_owned()
+    }
+}
+
+/// The middleware.
+pub(crate) async fn guard(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let access = guard.engine.access();
+    let method = request.method().clone();
+    let path = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let path = path.as_deref();
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let target = request
+        .extract_parts::<RawPathParams>()
+        .await
+        .ok()
+        .and_then(|params| params.iter().next().map(|(_, value)| value.to_owned()));
+
+    let bearer = bearer(&request);
+    let principal = if !access.config().auth {
+        Some(Principal::local())
+    } else {
+        match &bearer {
+            Some(Ok(token)) => access.authenticate(token).await,
+            _ => None,
+        }
+    };
+    let audit = |status: StatusCode, principal: Option<&Principal>, target: Option<String>| {
+        let outcome = match status.as_u16() {
+            200..=399 => "ok",
+            401 | 403 | 429 => "denied",
+            _ => "failed",
+        };
+        AuditRecord {
+            id: uuid::Uuid::now_v7().to_string(),
+            time: Utc::now(),
+            actor: principal.map_or_else(|| "anonymous".to_owned(), |p| p.actor.clone()),
+            role: principal.and_then(|p| p.role),
+            action: action(&method, path),
+            target,
+            outcome: outcome.to_owned(),
+            status: status.as_u16(),
+            request_id: request_id.clone(),
+        }
+    };
+
+    let refusal = check(
+        need(&method, path),
+        principal.as_ref(),
+        &bearer,
+        peer,
+        &target,
+    );
+    if let Some(error) = refusal {
+        access
+            .record(audit(error.status, principal.as_ref(), target))
+            .await;
+        return error.into_response();
+    }
+    if let (Some(limiter), Some(key)) = (&guard.limiter, rate_key(principal.as_ref(), peer))
+        && let Err(not_until) = limiter.check_key(&key)
+    {
+        let wait = not_until.wait_time_from(governor::clock::Clock::now(
+            &governor::clock::DefaultClock::default(),
+        ));
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        if is_change(&method, path) {
+            access
+                .record(audit(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    principal.as_ref(),
+                    target,
+                ))
+                .await;
+        }
+        let mut response = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("too many requests; retry in {seconds} s"),
+        )
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        return response;
+    }
+    if let Some(principal) = &principal {
+        request.extensions_mut().insert(principal.clone());
+    }
+    let response = next.run(request).await;
+    if !is_change(&method, path) {
+        return response;
+    }
+    // What was created has no id in the path: take it from the answer.
+    let (response, target) = match target {
+        Some(target) => (response, Some(target)),
+        None => created_id(response).await,
+    };
+    access
+        .record(audit(response.status(), principal.as_ref(), target))
+        .await;
+    response
+}
+
+/// The bearer token, `Err` when the header is there but not a bearer token.
+fn bearer(request: &Request) -> Option<Result<String, ()>> {
+    let value = request.headers().get(header::AUTHORIZATION)?;
+    let text = value.to_str().ok();
+    Some(
+        text.and_then(|t| {
+            t.strip_prefix("Bearer ")
+                .or_else(|| t.strip_prefix("bearer "))
+        })
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .ok_or(()),
+    )
+}
+
+/// Why the caller may not pass, if they may not.
+fn check(
+    need: Need,
+    principal: Option<&Principal>,
+    bearer: &Option<Result<String, ()>>,
+    peer: Option<SocketAddr>,
+    target: &Option<String>,
+) -> Option<ApiError> {
+    let unauthorized = || {
+        let message = match bearer {
+            None => "this needs an API token: send `Authorization: Bearer <token>`",
+            Some(Err(())) => "the Authorization header is not `Bearer <token>`",
+            Some(Ok(_)) => "the API token is unknown or revoked",
+        };
+        Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            message,
+        ))
+    };
+    let forbidden = |needed: Role| {
+        Some(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this needs the {needed} role"),
+        ))
+    };
+    match need {
+        Need::Open => None,
+        Need::Metrics => {
+            let local = peer.is_some_and(|p| p.ip().is_loopback());
+            if local || principal.is_some_and(|p| p.role.is_some()) {
+                None
+            } else {
+                unauthorized()
+            }
+        }
+        Need::Checkpoint => match principal {
+            None => unauthorized(),
+            Some(p) if p.task.is_some() => {
+                let own = p.task.map(|t| t.to_string()) == *target;
+                if own { None } else { forbidden(Role::Operator) }
+            }
+            Some(p) if p.role.is_some_and(|r| r.allows(Role::Operator)) => None,
+            Some(_) => forbidden(Role::Operator),
+        },
+        Need::Role(needed) => match principal {
+            None => unauthorized(),
+            Some(p) if p.role.is_some_and(|r| r.allows(needed)) => None,
+            Some(_) => forbidden(needed),
+        },
+    }
+}
+
+/// Whom a rate counts against: the token, else the caller's address.
+fn rate_key(principal: Option<&Principal>, peer: Option<SocketAddr>) -> Option<String> {
+    match principal {
+        Some(p) => Some(p.token_id.clone().unwrap_or_else(|| p.actor.clone())),
+        None => peer.map(|p| p.ip().to_string()),
+    }
+}
+
+/// The id of what a successful call created (`workflow_id`, or `id`),
+/// read from its JSON answer, which is put back as it was.
+async fn created_id(response: Response) -> (Response, Option<String>) {
+    if !response.status().is_success() {
+        return (response, None);
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, crate::MAX_BODY_BYTES * 16).await else {
+        return (Response::from_parts(parts, Body::empty()), None);
+    };
+    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|json| {
+            ["workflow_id", "id"]
+                .iter()
+                .find_map(|field| json.get(field)?.as_str().map(str::to_owned))
+        });
+    (Response::from_parts(parts, Body::from(bytes)), id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_gives_reads_to_viewers_and_changes_to_operators() {
+        let get = Method::GET;
+        let post = Method::POST;
+        assert_eq!(need(&get, Some("/health")), Need::Open);
+        assert_eq!(need(&get, Some("/tasks")), Need::Role(Role::Viewer));
+        assert_eq!(need(&post, Some("/workflows")), Need::Role(Role::Operator));
+        assert_eq!(
+            need(&post, Some("/workflows/validate")),
+            Need::Role(Role::Viewer)
+        );
+        assert_eq!(need(&post, Some("/tokens")), Need::Role(Role::Admin));
+        assert_eq!(need(&get, Some("/audit")), Need::Role(Role::Admin));
+        assert_eq!(
+            need(&Method::PUT, Some("/secrets/{name}")),
+            Need::Role(Role::Admin)
+        );
+        assert_eq!(
+            need(&Method::PUT, Some("/tasks/{id}/checkpoint")),
+            Need::Checkpoint
+        );
+        assert_eq!(need(&Method::DELETE, None), Need::Role(Role::Viewer));
+        assert_eq!(need(&get, Some("/metrics")), Need::Metrics);
+    }
+
+    #[test]
+    fn actions_name_resource_and_verb() {
+        assert_eq!(
+            action(&Method::POST, Some("/workflows/{id}/cancel")),
+            "workflow.cancel"
+        );
+        assert_eq!(
+            action(&Method::DELETE, Some("/tokens/{id}")),
+            "token.revoke"
+        );
+        assert_eq!(
+            action(&Method::PATCH, Some("/tasks/{id}")),
+            "patch /tasks/{id}"
+        );
+        assert!(is_change(&Method::POST, Some("/workflows")));
+        assert!(!is_change(&Method::POST, Some("/workflows/validate")));
+        assert!(!is_change(&Method::GET, Some("/audit")));
+    }
+}

@@ -1,0 +1,268 @@
+//! Who is calling: API tokens (created, revoked, checked), the per-task
+//! tokens of running scripts, and the audit log. The HTTP side (which route
+//! needs which role, rate limits) is the API crate's; this is the part that
+//! touches storage.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use orchestrator_core::TaskId;
+use orchestrator_core::access::{
+    ApiToken, AuditRecord, Role, task_token, task_token_task, token_hash, token_id, token_text,
+};
+use orchestrator_storage::{AuditQuery, Page, Storage};
+use rand::RngCore;
+use subtle::ConstantTimeEq;
+
+use crate::{Error, Result};
+
+/// How stale the token cache may get before a request reloads it, so that
+/// a token created or revoked through another node is seen soon.
+const CACHE_TTL: Duration = Duration::from_secs(5);
+/// A token the cache does not know reloads it at most this often: random
+/// tokens must not turn into a storage read each.
+const MISS_RELOAD: Duration = Duration::from_secs(1);
+
+/// Settings of access control.
+#[derive(Debug, Clone)]
+pub struct AccessConfig {
+    /// Off only with `--no-auth`, which the service allows on loopback only.
+    pub auth: bool,
+    /// Requests per second per caller before 429; 0 for no limit.
+    pub rate_limit: u32,
+}
+
+impl Default for AccessConfig {
+    fn default() -> Self {
+        AccessConfig {
+            auth: true,
+            rate_limit: 50,
+        }
+    }
+}
+
+/// Who a request comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's name; `task:<id>` for a task token; `local` without auth.
+    pub actor: String,
+    /// What it may do. A task token may do nothing but its task's checkpoint.
+    pub role: Option<Role>,
+    /// For a task token: the one task it speaks for.
+    pub task: Option<TaskId>,
+    /// The token record's id (rate limits count per token).
+    pub token_id: Option<String>,
+}
+
+impl Principal {
+    /// Everyone, when auth is off.
+    pub fn local() -> Principal {
+        Principal {
+            actor: "local".into(),
+            role: Some(Role::Admin),
+            task: None,
+            token_id: None,
+        }
+    }
+}
+
+/// A new token: its record, and the token itself, shown once.
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    pub record: ApiToken,
+    pub token: String,
+}
+
+pub struct Access {
+    store: Storage,
+    config: AccessConfig,
+    /// Drawn at start, never stored: task tokens die with the process.
+    task_key: [u8; 32],
+    cache: Mutex<TokenCache>,
+}
+
+struct TokenCache {
+    by_id: HashMap<String, ApiToken>,
+    loaded: Instant,
+}
+
+impl Access {
+    pub(crate) async fn load(store: Storage, config: AccessConfig) -> Result<Access> {
+        let mut task_key = [0u8; 32];
+        rand::rng().fill_bytes(&mut task_key);
+        let access = Access {
+            store,
+            config,
+            task_key,
+            cache: Mutex::new(TokenCache {
+                by_id: HashMap::new(),
+                loaded: Instant::now(),
+            }),
+        };
+        access.reload().await?;
+        Ok(access)
+    }
+
+    pub fn config(&self) -> &AccessConfig {
+        &self.config
+    }
+
+    /// The token a task's script gets as `ORCHESTRATOR_TOKEN`.
+    pub fn task_token(&self, task: TaskId) -> String {
+        task_token(&self.task_key, task)
+    }
+
+    async fn reload(&self) -> Result<()> {
+        let tokens = self.store.tokens().await?;
+        let mut cache = crate::engine::lock(&self.cache);
+        cache.by_id = tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
+        cache.loaded = Instant::now();
+        Ok(())
+    }
+
+    /// Reloads the cache if it is older than `age`. A storage failure keeps
+    /// the old cache: better to serve known tokens than none.
+    async fn refresh_if_older(&self, age: Duration) {
+        let stale = crate::engine::lock(&self.cache).loaded.elapsed() > age;
+        if stale && let Err(e) = self.reload().await {
+            tracing::warn!(error = %e, "cannot reload API tokens; using the ones known");
+        }
+    }
+
+    /// Who `token` is, if anyone. Every comparison of secret material is in
+    /// constant time.
+    pub async fn authenticate(&self, token: &str) -> Option<Principal> {
+        if let Some(task) = task_token_task(token) {
+            let expected = self.task_token(task);
+            return bool::from(expected.as_bytes().ct_eq(token.as_bytes())).then(|| Principal {
+                actor: format!("task:{task}"),
+                role: None,
+                task: Some(task),
+                token_id: None,
+            });
+        }
+        self.refresh_if_older(CACHE_TTL).await;
+        let hash = token_hash(token);
+        let find = |cache: &TokenCache| -> Option<ApiToken> {
+            match token_id(token) {
+                Some(id) => cache.by_id.get(id).cloned(),
+                // A token supplied by the operator at bootstrap may have any
+                // shape: compare with every record, each in constant time.
+                None => cache
+                    .by_id
+                    .values()
+                    .find(|t| bool::from(t.hash.as_bytes().ct_eq(hash.as_bytes())))
+                    .cloned(),
+            }
+        };
+        let mut found = find(&crate::engine::lock(&self.cache));
+        if found.is_none() {
+            self.refresh_if_older(MISS_RELOAD).await;
+            found = find(&crate::engine::lock(&self.cache));
+        }
+        let record = found?;
+        let matches = bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes()));
+        (matches && record.is_active()).then(|| Principal {
+            actor: record.name.clone(),
+            role: Some(record.role),
+            task: None,
+            token_id: Some(record.id.clone()),
+        })
+    }
+
+    /// Creates a token; the token itself is in the result only.
+    pub async fn create_token(&self, name: &str, role: Role) -> Result<IssuedToken> {
+        let name = name.trim();
+        if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+            return Err(Error::Validation {
+                field: "name".into(),
+                message: "a token needs a name of 1 to 64 printable characters".into(),
+            });
+        }
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let mut secret = [0u8; 32];
+        rand::rng().fill_bytes(&mut secret);
+        let token = token_text(&id, &hex(&secret));
+        self.store_token(
+            ApiToken::new(id, name.to_owned(), role, &token, Utc::now()),
+            token,
+        )
+        .await
+    }
+
+    async fn store_token(&self, record: ApiToken, token: String) -> Result<IssuedToken> {
+        self.store.put_token(&record).await?;
+        crate::engine::lock(&self.cache)
+            .by_id
+            .insert(record.id.clone(), record.clone());
+        Ok(IssuedToken { record, token })
+    }
+
+    /// Revokes a token; `None` if there is no such token. Revoking twice
+    /// changes nothing.
+    pub async fn revoke_token(&self, id: &str) -> Result<Option<ApiToken>> {
+        self.reload().await?;
+        let Some(mut record) = crate::engine::lock(&self.cache).by_id.get(id).cloned() else {
+            return Ok(None);
+        };
+        if record.is_active() {
+            record.revoked_at = Some(Utc::now());
+            record.version += 1;
+            self.store.put_token(&record).await?;
+            crate::engine::lock(&self.cache)
+                .by_id
+                .insert(record.id.clone(), record.clone());
+        }
+        Ok(Some(record))
+    }
+
+    /// Every token record, oldest first.
+    pub async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        Ok(self.store.tokens().await?)
+    }
+
+    /// On a store without an active admin token, makes one: `supplied`
+    /// (from the environment) if given, else a new one, returned so that
+    /// it can be shown once. `None` when the store has an admin already.
+    pub async fn bootstrap(&self, supplied: Option<&str>) -> Result<Option<IssuedToken>> {
+        self.reload().await?;
+        let has_admin = crate::engine::lock(&self.cache)
+            .by_id
+            .values()
+            .any(|t| t.is_active() && t.role == Role::Admin);
+        if has_admin {
+            return Ok(None);
+        }
+        match supplied {
+            Some(token) if token.len() < 32 => Err(Error::Validation {
+                field: "ORCHESTRATOR_BOOTSTRAP_TOKEN".into(),
+                message: "a bootstrap token must be at least 32 characters long".into(),
+            }),
+            Some(token) => {
+                let id = uuid::Uuid::now_v7().simple().to_string();
+                let record = ApiToken::new(id, "bootstrap".into(), Role::Admin, token, Utc::now());
+                self.store_token(record, token.to_owned()).await.map(Some)
+            }
+            None => self.create_token("bootstrap", Role::Admin).await.map(Some),
+        }
+    }
+
+    /// Appends to the audit log. A failure is logged, not returned: the
+    /// action it records has already happened and been answered.
+    pub async fn record(&self, record: AuditRecord) {
+        if let Err(e) = self.store.append_audit(&record).await {
+            tracing::error!(error = %e, action = %record.action, actor = %record.actor,
+                "cannot write an audit record");
+        }
+    }
+
+    pub async fn audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        Ok(self.store.list_audit(query).await?)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,627 @@
+//! Tokens, roles, rate limits and the audit log, through HTTP and the CLI:
+//! every route against no token, a bad token and each role.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use orchestrator::settings::ServeSettings;
+use serde_json::{Value, json};
+
+use crate::harness::{TestService, fixture_settings};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+const ADMIN: &str = "bootstrap-admin-token-for-the-auth-tests-0123456789";
+
+fn with_auth(dir: &std::path::Path) -> ServeSettings {
+    let mut settings = fixture_settings(dir);
+    settings.auth = true;
+    settings.rate_limit = 0;
+    settings.bootstrap_token = Some(orchestrator_storage::Secret::new(ADMIN));
+    settings
+}
+
+/// One request with an optional bearer token: (status, body).
+async fn call(
+    service: &TestService,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = service
+        .http
+        .request(method, format!("{}{path}", service.base));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn create_token(service: &TestService, name: &str, role: &str) -> String {
+    let (status, body) = call(
+        service,
+        "POST",
+        "/tokens",
+        Some(ADMIN),
+        Some(json!({"name": name, "role": role})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    body["token"].as_str().unwrap().to_owned()
+}
+
+/// Who may call a route: `None` for anyone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Min {
+    Anyone,
+    Viewer,
+    Operator,
+    Admin,
+}
+
+#[tokio::test]
+async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(with_auth(dir.path())).await;
+    let viewer = create_token(&service, "viewer-1", "viewer").await;
+    let operator = create_token(&service, "operator-1", "operator").await;
+    create_token(&service, "spare", "viewer").await;
+    let (_, listed) = call(&service, "GET", "/tokens", Some(ADMIN), None).await;
+    let revocable = listed["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "spare")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Something to point the routes at.
+    let (status, submitted) = call(
+        &service,
+        "POST",
+        "/workflows/servers/create",
+        Some(&operator),
+        Some(json!({"infra": "t", "servers": ["ok-1"], "wait": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{submitted}");
+    let workflow = submitted["workflow_id"].as_str().unwrap().to_owned();
+    let task = submitted["task_ids"][0].as_str().unwrap().to_owned();
+
+    let servers = json!({"infra": "t", "servers": ["ok-2"]});
+    let template = json!({"template": "chain", "vars": {}});
+    // (method, template, concrete path, body, who may call it)
+    let routes: Vec<(&str, &str, String, Option<Value>, Min)> = vec![
+        ("GET", "/health", "/health".into(), None, Min::Anyone),
+        (
+            "GET",
+            "/openapi.json",
+            "/openapi.json".into(),
+            None,
+            Min::Anyone,
+        ),
+        // Asked from loopback: open (elsewhere it needs a token).
+        ("GET", "/metrics", "/metrics".into(), None, Min::Anyone),
+        ("GET", "/tasks", "/tasks".into(), None, Min::Viewer),
+        (
+            "GET",
+            "/tasks/{id}",
+            format!("/tasks/{task}"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "GET",
+            "/tasks/{id}/logs",
+            format!("/tasks/{task}/logs"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/tasks/{id}/cancel",
+            format!("/tasks/{task}/cancel"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "GET",
+            "/tasks/{id}/checkpoint",
+            format!("/tasks/{task}/checkpoint"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "PUT",
+            "/tasks/{id}/checkpoint",
+            format!("/tasks/{task}/checkpoint"),
+            Some(json!({"k": 1})),
+            Min::Operator,
+        ),
+        ("GET", "/workflows", "/workflows".into(), None, Min::Viewer),
+        (
+            "POST",
+            "/workflows",
+            "/workflows".into(),
+            Some(template.clone()),
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/validate",
+            "/workflows/validate".into(),
+            Some(template),
+            Min::Viewer,
+        ),
+        (
+            "GET",
+            "/workflows/{id}",
+            format!("/workflows/{workflow}"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/workflows/{id}/cancel",
+            format!("/workflows/{workflow}/cancel"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/{id}/retry",
+            format!("/workflows/{workflow}/retry"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "GET",
+            "/cluster/nodes",
+            "/cluster/nodes".into(),
+            None,
+            Min::Viewer,
+        ),
+        ("GET", "/templates", "/templates".into(), None, Min::Viewer),
+        (
+            "GET",
+            "/templates/{ref_name}",
+            "/templates/chain".into(),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/workflows/servers/create",
+            "/workflows/servers/create".into(),
+            Some(servers.clone()),
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/taskserv/create",
+            "/workflows/taskserv/create".into(),
+            Some(json!({"infra": "t", "server": "ok-1", "taskservs": ["containerd"]})),
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/cluster/create",
+            "/workflows/cluster/create".into(),
+            Some(json!({"infra": "t", "cluster": "c", "servers": ["ok-3"]})),
+            Min::Operator,
+        ),
+        ("GET", "/tokens", "/tokens".into(), None, Min::Admin),
+        (
+            "POST",
+            "/tokens",
+            "/tokens".into(),
+            Some(json!({"name": "made", "role": "viewer"})),
+            Min::Admin,
+        ),
+        (
+            "DELETE",
+            "/tokens/{id}",
+            format!("/tokens/{revocable}"),
+            None,
+            Min::Admin,
+        ),
+        ("GET", "/audit", "/audit".into(), None, Min::Admin),
+    ];
+
+    // Every route the service documents is in the table.
+    let (_, openapi) = call(&service, "GET", "/openapi.json", None, None).await;
+    let documented: BTreeSet<(String, String)> = openapi["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .filter(|m| ["get", "post", "put", "delete", "patch"].contains(&m.as_str()))
+                .map(move |m| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    let tested: BTreeSet<(String, String)> = routes
+        .iter()
+        .map(|(m, t, ..)| ((*m).to_owned(), (*t).to_owned()))
+        .collect();
+    let untested: Vec<_> = documented.difference(&tested).collect();
+    assert!(
+        untested.is_empty(),
+        "routes missing from the auth matrix: {untested:?}"
+    );
+
+    let callers = [
+        ("no token", None, 0),
+        ("bad token", Some("orch_0190_notarealtoken"), 0),
+        ("viewer", Some(viewer.as_str()), 1),
+        ("operator", Some(operator.as_str()), 2),
+        ("admin", Some(ADMIN), 3),
+    ];
+    for (method, template, path, body, min) in &routes {
+        for (who, token, rank) in callers {
+            let (status, answer) = call(&service, method, path, token, body.clone()).await;
+            let needed = match min {
+                Min::Anyone => 0,
+                Min::Viewer => 1,
+                Min::Operator => 2,
+                Min::Admin => 3,
+            };
+            let expected_denial = if rank >= needed {
+                None
+            } else if rank == 0 {
+                Some(401)
+            } else {
+                Some(403)
+            };
+            match expected_denial {
+                Some(code) => {
+                    assert_eq!(status, code, "{method} {template} as {who}: {answer}");
+                    assert_eq!(
+                        answer["error"]["code"],
+                        if code == 401 {
+                            "unauthorized"
+                        } else {
+                            "forbidden"
+                        }
+                    );
+                }
+                None => assert!(
+                    status != 401 && status != 403 && status < 500,
+                    "{method} {template} as {who}: {status} {answer}"
+                ),
+            }
+        }
+    }
+
+    // The audit log has every change and every refusal, and no token.
+    let (status, audit) = call(&service, "GET", "/audit?limit=1000", Some(ADMIN), None).await;
+    assert_eq!(status, 200, "{audit}");
+    let records = audit["records"].as_array().unwrap();
+    for (method, template, _, _, min) in &routes {
+        if *method == "GET" || *template == "/workflows/validate" {
+            continue;
+        }
+        let mine: Vec<&Value> = records
+            .iter()
+            .filter(|r| {
+                r["status"].as_u64().is_some_and(|s| s != 401 && s != 403)
+                    && r["actor"]
+                        == if *min == Min::Admin {
+                            "bootstrap"
+                        } else {
+                            "operator-1"
+                        }
+            })
+            .filter(|r| {
+                let action = r["action"].as_str().unwrap();
+                template
+                    .split('/')
+                    .find(|s| !s.is_empty())
+                    .is_some_and(|first| action.starts_with(first.trim_end_matches('s')))
+            })
+            .collect();
+        assert!(!mine.is_empty(), "no audit record for {method} {template}");
+    }
+    let denied: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["outcome"] == "denied")
+        .collect();
+    assert!(
+        denied
+            .iter()
+            .any(|r| r["actor"] == "anonymous" && r["status"] == 401)
+    );
+    assert!(
+        denied
+            .iter()
+            .any(|r| r["actor"] == "viewer-1" && r["status"] == 403)
+    );
+    let cancel = records
+        .iter()
+        .find(|r| r["action"] == "workflow.cancel" && r["actor"] == "operator-1")
+        .unwrap();
+    assert_eq!(cancel["target"], workflow.as_str());
+    assert_eq!(cancel["role"], "operator");
+    assert!(
+        cancel["request_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty())
+    );
+    // Newest first: the last is the first submission.
+    let submit = records
+        .iter()
+        .rev()
+        .find(|r| r["action"] == "workflow.submit_servers" && r["outcome"] == "ok")
+        .unwrap();
+    assert_eq!(
+        submit["target"],
+        workflow.as_str(),
+        "the created workflow is the target"
+    );
+    let text = audit.to_string();
+    for secret in [ADMIN, viewer.as_str(), operator.as_str()] {
+        assert!(!text.contains(secret), "a token reached the audit log");
+    }
+    let (_, filtered) = call(
+        &service,
+        "GET",
+        "/audit?action=token.create&actor=bootstrap",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert!(filtered["total"].as_u64().unwrap() >= 3, "{filtered}");
+
+    // A revoked token is refused from then on.
+    let (_, list) = call(&service, "GET", "/tokens", Some(ADMIN), None).await;
+    let viewer_id = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "viewer-1")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!list.to_string().contains("hash"), "{list}");
+    call(
+        &service,
+        "DELETE",
+        &format!("/tokens/{viewer_id}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    let (status, _) = call(&service, "GET", "/tasks", Some(&viewer), None).await;
+    assert_eq!(status, 401);
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_caller_over_its_rate_gets_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = with_auth(dir.path());
+    settings.rate_limit = 2;
+    let service = TestService::start(settings).await;
+    let mut limited = None;
+    for _ in 0..20 {
+        let response = service
+            .http
+            .get(format!("{}/tasks", service.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            limited = Some(response);
+            break;
+        }
+    }
+    let response = limited.expect("never limited");
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    // /health is never limited by tokens, and is open.
+    assert_eq!(service.get("/health").await.0, 200);
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_task_token_opens_its_own_checkpoint_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(with_auth(dir.path())).await;
+    // The script saves its checkpoint through the API with its own token.
+    let (status, body) = call(
+        &service,
+        "POST",
+        "/workflows",
+        Some(ADMIN),
+        Some(json!({"template": "fault-drill", "vars": {"tag": "t"}, "wait": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+    let (_, audit) = call(
+        &service,
+        "GET",
+        "/audit?action=task.checkpoint",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    let record = &audit["records"][0];
+    assert_eq!(record["outcome"], "ok", "{audit}");
+    assert!(
+        record["actor"].as_str().unwrap().starts_with("task:"),
+        "{audit}"
+    );
+
+    // A task token of another task, or for anything else, is refused.
+    let other = orchestrator_core::TaskId::new();
+    let forged = format!("task_{other}_{}", "0".repeat(64));
+    let (status, _) = call(
+        &service,
+        "GET",
+        &format!("/tasks/{other}/checkpoint"),
+        Some(&forged),
+        None,
+    )
+    .await;
+    assert_eq!(status, 401, "a forged task token");
+    service.stop().await;
+}
+
+#[test]
+fn no_auth_is_refused_off_loopback_and_loud_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--no-auth",
+            "--bind",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        text.contains("--no-auth is allowed only on a loopback address"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_first_start_prints_an_admin_token_once_and_the_cli_manages_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let start = || {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--port", "0", "--data-dir"])
+            .arg(&data)
+            .args(["--scripts-dir"])
+            .arg(crate::harness::fixture_scripts())
+            .env_remove("ORCHESTRATOR_BOOTSTRAP_TOKEN")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        let mut token = None;
+        let mut url = None;
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if line.trim_start().starts_with("orch_") {
+                token = Some(line.trim().to_owned());
+            }
+            if let Some(at) = line.find("listening on http://") {
+                let rest = &line[at + "listening on ".len()..];
+                url = rest.split_whitespace().next().map(str::to_owned);
+                break;
+            }
+        }
+        // Keep draining, so the service never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        (child, token, url.unwrap())
+    };
+    let cli = |url: &str, token: &str, args: &[&str]| {
+        let output = Command::new(BIN)
+            .args(args)
+            .env("ORCHESTRATOR_URL", url)
+            .env("ORCHESTRATOR_TOKEN", token)
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    };
+
+    let (mut child, admin, url) = start();
+    let admin = admin.expect("the first start prints the admin token");
+    let (ok, text) = cli(
+        &url,
+        &admin,
+        &["token", "create", "--name", "ci", "--role", "viewer"],
+    );
+    assert!(ok, "{text}");
+    let viewer = text.lines().last().unwrap().trim().to_owned();
+    assert!(viewer.starts_with("orch_"), "{text}");
+    let (ok, listed) = cli(&url, &admin, &["token", "list"]);
+    assert!(
+        ok && listed.contains("ci") && listed.contains("viewer"),
+        "{listed}"
+    );
+    assert!(!listed.contains(&viewer), "a listing shows no token");
+    let (ok, text) = cli(&url, &viewer, &["tasks"]);
+    assert!(ok, "{text}");
+    let (ok, text) = cli(&url, &viewer, &["token", "list"]);
+    assert!(!ok && text.contains("this needs the admin role"), "{text}");
+    let (ok, text) = cli(&url, "", &["tasks"]);
+    assert!(!ok && text.contains("ORCHESTRATOR_TOKEN"), "{text}");
+    let id = listed
+        .lines()
+        .find(|l| l.contains(" ci "))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let (ok, text) = cli(&url, &admin, &["token", "revoke", &id]);
+    assert!(ok, "{text}");
+    let (ok, text) = cli(&url, &viewer, &["tasks"]);
+    assert!(!ok && text.contains("unknown or revoked"), "{text}");
+    let (ok, text) = cli(&url, &admin, &["audit", "--action", "token.revoke"]);
+    assert!(
+        ok && text.contains("token.revoke") && text.contains(&id),
+        "{text}"
+    );
+    nix_kill(&mut child);
+
+    // A restart prints no new token: the store has an admin.
+    let (mut child, again, url) = start();
+    assert_eq!(again, None);
+    let (ok, text) = cli(&url, &admin, &["token", "list"]);
+    assert!(ok, "{text}");
+    nix_kill(&mut child);
+}
+
+fn nix_kill(child: &mut std::process::Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+}
