@@ -50,6 +50,8 @@ pub fn document() -> Value {
         list_templates, get_template,
         list_tasks, get_task, task_logs, cancel_task, get_checkpoint, save_checkpoint,
         list_nodes,
+        list_tokens, create_token, revoke_token, list_audit,
+        list_secrets, put_secret, delete_secret,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -58,6 +60,7 @@ pub fn document() -> Value {
         (name = "tasks", description = "Tasks, their logs and checkpoints"),
         (name = "templates", description = "The registered workflow templates"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
+        (name = "admin", description = "API tokens, secrets and the audit log (role admin)"),
     ),
 )]
 struct ApiDoc;
@@ -98,6 +101,44 @@ impl Modify for BearerAuth {
                 .flatten()
                 {
                     operation.security = Some(Vec::new());
+                }
+            }
+        }
+        // What the door answers on every other route.
+        let door = [
+            ("401", "No token, or not a valid one"),
+            ("403", "The token's role does not allow this"),
+            ("429", "Over the token's rate limit; see `Retry-After`"),
+        ];
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if OPEN_PATHS.contains(&path.as_str()) {
+                continue;
+            }
+            for operation in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                for (status, description) in door {
+                    let response = utoipa::openapi::ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            "application/json",
+                            utoipa::openapi::ContentBuilder::new()
+                                .schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody")))
+                                .build(),
+                        )
+                        .build();
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_owned())
+                        .or_insert(response.into());
                 }
             }
         }
@@ -706,3 +747,146 @@ fn get_template() {}
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
 fn list_nodes() {}
+
+// ---- admin: tokens and the audit log --------------------------------------
+
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+#[derive(ToSchema)]
+struct NewToken {
+    name: String,
+    role: Role,
+}
+
+/// A token as listed: never its hash.
+#[derive(ToSchema)]
+struct TokenView {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: DateTime<Utc>,
+    revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A new token; `token` is shown this once only.
+#[derive(ToSchema)]
+struct IssuedToken {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: DateTime<Utc>,
+    token: String,
+}
+
+#[derive(ToSchema)]
+struct TokenList {
+    tokens: Vec<TokenView>,
+}
+
+#[derive(ToSchema)]
+struct AuditPage {
+    /// Audit records, newest first (see docs/api.md).
+    records: Vec<Object>,
+    total: u64,
+    limit: u64,
+    offset: u64,
+}
+
+/// A free-form JSON object.
+#[derive(ToSchema)]
+#[schema(value_type = Object)]
+struct Object(Value);
+
+/// Every token, active or revoked.
+#[utoipa::path(get, path = "/tokens", tag = "admin", responses(
+    (status = 200, description = "The tokens", body = TokenList),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+fn list_tokens() {}
+
+/// Creates a token.
+#[utoipa::path(post, path = "/tokens", tag = "admin", request_body = NewToken, responses(
+    (status = 201, description = "The token, shown once", body = IssuedToken),
+    (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+    (status = 409, description = "A token with this name exists", body = ErrorBody),
+    (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+    (status = 422, description = "A bad name or role", body = ErrorBody),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+fn create_token() {}
+
+/// Revokes a token.
+#[utoipa::path(delete, path = "/tokens/{id}", tag = "admin",
+    params(("id" = String, Path, description = "Token id")),
+    responses(
+        (status = 200, description = "The revoked token", body = TokenView),
+        (status = 404, description = "No such token", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn revoke_token() {}
+
+/// The audit log, newest first.
+#[utoipa::path(get, path = "/audit", tag = "admin",
+    params(
+        ("since" = Option<DateTime<Utc>>, Query, description = "At or after (RFC 3339)"),
+        ("until" = Option<DateTime<Utc>>, Query, description = "Before (RFC 3339)"),
+        ("actor" = Option<String>, Query, description = "Token name"),
+        ("action" = Option<String>, Query, description = "Action"),
+        ("target" = Option<String>, Query, description = "Target"),
+        ("limit" = Option<u32>, Query, description = "Page size, default 50, 1-1000", minimum = 1, maximum = 1000),
+        ("offset" = Option<u32>, Query, description = "Records to skip"),
+    ),
+    responses(
+        (status = 200, description = "A page of audit records", body = AuditPage),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn list_audit() {}
+
+/// A secret's value, write-only.
+#[derive(ToSchema)]
+struct NewSecret {
+    value: String,
+}
+
+#[derive(ToSchema)]
+struct SecretList {
+    /// Names and metadata, never values.
+    secrets: Vec<Object>,
+}
+
+/// Secret names and metadata; never values.
+#[utoipa::path(get, path = "/secrets", tag = "admin", responses(
+    (status = 200, description = "The secrets", body = SecretList),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+fn list_secrets() {}
+
+/// Stores a secret, encrypted, replacing one of the same name.
+#[utoipa::path(put, path = "/secrets/{name}", tag = "admin",
+    params(("name" = String, Path, description = "Secret name")),
+    request_body = NewSecret,
+    responses(
+        (status = 200, description = "The secret's metadata", body = Object),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "A bad name or body", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn put_secret() {}
+
+/// Deletes a secret.
+#[utoipa::path(delete, path = "/secrets/{name}", tag = "admin",
+    params(("name" = String, Path, description = "Secret name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such secret", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn delete_secret() {}

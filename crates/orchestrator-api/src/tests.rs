@@ -23,7 +23,8 @@ use tower::ServiceExt;
 use crate::{AppState, all_routes, app, openapi};
 
 /// An engine on a fresh filesystem store, running the service tests'
-/// fixture scripts (bash under the built-in `.nu` names).
+/// fixture scripts (bash under the built-in `.nu` names), with auth off
+/// (as `--no-auth`): these tests are about what is behind the door.
 async fn engine(dir: &Path) -> Engine {
     let data_dir = dir.join("data");
     let storage = orchestrator_storage::open(&StorageConfig {
@@ -52,6 +53,11 @@ async fn engine(dir: &Path) -> Engine {
         EngineConfig {
             workers: 2,
             node_id: "api-test".into(),
+            access: orchestrator_engine::access::AccessConfig {
+                auth: false,
+                rate_limit: 0,
+                ..Default::default()
+            },
             ..EngineConfig::default()
         },
     )
@@ -358,5 +364,324 @@ async fn bodies_over_the_limit_get_413_with_the_error_body() {
     assert!(response.headers().contains_key("x-request-id"));
     let body = body_json(response).await;
     assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+mod fuzz {
+    //! Random and malformed requests at every route: never a `5xx`, never
+    //! a panic, and every error in the one JSON error body.
+
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    use super::*;
+
+    /// Path segments that trouble parsers: ids of every shape, encodings,
+    /// traversal, very long and non-ASCII.
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("0190f0a0-0000-7000-8000-000000000000".to_owned()),
+            Just(uuid::Uuid::now_v7().to_string()),
+            Just("servers-create".to_owned()),
+            Just("..".to_owned()),
+            Just("%2e%2e%2f".to_owned()),
+            Just("%ff%fe".to_owned()),
+            Just("%00".to_owned()),
+            Just("é✓".to_owned()),
+            Just("x".repeat(3000)),
+            "[a-zA-Z0-9._~-]{0,40}",
+            "(%[0-9a-fA-F]{2}){1,6}",
+        ]
+    }
+
+    /// A route template with its parameters replaced, possibly extended or
+    /// with a query string; or a path that is no route.
+    fn path(templates: Vec<String>) -> impl Strategy<Value = String> {
+        let query = prop_oneof![
+            Just(String::new()),
+            Just("?limit=1001".to_owned()),
+            Just("?limit=-1&offset=x".to_owned()),
+            Just("?status=nope&workflow=1".to_owned()),
+            Just("?offset=18446744073709551616&limit_bytes=99999999999".to_owned()),
+            Just("?version=0".to_owned()),
+            "\\?[a-z_]{1,10}=[a-zA-Z0-9%&=]{0,20}",
+        ];
+        let routed = (
+            proptest::sample::select(templates),
+            proptest::collection::vec(segment(), 3),
+            proptest::bool::weighted(0.1),
+            query,
+        )
+            .prop_map(|(template, segments, extend, query)| {
+                let mut segments = segments.into_iter();
+                let mut path: String = template
+                    .split('/')
+                    .map(|part| {
+                        if part.starts_with('{') {
+                            segments.next().unwrap_or_default()
+                        } else {
+                            part.to_owned()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/");
+                if extend {
+                    path.push('/');
+                    path.push_str(&segments.next().unwrap_or_default());
+                }
+                path + &query
+            });
+        prop_oneof![
+            4 => routed,
+            1 => "/[a-zA-Z0-9/%._-]{0,60}",
+        ]
+    }
+
+    fn method() -> impl Strategy<Value = Method> {
+        prop_oneof![
+            8 => proptest::sample::select(vec![Method::GET, Method::POST, Method::PUT]),
+            2 => proptest::sample::select(vec![
+                Method::DELETE, Method::PATCH, Method::HEAD, Method::OPTIONS, Method::TRACE,
+            ]),
+            1 => "[A-Z]{1,12}".prop_map(|m| Method::from_bytes(m.as_bytes()).unwrap()),
+        ]
+    }
+
+    /// JSON of any shape, with the API's field names often enough to get
+    /// past the first checks.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            proptest::sample::select(vec![
+                "template",
+                "vars",
+                "meta",
+                "schedule",
+                "when",
+                "start",
+                "ref",
+                "infra",
+                "servers",
+                "taskservs",
+                "cluster",
+                "settings",
+                "priority",
+                "max_attempts",
+                "timeout_secs",
+                "parallel_limit",
+                "check_mode",
+                "version",
+                "steps",
+                "script",
+                "name",
+                "ref_name",
+                "inputs",
+                "depends_on",
+                "for_each",
+            ])
+            .prop_map(str::to_owned),
+            "[a-z_]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            Just(json!(u64::MAX)),
+            Just(json!("servers-create")),
+            Just(json!("web-01")),
+            Just(json!("${steps.x.output}")),
+            Just(json!("2026-01-01T00:00:00Z")),
+            ".{0,20}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 8, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                proptest::collection::btree_map(key.clone(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec(any::<u8>(), 0..200),
+            json_value().prop_map(|v| v.to_string().into_bytes()),
+            // Valid submissions, then cut short.
+            (json_value(), any::<prop::sample::Index>()).prop_map(|(v, cut)| {
+                let text = v.to_string().into_bytes();
+                let at = cut.index(text.len() + 1);
+                text[..at].to_vec()
+            }),
+            Just(br#"{"infra": "f", "servers": ["a", "a"]}"#.to_vec()),
+            Just(br#"{"template": {"ref_name": "x", "steps": []}}"#.to_vec()),
+            Just(b"[1, 2".to_vec()),
+            Just("{\"infra\": \"\u{0}\"}".as_bytes().to_vec()),
+        ]
+    }
+
+    fn headers() -> impl Strategy<Value = Vec<(&'static str, String)>> {
+        let value = prop_oneof![
+            Just(String::new()),
+            Just("application/json".to_owned()),
+            Just("text/plain; charset=latin1".to_owned()),
+            Just("Bearer x".to_owned()),
+            Just("x".repeat(300)),
+            "[ -~]{0,40}",
+        ];
+        proptest::collection::vec(
+            (
+                proptest::sample::select(vec![
+                    "content-type",
+                    "idempotency-key",
+                    "authorization",
+                    "x-request-id",
+                    "accept",
+                    "content-encoding",
+                    "origin",
+                ]),
+                value,
+            ),
+            0..4,
+        )
+    }
+
+    #[test]
+    fn no_request_gets_a_5xx_or_a_panic() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let engine = runtime.block_on(engine(dir.path()));
+        let app = app(engine.clone());
+        let templates: Vec<String> = router_paths().into_iter().collect();
+        let mut runner = TestRunner::new(Config {
+            cases: 400,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let strategy = (method(), path(templates), headers(), body());
+        let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, usize>::new());
+        let result = runner.run(&strategy, |(method, path, headers, body)| {
+            let mut builder = Request::builder().method(method.clone()).uri(&path);
+            for (name, value) in &headers {
+                builder = builder.header(*name, value);
+            }
+            let Ok(request) = builder.body(Body::from(body)) else {
+                return Ok(()); // not a valid HTTP request at all
+            };
+            let (status, content_type, error) = runtime.block_on(async {
+                let response = send(&app, request).await;
+                let status = response.status();
+                let content_type = response
+                    .headers()
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap_or("").to_owned());
+                let json = if status.is_client_error() || status.is_server_error() {
+                    body_json(response).await
+                } else {
+                    Value::Null
+                };
+                (status, content_type, json)
+            });
+            *statuses.lock().unwrap().entry(status.as_u16()).or_default() += 1;
+            prop_assert!(
+                !status.is_server_error(),
+                "{method} {path} {headers:?} -> {status} {error}"
+            );
+            if status.is_client_error() && method != Method::HEAD {
+                prop_assert!(
+                    error["error"]["code"].is_string() && error["error"]["message"].is_string(),
+                    "{method} {path} -> {status} {content_type:?} without the error body"
+                );
+            }
+            Ok(())
+        });
+        runtime.block_on(engine.shutdown(Duration::from_secs(5)));
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+        // The cases reached the handlers, not only the routing.
+        let statuses = statuses.into_inner().unwrap();
+        let reached: usize = statuses
+            .iter()
+            .filter(|(s, _)| !matches!(**s, 404 | 405))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(reached > 50, "{statuses:?}");
+    }
+}
+
+/// A log sink for one test.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn json_logs_carry_the_request_id_and_responses_echo_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let app = app(engine.clone());
+    // The JSON format of `--log-format json`, on this thread only.
+    let buffer = LogBuffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter("info")
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    // Other tests' threads may have cached "no interest" for the callsites.
+    tracing::callsite::rebuild_interest_cache();
+
+    let mut request = request(Method::GET, "/tasks/nope", Body::empty());
+    request
+        .headers_mut()
+        .insert("x-request-id", "req-42".parse().unwrap());
+    let response = send(&app, request).await;
+    assert_eq!(response.headers()["x-request-id"], "req-42");
+    // Without one, the service makes one up and returns it.
+    let response = send(
+        &app,
+        super::tests::request(Method::GET, "/health", Body::empty()),
+    )
+    .await;
+    let generated = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(uuid::Uuid::parse_str(&generated).is_ok(), "{generated}");
+    drop(guard);
+
+    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of_request = |id: &str| {
+        lines
+            .iter()
+            .filter(|l| l["span"]["request_id"] == id)
+            .count()
+    };
+    assert!(of_request("req-42") >= 1, "{text}");
+    assert!(of_request(&generated) >= 1, "{text}");
+    // Every line logged inside a request names its request.
+    for line in &lines {
+        if line["span"]["name"] == "request" {
+            assert!(line["span"]["request_id"].is_string(), "{line}");
+        }
+    }
     engine.shutdown(Duration::from_secs(5)).await;
 }
