@@ -6,7 +6,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, put};
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, Role};
 use orchestrator_storage::AuditQuery;
@@ -24,6 +24,39 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/tokens", get(list_tokens).post(create_token))
         .route("/tokens/{id}", delete(revoke_token))
         .route("/audit", get(list_audit))
+        .route("/secrets", get(list_secrets))
+        .route("/secrets/{name}", put(put_secret).delete(delete_secret))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSecret {
+    value: String,
+}
+
+async fn put_secret(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<NewSecret>,
+) -> Result<Json<orchestrator_engine::secrets::SecretInfo>, ApiError> {
+    Ok(Json(state.engine.secrets().put(&name, &body.value).await?))
+}
+
+async fn delete_secret(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.engine.secrets().delete(&name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("secret {name} not found")))
+    }
+}
+
+async fn list_secrets(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(
+        json!({ "secrets": state.engine.secrets().list().await? }),
+    ))
 }
 
 #[derive(Deserialize)]

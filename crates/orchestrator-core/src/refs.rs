@@ -24,6 +24,9 @@ pub enum Root {
     Each,
     /// `<step>.output`
     StepOutput(String),
+    /// `secrets.<name>`: left as this text in stored inputs, and put in
+    /// only when a script's input is built (see the engine's secrets).
+    Secret(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -46,6 +49,7 @@ impl fmt::Display for Reference {
             Root::CheckMode => f.write_str("${workflow.check_mode")?,
             Root::Each => f.write_str("${each")?,
             Root::StepOutput(step) => write!(f, "${{{step}.output")?,
+            Root::Secret(name) => write!(f, "${{secrets.{name}")?,
         }
         for segment in &self.path {
             match segment {
@@ -88,6 +92,10 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
                 path,
             })
         }
+        ("secrets", [name]) => Ok(Reference {
+            root: Root::Secret((*name).to_owned()),
+            path: vec![],
+        }),
         ("workflow", ["check_mode"]) => Ok(Reference {
             root: Root::CheckMode,
             path: vec![],
@@ -101,7 +109,7 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
             })
         }
         (step, ["output", more @ ..])
-            if !step.is_empty() && step != "workflow" && step != "each" =>
+            if !step.is_empty() && step != "workflow" && step != "each" && step != "secrets" =>
         {
             Ok(Reference {
                 root: Root::StepOutput(step.to_owned()),
@@ -110,7 +118,8 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
         }
         _ => Err(format!(
             "`${{{inner}}}` is not a reference this engine knows \
-             (expected workflow.input.<key>, workflow.check_mode, each.<key> or <step>.output[.<key>])"
+             (expected workflow.input.<key>, workflow.check_mode, each.<key>, secrets.<name> \
+             or <step>.output[.<key>])"
         )),
     }
 }
@@ -236,6 +245,8 @@ impl Scope<'_> {
                 walk(input, &reference.path).cloned().ok_or_else(missing)
             }
             Root::CheckMode => Ok(Value::Bool(self.check_mode)),
+            // Stays a reference: the value never enters a stored record.
+            Root::Secret(_) => Ok(Value::String(reference.to_string())),
             Root::Each => {
                 let each = self
                     .each

@@ -436,6 +436,15 @@ impl Template {
                 }
             }
             Root::CheckMode => {}
+            // Whether it exists is known only where secrets are: at run time.
+            Root::Secret(name) => {
+                if !crate::access::valid_secret_name(name) {
+                    return Err(err(
+                        path,
+                        format!("{reference}: `{name}` is not a secret name"),
+                    ));
+                }
+            }
             Root::Each => {
                 let Some(crate::refs::Segment::Key(key)) = reference.path.first() else {
                     return Err(err(path, format!("{reference} must name a for_each key")));

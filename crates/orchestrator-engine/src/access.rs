@@ -32,6 +32,9 @@ pub struct AccessConfig {
     pub auth: bool,
     /// Requests per second per caller before 429; 0 for no limit.
     pub rate_limit: u32,
+    /// The key secrets are sealed with. `None`: a key for this process
+    /// only (tests), so stored secrets do not survive a restart.
+    pub secret_key: Option<[u8; 32]>,
 }
 
 impl Default for AccessConfig {
@@ -39,6 +42,7 @@ impl Default for AccessConfig {
         AccessConfig {
             auth: true,
             rate_limit: 50,
+            secret_key: None,
         }
     }
 }

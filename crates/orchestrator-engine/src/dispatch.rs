@@ -112,6 +112,23 @@ impl Inner {
         result
     }
 
+    /// What a script said, with every secret value taken out before it is
+    /// stored or shown.
+    fn redact(&self, outcome: Outcome) -> Outcome {
+        let text = |error: String| self.secrets.redact_text(&error);
+        match outcome {
+            Outcome::Succeeded { output } => Outcome::Succeeded {
+                output: self.secrets.redact_value(output),
+            },
+            Outcome::Failed { exit_code, error } => Outcome::Failed {
+                exit_code,
+                error: text(error),
+            },
+            Outcome::TimedOut { error } => Outcome::TimedOut { error: text(error) },
+            Outcome::Cancelled => Outcome::Cancelled,
+        }
+    }
+
     /// Persists "running" (the claim), then runs the script.
     async fn claim_and_execute(
         &self,
@@ -134,11 +151,24 @@ impl Inner {
         metrics::counter!("orchestrator_task_attempts_total", "script" => task.script.clone())
             .increment(1);
 
+        // Secrets go into the script's input here, and nowhere else.
+        let input = match self.secrets.resolve(&task.input).await {
+            Ok(input) => input,
+            Err(error) => {
+                let outcome = Outcome::Failed {
+                    exit_code: None,
+                    error,
+                };
+                return Ok(Some((task, outcome)));
+            }
+        };
         let (logs, mut log_lines) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
         let store = self.store.clone();
         let task_id = task.id;
+        let secrets = self.secrets.clone();
         let log_pump = tokio::spawn(async move {
             while let Some(chunk) = log_lines.recv().await {
+                let chunk = secrets.redact_bytes(&chunk);
                 if let Err(e) = store.append_log(task_id, &chunk).await {
                     tracing::warn!(task = %task_id, error = %e, "log append failed");
                 }
@@ -146,7 +176,7 @@ impl Inner {
         });
         let job = Job {
             script: &task.script,
-            input: &task.input,
+            input: &input,
             task_id: task.id.to_string(),
             workflow_id: task.workflow_id.to_string(),
             attempt: task.attempts,
@@ -155,7 +185,7 @@ impl Inner {
             checkpoint: &task.checkpoint,
             token: Some(self.access.task_token(task.id)),
         };
-        let outcome = self.executor.run(job, logs, token).await;
+        let outcome = self.redact(self.executor.run(job, logs, token).await);
         // The log is complete before the final state is stored.
         let _ = log_pump.await;
         Ok(Some((task, outcome)))

@@ -145,6 +145,8 @@ pub(crate) struct Slots {
 pub(crate) struct Inner {
     pub(crate) store: Storage,
     pub(crate) access: crate::access::Access,
+    /// Shared with each attempt's log pump, which redacts as it stores.
+    pub(crate) secrets: Arc<crate::secrets::Secrets>,
     pub(crate) executor: ScriptExecutor,
     pub(crate) templates: Templates,
     pub(crate) config: EngineConfig,
@@ -187,8 +189,15 @@ impl Engine {
     ) -> Result<Engine> {
         let workers = config.workers.max(1);
         let access = crate::access::Access::load(store.clone(), config.access.clone()).await?;
+        let secret_key = config.access.secret_key.unwrap_or_else(|| {
+            let mut key = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rng(), &mut key);
+            key
+        });
+        let secrets = Arc::new(crate::secrets::Secrets::load(store.clone(), secret_key).await?);
         let inner = Arc::new(Inner {
             access,
+            secrets,
             store,
             executor,
             templates,
@@ -222,6 +231,11 @@ impl Engine {
     /// Tokens and the audit log.
     pub fn access(&self) -> &crate::access::Access {
         &self.inner.access
+    }
+
+    /// Encrypted secrets, and the redaction of their values.
+    pub fn secrets(&self) -> &crate::secrets::Secrets {
+        &self.inner.secrets
     }
 
     pub fn templates(&self) -> &Templates {

@@ -15,6 +15,7 @@ mod dispatch;
 mod engine;
 mod error;
 mod lifecycle;
+pub mod secrets;
 mod submit;
 pub mod templates;
 

@@ -96,6 +96,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             access: orchestrator_engine::access::AccessConfig {
                 auth: settings.auth,
                 rate_limit: settings.rate_limit,
+                secret_key: Some(secret_key(&data_dir)?),
             },
         },
     )
@@ -272,4 +273,50 @@ async fn announce_access(engine: &Engine, settings: &ServeSettings) -> anyhow::R
         None => {}
     }
     Ok(())
+}
+
+/// The key secrets are sealed with: `ORCHESTRATOR_SECRET_KEY` (64 hex
+/// digits), else `<data-dir>/secret.key`, made (mode 0600) on first start.
+/// Nodes sharing a SurrealDB server need the same key: set the variable.
+fn secret_key(data_dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let parse = |text: &str, from: &str| -> anyhow::Result<[u8; 32]> {
+        let text = text.trim();
+        let bytes: Option<Vec<u8>> = (text.len() == 64)
+            .then(|| {
+                (0..32)
+                    .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok())
+                    .collect()
+            })
+            .flatten();
+        bytes
+            .and_then(|b| b.try_into().ok())
+            .with_context(|| format!("{from}: a secret key is 64 hex digits (32 bytes)"))
+    };
+    if let Ok(key) = std::env::var("ORCHESTRATOR_SECRET_KEY") {
+        return parse(&key, "ORCHESTRATOR_SECRET_KEY");
+    }
+    let path = data_dir.join("secret.key");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => return parse(&text, &path.display().to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let mut key = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut key);
+    let text: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(key)
 }

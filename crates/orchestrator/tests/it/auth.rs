@@ -235,6 +235,21 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Min::Admin,
         ),
         ("GET", "/audit", "/audit".into(), None, Min::Admin),
+        ("GET", "/secrets", "/secrets".into(), None, Min::Admin),
+        (
+            "PUT",
+            "/secrets/{name}",
+            "/secrets/s1".into(),
+            Some(json!({"value": "v-1234"})),
+            Min::Admin,
+        ),
+        (
+            "DELETE",
+            "/secrets/{name}",
+            "/secrets/s1".into(),
+            None,
+            Min::Admin,
+        ),
     ];
 
     // Every route the service documents is in the table.
@@ -624,4 +639,161 @@ fn nix_kill(child: &mut std::process::Child) {
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap();
+}
+
+/// A secret planted in the store reaches its script, and nothing else: no
+/// API answer, no log, no stored byte, no service log line holds it.
+#[test]
+fn a_planted_secret_reaches_its_script_and_nothing_else() {
+    use sha2::Digest;
+
+    const PLANTED: &str = "PLANTED-s3cr3t-VALUE-4242";
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let proof = dir.path().join("proof");
+    let log_path = dir.path().join("service.log");
+    let log_file = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--port", "0", "--log-format", "json", "--data-dir"])
+        .arg(&data)
+        .arg("--scripts-dir")
+        .arg(crate::harness::fixture_scripts())
+        .env("ORCHESTRATOR_BOOTSTRAP_TOKEN", ADMIN)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .unwrap();
+    let url = {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(at) = log.find("listening on http://") {
+                let rest = &log[at + "listening on ".len()..];
+                break rest
+                    .split(|c: char| c.is_whitespace() || c == '"')
+                    .next()
+                    .unwrap()
+                    .to_owned();
+            }
+            assert!(std::time::Instant::now() < deadline, "no address: {log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut answers = String::new();
+    runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let send = |method: reqwest::Method, path: String, body: Option<Value>| {
+            let mut request = http
+                .request(method, format!("{url}{path}"))
+                .bearer_auth(ADMIN);
+            if let Some(body) = body {
+                request = request.json(&body);
+            }
+            async move {
+                let response = request.send().await.unwrap();
+                (response.status().as_u16(), response.text().await.unwrap())
+            }
+        };
+        let (status, body) = send(
+            reqwest::Method::PUT,
+            "/secrets/db_password".into(),
+            Some(json!({"value": PLANTED})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        answers.push_str(&body);
+        let template = |fail: bool| {
+            json!({"template": {
+                "name": "uses a secret", "ref_name": "secret-use", "schema_version": 1,
+                "steps": [{"ref_name": "connect", "script": "secrets/leaky.py",
+                           "input": {"password": "${secrets.db_password}",
+                                     "proof": proof.display().to_string(), "fail": fail}}]
+            }, "max_attempts": 1, "wait": true})
+        };
+        for fail in [false, true] {
+            let (status, body) = send(
+                reqwest::Method::POST,
+                "/workflows".into(),
+                Some(template(fail)),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            let view: Value = serde_json::from_str(&body).unwrap();
+            let expected = if fail { "failed" } else { "completed" };
+            assert_eq!(view["status"], expected, "{body}");
+            let task = view["tasks"][0]["id"].as_str().unwrap().to_owned();
+            assert_eq!(
+                view["tasks"][0]["input"]["password"],
+                "${secrets.db_password}"
+            );
+            if !fail {
+                let output = &view["tasks"][0]["output"];
+                assert_eq!(output["echo"], "<redacted>", "{output}");
+                assert_eq!(output["db_password"], "<redacted>", "{output}");
+                assert_eq!(output["note"], "used <redacted> to connect", "{output}");
+                assert_eq!(output["nested"]["api_key"], "<redacted>", "{output}");
+            } else {
+                let error = view["tasks"][0]["error"].as_str().unwrap();
+                assert!(error.contains("<redacted>"), "{error}");
+            }
+            answers.push_str(&body);
+            for path in [
+                format!("/tasks/{task}"),
+                format!("/tasks/{task}/logs"),
+                format!("/tasks?limit=10"),
+                format!("/workflows?limit=10"),
+                "/secrets".to_owned(),
+                "/audit?limit=1000".to_owned(),
+                "/metrics".to_owned(),
+            ] {
+                let (status, body) = send(reqwest::Method::GET, path.clone(), None).await;
+                assert_eq!(status, 200, "{path}: {body}");
+                answers.push_str(&body);
+            }
+            let (_, log) = send(reqwest::Method::GET, format!("/tasks/{task}/logs"), None).await;
+            assert!(log.contains("with password <redacted>"), "{log}");
+        }
+        let (_, listed) = send(reqwest::Method::GET, "/secrets".into(), None).await;
+        assert!(listed.contains("db_password"), "{listed}");
+    });
+    // The script did get the value.
+    let expected = format!("{:x}", sha2::Sha256::digest(PLANTED.as_bytes()));
+    assert_eq!(std::fs::read_to_string(&proof).unwrap(), expected);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().unwrap();
+
+    assert!(!answers.contains(PLANTED), "an API answer holds the secret");
+    let service_log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        !service_log.contains(PLANTED),
+        "the service log holds the secret"
+    );
+    // Every stored byte: journal, snapshot, logs, work dirs.
+    let mut stack = vec![data.clone()];
+    let mut files = 0;
+    while let Some(path) = stack.pop() {
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let entry = entry.unwrap().path();
+            if entry.is_dir() {
+                stack.push(entry);
+            } else {
+                files += 1;
+                let bytes = std::fs::read(&entry).unwrap();
+                let text = String::from_utf8_lossy(&bytes);
+                assert!(
+                    !text.contains(PLANTED),
+                    "{} holds the secret",
+                    entry.display()
+                );
+            }
+        }
+    }
+    assert!(files > 3, "the store was searched");
 }
