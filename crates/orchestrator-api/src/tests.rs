@@ -181,10 +181,10 @@ fn check_shape(doc: &Value, schema: &Value, value: &Value, at: &str) {
     let schema = resolve(doc, schema);
     if let Some(options) = schema.get("oneOf").and_then(Value::as_array) {
         // `Option<T>` of an object is `oneOf: [null, T]`.
-        if let Some(option) = options.iter().find(|o| o["type"] != "null") {
-            if !value.is_null() {
-                check_shape(doc, option, value, at);
-            }
+        if let Some(option) = options.iter().find(|o| o["type"] != "null")
+            && !value.is_null()
+        {
+            check_shape(doc, option, value, at);
         }
         return;
     }
