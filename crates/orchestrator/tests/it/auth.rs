@@ -745,8 +745,8 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
             for path in [
                 format!("/tasks/{task}"),
                 format!("/tasks/{task}/logs"),
-                format!("/tasks?limit=10"),
-                format!("/workflows?limit=10"),
+                "/tasks?limit=10".to_owned(),
+                "/workflows?limit=10".to_owned(),
                 "/secrets".to_owned(),
                 "/audit?limit=1000".to_owned(),
                 "/metrics".to_owned(),

@@ -9,6 +9,8 @@ fn settings(data_dir: &std::path::Path) -> ServeSettings {
     let mut settings = ServeSettings::new(data_dir.to_path_buf(), real_scripts());
     settings.port = 0;
     settings.workers = 2;
+    // Tokens are tested in auth.rs; these tests are about the scripts.
+    settings.auth = false;
     settings
 }
 
