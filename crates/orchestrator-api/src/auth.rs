@@ -350,6 +350,30 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_open_on_loopback_only() {
+        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        assert!(check(Need::Metrics, None, &None, Some(local), &None).is_none());
+        let refused = check(Need::Metrics, None, &None, Some(remote), &None).unwrap();
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+        assert!(check(Need::Metrics, None, &None, None, &None).is_some());
+        let viewer = Principal {
+            actor: "v".into(),
+            role: Some(Role::Viewer),
+            task: None,
+            token_id: Some("t".into()),
+        };
+        assert!(check(Need::Metrics, Some(&viewer), &None, Some(remote), &None).is_none());
+        // A task token is for its checkpoint, not for metrics.
+        let task = Principal {
+            role: None,
+            task: Some(orchestrator_core::TaskId::new()),
+            ..viewer
+        };
+        assert!(check(Need::Metrics, Some(&task), &None, Some(remote), &None).is_some());
+    }
+
+    #[test]
     fn actions_name_resource_and_verb() {
         assert_eq!(
             action(&Method::POST, Some("/workflows/{id}/cancel")),
