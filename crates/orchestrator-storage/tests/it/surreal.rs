@@ -21,7 +21,7 @@ use surrealdb::opt::auth::Root;
 use crate::conformance::{self, Harness, workflow_with_tasks};
 use crate::dev_server::DevServer;
 
-fn embedded_config(data_dir: &Path) -> StorageConfig {
+pub(crate) fn embedded_config(data_dir: &Path) -> StorageConfig {
     StorageConfig {
         storage_type: StorageType::SurrealdbEmbedded,
         data_dir: data_dir.to_path_buf(),
@@ -31,7 +31,7 @@ fn embedded_config(data_dir: &Path) -> StorageConfig {
 
 /// A config for `server`, in a database of its own so tests sharing the
 /// server never see each other's records.
-fn server_config(server: &DevServer) -> StorageConfig {
+pub(crate) fn server_config(server: &DevServer) -> StorageConfig {
     StorageConfig {
         storage_type: StorageType::SurrealdbServer,
         data_dir: std::env::temp_dir(),

@@ -440,30 +440,17 @@ async fn a_target_changed_since_its_copy_is_never_rolled_back() {
 mod surreal {
     use std::time::Duration;
 
-    use orchestrator_storage::SurrealdbConfig;
-
     use super::*;
     use crate::dev_server::DevServer;
 
-    fn embedded(dir: &Path) -> StorageConfig {
-        StorageConfig {
-            storage_type: StorageType::SurrealdbEmbedded,
-            data_dir: dir.to_path_buf(),
-            surrealdb: SurrealdbConfig::default(),
-        }
-    }
+    use crate::surreal::embedded_config as embedded;
 
+    /// As the SurrealDB tests' config, with room for megabyte log chunks
+    /// on a debug server.
     fn server(server: &DevServer) -> StorageConfig {
-        StorageConfig {
-            storage_type: StorageType::SurrealdbServer,
-            data_dir: std::env::temp_dir(),
-            surrealdb: SurrealdbConfig {
-                url: server.url(),
-                database: format!("test_{}", uuid::Uuid::now_v7().simple()),
-                request_timeout: Duration::from_secs(10),
-                ..SurrealdbConfig::default()
-            },
-        }
+        let mut config = crate::surreal::server_config(server);
+        config.surrealdb.request_timeout = Duration::from_secs(10);
+        config
     }
 
     async fn open(config: &StorageConfig) -> Storage {
