@@ -598,9 +598,14 @@ pub(crate) async fn timed(
 pub(crate) fn first_error(response: &mut IndexedResults) -> Option<surrealdb::Error> {
     let mut errors: Vec<(usize, surrealdb::Error)> = response.take_errors().into_iter().collect();
     errors.sort_by_key(|(index, _)| *index);
+    // Statements after a failed one are "not executed", and a COMMIT after
+    // it "aborted": consequences. A COMMIT that failed by itself (a write
+    // conflict found at commit, as between two writers of one workflow) is
+    // the cause, and must not hide behind the "not executed" rows before it.
     let is_consequence = |e: &surrealdb::Error| {
         let message = e.message();
-        message.contains("not executed") || message.contains("Cannot COMMIT")
+        message.contains("not executed")
+            || (message.contains("Cannot COMMIT") && message.contains("aborted"))
     };
     match errors.iter().position(|(_, e)| !is_consequence(e)) {
         Some(cause) => Some(errors.swap_remove(cause).1),
@@ -616,7 +621,12 @@ pub(crate) fn db_error(context: &str, e: &surrealdb::Error) -> Error {
 }
 
 fn is_retryable(e: &surrealdb::Error) -> bool {
-    e.message().contains("can be retried")
+    let message = e.message();
+    // A conflict inside a statement says "can be retried"; one found when
+    // the transaction commits comes as "Cannot COMMIT: Transaction
+    // conflict: ...". Retrying re-runs every check (a compare-and-set then
+    // sees the winner's version), so it is always safe.
+    message.contains("can be retried") || message.contains("Transaction conflict")
 }
 
 /// A statement error as the storage error the trait promises.

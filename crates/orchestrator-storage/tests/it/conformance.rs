@@ -57,6 +57,42 @@ pub async fn suite(harness: &impl Harness) {
     workflows_filter_by_every_field(&harness.open().await).await;
     heartbeats_keep_the_latest_per_node(&harness.open().await).await;
     tokens_secrets_and_audit_records(&harness.open().await).await;
+    racing_workflow_updates_win_or_conflict(&harness.open().await).await;
+}
+
+/// Many writers on one workflow at once, as when several steps finish
+/// together: each write either lands or is told `Conflict` (and re-reads);
+/// none fails for any other reason, and none is lost.
+async fn racing_workflow_updates_win_or_conflict(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(1);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let writers: Vec<_> = (0..8)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for round in 0..5 {
+                    loop {
+                        let mut current = store.get_workflow(workflow.id).await.unwrap().unwrap();
+                        current.description = Some(format!("writer {writer} round {round}"));
+                        match store.update_workflow(&current, &[]).await {
+                            Ok(_) => break,
+                            Err(Error::Conflict { .. }) => continue,
+                            Err(e) => panic!("writer {writer}: {e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.version,
+        workflow.version + 40,
+        "every write landed once"
+    );
 }
 
 pub fn audit_record(
