@@ -303,7 +303,15 @@ fn rate_key(principal: Option<&Principal>, peer: Option<SocketAddr>) -> Option<S
 /// The id of what a successful call created (`workflow_id`, or `id`),
 /// read from its JSON answer, which is put back as it was.
 async fn created_id(response: Response) -> (Response, Option<String>) {
-    if !response.status().is_success() {
+    // Only a body of known, modest size is read: a JSON answer is one, and
+    // nothing else is worth holding in memory for a target.
+    use axum::body::HttpBody as _;
+    let small = response
+        .body()
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n <= crate::MAX_BODY_BYTES as u64 * 16);
+    if !response.status().is_success() || !small {
         return (response, None);
     }
     let (parts, body) = response.into_parts();
