@@ -16,9 +16,6 @@ use serde_json::json;
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
 
-const DEFAULT_PAGE: usize = 50;
-const MAX_PAGE: usize = 1000;
-
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/tokens", get(list_tokens).post(create_token))
@@ -167,12 +164,7 @@ async fn list_audit(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<AuditParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::bad_request(format!(
-            "limit: must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let (limit, offset) = crate::routes::page_bounds(params.limit, params.offset)?;
     let query = AuditQuery {
         since: time_param("since", params.since)?,
         until: time_param("until", params.until)?,
@@ -180,7 +172,7 @@ async fn list_audit(
         action: params.action,
         target: params.target,
         limit,
-        offset: params.offset.unwrap_or(0),
+        offset,
     };
     let page = state.engine.access().audit(&query).await?;
     Ok(Json(json!({

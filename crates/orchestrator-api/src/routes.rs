@@ -114,7 +114,10 @@ struct TaskList {
     offset: usize,
 }
 
-fn page_bounds(limit: Option<usize>, offset: Option<usize>) -> Result<(usize, usize), ApiError> {
+pub(crate) fn page_bounds(
+    limit: Option<usize>,
+    offset: Option<usize>,
+) -> Result<(usize, usize), ApiError> {
     let limit = limit.unwrap_or(DEFAULT_PAGE);
     if limit > MAX_PAGE {
         return Err(ApiError::bad_request(format!(

@@ -156,7 +156,8 @@ pub fn valid_secret_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex: how hashes, keys and token secrets are written.
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use orchestrator_core::TaskId;
 use orchestrator_core::access::{
-    ApiToken, AuditRecord, Role, task_token, task_token_task, token_hash, token_id, token_text,
+    ApiToken, AuditRecord, Role, hex, task_token, task_token_task, token_hash, token_id, token_text,
 };
 use orchestrator_storage::{AuditQuery, Page, Storage};
 use rand::RngCore;
@@ -265,8 +265,4 @@ impl Access {
     pub async fn audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.store.list_audit(query).await?)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -15,7 +15,6 @@
 //! written twice.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
 
 use orchestrator_core::TaskId;
 use serde::Serialize;
@@ -502,15 +501,8 @@ impl Checksum {
     }
 
     fn hex(self) -> String {
-        hex(&self.hasher.finalize())
+        orchestrator_core::access::hex(&self.hasher.finalize())
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }
 
 /// Compares every record and every log of the two stores: counts per kind,

@@ -308,7 +308,7 @@ fn secret_key(data_dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
     let mut key = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut key);
-    let text: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let text = orchestrator_core::access::hex(&key);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
