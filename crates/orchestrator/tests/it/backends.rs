@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::Command;
 
 use orchestrator::settings::ServeSettings;
-use orchestrator_storage::StorageType;
 use serde_json::json;
 
 use crate::harness::{TestService, fixture_settings};
@@ -29,19 +28,25 @@ async fn full_flow(settings: ServeSettings) {
     for id in &ids {
         assert_eq!(service.wait_finished(id).await["status"], "completed");
     }
-    let (_, failing) = service
+    let (failing_workflow, failing) = service
         .create_servers(&["fail-1"], json!({"max_attempts": 1}))
         .await;
     assert_eq!(service.wait_finished(&failing[0]).await["status"], "failed");
+    // The workflow settles just after its last task: wait for that too, so
+    // the listing compared across the restart is final, not mid-update.
+    assert_eq!(
+        service.wait_workflow(&failing_workflow).await["status"],
+        "failed"
+    );
     let (status, log) = service.get_text(&format!("/tasks/{}/logs", ids[0])).await;
     assert_eq!(status, 200);
     assert!(!log.is_empty(), "the script's output was stored");
 
     let (_, tasks) = service.get("/tasks").await;
     assert_eq!(tasks["total"], 3, "{tasks}");
-    let (_, workflows) = service.get("/workflows").await;
-    let (_, one) = service.get(&format!("/workflows/{workflow}")).await;
+    let one = service.wait_workflow(&workflow).await;
     assert_eq!(one["status"], "completed", "{one}");
+    let (_, workflows) = service.get("/workflows").await;
     service.stop().await;
 
     let service = TestService::start(settings).await;
@@ -93,7 +98,7 @@ pub(crate) mod dev_server;
 mod surrealdb {
     use std::time::{Duration, Instant};
 
-    use orchestrator_storage::SurrealdbConfig;
+    use orchestrator_storage::{StorageType, SurrealdbConfig};
 
     use super::dev_server::{DevServer, free_port};
     use super::*;
