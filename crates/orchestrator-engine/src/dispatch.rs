@@ -19,9 +19,13 @@ pub(crate) fn is_conflict(e: &orchestrator_storage::Error) -> bool {
 }
 
 impl Inner {
+    /// Pops the next ready task whenever a worker is free. A worker is
+    /// free again as soon as its script exits, so the next claim's durable
+    /// write goes out together with the previous outcome's (group commit)
+    /// rather than after it.
     pub(crate) async fn dispatch_loop(self: Arc<Self>) {
         loop {
-            let permit = tokio::select! {
+            let worker = tokio::select! {
                 permit = self.workers.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return,
@@ -45,15 +49,14 @@ impl Inner {
                     () = self.stopping.cancelled() => return,
                 }
             };
-            tokio::spawn(self.clone().run_task(id, permit));
+            self.in_flight.spawn(self.clone().run_task(id, worker));
         }
     }
 
-    async fn run_task(self: Arc<Self>, id: TaskId, permit: OwnedSemaphorePermit) {
-        if let Err(e) = self.run_attempt(id).await {
+    async fn run_task(self: Arc<Self>, id: TaskId, worker: OwnedSemaphorePermit) {
+        if let Err(e) = self.run_attempt(id, worker).await {
             tracing::error!(task = %id, error = %e, "task attempt could not be recorded");
         }
-        drop(permit);
     }
 
     /// Takes a slot of the task's workflow if it has a `parallel_limit`;
@@ -87,7 +90,7 @@ impl Inner {
         }
     }
 
-    async fn run_attempt(&self, id: TaskId) -> Result<()> {
+    async fn run_attempt(&self, id: TaskId, worker: OwnedSemaphorePermit) -> Result<()> {
         let Some(task) = self.store.get_task(id).await? else {
             return Ok(());
         };
@@ -101,7 +104,7 @@ impl Inner {
         let workflow = task.workflow_id;
         let token = CancellationToken::new();
         lock(&self.running).insert(id, token.clone());
-        let attempt = self.claim_and_execute(task, token).await;
+        let attempt = self.claim_and_execute(task, token, worker).await;
         lock(&self.running).remove(&id);
         let result = match attempt {
             Ok(Some((task, outcome))) => self.record_outcome(task, outcome).await,
@@ -129,11 +132,15 @@ impl Inner {
         }
     }
 
-    /// Persists "running" (the claim), then runs the script.
+    /// Persists "running" (the claim), then runs the script. The worker is
+    /// given back as soon as the script exits: storing the outcome and
+    /// advancing the workflow happen outside it, so the next script starts
+    /// without waiting for those writes.
     async fn claim_and_execute(
         &self,
         task: Task,
         token: CancellationToken,
+        worker: OwnedSemaphorePermit,
     ) -> Result<Option<(Task, Outcome)>> {
         let mut claim = task;
         let now = Utc::now();
@@ -185,7 +192,9 @@ impl Inner {
             checkpoint: &task.checkpoint,
             token: Some(self.access.task_token(task.id)),
         };
-        let outcome = self.redact(self.executor.run(job, logs, token).await);
+        let outcome = self.executor.run(job, logs, token).await;
+        drop(worker);
+        let outcome = self.redact(outcome);
         // The log is complete before the final state is stored.
         let _ = log_pump.await;
         Ok(Some((task, outcome)))
@@ -286,7 +295,7 @@ impl Inner {
             match stored.status {
                 // Interrupted by shutdown: back in the queue for the next start.
                 TaskStatus::RetryWaiting | TaskStatus::Queued => self.enqueue(&stored),
-                _ => self.advance(stored.workflow_id).await?,
+                _ => self.advance_soon(stored.workflow_id).await?,
             }
             return Ok(());
         }

@@ -13,6 +13,7 @@ use orchestrator_storage::{Page, Storage, TaskQuery, WorkflowQuery};
 use serde::Serialize;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::templates::Templates;
 use crate::{Error, Result};
@@ -154,14 +155,20 @@ pub(crate) struct Inner {
     pub(crate) queue: Mutex<ReadyQueue>,
     /// Wakes the dispatcher when the queue gains a task.
     pub(crate) queue_changed: Notify,
-    /// One permit per worker; a task runs while it holds one.
+    /// One permit per worker; a script runs while it holds one.
     pub(crate) workers: Arc<Semaphore>,
+    /// Every attempt from its claim until its outcome is stored and its
+    /// workflow advanced; shutdown waits for them.
+    pub(crate) in_flight: TaskTracker,
     /// Cancel tokens of the attempts in flight. Registered before the task
     /// is marked running, so a cancel that sees "running" always finds it.
     pub(crate) running: Mutex<HashMap<TaskId, CancellationToken>>,
     /// Workflows this node saw running, so that claims need not re-read
     /// them; forgotten when they finish.
     pub(crate) running_workflows: Mutex<std::collections::HashSet<WorkflowId>>,
+    /// Workflows this node is advancing in `advance_soon`, and whether
+    /// another round was asked for meanwhile.
+    pub(crate) advancing: Mutex<HashMap<WorkflowId, bool>>,
     /// Workflows with a `parallel_limit`, and how many of their tasks run.
     pub(crate) slots: Mutex<HashMap<WorkflowId, Slots>>,
     /// Bumped whenever a workflow finishes; waiters watch it.
@@ -205,8 +212,10 @@ impl Engine {
             queue: Mutex::new(ReadyQueue::new()),
             queue_changed: Notify::new(),
             workers: Arc::new(Semaphore::new(workers)),
+            in_flight: TaskTracker::new(),
             running: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
+            advancing: Mutex::new(HashMap::new()),
             running_workflows: Mutex::new(Default::default()),
             finished: watch::Sender::new(0),
             stopping: CancellationToken::new(),
@@ -347,8 +356,8 @@ impl Engine {
     pub async fn shutdown(&self, grace: Duration) {
         let inner = &self.inner;
         inner.stopping.cancel();
-        let all = u32::try_from(inner.config.workers).unwrap_or(u32::MAX);
-        let idle = tokio::time::timeout(grace, inner.workers.acquire_many(all)).await;
+        inner.in_flight.close();
+        let idle = tokio::time::timeout(grace, inner.in_flight.wait()).await;
         if idle.is_err() {
             let tokens: Vec<_> = lock(&inner.running).values().cloned().collect();
             tracing::warn!(
@@ -358,8 +367,7 @@ impl Engine {
             for token in tokens {
                 token.cancel();
             }
-            let _ = tokio::time::timeout(Duration::from_secs(30), inner.workers.acquire_many(all))
-                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(30), inner.in_flight.wait()).await;
         }
         inner.closed.cancel();
         if let Err(e) = inner.store.close().await {

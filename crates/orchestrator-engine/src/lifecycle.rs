@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use chrono::Utc;
+use futures_util::future::join_all;
 use orchestrator_core::refs::{Scope, StepOutputs};
 use orchestrator_core::{
     Decision, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId,
@@ -17,6 +18,32 @@ use crate::engine::{Engine, Inner, WorkflowView, lock};
 use crate::{Error, Result};
 
 impl Inner {
+    /// `advance`, coalesced: when this node is already advancing the
+    /// workflow, the running call takes one more round instead of a second
+    /// call racing it. Steps of a wide DAG finish in bursts; each would
+    /// otherwise re-read the whole workflow, and most would lose their
+    /// compare-and-set races to the others.
+    pub(crate) async fn advance_soon(&self, id: WorkflowId) -> Result<()> {
+        {
+            let mut advancing = lock(&self.advancing);
+            if let Some(again) = advancing.get_mut(&id) {
+                *again = true;
+                return Ok(());
+            }
+            advancing.insert(id, false);
+        }
+        loop {
+            let result = self.advance(id).await;
+            let mut advancing = lock(&self.advancing);
+            let again = advancing.get(&id).copied().unwrap_or(false);
+            if result.is_err() || !again {
+                advancing.remove(&id);
+                return result;
+            }
+            advancing.insert(id, false);
+        }
+    }
+
     /// Applies decisions until the workflow needs nothing more right now.
     pub(crate) async fn advance(&self, id: WorkflowId) -> Result<()> {
         loop {
@@ -32,6 +59,9 @@ impl Inner {
             // lost a race; a plain release does neither. Each round re-reads
             // the whole workflow, so skipping the needless one matters.
             let mut again = false;
+            // Task decisions are independent of each other: their writes go
+            // out together, so the storage can make them durable in one go.
+            let mut changed: Vec<Task> = Vec::new();
             for decision in decisions {
                 let now = Utc::now();
                 match decision {
@@ -45,24 +75,17 @@ impl Inner {
                             }
                             Err(error) => task.fail_unrunnable(error, now)?,
                         }
-                        match self.store_task(&task).await? {
-                            Some(stored) if stored.status == TaskStatus::Queued => {
-                                self.enqueue(&stored)
-                            }
-                            _ => again = true,
-                        }
+                        changed.push(task);
                     }
                     Decision::Skip(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
                         task.skip(reason, now)?;
-                        self.store_task(&task).await?;
-                        again = true;
+                        changed.push(task);
                     }
                     Decision::Abandon(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
                         task.abandon(reason, now)?;
-                        self.store_task(&task).await?;
-                        again = true;
+                        changed.push(task);
                     }
                     Decision::Halt(halt) => {
                         tracing::warn!(workflow = %id, reason = %halt.reason, rollback = halt.rollback, "workflow halted");
@@ -93,6 +116,14 @@ impl Inner {
                         }
                         break;
                     }
+                }
+            }
+            let stored = join_all(changed.iter().map(|task| self.store_task(task))).await;
+            for stored in stored {
+                match stored? {
+                    Some(task) if task.status == TaskStatus::Queued => self.enqueue(&task),
+                    // Ended (skipped, abandoned, unrunnable), or lost a race.
+                    _ => again = true,
                 }
             }
             if !again {
