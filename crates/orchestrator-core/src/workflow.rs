@@ -1,7 +1,9 @@
 //! Workflows: a submission that created a set of tasks, some depending on
 //! others, and the decisions about dependents when a task finishes.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -22,8 +24,10 @@ pub struct Workflow {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The submission as received, for audit and re-submission.
-    pub input: Value,
+    /// The submission as received, for audit and re-submission. Shared:
+    /// it can hold a whole inline template, and the engine reads the
+    /// workflow record after every finished step.
+    pub input: Arc<Value>,
     pub check_mode: bool,
     pub priority: Priority,
     pub status: WorkflowStatus,
@@ -97,7 +101,7 @@ impl Workflow {
             template_version: None,
             name: name.into(),
             description: None,
-            input: Value::Null,
+            input: Arc::new(Value::Null),
             check_mode: false,
             priority: Priority::Normal,
             status: WorkflowStatus::Queued,
@@ -187,10 +191,11 @@ fn failed_for_good(task: &Task) -> bool {
 /// Decides the next moves for a workflow from its stored state. Pure: the
 /// engine applies the decisions, persists them, and asks again until the
 /// answer is empty.
-pub fn decide(workflow: &Workflow, tasks: &[Task]) -> Vec<Decision> {
+pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision> {
     if workflow.status.is_terminal() {
         return Vec::new();
     }
+    let tasks: Vec<&Task> = tasks.iter().map(Borrow::borrow).collect();
     let forward = || tasks.iter().filter(|t| !is_rollback(t));
     if workflow.halt.is_none() && !workflow.cancel_requested {
         for task in forward().filter(|t| failed_for_good(t)) {
@@ -205,7 +210,7 @@ pub fn decide(workflow: &Workflow, tasks: &[Task]) -> Vec<Decision> {
         }
     }
 
-    let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+    let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, *t)).collect();
     let mut decisions = Vec::new();
     let waiting = |t: &Task| {
         matches!(
@@ -283,7 +288,7 @@ pub fn decide(workflow: &Workflow, tasks: &[Task]) -> Vec<Decision> {
         return vec![Decision::Rollback(undo)];
     }
     if all_ended {
-        let failed = workflow.halt.is_some() || tasks.iter().any(failed_for_good);
+        let failed = workflow.halt.is_some() || tasks.iter().any(|t| failed_for_good(t));
         let cancelled = tasks.iter().any(|t| t.status == TaskStatus::Cancelled);
         let skipped = tasks.iter().any(|t| t.status == TaskStatus::Skipped);
         let status = if workflow.cancel_requested {

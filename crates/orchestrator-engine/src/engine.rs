@@ -305,6 +305,7 @@ impl Engine {
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
         let workflow = self.inner.load_workflow(id).await?;
         let tasks = self.inner.store.workflow_tasks(id).await?;
+        let tasks = tasks.into_iter().map(Arc::unwrap_or_clone).collect();
         Ok(WorkflowView::new(workflow, tasks))
     }
 

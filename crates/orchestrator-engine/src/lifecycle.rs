@@ -53,7 +53,7 @@ impl Inner {
             if decisions.is_empty() {
                 return Ok(());
             }
-            let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+            let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, &**t)).collect();
             // Another round is needed only when a decision ended a task or
             // changed the workflow (which may enable further decisions), or
             // lost a race; a plain release does neither. Each round re-reads
@@ -355,10 +355,11 @@ impl Engine {
             .filter(|t| t.status == TaskStatus::Completed)
             .filter_map(|t| t.step.rollback_of)
             .collect();
-        for mut task in tasks {
+        for task in tasks {
             if task.step.rollback_of.is_none()
                 && (task.reruns_on_retry() || undone.contains(&task.id))
             {
+                let mut task = Task::clone(&task);
                 task.rerun_even_if_completed(now)?;
                 inner.store.update_task(&task).await?;
             }

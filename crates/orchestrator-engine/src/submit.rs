@@ -145,7 +145,7 @@ impl Engine {
             .description
             .clone()
             .or_else(|| template.description.clone());
-        workflow.input = request.body.clone();
+        workflow.input = std::sync::Arc::new(request.body.clone());
         workflow.vars = vars;
         workflow.check_mode = request.check_mode;
         workflow.priority = request.priority;

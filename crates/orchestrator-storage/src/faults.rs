@@ -82,7 +82,7 @@ impl Backend for FaultyBackend {
         self.inner.list_tasks(query).await
     }
 
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
         self.inner.workflow_tasks(id).await
     }
 

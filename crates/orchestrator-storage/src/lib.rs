@@ -60,7 +60,7 @@ pub trait Backend: Send + Sync {
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>>;
 
     /// All tasks of one workflow, oldest first.
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>>;
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>>;
 
     /// Tasks in a non-terminal status, oldest first: the work to resume at start.
     async fn unfinished_tasks(&self) -> Result<Vec<Task>>;

@@ -10,6 +10,7 @@
 //! Without an installed recorder the calls cost next to nothing.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -96,7 +97,7 @@ impl Backend for TimedBackend {
         self.timed("list_tasks", self.inner.list_tasks(query)).await
     }
 
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
         self.timed("workflow_tasks", self.inner.workflow_tasks(id))
             .await
     }

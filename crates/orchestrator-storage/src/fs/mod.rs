@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
@@ -664,7 +664,7 @@ impl Backend for FsBackend {
         Ok(self.lock_state().list_tasks(query))
     }
 
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
         Ok(self.lock_state().workflow_tasks(id))
     }
 

@@ -1,6 +1,7 @@
 //! The filesystem backend's in-memory records and indexes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
@@ -10,7 +11,9 @@ use crate::{AuditQuery, Page, Record, RecordKind, TaskQuery, WorkflowQuery};
 
 #[derive(Default)]
 pub(super) struct State {
-    tasks: BTreeMap<TaskId, Task>,
+    /// Shared, so that handing out a workflow's tasks (on every finished
+    /// step) copies pointers, not records.
+    tasks: BTreeMap<TaskId, Arc<Task>>,
     by_status: HashMap<TaskStatus, BTreeSet<TaskId>>,
     by_workflow: HashMap<WorkflowId, BTreeSet<TaskId>>,
     workflows: BTreeMap<WorkflowId, Workflow>,
@@ -115,8 +118,7 @@ impl State {
             RecordKind::Task => self
                 .tasks
                 .get(&TaskId::from_uuid(id))
-                .cloned()
-                .map(Record::Task),
+                .map(|t| Record::Task(Task::clone(t))),
             _ => None,
         }
     }
@@ -175,13 +177,13 @@ impl State {
             _ => Box::new(
                 self.tasks
                     .range((from.map(TaskId::from_uuid), Unbounded))
-                    .map(|(_, t)| Record::Task(t.clone())),
+                    .map(|(_, t)| Record::Task(Task::clone(t))),
             ),
         }
     }
 
     pub(super) fn task(&self, id: TaskId) -> Option<&Task> {
-        self.tasks.get(&id)
+        self.tasks.get(&id).map(|t| &**t)
     }
 
     pub(super) fn workflow(&self, id: WorkflowId) -> Option<&Workflow> {
@@ -189,7 +191,7 @@ impl State {
     }
 
     pub(super) fn tasks(&self) -> impl Iterator<Item = &Task> {
-        self.tasks.values()
+        self.tasks.values().map(|t| &**t)
     }
 
     pub(super) fn workflows(&self) -> impl Iterator<Item = &Workflow> {
@@ -218,7 +220,7 @@ impl State {
             .entry(task.workflow_id)
             .or_default()
             .insert(task.id);
-        self.tasks.insert(task.id, task);
+        self.tasks.insert(task.id, Arc::new(task));
     }
 
     pub(super) fn put_workflow(&mut self, workflow: Workflow) {
@@ -259,7 +261,7 @@ impl State {
                 .skip(query.offset)
                 .take(query.limit)
                 .filter_map(|id| self.tasks.get(id))
-                .cloned()
+                .map(|t| Task::clone(t))
                 .collect()
         };
         // One index answers the query: its size is the total, and only the
@@ -298,14 +300,14 @@ impl State {
             .filter(|t| query.status.is_none_or(|s| t.status == s))
         {
             if total >= query.offset && items.len() < query.limit {
-                items.push(task.clone());
+                items.push(Task::clone(task));
             }
             total += 1;
         }
         Page { items, total }
     }
 
-    pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Task> {
+    pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Arc<Task>> {
         self.by_workflow
             .get(&id)
             .map(|ids| {
@@ -328,7 +330,7 @@ impl State {
         ids.sort();
         ids.iter()
             .filter_map(|id| self.tasks.get(id))
-            .cloned()
+            .map(|t| Task::clone(t))
             .collect()
     }
 

@@ -955,15 +955,17 @@ impl Backend for SurrealBackend {
         .await
     }
 
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Task>> {
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
         let mut vars = Variables::new();
         vars.insert("workflow", id.to_string());
-        self.docs(
-            "read a workflow's tasks",
-            "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY id ASC;",
-            &vars,
-        )
-        .await
+        let tasks: Vec<Task> = self
+            .docs(
+                "read a workflow's tasks",
+                "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY id ASC;",
+                &vars,
+            )
+            .await?;
+        Ok(tasks.into_iter().map(Arc::new).collect())
     }
 
     async fn unfinished_tasks(&self) -> Result<Vec<Task>> {

@@ -34,7 +34,7 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
     let mut workflow = Workflow::new("test", "conformance", now);
     workflow.id = id;
     workflow.template_version = Some(1);
-    workflow.input = json!({"vars": {"k": "v"}});
+    workflow.input = json!({"vars": {"k": "v"}}).into();
     workflow.task_ids = tasks.iter().map(|t| t.id).collect();
     (workflow, tasks)
 }
@@ -255,7 +255,14 @@ async fn insert_and_read_back(store: &Storage) {
     for task in &tasks {
         assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
     }
-    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap(), tasks);
+    let stored: Vec<Task> = store
+        .workflow_tasks(workflow.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(std::sync::Arc::unwrap_or_clone)
+        .collect();
+    assert_eq!(stored, tasks);
     assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
     assert_eq!(
         store
