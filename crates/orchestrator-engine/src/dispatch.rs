@@ -153,20 +153,38 @@ impl Inner {
             Err(e) if is_conflict(&e) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        self.mark_workflow_running(task.workflow_id).await?;
+        // The claim is what makes a crash recoverable; the workflow's
+        // "running" is bookkeeping, so its write goes out alongside the
+        // script instead of delaying it.
+        let (marked, outcome) = tokio::join!(
+            self.mark_workflow_running(task.workflow_id),
+            self.execute(&task, token, worker)
+        );
+        if let Err(e) = marked {
+            tracing::warn!(workflow = %task.workflow_id, error = %e, "could not mark the workflow running");
+        }
+        Ok(Some((task, outcome)))
+    }
+
+    /// Runs the claimed attempt's script and gives the worker back as soon
+    /// as it exits.
+    async fn execute(
+        &self,
+        task: &Task,
+        token: CancellationToken,
+        worker: OwnedSemaphorePermit,
+    ) -> Outcome {
         tracing::debug!(task = %task.id, attempt = task.attempts, script = %task.script, "attempt started");
         metrics::counter!("orchestrator_task_attempts_total", "script" => task.script.clone())
             .increment(1);
-
         // Secrets go into the script's input here, and nowhere else.
         let input = match self.secrets.resolve(&task.input).await {
             Ok(input) => input,
             Err(error) => {
-                let outcome = Outcome::Failed {
+                return Outcome::Failed {
                     exit_code: None,
                     error,
                 };
-                return Ok(Some((task, outcome)));
             }
         };
         let (logs, mut log_lines) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
@@ -197,7 +215,7 @@ impl Inner {
         let outcome = self.redact(outcome);
         // The log is complete before the final state is stored.
         let _ = log_pump.await;
-        Ok(Some((task, outcome)))
+        outcome
     }
 
     /// A workflow's first claim moves it to running.
