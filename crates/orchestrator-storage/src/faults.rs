@@ -1,7 +1,8 @@
 //! A [`Backend`] wrapper that fails on demand, in the spirit of Temporal's
 //! fault-injection persistence layer: tests turn write failures on and off
 //! to show that a failed write surfaces as an error, never as silent loss.
-//! Reads always pass through.
+//! They can also hold back the writes that end a task, to show what goes on
+//! while an outcome is still on its way to storage. Reads always pass through.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+use tokio::sync::watch;
 
 use crate::{
     AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
@@ -16,30 +18,43 @@ use crate::{
 };
 
 /// Wraps a store; while `failing` is set, every write returns an I/O error
-/// without reaching it.
+/// without reaching it; while `holding` is set, a write that ends a task
+/// (a terminal status) waits.
 pub struct FaultyBackend {
     inner: Storage,
     failing: Arc<AtomicBool>,
+    holding: watch::Sender<bool>,
 }
 
-/// The switch of a [`FaultyBackend`], kept by the test.
+/// The switches of a [`FaultyBackend`], kept by the test.
 #[derive(Clone)]
-pub struct FaultSwitch(Arc<AtomicBool>);
+pub struct FaultSwitch {
+    failing: Arc<AtomicBool>,
+    holding: watch::Sender<bool>,
+}
 
 impl FaultSwitch {
     pub fn fail_writes(&self, failing: bool) {
-        self.0.store(failing, Ordering::SeqCst);
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// Holds back (`true`) or lets through (`false`) the writes that end a
+    /// task; held writes go on once let through.
+    pub fn hold_task_endings(&self, holding: bool) {
+        self.holding.send_replace(holding);
     }
 }
 
 impl FaultyBackend {
     pub fn wrap(inner: Storage) -> (Storage, FaultSwitch) {
         let failing = Arc::new(AtomicBool::new(false));
+        let holding = watch::Sender::new(false);
         let backend = FaultyBackend {
             inner,
             failing: failing.clone(),
+            holding: holding.clone(),
         };
-        (Storage::new(backend), FaultSwitch(failing))
+        (Storage::new(backend), FaultSwitch { failing, holding })
     }
 
     fn check(&self, what: &str) -> Result<()> {
@@ -70,6 +85,10 @@ impl Backend for FaultyBackend {
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
+        if task.status.is_terminal() {
+            // Never errs: the sender lives in `self`.
+            let _ = self.holding.subscribe().wait_for(|held| !held).await;
+        }
         self.check("update task")?;
         self.inner.update_task(task).await
     }

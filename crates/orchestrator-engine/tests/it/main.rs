@@ -29,10 +29,20 @@ impl Setup {
             "sleep 1\necho '{\"ok\": true}'\n",
         )
         .unwrap();
+        // Notes that it ran, then ends at once.
+        std::fs::write(
+            dir.path().join("scripts/mark.sh"),
+            "echo \"$ORCHESTRATOR_TASK_ID\" >> \"$ORCHESTRATOR_DATA_DIR/../ran.log\"\necho '{}'\n",
+        )
+        .unwrap();
         Setup { dir }
     }
 
     async fn engine(&self, store: Storage) -> Engine {
+        self.engine_with_workers(store, 2).await
+    }
+
+    async fn engine_with_workers(&self, store: Storage, workers: usize) -> Engine {
         let executor = ScriptExecutor::new(ExecutorConfig {
             scripts_dir: self.dir.path().join("scripts"),
             work_dir: self.dir.path().join("work"),
@@ -43,7 +53,7 @@ impl Setup {
         })
         .unwrap();
         let config = EngineConfig {
-            workers: 2,
+            workers,
             ..EngineConfig::default()
         };
         Engine::start(store, executor, Templates::default(), config)
@@ -61,9 +71,13 @@ impl Setup {
 }
 
 fn request() -> SubmitRequest {
+    request_of(json!([{"ref_name": "slow", "script": "slow.sh"}]))
+}
+
+fn request_of(steps: Value) -> SubmitRequest {
     let template: Template = serde_json::from_value(json!({
         "name": "t", "ref_name": "t", "schema_version": 1,
-        "steps": [{"ref_name": "slow", "script": "slow.sh"}]
+        "steps": steps
     }))
     .unwrap();
     SubmitRequest {
@@ -152,4 +166,54 @@ async fn a_failed_write_during_a_run_is_recovered_not_lost() {
         view.tasks[0].attempts, 2,
         "the unrecorded attempt counts as interrupted"
     );
+}
+
+/// A worker is free as soon as its script exits: the next script starts
+/// while the previous outcome is still on its way to storage.
+#[tokio::test]
+async fn the_next_script_starts_before_the_last_outcome_is_stored() {
+    let setup = Setup::new();
+    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+    let engine = setup.engine_with_workers(store, 1).await;
+    faults.hold_task_endings(true);
+    let steps = json!([
+        {"ref_name": "a", "script": "mark.sh"},
+        {"ref_name": "b", "script": "mark.sh"}
+    ]);
+    let (view, _) = engine.submit(request_of(steps)).await.unwrap();
+    let ran = setup.dir.path().join("ran.log");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let lines = loop {
+        let lines = std::fs::read_to_string(&ran).unwrap_or_default();
+        if lines.lines().count() == 2 {
+            break lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "with one worker and the first outcome held back, only {lines:?} ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Both ran on the one worker, and neither outcome is stored yet.
+    for task in &view.tasks {
+        assert!(lines.contains(&task.id.to_string()), "{lines}");
+        assert_eq!(
+            engine.task(task.id).await.unwrap().status,
+            TaskStatus::Running
+        );
+    }
+    faults.hold_task_endings(false);
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    for task in &view.tasks {
+        assert_eq!(
+            engine.task(task.id).await.unwrap().status,
+            TaskStatus::Completed
+        );
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
 }
