@@ -126,6 +126,19 @@ pub trait Backend: Send + Sync {
     /// The length in bytes of each task's log (0 for none), in the order asked.
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>>;
 
+    /// Reads a piece of each of several logs, as [`Backend::read_log`]
+    /// would one at a time: `(task, offset, max_bytes)` each, answered in
+    /// the order asked. An answer may be shorter than asked even before
+    /// the end of its log; read on from its `next_offset`. A backend that
+    /// can answer many in one round trip overrides this.
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        let mut chunks = Vec::with_capacity(asks.len());
+        for &(id, offset, max_bytes) in asks {
+            chunks.push(self.read_log(id, offset, max_bytes).await?);
+        }
+        Ok(chunks)
+    }
+
     // Access: API tokens, secrets and the audit log. Few records, read
     // rarely (tokens and secrets are cached by their users).
 

@@ -240,7 +240,13 @@ pub async fn copy(
                 changed_records(target, kind, readable).await?
             };
             // Everything of the batch is checked before anything is written.
-            let logs = log_lengths(source, target, &task_ids).await?;
+            // A target that held no records when the copy began holds no
+            // log of these tasks either: records go before their logs.
+            let logs = if target_empty {
+                source_log_lengths(source, &task_ids).await?
+            } else {
+                log_lengths(source, target, &task_ids).await?
+            };
             if let Some(&(task, source_bytes, target_bytes)) =
                 logs.iter().find(|(_, source, target)| target > source)
             {
@@ -299,8 +305,9 @@ async fn changed_records(
 }
 
 /// Appends to each task's target log what the source has beyond it
-/// (`logs` as [`log_lengths`] gave them), in imports of up to
-/// [`LOG_BATCH_BYTES`]: many small logs share one.
+/// (`logs` as [`log_lengths`] gave them). The source is read many logs at
+/// a time, and the pieces written in imports of up to [`LOG_BATCH_BYTES`]:
+/// many small logs share one read and one write.
 async fn copy_logs(
     source: &dyn Backend,
     logs: &[(TaskId, u64, u64)],
@@ -308,42 +315,109 @@ async fn copy_logs(
     report: &mut CopyReport,
     progress: &dyn Progress,
 ) -> Result<(), TransferError> {
-    let mut pending: Vec<LogPiece> = Vec::new();
-    let mut pending_bytes = 0;
+    let mut missing = Vec::new();
     for &(task, wanted, present) in logs {
         if wanted > 0 {
             report.logs += 1;
             report.log_bytes += wanted;
         }
-        let mut offset = present;
-        while offset < wanted {
-            let chunk = source
-                .read_log(task, offset, LOG_CHUNK.min((wanted - offset) as usize))
-                .await
-                .map_err(TransferError::Source)?;
-            if chunk.data.is_empty() {
-                // The source log shrank under us: only a damaged store does that.
-                return Err(TransferError::Source(Error::Io {
-                    context: format!("read the log of task {task}"),
-                    source: std::io::Error::other(format!(
-                        "it ended at {offset} bytes, not at the {wanted} it reported"
-                    )),
-                }));
-            }
-            pending_bytes += chunk.data.len();
-            pending.push(LogPiece {
-                task,
-                offset,
-                data: chunk.data,
-            });
-            offset = chunk.next_offset;
-            if pending_bytes >= LOG_BATCH_BYTES {
-                flush_logs(target, &mut pending, report, progress).await?;
-                pending_bytes = 0;
+        if present < wanted {
+            missing.push((task, present, wanted));
+        }
+    }
+    let mut pending: Vec<LogPiece> = Vec::new();
+    let mut pending_bytes = 0;
+    for round in log_rounds(&missing) {
+        let asks: Vec<(TaskId, u64, usize)> = round
+            .iter()
+            .map(|&(task, from, wanted)| (task, from, chunk_len(from, wanted)))
+            .collect();
+        let answers = source
+            .read_logs(&asks)
+            .await
+            .map_err(TransferError::Source)?;
+        for (&(task, mut offset, wanted), mut chunk) in round.iter().zip(answers) {
+            loop {
+                if chunk.data.is_empty() {
+                    // The source log shrank under us: only a damaged store does that.
+                    return Err(TransferError::Source(Error::Io {
+                        context: format!("read the log of task {task}"),
+                        source: std::io::Error::other(format!(
+                            "it ended at {offset} bytes, not at the {wanted} it reported"
+                        )),
+                    }));
+                }
+                pending_bytes += chunk.data.len();
+                let next = chunk.next_offset;
+                pending.push(LogPiece {
+                    task,
+                    offset,
+                    data: chunk.data,
+                });
+                offset = next;
+                if pending_bytes >= LOG_BATCH_BYTES {
+                    flush_logs(target, &mut pending, report, progress).await?;
+                    pending_bytes = 0;
+                }
+                if offset >= wanted {
+                    break;
+                }
+                chunk = source
+                    .read_log(task, offset, chunk_len(offset, wanted))
+                    .await
+                    .map_err(TransferError::Source)?;
             }
         }
     }
     flush_logs(target, &mut pending, report, progress).await
+}
+
+/// How much of a log to ask for at once, from `from` of `wanted` bytes.
+fn chunk_len(from: u64, wanted: u64) -> usize {
+    usize::try_from(wanted.saturating_sub(from))
+        .unwrap_or(usize::MAX)
+        .min(LOG_CHUNK)
+}
+
+/// `(task, from, wanted)` logs in rounds asking for at most
+/// [`LOG_BATCH_BYTES`] (at least one log each), so one read of many logs
+/// holds a bounded amount of memory.
+fn log_rounds(logs: &[(TaskId, u64, u64)]) -> Vec<&[(TaskId, u64, u64)]> {
+    let mut rounds = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, &(_, from, wanted)) in logs.iter().enumerate() {
+        let asked = chunk_len(from, wanted);
+        if i > start && bytes + asked > LOG_BATCH_BYTES {
+            rounds.push(&logs[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += asked;
+    }
+    if start < logs.len() {
+        rounds.push(&logs[start..]);
+    }
+    rounds
+}
+
+/// Each task with its log's length in the source, and 0 in the target.
+async fn source_log_lengths(
+    source: &dyn Backend,
+    tasks: &[TaskId],
+) -> Result<Vec<(TaskId, u64, u64)>, TransferError> {
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lengths = source
+        .log_lengths(tasks)
+        .await
+        .map_err(TransferError::Source)?;
+    Ok(tasks
+        .iter()
+        .zip(lengths)
+        .map(|(&task, source)| (task, source, 0))
+        .collect())
 }
 
 /// Each task with its log's length in the source and in the target.
@@ -663,22 +737,29 @@ async fn compare_logs(
     target_sum: &mut Checksum,
     report: &mut VerifyReport,
 ) -> Result<(), TransferError> {
-    for (task, left, right) in log_lengths(source, target, tasks).await? {
-        if left == 0 && right == 0 {
-            continue;
-        }
+    let lengths: Vec<(TaskId, u64, u64)> = log_lengths(source, target, tasks)
+        .await?
+        .into_iter()
+        .filter(|&(_, left, right)| left > 0 || right > 0)
+        .collect();
+    let left: Vec<(TaskId, u64, u64)> = lengths.iter().map(|&(t, l, _)| (t, 0, l)).collect();
+    let right: Vec<(TaskId, u64, u64)> = lengths.iter().map(|&(t, _, r)| (t, 0, r)).collect();
+    let left_digests = log_digests(source, &left)
+        .await
+        .map_err(TransferError::Source)?;
+    let right_digests = log_digests(target, &right)
+        .await
+        .map_err(TransferError::Target)?;
+    for ((task, left, right), (left_digest, right_digest)) in lengths
+        .into_iter()
+        .zip(left_digests.iter().zip(&right_digests))
+    {
         let key = task.to_string();
-        let left_digest = log_digest(source, task, left)
-            .await
-            .map_err(TransferError::Source)?;
-        let right_digest = log_digest(target, task, right)
-            .await
-            .map_err(TransferError::Target)?;
         if left > 0 {
-            source_sum.add(&key, Ok(&left_digest));
+            source_sum.add(&key, Ok(left_digest.as_slice()));
         }
         if right > 0 {
-            target_sum.add(&key, Ok(&right_digest));
+            target_sum.add(&key, Ok(right_digest.as_slice()));
         }
         if left != right {
             report.record(
@@ -693,19 +774,46 @@ async fn compare_logs(
     Ok(())
 }
 
-/// SHA-256 of the first `length` bytes of a task's log.
-async fn log_digest(store: &dyn Backend, task: TaskId, length: u64) -> Result<Vec<u8>, Error> {
-    let mut hasher = Sha256::new();
-    let mut offset = 0;
-    while offset < length {
-        let chunk = store
-            .read_log(task, offset, LOG_CHUNK.min((length - offset) as usize))
-            .await?;
-        if chunk.data.is_empty() {
-            break;
+/// SHA-256 of the first `length` bytes of each task's log (`(task, 0,
+/// length)` each), read many logs at a time.
+async fn log_digests(
+    store: &dyn Backend,
+    logs: &[(TaskId, u64, u64)],
+) -> Result<Vec<Vec<u8>>, Error> {
+    let mut digests = Vec::with_capacity(logs.len());
+    for round in log_rounds(logs) {
+        let asks: Vec<(TaskId, u64, usize)> = round
+            .iter()
+            .map(|&(task, from, length)| (task, from, chunk_len(from, length)))
+            .collect();
+        // A log of length 0 needs no read.
+        let answers = if asks.iter().all(|&(_, _, n)| n == 0) {
+            Vec::new()
+        } else {
+            store.read_logs(&asks).await?
+        };
+        let mut answers = answers.into_iter();
+        for &(task, _, length) in round {
+            let mut hasher = Sha256::new();
+            let mut chunk = answers.next().unwrap_or(crate::LogChunk {
+                data: Vec::new(),
+                next_offset: 0,
+            });
+            loop {
+                if chunk.data.is_empty() {
+                    break;
+                }
+                hasher.update(&chunk.data);
+                let offset = chunk.next_offset;
+                if offset >= length {
+                    break;
+                }
+                chunk = store
+                    .read_log(task, offset, chunk_len(offset, length))
+                    .await?;
+            }
+            digests.push(hasher.finalize().to_vec());
         }
-        hasher.update(&chunk.data);
-        offset = chunk.next_offset;
     }
-    Ok(hasher.finalize().to_vec())
+    Ok(digests)
 }

@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use surrealdb::engine::any::{self, Any};
 use surrealdb::opt::auth::Root;
-use surrealdb::types::{AlreadyExistsError, Bytes, Variables};
+use surrealdb::types::{AlreadyExistsError, Bytes, RecordId, SurrealValue, Variables};
 use surrealdb::{IndexedResults, Surreal};
 
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
@@ -47,6 +47,8 @@ use crate::{
 const CONFLICT_RETRIES: u32 = 8;
 /// Log chunks fetched per round trip when reading a log.
 const LOG_CHUNKS_PER_READ: i64 = 256;
+/// Logs read per request by `read_logs`.
+const LOGS_PER_REQUEST: usize = 25;
 /// The health probe's own deadline: `/health` should answer quickly.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const PROBE_BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -739,6 +741,47 @@ fn row_of(record: &Record) -> Result<serde_json::Value> {
     }
 }
 
+/// Appends to `data` the bytes of `chunks` (`[start, end, bytes]`, in
+/// order) from offset `from`, up to `max_bytes` in all; returns the offset
+/// reached.
+fn gather_log(
+    chunks: Vec<(i64, i64, Bytes)>,
+    mut from: u64,
+    max_bytes: usize,
+    data: &mut Vec<u8>,
+) -> u64 {
+    for (start, end, bytes) in chunks {
+        let start = u64::try_from(start).unwrap_or(0);
+        let skip = usize::try_from(from.saturating_sub(start)).unwrap_or(usize::MAX);
+        let rest = bytes.get(skip.min(bytes.len())..).unwrap_or_default();
+        let take = rest.len().min(max_bytes - data.len());
+        data.extend_from_slice(&rest[..take]);
+        from = u64::try_from(end).unwrap_or(from);
+        if data.len() >= max_bytes {
+            break;
+        }
+    }
+    from
+}
+
+/// A `log_chunk` row of a bulk log import.
+#[derive(SurrealValue)]
+#[surreal(crate = "surrealdb::types")]
+struct LogChunkRow {
+    task: String,
+    start_offset: i64,
+    end_offset: i64,
+    data: Bytes,
+}
+
+/// A `log_length` row of a bulk log import.
+#[derive(SurrealValue)]
+#[surreal(crate = "surrealdb::types")]
+struct LogLengthRow {
+    id: RecordId,
+    bytes: i64,
+}
+
 fn version_param(version: u64) -> i64 {
     i64::try_from(version).unwrap_or(i64::MAX)
 }
@@ -1074,17 +1117,7 @@ impl Backend for SurrealBackend {
                 .take(0)
                 .map_err(|e| db_error("read a task log", &e))?;
             let n_chunks = chunks.len();
-            for (start, end, bytes) in chunks {
-                let start = u64::try_from(start).unwrap_or(0);
-                let skip = usize::try_from(from.saturating_sub(start)).unwrap_or(usize::MAX);
-                let rest = bytes.get(skip.min(bytes.len())..).unwrap_or_default();
-                let take = rest.len().min(max_bytes - data.len());
-                data.extend_from_slice(&rest[..take]);
-                from = u64::try_from(end).unwrap_or(from);
-                if data.len() >= max_bytes {
-                    break;
-                }
-            }
+            from = gather_log(chunks, from, max_bytes, &mut data);
             if n_chunks < LOG_CHUNKS_PER_READ as usize {
                 break;
             }
@@ -1093,6 +1126,42 @@ impl Backend for SurrealBackend {
             next_offset: offset + data.len() as u64,
             data,
         })
+    }
+
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        // A few logs per request, one statement each: each reads by the
+        // index on (task, end_offset), and none pays a round trip of its
+        // own. Not all in one request: every statement of a request sees
+        // all of its bound parameters, so a request's cost grows with the
+        // square of its statements. An answer cut short by the chunk limit
+        // is read on by the caller.
+        let mut answers = Vec::with_capacity(asks.len());
+        for group in asks.chunks(LOGS_PER_REQUEST) {
+            let mut vars = Variables::new();
+            vars.insert("limit", LOG_CHUNKS_PER_READ);
+            let mut sql = String::new();
+            for (i, &(id, offset, _)) in group.iter().enumerate() {
+                sql.push_str(&format!(
+                    "SELECT VALUE [start_offset, end_offset, data] FROM log_chunk \
+                     WHERE task = $t{i} AND end_offset > $f{i} ORDER BY end_offset ASC LIMIT $limit;\n"
+                ));
+                vars.insert(format!("t{i}"), id.to_string());
+                vars.insert(format!("f{i}"), i64::try_from(offset).unwrap_or(i64::MAX));
+            }
+            let mut response = self.query("read task logs", &sql, &vars).await?;
+            for (i, &(_, offset, max_bytes)) in group.iter().enumerate() {
+                let chunks: Vec<(i64, i64, Bytes)> = response
+                    .take(i)
+                    .map_err(|e| db_error("read task logs", &e))?;
+                let mut data = Vec::new();
+                gather_log(chunks, offset, max_bytes, &mut data);
+                answers.push(LogChunk {
+                    next_offset: offset + data.len() as u64,
+                    data,
+                });
+            }
+        }
+        Ok(answers)
     }
 
     async fn health(&self) -> Result<()> {
@@ -1168,15 +1237,21 @@ impl Backend for SurrealBackend {
     }
 
     async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
-        let ids: Vec<String> = keys.iter().filter(|k| is_plain_key(k)).cloned().collect();
+        let table = table_of(kind);
+        let ids: Vec<RecordId> = keys
+            .iter()
+            .filter(|k| is_plain_key(k))
+            .map(|k| RecordId::new(table, k.clone()))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut vars = Variables::new();
-        vars.insert("table", table_of(kind));
         vars.insert("ids", ids);
         let mut response = self
             .query(
                 "fetch records",
-                "SELECT VALUE [record::id(id), doc]
-                 FROM array::map($ids, |$i| type::record($table, $i)) WHERE id != NONE;",
+                "SELECT VALUE [record::id(id), doc] FROM $ids WHERE id != NONE;",
                 &vars,
             )
             .await?;
@@ -1197,22 +1272,36 @@ impl Backend for SurrealBackend {
 
     async fn import(&self, records: &[Record]) -> Result<()> {
         self.writable()?;
-        let mut by_table: std::collections::BTreeMap<&'static str, Vec<serde_json::Value>> =
-            Default::default();
+        if records.is_empty() {
+            return Ok(());
+        }
+        // One bulk `INSERT` per table: statements evaluated per record (a
+        // `FOR` over the rows, `UPSERT` each) cost SurrealDB far more than
+        // the writes themselves. `INSERT` refuses a key that exists, so
+        // whatever the target holds under these keys is deleted first, in
+        // the same transaction: the records are replaced whole, as stored.
+        let mut by_table: std::collections::BTreeMap<
+            &'static str,
+            (Vec<RecordId>, Vec<serde_json::Value>),
+        > = Default::default();
         for record in records {
-            by_table
-                .entry(table_of(record.kind()))
-                .or_default()
-                .push(serde_json::json!({"id": record.key(), "row": row_of(record)?}));
+            let table = table_of(record.kind());
+            let key = record.key();
+            let mut row = row_of(record)?;
+            row["id"] = key.clone().into();
+            let (ids, rows) = by_table.entry(table).or_default();
+            ids.push(RecordId::new(table, key));
+            rows.push(row);
         }
         let mut vars = Variables::new();
         // Table names are constants of this module; the rows are bound.
         let mut sql = String::from("BEGIN;\n");
-        for (table, rows) in by_table {
+        for (table, (ids, rows)) in by_table {
             sql.push_str(&format!(
-                "FOR $r IN ${table} {{ UPSERT type::record('{table}', $r.id) CONTENT $r.row; }};\n"
+                "DELETE ${table}_ids RETURN NONE;\nINSERT INTO {table} ${table}_rows RETURN NONE;\n"
             ));
-            vars.insert(table, serde_json::Value::Array(rows));
+            vars.insert(format!("{table}_ids"), ids);
+            vars.insert(format!("{table}_rows"), serde_json::Value::Array(rows));
         }
         sql.push_str("COMMIT;");
         self.query("import records", &sql, &vars).await?;
@@ -1312,16 +1401,20 @@ impl Backend for SurrealBackend {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut vars = Variables::new();
         vars.insert(
             "ids",
-            ids.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ids.iter()
+                .map(|id| RecordId::new("log_length", id.to_string()))
+                .collect::<Vec<_>>(),
         );
         let mut response = self
             .query(
                 "read log lengths",
-                "SELECT VALUE [record::id(id), bytes]
-                 FROM array::map($ids, |$i| type::record('log_length', $i)) WHERE id != NONE;",
+                "SELECT VALUE [record::id(id), bytes] FROM $ids WHERE id != NONE;",
                 &vars,
             )
             .await?;
@@ -1345,49 +1438,71 @@ impl Backend for SurrealBackend {
         if pieces.is_empty() {
             return Ok(());
         }
+        // Per task: the length its log must have now (its first piece's
+        // offset) and the length it will have. Pieces of a task that do
+        // not follow each other would leave a gap or an overlap.
+        let mut tasks: Vec<(TaskId, u64, u64)> = Vec::new();
+        let mut index: std::collections::HashMap<TaskId, usize> = Default::default();
+        let mut chunks = Vec::with_capacity(pieces.len());
+        for piece in &pieces {
+            let end = piece.offset + piece.data.len() as u64;
+            match index.get(&piece.task) {
+                Some(&i) if tasks[i].2 != piece.offset => {
+                    return Err(Error::Conflict {
+                        what: "task log",
+                        id: piece.task.to_string(),
+                        expected: piece.offset,
+                        found: tasks[i].2,
+                    });
+                }
+                Some(&i) => tasks[i].2 = end,
+                None => {
+                    index.insert(piece.task, tasks.len());
+                    tasks.push((piece.task, piece.offset, end));
+                }
+            }
+            chunks.push(LogChunkRow {
+                task: piece.task.to_string(),
+                start_offset: i64::try_from(piece.offset).unwrap_or(i64::MAX),
+                end_offset: i64::try_from(end).unwrap_or(i64::MAX),
+                data: Bytes::from(piece.data.clone()),
+            });
+        }
+        let ids: Vec<RecordId> = tasks
+            .iter()
+            .map(|(task, _, _)| RecordId::new("log_length", task.to_string()))
+            .collect();
+        // What the lengths must read now, in the order of `ids`: a log of
+        // length 0 has no record.
+        let expected: Vec<(String, i64)> = tasks
+            .iter()
+            .filter(|(_, offset, _)| *offset > 0)
+            .map(|(task, offset, _)| (task.to_string(), version_param(*offset)))
+            .collect();
+        let lengths: Vec<LogLengthRow> = tasks
+            .iter()
+            .map(|(task, _, end)| LogLengthRow {
+                id: RecordId::new("log_length", task.to_string()),
+                bytes: version_param(*end),
+            })
+            .collect();
         let mut vars = Variables::new();
-        vars.insert(
-            "tasks",
-            pieces
-                .iter()
-                .map(|p| p.task.to_string())
-                .collect::<Vec<_>>(),
-        );
-        vars.insert(
-            "offsets",
-            pieces
-                .iter()
-                .map(|p| i64::try_from(p.offset).unwrap_or(i64::MAX))
-                .collect::<Vec<_>>(),
-        );
-        vars.insert(
-            "lens",
-            pieces
-                .iter()
-                .map(|p| to_i64(p.data.len()))
-                .collect::<Vec<_>>(),
-        );
-        vars.insert(
-            "data",
-            pieces
-                .iter()
-                .map(|p| Bytes::from(p.data.clone()))
-                .collect::<Vec<_>>(),
-        );
-        // As `append_log`, but each piece only onto a log of exactly its
-        // offset, all in one transaction: a repeated import can never write
-        // a chunk twice, and an interrupted one wrote nothing.
+        vars.insert("ids", ids);
+        vars.insert("expected", expected);
+        vars.insert("lengths", lengths);
+        vars.insert("chunks", chunks);
+        // As `append_log`, but each log only from exactly its length, all
+        // in one transaction of bulk statements: a repeated import can
+        // never write a chunk twice, and an interrupted one wrote nothing.
         let result = self
             .query(
                 "import task logs",
                 "BEGIN;
-                 FOR $i IN 0..array::len($tasks) {
-                     LET $task = $tasks[$i];
-                     LET $found = (SELECT VALUE bytes FROM ONLY type::record('log_length', $task)) ?? 0;
-                     IF $found != $offsets[$i] { THROW 'orchestrator: log length mismatch: ' + $task };
-                     LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $lens[$i] RETURN VALUE bytes);
-                     CREATE log_chunk SET task = $task, start_offset = $end - $lens[$i], end_offset = $end, data = $data[$i];
-                 };
+                 LET $found = (SELECT VALUE [record::id(id), bytes] FROM $ids WHERE bytes > 0);
+                 IF $found != $expected { THROW 'orchestrator: log length mismatch' };
+                 DELETE $ids RETURN NONE;
+                 INSERT INTO log_length $lengths RETURN NONE;
+                 INSERT INTO log_chunk $chunks RETURN NONE;
                  COMMIT;",
                 &vars,
             )
@@ -1395,20 +1510,18 @@ impl Backend for SurrealBackend {
         match result {
             Ok(_) => Ok(()),
             Err(Error::Database { message, .. }) if message.contains("log length mismatch") => {
-                let piece = pieces
+                let asked: Vec<TaskId> = tasks.iter().map(|(task, _, _)| *task).collect();
+                let found = self.log_lengths(&asked).await?;
+                let (task, expected, found) = tasks
                     .iter()
-                    .find(|p| message.contains(&p.task.to_string()))
-                    .unwrap_or(&pieces[0]);
-                let found = self
-                    .log_lengths(&[piece.task])
-                    .await?
-                    .first()
-                    .copied()
-                    .unwrap_or(0);
+                    .zip(found)
+                    .map(|(&(task, offset, _), found)| (task, offset, found))
+                    .find(|(_, offset, found)| offset != found)
+                    .unwrap_or((tasks[0].0, tasks[0].1, tasks[0].1));
                 Err(Error::Conflict {
                     what: "task log",
-                    id: piece.task.to_string(),
-                    expected: piece.offset,
+                    id: task.to_string(),
+                    expected,
                     found,
                 })
             }

@@ -492,6 +492,91 @@ mod surreal {
         }
     }
 
+    /// The bulk writes of a SurrealDB target: a resumed copy replaces the
+    /// records that changed (a renamed workflow keeps its unique keys) and
+    /// continues the logs that grew; a log import at the wrong length
+    /// writes nothing of its batch and names the log.
+    #[tokio::test]
+    async fn a_surrealdb_target_is_brought_level_and_never_writes_a_log_byte_twice() {
+        let root = tempfile::tempdir().unwrap();
+        let source = open_fs(&root.path().join("source")).await;
+        fill(&source).await;
+        let target = open(&embedded(&root.path().join("embedded"))).await;
+        copy_and_check(&source, &target).await;
+
+        // The source moves on: a task changes, its log and a new one grow,
+        // a workflow changes its idempotency key.
+        let query = orchestrator_storage::TaskQuery {
+            limit: 2,
+            ..Default::default()
+        };
+        let tasks = source.list_tasks(&query).await.unwrap().items;
+        let mut changed = tasks[0].clone();
+        changed.name = "renamed".into();
+        source.update_task(&changed).await.unwrap();
+        source.append_log(changed.id, b"more\n").await.unwrap();
+        source.append_log(tasks[1].id, b"more too\n").await.unwrap();
+        let mut workflow = source
+            .get_workflow(changed.workflow_id)
+            .await
+            .unwrap()
+            .unwrap();
+        workflow.idempotency_key = Some("another-key".into());
+        source.update_workflow(&workflow, &[]).await.unwrap();
+        let resume = CopyOptions {
+            resume: true,
+            ..CopyOptions::default()
+        };
+        let report = transfer::copy(&*source, &*target, &resume, &Silent)
+            .await
+            .unwrap();
+        assert_eq!(report.kinds[0].written, 1, "{report:?}");
+        assert_eq!(report.kinds[1].written, 1, "{report:?}");
+        assert_eq!(report.log_bytes_written, 14, "{report:?}");
+        assert_eq!(dump(&target).await, dump(&source).await);
+        let verified = transfer::verify(&*source, &*target, 5, &Silent)
+            .await
+            .unwrap();
+        assert!(verified.matches(), "{verified:?}");
+
+        // Two pieces of one log in one import, then a batch with one piece
+        // at a wrong length: refused whole.
+        let (workflow, fresh) = workflow_with_tasks(2);
+        target.insert_workflow(&workflow, &fresh).await.unwrap();
+        let piece = |task: &Task, offset: u64, data: &[u8]| orchestrator_storage::LogPiece {
+            task: task.id,
+            offset,
+            data: data.to_vec(),
+        };
+        target
+            .import_logs(&[piece(&fresh[0], 0, b"one "), piece(&fresh[0], 4, b"two")])
+            .await
+            .unwrap();
+        let refused = target
+            .import_logs(&[piece(&fresh[1], 0, b"new"), piece(&fresh[0], 3, b"again")])
+            .await;
+        match refused {
+            Err(Error::Conflict {
+                id,
+                expected,
+                found,
+                ..
+            }) => {
+                assert_eq!(id, fresh[0].id.to_string());
+                assert_eq!((expected, found), (3, 7));
+            }
+            other => panic!("expected Conflict: {other:?}"),
+        }
+        let lengths = target
+            .log_lengths(&[fresh[0].id, fresh[1].id])
+            .await
+            .unwrap();
+        assert_eq!(lengths, vec![7, 0]);
+        let log = target.read_log(fresh[0].id, 0, 100).await.unwrap();
+        assert_eq!(log.data, b"one two");
+        target.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_surrealdb_source_opens_read_only_and_reports_unreadable_docs() {
         let root = tempfile::tempdir().unwrap();
