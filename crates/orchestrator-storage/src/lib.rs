@@ -613,7 +613,7 @@ pub async fn open(config: &StorageConfig) -> Result<Storage> {
 pub async fn open_read_only(config: &StorageConfig) -> Result<Storage> {
     match config.storage_type {
         StorageType::Filesystem => Ok(Storage::new(
-            fs::FsBackend::open_read_only(&config.data_dir).await?,
+            fs::IndexedStore::open(&config.data_dir).await?,
         )),
         #[cfg(feature = "surrealdb")]
         StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Ok(Storage::new(
@@ -621,6 +621,20 @@ pub async fn open_read_only(config: &StorageConfig) -> Result<Storage> {
         )),
         #[cfg(not(feature = "surrealdb"))]
         other => Err(other.not_compiled()),
+    }
+}
+
+/// Opens the target of `orchestrator migrate`, as [`open`] does, except
+/// that a filesystem store keeps where its records are instead of the
+/// records (see [`fs::IndexedStore`]), so that importing a large store
+/// does not hold it all in memory. Only the bulk-transfer calls of such a
+/// store are fast; it is not for serving.
+pub async fn open_for_import(config: &StorageConfig) -> Result<Storage> {
+    match config.storage_type {
+        StorageType::Filesystem => Ok(Storage::new(
+            fs::IndexedStore::open_for_import(&config.data_dir).await?,
+        )),
+        _ => open(config).await,
     }
 }
 

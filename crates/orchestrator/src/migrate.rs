@@ -56,7 +56,12 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let target = open(&to, "--to", orchestrator_storage::open(&to.config)).await?;
+    let target = open(
+        &to,
+        "--to",
+        orchestrator_storage::open_for_import(&to.config),
+    )
+    .await?;
     let progress = Reporter::new();
     let copied = transfer::copy(&*source, &*target, &options, &progress).await;
     let result = match copied {

@@ -15,10 +15,12 @@
 //! line under one lock (so the journal order is the memory order), then
 //! waits, outside the lock, until the line is durable.
 
+mod indexed;
 mod journal;
 mod state;
 
-use std::collections::BTreeMap;
+pub use self::indexed::IndexedStore;
+
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -170,12 +172,9 @@ pub struct FsBackend {
     /// A std mutex: it guards plain in-memory maps and is never held across
     /// an `.await`; durability is awaited after it is released.
     state: Mutex<State>,
-    /// `None` when opened read-only: nothing can write.
+    /// The journal writer. (Always there: a read-only open is an
+    /// [`IndexedStore`].)
     journal: Option<JournalWriter>,
-    /// Read-only only: records whose latest line is damaged, by kind and
-    /// key, with why. A migration reports them instead of silently taking
-    /// an older version.
-    damaged: BTreeMap<(RecordKind, String), String>,
     /// Heartbeats. Only this process can use the dir (the lock), so there
     /// is one node, and its heartbeats need not outlive it.
     nodes: Mutex<std::collections::BTreeMap<String, Node>>,
@@ -231,58 +230,8 @@ impl FsBackend {
             options,
             state: Mutex::new(state),
             journal: Some(journal),
-            damaged: BTreeMap::new(),
             nodes: Mutex::new(Default::default()),
             lock: Mutex::new(Some(lock)),
-        })
-    }
-
-    /// Opens `dir` to read only: no lock, nothing created, no journal
-    /// writer. A running service may be appending meanwhile; this reads the
-    /// records as of the moment it opens. Damage is kept per record (see
-    /// [`FsBackend::damaged`]) instead of failing the open.
-    pub async fn open_read_only(dir: &Path) -> Result<FsBackend> {
-        let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Self::open_read_only_blocking(dir))
-            .await
-            .map_err(|e| Error::io("open storage", std::io::Error::other(e)))?
-    }
-
-    fn open_read_only_blocking(dir: PathBuf) -> Result<FsBackend> {
-        if !dir.join(LAYOUT_FILE).exists() && !dir.join(JOURNAL_FILE).exists() {
-            return Err(Error::Layout(format!(
-                "{} holds no filesystem store (no {LAYOUT_FILE} or {JOURNAL_FILE})",
-                dir.display()
-            )));
-        }
-        check_layout(&dir)?;
-        let snapshot_path = dir.join(SNAPSHOT_FILE);
-        let journal_path = dir.join(JOURNAL_FILE);
-        // A running service may compact meanwhile: it renames a new
-        // snapshot into place and then empties the journal. Reading the old
-        // snapshot and the emptied journal would miss records, so read both
-        // again whenever the snapshot was replaced while they were read.
-        let mut attempts = 0;
-        let (state, damaged) = loop {
-            let before = file_identity(&snapshot_path);
-            let mut state = State::default();
-            let mut damaged = BTreeMap::new();
-            replay_tolerant(&snapshot_path, &mut state, &mut damaged)?;
-            replay_tolerant(&journal_path, &mut state, &mut damaged)?;
-            if file_identity(&snapshot_path) == before || attempts >= 10 {
-                break (state, damaged);
-            }
-            attempts += 1;
-        };
-        Ok(FsBackend {
-            logs_dir: dir.join(LOGS_DIR),
-            dir,
-            options: FsOptions::default(),
-            state: Mutex::new(state),
-            journal: None,
-            damaged,
-            nodes: Mutex::new(Default::default()),
-            lock: Mutex::new(None),
         })
     }
 
@@ -488,64 +437,37 @@ fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
     Ok(offset as u64)
 }
 
-/// Damaged records of a read-only open, by kind and key, with why.
-type Damaged = BTreeMap<(RecordKind, String), String>;
-
-/// As [`replay`], for a read-only open. A damaged line marks the records it
-/// names as damaged instead of failing the open, and a later good line for
-/// a record clears its mark (each line holds the whole record). A line that
-/// names no record is marked under its own place, `<file> line <n>`, a key
-/// that sorts after every id. A last line without its newline, or a damaged
-/// last line of the journal, is a write in progress or torn by a crash:
-/// the service drops it too, so it is skipped.
-fn replay_tolerant(path: &Path, state: &mut State, damaged: &mut Damaged) -> Result<()> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
-    };
-    let file = path
-        .file_name()
-        .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-    let is_journal = file == JOURNAL_FILE;
-    let mut lines = bytes
-        .split_inclusive(|&b| b == b'\n')
-        .enumerate()
-        .peekable();
-    while let Some((index, line)) = lines.next() {
-        let Some(line) = line.strip_suffix(b"\n") else {
-            break;
-        };
-        let is_last = lines.peek().is_none_or(|(_, next)| !next.ends_with(b"\n"));
-        let line_no = index + 1;
-        let problem = match decode_line(line) {
-            Some(json) => match serde_json::from_slice::<Line>(json) {
-                Ok(record) => {
-                    for key in record.keys() {
-                        damaged.remove(&key);
-                    }
-                    record.apply(state);
-                    continue;
-                }
-                Err(e) => format!("unreadable record: {e}"),
-            },
-            None if is_journal && is_last => continue,
-            None => "checksum mismatch".to_owned(),
-        };
-        let place = format!("{file} line {line_no}");
-        let payload = line.get(9..).unwrap_or_default();
-        let named = Line::keys_in_damaged(payload);
-        if named.is_empty() {
-            // Listed with the tasks, the bulk of any store, under its place.
-            let reason = format!("{problem}; the line names no record");
-            damaged.insert((RecordKind::Task, place), reason);
-        } else {
-            for key in named {
-                damaged.insert(key, format!("{place}: {problem}"));
-            }
+/// Appends each piece to its log (`paths`, in the same order), which must
+/// be exactly its offset long (else [`Error::Conflict`]), then makes them
+/// all durable with one sync of the filesystem, new names included,
+/// instead of two syncs per file.
+fn write_log_pieces(pieces: &[LogPiece], paths: &[PathBuf], logs_dir: &Path) -> Result<()> {
+    for (piece, path) in pieces.iter().zip(paths) {
+        let io = |e| Error::io(format!("write {}", path.display()), e);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(io)?;
+        let found = file.metadata().map_err(io)?.len();
+        if found != piece.offset {
+            return Err(Error::Conflict {
+                what: "task log",
+                id: piece.task.to_string(),
+                expected: piece.offset,
+                found,
+            });
         }
+        file.write_all(&piece.data).map_err(io)?;
     }
-    Ok(())
+    let dir =
+        File::open(logs_dir).map_err(|e| Error::io(format!("open {}", logs_dir.display()), e))?;
+    nix::unistd::syncfs(&dir).map_err(|e| {
+        Error::io(
+            format!("sync {}", logs_dir.display()),
+            std::io::Error::from(e),
+        )
+    })
 }
 
 /// Which file a path names right now (device and inode), to notice a
@@ -748,32 +670,17 @@ impl Backend for FsBackend {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Scanned>> {
-        let is_damaged = |key: &String| self.damaged.contains_key(&(kind, key.clone()));
-        let mut found: Vec<Scanned> = self
+        // Opened with the lock, a store has no damaged record: damage
+        // refuses the open (a migration reads through `IndexedStore`).
+        Ok(self
             .lock_state()
             .records_after(kind, after)
-            .filter(|record| !is_damaged(&record.key()))
             .take(limit)
             .map(|record| Scanned {
                 key: record.key(),
                 record: Ok(record),
             })
-            .collect();
-        let start = (kind, after.unwrap_or_default().to_owned());
-        found.extend(
-            self.damaged
-                .range(start..)
-                .take_while(|((k, _), _)| *k == kind)
-                .filter(|((_, key), _)| after.is_none_or(|a| key.as_str() > a))
-                .take(limit)
-                .map(|((_, key), reason)| Scanned {
-                    key: key.clone(),
-                    record: Err(reason.clone()),
-                }),
-        );
-        found.sort_by(|a, b| a.key.cmp(&b.key));
-        found.truncate(limit);
-        Ok(found)
+            .collect())
     }
 
     async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
@@ -781,12 +688,6 @@ impl Backend for FsBackend {
         let mut found: Vec<Scanned> = keys
             .iter()
             .filter_map(|key| {
-                if let Some(reason) = self.damaged.get(&(kind, key.clone())) {
-                    return Some(Scanned {
-                        key: key.clone(),
-                        record: Err(reason.clone()),
-                    });
-                }
                 state.record(kind, key).map(|record| Scanned {
                     key: key.clone(),
                     record: Ok(record),
@@ -798,13 +699,7 @@ impl Backend for FsBackend {
     }
 
     async fn count(&self, kind: RecordKind) -> Result<u64> {
-        let state = self.lock_state();
-        let damaged_only = self
-            .damaged
-            .keys()
-            .filter(|(k, key)| *k == kind && state.record(kind, key).is_none())
-            .count();
-        Ok((state.count(kind) + damaged_only) as u64)
+        Ok(self.lock_state().count(kind) as u64)
     }
 
     async fn import(&self, records: &[Record]) -> Result<()> {
@@ -883,39 +778,9 @@ impl Backend for FsBackend {
         let pieces = pieces.to_vec();
         let paths: Vec<PathBuf> = pieces.iter().map(|p| self.log_path(p.task)).collect();
         let logs_dir = self.logs_dir.clone();
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            for (piece, path) in pieces.iter().zip(&paths) {
-                let io = |e| Error::io(format!("write {}", path.display()), e);
-                let mut file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(io)?;
-                let found = file.metadata().map_err(io)?.len();
-                if found != piece.offset {
-                    return Err(Error::Conflict {
-                        what: "task log",
-                        id: piece.task.to_string(),
-                        expected: piece.offset,
-                        found,
-                    });
-                }
-                file.write_all(&piece.data).map_err(io)?;
-            }
-            // One flush of the whole filesystem makes every file written
-            // above durable, new names included: one sync for the batch
-            // instead of two per file.
-            let dir = File::open(&logs_dir)
-                .map_err(|e| Error::io(format!("open {}", logs_dir.display()), e))?;
-            nix::unistd::syncfs(&dir).map_err(|e| {
-                Error::io(
-                    format!("sync {}", logs_dir.display()),
-                    std::io::Error::from(e),
-                )
-            })
-        })
-        .await
-        .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
+        tokio::task::spawn_blocking(move || write_log_pieces(&pieces, &paths, &logs_dir))
+            .await
+            .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
     }
 
     async fn close(&self) -> Result<()> {

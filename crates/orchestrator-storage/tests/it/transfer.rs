@@ -436,6 +436,54 @@ async fn a_target_changed_since_its_copy_is_never_rolled_back() {
     );
 }
 
+/// A filesystem target opened for import (`orchestrator migrate`'s) keeps
+/// only where its records are: it takes the lock, drops a torn last
+/// journal line and refuses damage elsewhere, as the service does, and a
+/// copy into it, resumed or not, opens in the service as the source.
+#[tokio::test]
+async fn a_filesystem_import_target_is_a_store_the_service_opens() {
+    let root = tempfile::tempdir().unwrap();
+    let source = open_fs(&root.path().join("source")).await;
+    fill(&source).await;
+    let dir = root.path().join("target");
+    let config = fs_config(&dir);
+    let target = orchestrator_storage::open_for_import(&config)
+        .await
+        .unwrap();
+    let locked = orchestrator_storage::open_for_import(&config).await;
+    assert!(matches!(locked, Err(Error::Locked { .. })), "{locked:?}");
+    copy_and_check(&source, &target).await;
+    target.close().await.unwrap();
+
+    // A write torn by a crash is dropped; the copy resumes as a no-op.
+    let journal = dir.join("journal.jsonl");
+    let mut torn = std::fs::read(&journal).unwrap();
+    let complete = torn.len();
+    torn.extend_from_slice(b"00000000 {\"type\":\"task\",\"da");
+    std::fs::write(&journal, &torn).unwrap();
+    let target = orchestrator_storage::open_for_import(&config)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), complete as u64);
+    let resume = CopyOptions {
+        resume: true,
+        ..CopyOptions::default()
+    };
+    let report = transfer::copy(&*source, &*target, &resume, &Silent)
+        .await
+        .unwrap();
+    assert!(report.kinds.iter().all(|k| k.written == 0), "{report:?}");
+    target.close().await.unwrap();
+    let reopened = open_fs(&dir).await;
+    assert_eq!(dump(&reopened).await, dump(&source).await);
+    reopened.close().await.unwrap();
+
+    // Damage before the last line is refused, not skipped.
+    damage_line(&journal, "\"type\":\"workflow\"");
+    let refused = orchestrator_storage::open_for_import(&config).await;
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+}
+
 #[cfg(feature = "surrealdb")]
 mod surreal {
     use std::time::Duration;
