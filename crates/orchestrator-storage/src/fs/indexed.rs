@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -232,6 +232,16 @@ impl IndexedStore {
 
     /// The record of `kind` under `key` from its line, or why it cannot be
     /// read.
+    /// The latest readable version of a record; `None` when there is none
+    /// (or its line is damaged: `scan` and `fetch` report those).
+    fn latest(&self, kind: RecordKind, key: &str) -> Result<Option<Record>> {
+        let loc = self.lock_index().get(&(kind, key.to_owned())).copied();
+        Ok(match loc {
+            Some(loc) => self.load(kind, key, loc)?.ok(),
+            None => None,
+        })
+    }
+
     fn load(
         &self,
         kind: RecordKind,
@@ -529,17 +539,9 @@ impl Backend for IndexedStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
-        let key = id.to_string();
-        let loc = self
-            .lock_index()
-            .get(&(RecordKind::Task, key.clone()))
-            .copied();
-        Ok(match loc {
-            Some(loc) => match self.load(RecordKind::Task, &key, loc)? {
-                Ok(Record::Task(task)) => Some(task),
-                _ => None,
-            },
-            None => None,
+        Ok(match self.latest(RecordKind::Task, &id.to_string())? {
+            Some(Record::Task(task)) => Some(task),
+            _ => None,
         })
     }
 
@@ -556,17 +558,9 @@ impl Backend for IndexedStore {
     }
 
     async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
-        let key = id.to_string();
-        let loc = self
-            .lock_index()
-            .get(&(RecordKind::Workflow, key.clone()))
-            .copied();
-        Ok(match loc {
-            Some(loc) => match self.load(RecordKind::Workflow, &key, loc)? {
-                Ok(Record::Workflow(workflow)) => Some(workflow),
-                _ => None,
-            },
-            None => None,
+        Ok(match self.latest(RecordKind::Workflow, &id.to_string())? {
+            Some(Record::Workflow(workflow)) => Some(workflow),
+            _ => None,
         })
     }
 
@@ -579,25 +573,7 @@ impl Backend for IndexedStore {
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-        let path = self.log_path(id);
-        let mut file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(LogChunk {
-                    data: Vec::new(),
-                    next_offset: offset,
-                });
-            }
-            Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
-        };
-        let mut data = Vec::new();
-        file.seek(SeekFrom::Start(offset))
-            .and_then(|_| file.take(max_bytes as u64).read_to_end(&mut data))
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        Ok(LogChunk {
-            next_offset: offset + data.len() as u64,
-            data,
-        })
+        super::read_log_file(&self.log_path(id), offset, max_bytes)
     }
 
     async fn health(&self) -> Result<()> {

@@ -470,6 +470,29 @@ fn write_log_pieces(pieces: &[LogPiece], paths: &[PathBuf], logs_dir: &Path) -> 
     })
 }
 
+/// Up to `max_bytes` of a task's log file from `offset`; a missing file is
+/// an empty log.
+pub(crate) fn read_log_file(path: &Path, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(LogChunk {
+                data: Vec::new(),
+                next_offset: offset,
+            });
+        }
+        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+    };
+    let mut data = Vec::new();
+    file.seek(SeekFrom::Start(offset))
+        .and_then(|_| file.take(max_bytes as u64).read_to_end(&mut data))
+        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    Ok(LogChunk {
+        next_offset: offset + data.len() as u64,
+        data,
+    })
+}
+
 /// Which file a path names right now (device and inode), to notice a
 /// rename over it.
 fn file_identity(path: &Path) -> Option<(u64, u64)> {
@@ -616,25 +639,7 @@ impl Backend for FsBackend {
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-        let path = self.log_path(id);
-        let mut file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(LogChunk {
-                    data: Vec::new(),
-                    next_offset: offset,
-                });
-            }
-            Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
-        };
-        let mut data = Vec::new();
-        file.seek(SeekFrom::Start(offset))
-            .and_then(|_| file.take(max_bytes as u64).read_to_end(&mut data))
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        Ok(LogChunk {
-            next_offset: offset + data.len() as u64,
-            data,
-        })
+        read_log_file(&self.log_path(id), offset, max_bytes)
     }
 
     async fn health(&self) -> Result<()> {

@@ -12,6 +12,17 @@ use orchestrator_core::{
 use orchestrator_storage::{AuditQuery, Error, Storage, TaskQuery, WorkflowQuery};
 use serde_json::json;
 
+/// A workflow's tasks as owned records, to compare with what was stored.
+pub async fn workflow_tasks(store: &Storage, id: orchestrator_core::WorkflowId) -> Vec<Task> {
+    store
+        .workflow_tasks(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(std::sync::Arc::unwrap_or_clone)
+        .collect()
+}
+
 pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
     let id = WorkflowId::new();
     let now = Utc::now();
@@ -255,14 +266,7 @@ async fn insert_and_read_back(store: &Storage) {
     for task in &tasks {
         assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
     }
-    let stored: Vec<Task> = store
-        .workflow_tasks(workflow.id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(std::sync::Arc::unwrap_or_clone)
-        .collect();
-    assert_eq!(stored, tasks);
+    assert_eq!(workflow_tasks(store, workflow.id).await, tasks);
     assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
     assert_eq!(
         store
