@@ -41,12 +41,13 @@ surreal:
 	$(SURREAL_DEV_SERVER) start --bind 127.0.0.1:8000 --user root --pass root memory
 
 # Orchestration overhead against spawning the scripts directly, written to
-# docs/benchmarks.md (about 3.5 minutes after the release build). The default
+# docs/benchmarks.md (about 3 minutes after the release build). The default
 # measures the filesystem backend; add embedded SurrealDB with
 # `make bench BENCH_BACKENDS=filesystem,surrealdb-embedded` (builds with
 # --features orchestrator/surrealdb: 20+ minutes the first time, about an hour
-# on a busy 2-core machine; the benchmark then also runs workload 5 on
-# embedded SurrealDB and migrates fs -> embedded -> fs in workload 6).
+# on a busy 2-core machine; the benchmark then takes about 9 minutes, also
+# runs workload 5 on embedded SurrealDB and migrates fs -> embedded -> fs in
+# workload 6).
 BENCH_BACKENDS ?= filesystem
 BENCH_FEATURES := $(if $(findstring surrealdb,$(BENCH_BACKENDS)),--features orchestrator/surrealdb)
 BENCH_BIN := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/orchestrator-bench
