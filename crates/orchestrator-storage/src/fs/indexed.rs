@@ -319,7 +319,7 @@ impl IndexedStore {
     }
 
     fn log_path(&self, id: TaskId) -> PathBuf {
-        self.logs_dir.join(format!("{id}.log"))
+        super::log_path(&self.logs_dir, id)
     }
 }
 
@@ -717,16 +717,7 @@ impl Backend for IndexedStore {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        ids.iter()
-            .map(|id| {
-                let path = self.log_path(*id);
-                match std::fs::metadata(&path) {
-                    Ok(meta) => Ok(meta.len()),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-                    Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
-                }
-            })
-            .collect()
+        super::log_file_lengths(&self.logs_dir, ids)
     }
 
     async fn put_token(&self, _: &ApiToken) -> Result<()> {
@@ -762,11 +753,6 @@ impl Backend for IndexedStore {
         if pieces.is_empty() {
             return Ok(());
         }
-        let pieces = pieces.to_vec();
-        let paths: Vec<PathBuf> = pieces.iter().map(|p| self.log_path(p.task)).collect();
-        let logs_dir = self.logs_dir.clone();
-        tokio::task::spawn_blocking(move || super::write_log_pieces(&pieces, &paths, &logs_dir))
-            .await
-            .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
+        super::import_log_files(&self.logs_dir, pieces).await
     }
 }

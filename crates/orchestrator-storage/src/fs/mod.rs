@@ -248,7 +248,7 @@ impl FsBackend {
     }
 
     fn log_path(&self, id: TaskId) -> PathBuf {
-        self.logs_dir.join(format!("{id}.log"))
+        log_path(&self.logs_dir, id)
     }
 
     /// Applies records in memory and queues their journal lines, under the
@@ -441,8 +441,9 @@ fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
 /// be exactly its offset long (else [`Error::Conflict`]), then makes them
 /// all durable with one sync of the filesystem, new names included,
 /// instead of two syncs per file.
-fn write_log_pieces(pieces: &[LogPiece], paths: &[PathBuf], logs_dir: &Path) -> Result<()> {
-    for (piece, path) in pieces.iter().zip(paths) {
+fn write_log_pieces(pieces: &[LogPiece], logs_dir: &Path) -> Result<()> {
+    for piece in pieces {
+        let path = &log_path(logs_dir, piece.task);
         let io = |e| Error::io(format!("write {}", path.display()), e);
         let mut file = OpenOptions::new()
             .create(true)
@@ -468,6 +469,36 @@ fn write_log_pieces(pieces: &[LogPiece], paths: &[PathBuf], logs_dir: &Path) -> 
             std::io::Error::from(e),
         )
     })
+}
+
+// Task logs are one file each, `logs/<task-id>.log`, for the service's
+// store and the migration's indexed one alike.
+
+pub(crate) fn log_path(logs_dir: &Path, id: TaskId) -> PathBuf {
+    logs_dir.join(format!("{id}.log"))
+}
+
+/// Each task's log length in bytes, 0 for none, in the order asked.
+pub(crate) fn log_file_lengths(logs_dir: &Path, ids: &[TaskId]) -> Result<Vec<u64>> {
+    ids.iter()
+        .map(|id| {
+            let path = log_path(logs_dir, *id);
+            match std::fs::metadata(&path) {
+                Ok(meta) => Ok(meta.len()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+                Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
+            }
+        })
+        .collect()
+}
+
+/// [`write_log_pieces`] off the async runtime.
+pub(crate) async fn import_log_files(logs_dir: &Path, pieces: &[LogPiece]) -> Result<()> {
+    let pieces = pieces.to_vec();
+    let logs_dir = logs_dir.to_owned();
+    tokio::task::spawn_blocking(move || write_log_pieces(&pieces, &logs_dir))
+        .await
+        .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
 }
 
 /// Up to `max_bytes` of a task's log file from `offset`; a missing file is
@@ -763,16 +794,7 @@ impl Backend for FsBackend {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        ids.iter()
-            .map(|id| {
-                let path = self.log_path(*id);
-                match std::fs::metadata(&path) {
-                    Ok(meta) => Ok(meta.len()),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-                    Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
-                }
-            })
-            .collect()
+        log_file_lengths(&self.logs_dir, ids)
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
@@ -780,12 +802,7 @@ impl Backend for FsBackend {
         if pieces.is_empty() {
             return Ok(());
         }
-        let pieces = pieces.to_vec();
-        let paths: Vec<PathBuf> = pieces.iter().map(|p| self.log_path(p.task)).collect();
-        let logs_dir = self.logs_dir.clone();
-        tokio::task::spawn_blocking(move || write_log_pieces(&pieces, &paths, &logs_dir))
-            .await
-            .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
+        import_log_files(&self.logs_dir, pieces).await
     }
 
     async fn close(&self) -> Result<()> {
