@@ -194,6 +194,7 @@ async fn task_logs(
     let chunk = state
         .engine
         .store()
+        .tasks()
         .read_log(id, params.offset.unwrap_or(0), limit)
         .await
         .map_err(orchestrator_engine::Error::from)?;

@@ -119,7 +119,7 @@ impl Access {
     }
 
     async fn reload(&self) -> Result<()> {
-        let tokens = self.store.tokens().await?;
+        let tokens = self.store.access().tokens().await?;
         let mut cache = crate::engine::lock(&self.cache);
         cache.by_id = tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
         cache.loaded = Instant::now();
@@ -197,7 +197,7 @@ impl Access {
     }
 
     async fn store_token(&self, record: ApiToken, token: String) -> Result<IssuedToken> {
-        self.store.put_token(&record).await?;
+        self.store.access().put_token(&record).await?;
         crate::engine::lock(&self.cache)
             .by_id
             .insert(record.id.clone(), record.clone());
@@ -214,7 +214,7 @@ impl Access {
         if record.is_active() {
             record.revoked_at = Some(Utc::now());
             record.version += 1;
-            self.store.put_token(&record).await?;
+            self.store.access().put_token(&record).await?;
             crate::engine::lock(&self.cache)
                 .by_id
                 .insert(record.id.clone(), record.clone());
@@ -224,7 +224,7 @@ impl Access {
 
     /// Every token record, oldest first.
     pub async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        Ok(self.store.tokens().await?)
+        Ok(self.store.access().tokens().await?)
     }
 
     /// On a store without an active admin token, makes one: `supplied`
@@ -256,13 +256,13 @@ impl Access {
     /// Appends to the audit log. A failure is logged, not returned: the
     /// action it records has already happened and been answered.
     pub async fn record(&self, record: AuditRecord) {
-        if let Err(e) = self.store.append_audit(&record).await {
+        if let Err(e) = self.store.access().append_audit(&record).await {
             tracing::error!(error = %e, action = %record.action, actor = %record.actor,
                 "cannot write an audit record");
         }
     }
 
     pub async fn audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        Ok(self.store.list_audit(query).await?)
+        Ok(self.store.access().list_audit(query).await?)
     }
 }

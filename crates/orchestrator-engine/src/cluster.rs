@@ -26,7 +26,7 @@ impl Inner {
             started_at: self.started_at,
             last_seen: Utc::now(),
         };
-        Ok(self.store.heartbeat(&node).await?)
+        Ok(self.store.nodes().heartbeat(&node).await?)
     }
 
     /// Runs until the engine has shut down completely (not just stopped
@@ -34,7 +34,7 @@ impl Inner {
     /// must keep being renewed, or another node would take them over.
     pub(crate) async fn housekeeping_loop(self: Arc<Self>) {
         let renew_every = (self.config.lease / 3).max(Duration::from_millis(100));
-        let shared = self.store.shared();
+        let shared = self.store.nodes().shared();
         let tick = if shared {
             POLL_INTERVAL.min(renew_every)
         } else {
@@ -79,7 +79,7 @@ impl Inner {
             .collect();
         let mut owned = Vec::new();
         for (id, token) in running {
-            let Ok(Some(task)) = self.store.get_task(id).await else {
+            let Ok(Some(task)) = self.store.tasks().get_task(id).await else {
                 continue;
             };
             if task.status != TaskStatus::Running
@@ -106,9 +106,9 @@ impl Inner {
                 task.lease_until = Some(
                     Utc::now() + chrono::Duration::from_std(self.config.lease).unwrap_or_default(),
                 );
-                match self.store.update_task(&task).await {
+                match self.store.tasks().update_task(&task).await {
                     Ok(_) => break,
-                    Err(e) if is_conflict(&e) => match self.store.get_task(id).await {
+                    Err(e) if is_conflict(&e) => match self.store.tasks().get_task(id).await {
                         Ok(Some(fresh))
                             if fresh.status == TaskStatus::Running && fresh.node == task.node =>
                         {
@@ -130,7 +130,7 @@ impl Inner {
     /// queues what other nodes accepted.
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
         let now = Utc::now();
-        for task in self.store.unfinished_tasks().await? {
+        for task in self.store.tasks().unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Running => {
                     let expired = task.lease_until.is_some_and(|until| until < now);

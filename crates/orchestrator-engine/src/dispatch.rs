@@ -91,7 +91,7 @@ impl Inner {
     }
 
     async fn run_attempt(&self, id: TaskId, worker: OwnedSemaphorePermit) -> Result<()> {
-        let Some(task) = self.store.get_task(id).await? else {
+        let Some(task) = self.store.tasks().get_task(id).await? else {
             return Ok(());
         };
         if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
@@ -148,7 +148,7 @@ impl Inner {
         claim.node = Some(self.config.node_id.clone());
         claim.lease_until =
             Some(now + chrono::Duration::from_std(self.config.lease).unwrap_or_default());
-        let task = match self.store.update_task(&claim).await {
+        let task = match self.store.tasks().update_task(&claim).await {
             Ok(task) => task,
             Err(e) if is_conflict(&e) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -194,7 +194,7 @@ impl Inner {
         let log_pump = tokio::spawn(async move {
             while let Some(chunk) = log_lines.recv().await {
                 let chunk = secrets.redact_bytes(&chunk);
-                if let Err(e) = store.append_log(task_id, &chunk).await {
+                if let Err(e) = store.tasks().append_log(task_id, &chunk).await {
                     tracing::warn!(task = %task_id, error = %e, "log append failed");
                 }
             }
@@ -236,7 +236,7 @@ impl Inner {
             workflow.status = WorkflowStatus::Running;
             workflow.started_at.get_or_insert(now);
             workflow.updated_at = now;
-            match self.store.update_workflow(&workflow, &[]).await {
+            match self.store.tasks().update_workflow(&workflow, &[]).await {
                 Ok(_) => {
                     lock(&self.running_workflows).insert(id);
                     return Ok(());
@@ -290,7 +290,7 @@ impl Inner {
                     )?;
                 }
             }
-            let stored = match self.store.update_task(&task).await {
+            let stored = match self.store.tasks().update_task(&task).await {
                 Ok(stored) => stored,
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
@@ -321,6 +321,7 @@ impl Inner {
 
     pub(crate) async fn load_task(&self, id: TaskId) -> Result<Task> {
         self.store
+            .tasks()
             .get_task(id)
             .await?
             .ok_or_else(|| Error::NotFound {
@@ -338,7 +339,7 @@ impl Inner {
         loop {
             let mut task = self.load_task(id).await?;
             task.save_checkpoint(entries.clone(), Utc::now())?;
-            match self.store.update_task(&task).await {
+            match self.store.tasks().update_task(&task).await {
                 Ok(stored) => return Ok(stored),
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
@@ -352,7 +353,7 @@ impl Inner {
             let immediate = task
                 .request_cancel(Utc::now())
                 .map_err(|e| Error::Conflict(e.to_string()))?;
-            match self.store.update_task(&task).await {
+            match self.store.tasks().update_task(&task).await {
                 Ok(stored) => {
                     if immediate {
                         self.advance(stored.workflow_id).await?;

@@ -263,6 +263,7 @@ impl Engine {
             .inner
             .store
             .nodes()
+            .nodes()
             .await?
             .into_iter()
             .map(|n| {
@@ -294,6 +295,7 @@ impl Engine {
     pub async fn task(&self, id: TaskId) -> Result<Task> {
         self.inner
             .store
+            .tasks()
             .get_task(id)
             .await?
             .ok_or_else(|| Error::NotFound {
@@ -304,17 +306,17 @@ impl Engine {
 
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
         let workflow = self.inner.load_workflow(id).await?;
-        let tasks = self.inner.store.workflow_tasks(id).await?;
+        let tasks = self.inner.store.tasks().workflow_tasks(id).await?;
         let tasks = tasks.into_iter().map(Arc::unwrap_or_clone).collect();
         Ok(WorkflowView::new(workflow, tasks))
     }
 
     pub async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
-        Ok(self.inner.store.list_tasks(query).await?)
+        Ok(self.inner.store.tasks().list_tasks(query).await?)
     }
 
     pub async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
-        Ok(self.inner.store.list_workflows(query).await?)
+        Ok(self.inner.store.tasks().list_workflows(query).await?)
     }
 
     /// Cancels a task: at once if it is not running; a running one gets
@@ -380,6 +382,7 @@ impl Engine {
 impl Inner {
     pub(crate) async fn load_workflow(&self, id: WorkflowId) -> Result<Workflow> {
         self.store
+            .tasks()
             .get_workflow(id)
             .await?
             .ok_or_else(|| Error::NotFound {
@@ -391,7 +394,7 @@ impl Inner {
     /// Puts unfinished work back in motion after a start.
     async fn recover(&self) -> Result<()> {
         let mut requeued = 0usize;
-        for task in self.store.unfinished_tasks().await? {
+        for task in self.store.tasks().unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Queued => {
                     self.enqueue(&task);
@@ -405,7 +408,7 @@ impl Inner {
                     // The previous life of this node died during this
                     // attempt. On a shared store the task may instead be
                     // another live node's: leave those to their lease.
-                    let ours = !self.store.shared()
+                    let ours = !self.store.nodes().shared()
                         || task.node.as_deref() == Some(self.config.node_id.as_str())
                         || task.lease_until.is_none_or(|until| until < Utc::now());
                     if ours {
@@ -445,7 +448,7 @@ impl Inner {
         } else {
             task.fail(error, None, &self.config.retry, rand::random(), now)?;
         }
-        let stored = match self.store.update_task(&task).await {
+        let stored = match self.store.tasks().update_task(&task).await {
             Ok(stored) => stored,
             Err(e) if crate::dispatch::is_conflict(&e) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -473,7 +476,7 @@ impl Inner {
                 limit: usize::MAX,
                 ..Default::default()
             };
-            for workflow in self.store.list_workflows(&query).await?.items {
+            for workflow in self.store.tasks().list_workflows(&query).await?.items {
                 self.register_limit(&workflow);
                 self.advance(workflow.id).await?;
             }

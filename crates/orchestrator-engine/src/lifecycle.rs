@@ -48,7 +48,7 @@ impl Inner {
     pub(crate) async fn advance(&self, id: WorkflowId) -> Result<()> {
         loop {
             let workflow = self.load_workflow(id).await?;
-            let tasks = self.store.workflow_tasks(id).await?;
+            let tasks = self.store.tasks().workflow_tasks(id).await?;
             let decisions = decide(&workflow, &tasks);
             if decisions.is_empty() {
                 return Ok(());
@@ -135,7 +135,7 @@ impl Inner {
     /// Stores a task; `None` if someone else changed it first (the next
     /// round of decisions sees their change).
     async fn store_task(&self, task: &Task) -> Result<Option<Task>> {
-        match self.store.update_task(task).await {
+        match self.store.tasks().update_task(task).await {
             Ok(stored) => Ok(Some(stored)),
             Err(e) if is_conflict(&e) => Ok(None),
             Err(e) => Err(e.into()),
@@ -147,7 +147,12 @@ impl Inner {
         workflow: &Workflow,
         new_tasks: &[Task],
     ) -> Result<Option<Workflow>> {
-        match self.store.update_workflow(workflow, new_tasks).await {
+        match self
+            .store
+            .tasks()
+            .update_workflow(workflow, new_tasks)
+            .await
+        {
             Ok(stored) => Ok(Some(stored)),
             Err(e) if is_conflict(&e) => Ok(None),
             Err(e) => Err(e.into()),
@@ -282,7 +287,7 @@ impl Engine {
             if !workflow.cancel_requested {
                 workflow.cancel_requested = true;
                 workflow.updated_at = Utc::now();
-                match inner.store.update_workflow(&workflow, &[]).await {
+                match inner.store.tasks().update_workflow(&workflow, &[]).await {
                     Ok(_) => {}
                     Err(e) if is_conflict(&e) => continue,
                     Err(e) => return Err(e.into()),
@@ -291,7 +296,7 @@ impl Engine {
             break;
         }
         inner.advance(id).await?;
-        for task in inner.store.workflow_tasks(id).await? {
+        for task in inner.store.tasks().workflow_tasks(id).await? {
             if task.status == TaskStatus::Running {
                 match inner.cancel_task(task.id).await {
                     Ok(_) | Err(Error::Conflict(_)) => {}
@@ -319,6 +324,7 @@ impl Engine {
         if workflow.status == WorkflowStatus::Completed
             && !inner
                 .store
+                .tasks()
                 .workflow_tasks(id)
                 .await?
                 .iter()
@@ -337,6 +343,7 @@ impl Engine {
         workflow.updated_at = now;
         inner
             .store
+            .tasks()
             .update_workflow(&workflow, &[])
             .await
             .map_err(|e| {
@@ -347,7 +354,7 @@ impl Engine {
                 }
             })?;
         inner.register_limit(&workflow);
-        let tasks = inner.store.workflow_tasks(id).await?;
+        let tasks = inner.store.tasks().workflow_tasks(id).await?;
         // Steps a rollback undid must run again too, or later steps would
         // read outputs describing what no longer exists.
         let undone: std::collections::HashSet<TaskId> = tasks
@@ -361,7 +368,7 @@ impl Engine {
             {
                 let mut task = Task::clone(&task);
                 task.rerun_even_if_completed(now)?;
-                inner.store.update_task(&task).await?;
+                inner.store.tasks().update_task(&task).await?;
             }
         }
         tracing::info!(workflow = %id, "workflow retried");

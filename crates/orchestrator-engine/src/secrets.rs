@@ -76,7 +76,7 @@ impl Secrets {
 
     async fn reload(&self) -> Result<()> {
         let mut values = BTreeMap::new();
-        for record in self.store.secrets().await? {
+        for record in self.store.access().secrets().await? {
             values.insert(record.name.clone(), self.open(&record)?);
         }
         *self.values.write().unwrap_or_else(|e| e.into_inner()) = values;
@@ -143,6 +143,7 @@ impl Secrets {
         let now = Utc::now();
         let previous = self
             .store
+            .access()
             .secrets()
             .await?
             .into_iter()
@@ -155,7 +156,7 @@ impl Secrets {
             updated_at: now,
             version: previous.map_or(0, |p| p.version + 1),
         };
-        self.store.put_secret(&record).await?;
+        self.store.access().put_secret(&record).await?;
         self.values
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -169,7 +170,7 @@ impl Secrets {
 
     /// Deletes a secret; whether there was one.
     pub async fn delete(&self, name: &str) -> Result<bool> {
-        let deleted = self.store.delete_secret(name).await?;
+        let deleted = self.store.access().delete_secret(name).await?;
         self.values
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -181,6 +182,7 @@ impl Secrets {
     pub async fn list(&self) -> Result<Vec<SecretInfo>> {
         Ok(self
             .store
+            .access()
             .secrets()
             .await?
             .into_iter()

@@ -205,7 +205,7 @@ impl Engine {
             if let Some(existing) = self.find_repeat(&mut workflow).await? {
                 return Ok((self.workflow(existing.id).await?, true));
             }
-            match inner.store.insert_workflow(&workflow, &tasks).await {
+            match inner.store.tasks().insert_workflow(&workflow, &tasks).await {
                 Ok(()) => break,
                 // A concurrent twin got there first: look again.
                 Err(orchestrator_storage::Error::AlreadyExists {
@@ -237,7 +237,7 @@ impl Engine {
                 limit: 1,
                 ..Default::default()
             };
-            if let Some(existing) = store.list_workflows(&query).await?.items.pop() {
+            if let Some(existing) = store.tasks().list_workflows(&query).await?.items.pop() {
                 if existing.request_digest != workflow.request_digest {
                     return Err(Error::Conflict(format!(
                         "Idempotency-Key `{key}` was already used for a different request (workflow {})",
@@ -253,7 +253,7 @@ impl Engine {
                 limit: 1,
                 ..Default::default()
             };
-            if let Some(latest) = store.list_workflows(&query).await?.items.pop() {
+            if let Some(latest) = store.tasks().list_workflows(&query).await?.items.pop() {
                 if latest.request_digest == workflow.request_digest {
                     return Ok(Some(latest));
                 }

@@ -1,29 +1,41 @@
-//! A [`Backend`] wrapper that fails on demand, in the spirit of Temporal's
+//! A store wrapper that fails on demand, in the spirit of Temporal's
 //! fault-injection persistence layer: tests turn write failures on and off
 //! to show that a failed write surfaces as an error, never as silent loss.
 //! They can also hold back the writes that end a task, to show what goes on
-//! while an outcome is still on its way to storage. Reads always pass through.
+//! while an outcome is still on its way to storage.
+//!
+//! It wraps only the concerns it faults: the task store (workflow and task
+//! writes, log appends) and bulk transfer (imports). Reads, nodes and
+//! access records pass straight through, unwrapped.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 use tokio::sync::watch;
 
 use crate::{
-    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
-    Storage, TaskQuery, WorkflowQuery,
+    BulkTransfer, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned, Storage,
+    TaskQuery, TaskStore, WorkflowQuery,
 };
 
-/// Wraps a store; while `failing` is set, every write returns an I/O error
-/// without reaching it; while `holding` is set, a write that ends a task
-/// (a terminal status) waits.
-pub struct FaultyBackend {
-    inner: Storage,
-    failing: Arc<AtomicBool>,
-    holding: watch::Sender<bool>,
+/// Wraps a store: while `failing` is set, every task-store or import write
+/// returns an I/O error without reaching it; while `holding` is set, a
+/// write that ends a task (a terminal status) waits.
+pub struct FaultyBackend;
+
+impl FaultyBackend {
+    pub fn wrap(inner: Storage) -> (Storage, FaultSwitch) {
+        let switch = FaultSwitch {
+            failing: Arc::new(AtomicBool::new(false)),
+            holding: watch::Sender::new(false),
+        };
+        let storage = inner
+            .map_tasks(|inner| Arc::new(Faulty::new(inner, &switch)))
+            .map_transfer(|inner| Arc::new(Faulty::new(inner, &switch)));
+        (storage, switch)
+    }
 }
 
 /// The switches of a [`FaultyBackend`], kept by the test.
@@ -43,19 +55,6 @@ impl FaultSwitch {
     pub fn hold_task_endings(&self, holding: bool) {
         self.holding.send_replace(holding);
     }
-}
-
-impl FaultyBackend {
-    pub fn wrap(inner: Storage) -> (Storage, FaultSwitch) {
-        let failing = Arc::new(AtomicBool::new(false));
-        let holding = watch::Sender::new(false);
-        let backend = FaultyBackend {
-            inner,
-            failing: failing.clone(),
-            holding: holding.clone(),
-        };
-        (Storage::new(backend), FaultSwitch { failing, holding })
-    }
 
     fn check(&self, what: &str) -> Result<()> {
         if self.failing.load(Ordering::SeqCst) {
@@ -68,28 +67,39 @@ impl FaultyBackend {
     }
 }
 
-#[async_trait]
-impl Backend for FaultyBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
+/// One concern of a store, behind the fault switch.
+struct Faulty<T: ?Sized> {
+    inner: Arc<T>,
+    switch: FaultSwitch,
+}
 
+impl<T: ?Sized> Faulty<T> {
+    fn new(inner: Arc<T>, switch: &FaultSwitch) -> Faulty<T> {
+        Faulty {
+            inner,
+            switch: switch.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl TaskStore for Faulty<dyn TaskStore> {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
-        self.check("insert workflow")?;
+        self.switch.check("insert workflow")?;
         self.inner.insert_workflow(workflow, tasks).await
     }
 
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
-        self.check("update workflow")?;
+        self.switch.check("update workflow")?;
         self.inner.update_workflow(workflow, new_tasks).await
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
         if task.status.is_terminal() {
-            // Never errs: the sender lives in `self`.
-            let _ = self.holding.subscribe().wait_for(|held| !held).await;
+            // Never errs: the sender lives in `self.switch`.
+            let _ = self.switch.holding.subscribe().wait_for(|held| !held).await;
         }
-        self.check("update task")?;
+        self.switch.check("update task")?;
         self.inner.update_task(task).await
     }
 
@@ -117,35 +127,20 @@ impl Backend for FaultyBackend {
         self.inner.list_workflows(query).await
     }
 
-    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
-        self.check("append log")?;
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
+        self.switch.check("append log")?;
         self.inner.append_log(id, chunk).await
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
         self.inner.read_log(id, offset, max_bytes).await
     }
+}
 
-    async fn health(&self) -> Result<()> {
-        self.check("health")?;
-        self.inner.health().await
-    }
-
-    fn shared(&self) -> bool {
-        self.inner.shared()
-    }
-
-    async fn heartbeat(&self, node: &Node) -> Result<()> {
-        self.check("heartbeat")?;
-        self.inner.heartbeat(node).await
-    }
-
-    async fn nodes(&self) -> Result<Vec<Node>> {
-        self.inner.nodes().await
-    }
-
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
+#[async_trait]
+impl BulkTransfer for Faulty<dyn BulkTransfer> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 
     async fn scan(
@@ -166,48 +161,24 @@ impl Backend for FaultyBackend {
     }
 
     async fn import(&self, records: &[Record]) -> Result<()> {
-        self.check("import records")?;
+        self.switch.check("import records")?;
         self.inner.import(records).await
-    }
-
-    async fn put_token(&self, token: &ApiToken) -> Result<()> {
-        self.check("store a token")?;
-        self.inner.put_token(token).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        self.inner.tokens().await
-    }
-
-    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
-        self.check("store a secret")?;
-        self.inner.put_secret(secret).await
-    }
-
-    async fn delete_secret(&self, name: &str) -> Result<bool> {
-        self.check("delete a secret")?;
-        self.inner.delete_secret(name).await
-    }
-
-    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
-        self.inner.secrets().await
-    }
-
-    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
-        self.check("append an audit record")?;
-        self.inner.append_audit(record).await
-    }
-
-    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        self.inner.list_audit(query).await
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
         self.inner.log_lengths(ids).await
     }
 
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        self.inner.read_logs(asks).await
+    }
+
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
-        self.check("import logs")?;
+        self.switch.check("import logs")?;
         self.inner.import_logs(pieces).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
     }
 }

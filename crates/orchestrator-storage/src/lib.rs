@@ -1,10 +1,12 @@
-//! Storage: one trait, [`Backend`], and the backends behind it.
+//! Storage: traits by concern ([`Backend`], [`TaskStore`], [`NodeStore`],
+//! [`AccessStore`], [`BulkTransfer`]) and the backends behind them.
 //!
-//! Callers hold a [`Storage`], a cheap clonable handle around `Arc<dyn
-//! Backend>`, and never name a concrete backend. [`StorageType`] lists every
+//! Callers hold a [`Storage`], a cheap clonable handle with one trait
+//! object per concern, and never name a concrete backend. [`StorageType`] lists every
 //! backend whether or not its cargo feature is compiled in, so a request for a
 //! missing one is answered with the feature to enable instead of "unknown".
 
+mod changes;
 mod error;
 pub mod faults;
 pub mod fs;
@@ -26,16 +28,29 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
+pub use changes::{Change, ChangeFeed, ChangeSink};
 pub use error::{Error, Result};
 
-/// Everything the orchestrator persists. Every write is durable when the
-/// returned future resolves: an acknowledged write survives a crash or a
-/// power cut.
+/// The backend as a whole: its identity and lifecycle.
 #[async_trait]
 pub trait Backend: Send + Sync {
     /// The backend's name as used by `--storage-type`.
     fn name(&self) -> &'static str;
 
+    /// Whether the backend can serve reads and writes right now: `Ok` when
+    /// it can, otherwise the reason (closed, poisoned by a failed write, a
+    /// database server that does not answer).
+    async fn health(&self) -> Result<()>;
+
+    /// Flushes and releases the backend. Later calls fail.
+    async fn close(&self) -> Result<()>;
+}
+
+/// Tasks, workflows and their logs. Every write is durable when the
+/// returned future resolves: an acknowledged write survives a crash or a
+/// power cut.
+#[async_trait]
+pub trait TaskStore: Send + Sync {
     /// Stores a new workflow and all its tasks atomically: after a crash
     /// either all of them exist or none does. Refused with
     /// [`Error::AlreadyExists`] if the workflow id, a task id, the
@@ -44,8 +59,8 @@ pub trait Backend: Send + Sync {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()>;
 
     /// Replaces a workflow by compare-and-set on `version`, as
-    /// [`Backend::update_task`] does, and adds `new_tasks` in the same atomic
-    /// write (a workflow that grows, e.g. by rollback steps).
+    /// [`TaskStore::update_task`] does, and adds `new_tasks` in the same
+    /// atomic write (a workflow that grows, e.g. by rollback steps).
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow>;
 
     /// Replaces a task if, and only if, the stored version equals
@@ -70,22 +85,19 @@ pub trait Backend: Send + Sync {
     /// Workflows matching the query, newest first.
     async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>>;
 
-    /// Appends captured script output to a task's log.
-    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()>;
+    /// Appends to a task's log; returns the log's length in bytes after the append.
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64>;
 
     /// Reads up to `max_bytes` of a task's log from `offset`.
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk>;
+}
 
-    /// Whether the backend can serve reads and writes right now: `Ok` when
-    /// it can, otherwise the reason (closed, poisoned by a failed write, a
-    /// database server that does not answer).
-    async fn health(&self) -> Result<()>;
-
+/// Nodes and leases: life among other services sharing the store.
+#[async_trait]
+pub trait NodeStore: Send + Sync {
     /// Whether several services may use this store at once (then they
     /// coordinate through leases). Only a database server is shared.
-    fn shared(&self) -> bool {
-        false
-    }
+    fn shared(&self) -> bool;
 
     /// Records a node's heartbeat (replacing its previous one).
     async fn heartbeat(&self, node: &Node) -> Result<()>;
@@ -93,12 +105,45 @@ pub trait Backend: Send + Sync {
     /// Every node that ever sent a heartbeat, by id.
     async fn nodes(&self) -> Result<Vec<Node>>;
 
-    /// Flushes and releases the backend. Later calls fail.
-    async fn close(&self) -> Result<()>;
+    /// A feed of committed changes made by any node; `None` where the store
+    /// is not shared (one node: the engine knows its own writes). Each call
+    /// starts a feed of its own.
+    fn changes(&self) -> Option<ChangeFeed>;
+}
 
-    // Bulk transfer, for `orchestrator migrate`: records move as they are
-    // stored, ids, versions and timestamps included, never through the
-    // state machine's update paths.
+/// API tokens, secrets and the audit log. Few records, read rarely (tokens
+/// and secrets are cached by their users).
+#[async_trait]
+pub trait AccessStore: Send + Sync {
+    /// Stores a token record, replacing the one with the same id (a revoke).
+    async fn put_token(&self, token: &ApiToken) -> Result<()>;
+
+    /// Every token record, active or revoked, oldest first.
+    async fn tokens(&self) -> Result<Vec<ApiToken>>;
+
+    /// Stores a secret, replacing the one with the same name.
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()>;
+
+    /// Deletes a secret; whether there was one.
+    async fn delete_secret(&self, name: &str) -> Result<bool>;
+
+    /// Every secret, by name.
+    async fn secrets(&self) -> Result<Vec<SecretRecord>>;
+
+    /// Appends an audit record; durable on return.
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()>;
+
+    /// Audit records matching the query, newest first.
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
+}
+
+/// Bulk transfer, for `orchestrator migrate`: records move as they are
+/// stored, ids, versions and timestamps included, never through the state
+/// machine's update paths.
+#[async_trait]
+pub trait BulkTransfer: Send + Sync {
+    /// The backend's name as used by `--storage-type`.
+    fn name(&self) -> &'static str;
 
     /// Up to `limit` records of `kind` whose keys sort after `after`, in
     /// key order. A record that cannot be read comes back as
@@ -120,54 +165,28 @@ pub trait Backend: Send + Sync {
 
     /// Stores records exactly as given, replacing any under the same key.
     /// Durable on return; repeating it changes nothing, so an interrupted
-    /// copy can simply be run again.
+    /// copy can simply be run again. A store opened read-only refuses it
+    /// with [`Error::ReadOnly`].
     async fn import(&self, records: &[Record]) -> Result<()>;
 
     /// The length in bytes of each task's log (0 for none), in the order asked.
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>>;
 
-    /// Reads a piece of each of several logs, as [`Backend::read_log`]
+    /// Reads a piece of each of several logs, as [`TaskStore::read_log`]
     /// would one at a time: `(task, offset, max_bytes)` each, answered in
     /// the order asked. An answer may be shorter than asked even before
-    /// the end of its log; read on from its `next_offset`. A backend that
-    /// can answer many in one round trip overrides this.
-    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        let mut chunks = Vec::with_capacity(asks.len());
-        for &(id, offset, max_bytes) in asks {
-            chunks.push(self.read_log(id, offset, max_bytes).await?);
-        }
-        Ok(chunks)
-    }
-
-    // Access: API tokens, secrets and the audit log. Few records, read
-    // rarely (tokens and secrets are cached by their users).
-
-    /// Stores a token record, replacing the one with the same id (a revoke).
-    async fn put_token(&self, token: &ApiToken) -> Result<()>;
-
-    /// Every token record, active or revoked, oldest first.
-    async fn tokens(&self) -> Result<Vec<ApiToken>>;
-
-    /// Stores a secret, replacing the one with the same name.
-    async fn put_secret(&self, secret: &SecretRecord) -> Result<()>;
-
-    /// Deletes a secret; whether there was one.
-    async fn delete_secret(&self, name: &str) -> Result<bool>;
-
-    /// Every secret, by name.
-    async fn secrets(&self) -> Result<Vec<SecretRecord>>;
-
-    /// Appends an audit record; durable on return.
-    async fn append_audit(&self, record: &AuditRecord) -> Result<()>;
-
-    /// Audit records matching the query, newest first.
-    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
+    /// the end of its log; read on from its `next_offset`.
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>>;
 
     /// Writes pieces of task logs, each at its `offset`, which must be its
     /// log's length when the piece is written (else [`Error::Conflict`]),
     /// so a repeated import never writes a byte twice. Pieces of one task
-    /// come in order. Durable on return: many small logs cost one sync.
+    /// come in order. Durable on return: many small logs cost one sync. A
+    /// store opened read-only refuses it with [`Error::ReadOnly`].
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()>;
+
+    /// Flushes and releases the store. Later calls fail.
+    async fn close(&self) -> Result<()>;
 }
 
 /// A piece of a task's log being imported: `data` belongs at byte `offset`.
@@ -178,7 +197,7 @@ pub struct LogPiece {
     pub data: Vec<u8>,
 }
 
-/// Filters for [`Backend::list_audit`]; every set field must match.
+/// Filters for [`AccessStore::list_audit`]; every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditQuery {
     /// At or after.
@@ -334,7 +353,7 @@ pub struct Scanned {
     pub record: std::result::Result<Record, String>,
 }
 
-/// Filters for [`Backend::list_tasks`].
+/// Filters for [`TaskStore::list_tasks`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskQuery {
     pub status: Option<TaskStatus>,
@@ -343,7 +362,7 @@ pub struct TaskQuery {
     pub offset: usize,
 }
 
-/// Filters for [`Backend::list_workflows`]; every set field must match.
+/// Filters for [`TaskStore::list_workflows`]; every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkflowQuery {
     pub status: Option<WorkflowStatus>,
@@ -372,26 +391,154 @@ pub struct LogChunk {
     pub next_offset: u64,
 }
 
-/// The clonable storage handle every other crate uses.
+/// The clonable storage handle every other crate uses: one backend seen
+/// through its concerns. Each concern is its own trait object, so a
+/// wrapper (timing, fault injection) can wrap one concern and leave the
+/// others as they are.
 #[derive(Clone)]
-pub struct Storage(Arc<dyn Backend>);
-
-impl Storage {
-    pub fn new(backend: impl Backend + 'static) -> Storage {
-        Storage(Arc::new(backend))
-    }
+pub struct Storage {
+    backend: Arc<dyn Backend>,
+    tasks: Arc<dyn TaskStore>,
+    nodes: Arc<dyn NodeStore>,
+    access: Arc<dyn AccessStore>,
+    transfer: Arc<dyn BulkTransfer>,
 }
 
-impl Deref for Storage {
-    type Target = dyn Backend;
-    fn deref(&self) -> &Self::Target {
-        &*self.0
+impl Storage {
+    pub fn new<B>(backend: B) -> Storage
+    where
+        B: Backend + TaskStore + NodeStore + AccessStore + BulkTransfer + 'static,
+    {
+        let backend = Arc::new(backend);
+        Storage {
+            backend: backend.clone(),
+            tasks: backend.clone(),
+            nodes: backend.clone(),
+            access: backend.clone(),
+            transfer: backend,
+        }
+    }
+
+    /// The backend's name as used by `--storage-type`.
+    pub fn name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// See [`Backend::health`].
+    pub async fn health(&self) -> Result<()> {
+        self.backend.health().await
+    }
+
+    /// See [`Backend::close`].
+    pub async fn close(&self) -> Result<()> {
+        self.backend.close().await
+    }
+
+    pub fn tasks(&self) -> &dyn TaskStore {
+        &*self.tasks
+    }
+
+    pub fn nodes(&self) -> &dyn NodeStore {
+        &*self.nodes
+    }
+
+    pub fn access(&self) -> &dyn AccessStore {
+        &*self.access
+    }
+
+    pub fn transfer(&self) -> &dyn BulkTransfer {
+        &*self.transfer
+    }
+
+    /// The same store with its [`Backend`] side wrapped.
+    pub fn map_backend(self, wrap: impl FnOnce(Arc<dyn Backend>) -> Arc<dyn Backend>) -> Storage {
+        Storage {
+            backend: wrap(self.backend),
+            ..self
+        }
+    }
+
+    /// The same store with its [`TaskStore`] side wrapped.
+    pub fn map_tasks(self, wrap: impl FnOnce(Arc<dyn TaskStore>) -> Arc<dyn TaskStore>) -> Storage {
+        Storage {
+            tasks: wrap(self.tasks),
+            ..self
+        }
+    }
+
+    /// The same store with its [`NodeStore`] side wrapped.
+    pub fn map_nodes(self, wrap: impl FnOnce(Arc<dyn NodeStore>) -> Arc<dyn NodeStore>) -> Storage {
+        Storage {
+            nodes: wrap(self.nodes),
+            ..self
+        }
+    }
+
+    /// The same store with its [`AccessStore`] side wrapped.
+    pub fn map_access(
+        self,
+        wrap: impl FnOnce(Arc<dyn AccessStore>) -> Arc<dyn AccessStore>,
+    ) -> Storage {
+        Storage {
+            access: wrap(self.access),
+            ..self
+        }
+    }
+
+    /// The same store with its [`BulkTransfer`] side wrapped.
+    pub fn map_transfer(
+        self,
+        wrap: impl FnOnce(Arc<dyn BulkTransfer>) -> Arc<dyn BulkTransfer>,
+    ) -> Storage {
+        Storage {
+            transfer: wrap(self.transfer),
+            ..self
+        }
     }
 }
 
 impl fmt::Debug for Storage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Storage").field(&self.0.name()).finish()
+        f.debug_tuple("Storage").field(&self.name()).finish()
+    }
+}
+
+/// A store opened only to be copied from or into (`orchestrator migrate`):
+/// its bulk-transfer side and nothing else, so a store opened read-only
+/// has no task, node or access calls to refuse.
+///
+/// ```compile_fail,E0599
+/// # async fn f(store: orchestrator_storage::TransferStore, w: orchestrator_core::Workflow) {
+/// store.insert_workflow(&w, &[]).await; // a migration source has no task writes
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TransferStore(Arc<dyn BulkTransfer>);
+
+impl TransferStore {
+    pub fn new(store: impl BulkTransfer + 'static) -> TransferStore {
+        TransferStore(Arc::new(store))
+    }
+}
+
+impl From<Storage> for TransferStore {
+    fn from(storage: Storage) -> TransferStore {
+        TransferStore(storage.transfer)
+    }
+}
+
+impl Deref for TransferStore {
+    type Target = dyn BulkTransfer;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for TransferStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TransferStore")
+            .field(&self.0.name())
+            .finish()
     }
 }
 
@@ -607,16 +754,17 @@ pub async fn open(config: &StorageConfig) -> Result<Storage> {
 
 /// Opens a store to read it only, for `orchestrator migrate`: no lock is
 /// taken and nothing is created or changed, so a filesystem store can be
-/// read while its service runs. Every write is refused with
-/// [`Error::ReadOnly`]. A filesystem store's damaged records are reported
-/// by [`Backend::scan`] instead of failing the open.
-pub async fn open_read_only(config: &StorageConfig) -> Result<Storage> {
+/// read while its service runs. Only the bulk-transfer side is there, and
+/// its writes are refused with [`Error::ReadOnly`]. A filesystem store's
+/// damaged records are reported by [`BulkTransfer::scan`] instead of
+/// failing the open.
+pub async fn open_read_only(config: &StorageConfig) -> Result<TransferStore> {
     match config.storage_type {
-        StorageType::Filesystem => Ok(Storage::new(
+        StorageType::Filesystem => Ok(TransferStore::new(
             fs::IndexedStore::open(&config.data_dir).await?,
         )),
         #[cfg(feature = "surrealdb")]
-        StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Ok(Storage::new(
+        StorageType::SurrealdbEmbedded | StorageType::SurrealdbServer => Ok(TransferStore::new(
             surreal::SurrealBackend::open_read_only(config).await?,
         )),
         #[cfg(not(feature = "surrealdb"))]
@@ -627,14 +775,13 @@ pub async fn open_read_only(config: &StorageConfig) -> Result<Storage> {
 /// Opens the target of `orchestrator migrate`, as [`open`] does, except
 /// that a filesystem store keeps where its records are instead of the
 /// records (see [`fs::IndexedStore`]), so that importing a large store
-/// does not hold it all in memory. Only the bulk-transfer calls of such a
-/// store are fast; it is not for serving.
-pub async fn open_for_import(config: &StorageConfig) -> Result<Storage> {
+/// does not hold it all in memory.
+pub async fn open_for_import(config: &StorageConfig) -> Result<TransferStore> {
     match config.storage_type {
-        StorageType::Filesystem => Ok(Storage::new(
+        StorageType::Filesystem => Ok(TransferStore::new(
             fs::IndexedStore::open_for_import(&config.data_dir).await?,
         )),
-        _ => open(config).await,
+        _ => Ok(open(config).await?.into()),
     }
 }
 

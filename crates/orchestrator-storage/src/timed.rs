@@ -1,6 +1,8 @@
-//! A [`Backend`] wrapper that times every call, in the spirit of
+//! A store wrapper that times every call, in the spirit of
 //! [`crate::faults`]: the service wraps whatever store it opened, so every
-//! backend reports the same metrics without knowing about them.
+//! backend reports the same metrics without knowing about them. Each
+//! concern is wrapped by its own impl, so the compiler names any call a
+//! wrapper forgets.
 //!
 //! It records through the `metrics` facade only (no I/O, no HTTP):
 //! `orchestrator_storage_operation_duration_seconds{backend, operation}`
@@ -18,28 +20,39 @@ use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
-    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
-    Storage, TaskQuery, WorkflowQuery,
+    AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
+    NodeStore, Page, Record, RecordKind, Result, Scanned, Storage, TaskQuery, TaskStore,
+    WorkflowQuery,
 };
 
-/// Wraps a store and times each of its calls.
-pub struct TimedBackend {
-    inner: Storage,
-    /// The inner backend's name, the `backend` label.
-    backend: &'static str,
-}
+/// Wraps every concern of a store and times each of its calls.
+pub struct TimedBackend;
 
 impl TimedBackend {
     pub fn wrap(inner: Storage) -> Storage {
         let backend = inner.name();
-        Storage::new(TimedBackend { inner, backend })
+        inner
+            .map_backend(|inner| Arc::new(Timed { inner, backend }))
+            .map_tasks(|inner| Arc::new(Timed { inner, backend }))
+            .map_nodes(|inner| Arc::new(Timed { inner, backend }))
+            .map_access(|inner| Arc::new(Timed { inner, backend }))
+            .map_transfer(|inner| Arc::new(Timed { inner, backend }))
     }
+}
 
-    async fn timed<T>(
+/// One concern of a store, timed.
+struct Timed<T: ?Sized> {
+    inner: Arc<T>,
+    /// The inner backend's name, the `backend` label.
+    backend: &'static str,
+}
+
+impl<T: ?Sized> Timed<T> {
+    async fn timed<R>(
         &self,
         operation: &'static str,
-        call: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
+        call: impl Future<Output = Result<R>>,
+    ) -> Result<R> {
         let started = Instant::now();
         let result = call.await;
         metrics::histogram!(
@@ -63,11 +76,22 @@ impl TimedBackend {
 }
 
 #[async_trait]
-impl Backend for TimedBackend {
+impl Backend for Timed<dyn Backend> {
     fn name(&self) -> &'static str {
         self.backend
     }
 
+    async fn health(&self) -> Result<()> {
+        self.timed("health", self.inner.health()).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.timed("close", self.inner.close()).await
+    }
+}
+
+#[async_trait]
+impl TaskStore for Timed<dyn TaskStore> {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
         self.timed(
             "insert_workflow",
@@ -117,7 +141,7 @@ impl Backend for TimedBackend {
             .await
     }
 
-    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         self.timed("append_log", self.inner.append_log(id, chunk))
             .await
     }
@@ -126,11 +150,10 @@ impl Backend for TimedBackend {
         self.timed("read_log", self.inner.read_log(id, offset, max_bytes))
             .await
     }
+}
 
-    async fn health(&self) -> Result<()> {
-        self.timed("health", self.inner.health()).await
-    }
-
+#[async_trait]
+impl NodeStore for Timed<dyn NodeStore> {
     fn shared(&self) -> bool {
         self.inner.shared()
     }
@@ -143,36 +166,13 @@ impl Backend for TimedBackend {
         self.timed("nodes", self.inner.nodes()).await
     }
 
-    async fn close(&self) -> Result<()> {
-        self.timed("close", self.inner.close()).await
+    fn changes(&self) -> Option<ChangeFeed> {
+        self.inner.changes()
     }
+}
 
-    async fn scan(
-        &self,
-        kind: RecordKind,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Scanned>> {
-        self.timed("scan", self.inner.scan(kind, after, limit))
-            .await
-    }
-
-    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
-        self.timed("fetch", self.inner.fetch(kind, keys)).await
-    }
-
-    async fn count(&self, kind: RecordKind) -> Result<u64> {
-        self.timed("count", self.inner.count(kind)).await
-    }
-
-    async fn import(&self, records: &[Record]) -> Result<()> {
-        self.timed("import", self.inner.import(records)).await
-    }
-
-    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        self.timed("log_lengths", self.inner.log_lengths(ids)).await
-    }
-
+#[async_trait]
+impl AccessStore for Timed<dyn AccessStore> {
     async fn put_token(&self, token: &ApiToken) -> Result<()> {
         self.timed("put_token", self.inner.put_token(token)).await
     }
@@ -203,9 +203,50 @@ impl Backend for TimedBackend {
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         self.timed("list_audit", self.inner.list_audit(query)).await
     }
+}
+
+#[async_trait]
+impl BulkTransfer for Timed<dyn BulkTransfer> {
+    fn name(&self) -> &'static str {
+        self.backend
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        self.timed("scan", self.inner.scan(kind, after, limit))
+            .await
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        self.timed("fetch", self.inner.fetch(kind, keys)).await
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        self.timed("count", self.inner.count(kind)).await
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.timed("import", self.inner.import(records)).await
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        self.timed("log_lengths", self.inner.log_lengths(ids)).await
+    }
+
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        self.timed("read_logs", self.inner.read_logs(asks)).await
+    }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
         self.timed("import_logs", self.inner.import_logs(pieces))
             .await
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.timed("close", self.inner.close()).await
     }
 }

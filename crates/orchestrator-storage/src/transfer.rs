@@ -1,8 +1,8 @@
 //! Moving every record from one store to another, and checking that two
 //! stores hold the same records: the engine of `orchestrator migrate`.
 //!
-//! Both work on any two [`Backend`]s through the bulk-transfer calls of the
-//! trait, in batches, so memory holds one batch (and one log chunk) at a
+//! Both work on any two stores through their [`BulkTransfer`] side, in
+//! batches, so memory holds one batch (and one log chunk) at a
 //! time whatever the store's size.
 //!
 //! A copy is a *sync*: each source batch is compared with what the target
@@ -20,7 +20,7 @@ use orchestrator_core::TaskId;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::{Backend, Error, LogPiece, Record, RecordKind, Scanned};
+use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Scanned};
 
 /// Bytes of a log moved per read and write.
 const LOG_CHUNK: usize = 1 << 20;
@@ -155,8 +155,8 @@ pub enum TransferError {
 /// Copies every record (and log) of `source` that `target` lacks or holds
 /// differently. See the module docs.
 pub async fn copy(
-    source: &dyn Backend,
-    target: &dyn Backend,
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
     options: &CopyOptions,
     progress: &dyn Progress,
 ) -> Result<CopyReport, TransferError> {
@@ -274,7 +274,7 @@ pub async fn copy(
 /// newer than the source's means something wrote to the target since it
 /// was copied: writing the older one over it would roll it back, so stop.
 async fn changed_records(
-    target: &dyn Backend,
+    target: &dyn BulkTransfer,
     kind: RecordKind,
     readable: Vec<Record>,
 ) -> Result<Vec<Record>, TransferError> {
@@ -309,9 +309,9 @@ async fn changed_records(
 /// a time, and the pieces written in imports of up to [`LOG_BATCH_BYTES`]:
 /// many small logs share one read and one write.
 async fn copy_logs(
-    source: &dyn Backend,
+    source: &dyn BulkTransfer,
     logs: &[(TaskId, u64, u64)],
-    target: &dyn Backend,
+    target: &dyn BulkTransfer,
     report: &mut CopyReport,
     progress: &dyn Progress,
 ) -> Result<(), TransferError> {
@@ -362,14 +362,27 @@ async fn copy_logs(
                 if offset >= wanted {
                     break;
                 }
-                chunk = source
-                    .read_log(task, offset, chunk_len(offset, wanted))
+                chunk = read_log(source, task, offset, chunk_len(offset, wanted))
                     .await
                     .map_err(TransferError::Source)?;
             }
         }
     }
     flush_logs(target, &mut pending, report, progress).await
+}
+
+/// Reads on in one log, where an answer came back short.
+async fn read_log(
+    store: &dyn BulkTransfer,
+    task: TaskId,
+    offset: u64,
+    max_bytes: usize,
+) -> Result<LogChunk, Error> {
+    let chunk = store.read_logs(&[(task, offset, max_bytes)]).await?;
+    Ok(chunk.into_iter().next().unwrap_or(LogChunk {
+        data: Vec::new(),
+        next_offset: offset,
+    }))
 }
 
 /// How much of a log to ask for at once, from `from` of `wanted` bytes.
@@ -403,7 +416,7 @@ fn log_rounds(logs: &[(TaskId, u64, u64)]) -> Vec<&[(TaskId, u64, u64)]> {
 
 /// Each task with its log's length in the source, and 0 in the target.
 async fn source_log_lengths(
-    source: &dyn Backend,
+    source: &dyn BulkTransfer,
     tasks: &[TaskId],
 ) -> Result<Vec<(TaskId, u64, u64)>, TransferError> {
     if tasks.is_empty() {
@@ -422,8 +435,8 @@ async fn source_log_lengths(
 
 /// Each task with its log's length in the source and in the target.
 async fn log_lengths(
-    source: &dyn Backend,
-    target: &dyn Backend,
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
     tasks: &[TaskId],
 ) -> Result<Vec<(TaskId, u64, u64)>, TransferError> {
     if tasks.is_empty() {
@@ -445,7 +458,7 @@ async fn log_lengths(
 }
 
 async fn flush_logs(
-    target: &dyn Backend,
+    target: &dyn BulkTransfer,
     pending: &mut Vec<LogPiece>,
     report: &mut CopyReport,
     progress: &dyn Progress,
@@ -513,7 +526,7 @@ impl VerifyReport {
 
 /// Reads one kind of record in key order, a batch at a time.
 struct Cursor<'a> {
-    store: &'a dyn Backend,
+    store: &'a dyn BulkTransfer,
     kind: RecordKind,
     batch_size: usize,
     buffer: VecDeque<Scanned>,
@@ -522,7 +535,7 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(store: &'a dyn Backend, kind: RecordKind, batch_size: usize) -> Cursor<'a> {
+    fn new(store: &'a dyn BulkTransfer, kind: RecordKind, batch_size: usize) -> Cursor<'a> {
         Cursor {
             store,
             kind,
@@ -582,8 +595,8 @@ impl Checksum {
 /// Compares every record and every log of the two stores: counts per kind,
 /// a checksum per kind, and each record by content. Reads only.
 pub async fn verify(
-    source: &dyn Backend,
-    target: &dyn Backend,
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
     batch_size: usize,
     progress: &dyn Progress,
 ) -> Result<VerifyReport, TransferError> {
@@ -730,8 +743,8 @@ fn first_difference(left: &[u8], right: &[u8]) -> String {
 /// Compares the logs of tasks present on both sides: lengths, then
 /// content, both added to the running log checksums.
 async fn compare_logs(
-    source: &dyn Backend,
-    target: &dyn Backend,
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
     tasks: &[TaskId],
     source_sum: &mut Checksum,
     target_sum: &mut Checksum,
@@ -777,7 +790,7 @@ async fn compare_logs(
 /// SHA-256 of the first `length` bytes of each task's log (`(task, 0,
 /// length)` each), read many logs at a time.
 async fn log_digests(
-    store: &dyn Backend,
+    store: &dyn BulkTransfer,
     logs: &[(TaskId, u64, u64)],
 ) -> Result<Vec<Vec<u8>>, Error> {
     let mut digests = Vec::with_capacity(logs.len());
@@ -808,9 +821,7 @@ async fn log_digests(
                 if offset >= length {
                     break;
                 }
-                chunk = store
-                    .read_log(task, offset, chunk_len(offset, length))
-                    .await?;
+                chunk = read_log(store, task, offset, chunk_len(offset, length)).await?;
             }
             digests.push(hasher.finalize().to_vec());
         }

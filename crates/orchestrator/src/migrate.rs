@@ -11,7 +11,9 @@ use anyhow::{Context, bail};
 use orchestrator_storage::transfer::{
     self, CopyOptions, CopyReport, Progress, TransferError, VerifyReport,
 };
-use orchestrator_storage::{RecordKind, Storage, StorageConfig, StorageType, SurrealdbConfig};
+use orchestrator_storage::{
+    RecordKind, StorageConfig, StorageType, SurrealdbConfig, TransferStore,
+};
 
 use crate::cli::{MigrateArgs, MigrateCommand, ServeArgs, StoreArgs};
 use crate::settings::ServeSettings;
@@ -297,7 +299,7 @@ fn same_store(a: &StorageConfig, b: &StorageConfig) -> bool {
     }
 }
 
-async fn open_source(store: &Store) -> anyhow::Result<Storage> {
+async fn open_source(store: &Store) -> anyhow::Result<TransferStore> {
     open(
         store,
         "--from",
@@ -311,8 +313,8 @@ async fn open_source(store: &Store) -> anyhow::Result<Storage> {
 async fn open(
     store: &Store,
     side: &str,
-    opening: impl Future<Output = orchestrator_storage::Result<Storage>>,
-) -> anyhow::Result<Storage> {
+    opening: impl Future<Output = orchestrator_storage::Result<TransferStore>>,
+) -> anyhow::Result<TransferStore> {
     let role = if side == "--from" { "source" } else { "target" };
     opening.await.map_err(|e| {
         let hint = match &e {

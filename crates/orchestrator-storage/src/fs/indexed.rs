@@ -22,21 +22,16 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
-use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::TaskId;
 
 use super::journal::{decode_line, encode_line};
-use super::state::State;
 use super::{
     JOURNAL_FILE, LAYOUT_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, check_layout, file_identity,
 };
-use crate::{
-    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
-    TaskQuery, WorkflowQuery,
-};
+use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
 /// Where a record's latest line is, and the record's version there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,16 +227,6 @@ impl IndexedStore {
 
     /// The record of `kind` under `key` from its line, or why it cannot be
     /// read.
-    /// The latest readable version of a record; `None` when there is none
-    /// (or its line is damaged: `scan` and `fetch` report those).
-    fn latest(&self, kind: RecordKind, key: &str) -> Result<Option<Record>> {
-        let loc = self.lock_index().get(&(kind, key.to_owned())).copied();
-        Ok(match loc {
-            Some(loc) => self.load(kind, key, loc)?.ok(),
-            None => None,
-        })
-    }
-
     fn load(
         &self,
         kind: RecordKind,
@@ -297,29 +282,6 @@ impl IndexedStore {
             .find(|r| r.kind() == kind && r.key() == key)
             .cloned()
             .ok_or_else(|| format!("its line no longer holds {kind} {key}")))
-    }
-
-    /// Every record, in memory: for the service's listings, which a bulk
-    /// read never uses.
-    fn materialize(&self) -> Result<State> {
-        let mut state = State::default();
-        let index = self.lock_index().clone();
-        for ((kind, key), loc) in &index {
-            if let Ok(record) = self.load(*kind, key, *loc)? {
-                match record {
-                    Record::Workflow(w) => state.put_workflow(w),
-                    Record::Task(t) => state.put_task(t),
-                    Record::Token(t) => state.put_token(t),
-                    Record::Secret(s) => state.put_secret(s),
-                    Record::Audit(a) => state.put_audit(a),
-                }
-            }
-        }
-        Ok(state)
-    }
-
-    fn log_path(&self, id: TaskId) -> PathBuf {
-        super::log_path(&self.logs_dir, id)
     }
 }
 
@@ -521,71 +483,9 @@ fn index_journal(
 }
 
 #[async_trait]
-impl Backend for IndexedStore {
+impl BulkTransfer for IndexedStore {
     fn name(&self) -> &'static str {
         "filesystem"
-    }
-
-    async fn insert_workflow(&self, _: &Workflow, _: &[Task]) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn update_workflow(&self, _: &Workflow, _: &[Task]) -> Result<Workflow> {
-        Err(self.read_only())
-    }
-
-    async fn update_task(&self, _: &Task) -> Result<Task> {
-        Err(self.read_only())
-    }
-
-    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
-        Ok(match self.latest(RecordKind::Task, &id.to_string())? {
-            Some(Record::Task(task)) => Some(task),
-            _ => None,
-        })
-    }
-
-    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
-        Ok(self.materialize()?.list_tasks(query))
-    }
-
-    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
-        Ok(self.materialize()?.workflow_tasks(id))
-    }
-
-    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
-        Ok(self.materialize()?.unfinished_tasks())
-    }
-
-    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
-        Ok(match self.latest(RecordKind::Workflow, &id.to_string())? {
-            Some(Record::Workflow(workflow)) => Some(workflow),
-            _ => None,
-        })
-    }
-
-    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
-        Ok(self.materialize()?.list_workflows(query))
-    }
-
-    async fn append_log(&self, _: TaskId, _: &[u8]) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-        super::read_log_file(&self.log_path(id), offset, max_bytes)
-    }
-
-    async fn health(&self) -> Result<()> {
-        Ok(())
-    }
-
-    async fn heartbeat(&self, _: &Node) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn nodes(&self) -> Result<Vec<Node>> {
-        Ok(Vec::new())
     }
 
     async fn close(&self) -> Result<()> {
@@ -720,32 +620,8 @@ impl Backend for IndexedStore {
         super::log_file_lengths(&self.logs_dir, ids)
     }
 
-    async fn put_token(&self, _: &ApiToken) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        Ok(self.materialize()?.tokens().cloned().collect())
-    }
-
-    async fn put_secret(&self, _: &SecretRecord) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn delete_secret(&self, _: &str) -> Result<bool> {
-        Err(self.read_only())
-    }
-
-    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
-        Ok(self.materialize()?.secrets().cloned().collect())
-    }
-
-    async fn append_audit(&self, _: &AuditRecord) -> Result<()> {
-        Err(self.read_only())
-    }
-
-    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        Ok(self.materialize()?.list_audit(query))
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        super::read_log_files(&self.logs_dir, asks)
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {

@@ -35,8 +35,8 @@ use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
 use self::state::State;
 use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{
-    AuditQuery, Backend, Error, LogChunk, LogPiece, Page, Record, RecordKind, Result, Scanned,
-    TaskQuery, WorkflowQuery,
+    AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
+    NodeStore, Page, Record, RecordKind, Result, Scanned, TaskQuery, TaskStore, WorkflowQuery,
 };
 
 /// The on-disk layout this build reads and writes.
@@ -481,15 +481,17 @@ pub(crate) fn log_path(logs_dir: &Path, id: TaskId) -> PathBuf {
 /// Each task's log length in bytes, 0 for none, in the order asked.
 pub(crate) fn log_file_lengths(logs_dir: &Path, ids: &[TaskId]) -> Result<Vec<u64>> {
     ids.iter()
-        .map(|id| {
-            let path = log_path(logs_dir, *id);
-            match std::fs::metadata(&path) {
-                Ok(meta) => Ok(meta.len()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-                Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
-            }
-        })
+        .map(|id| log_file_length(&log_path(logs_dir, *id)))
         .collect()
+}
+
+/// A log file's length in bytes, 0 for none.
+fn log_file_length(path: &Path) -> Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(meta) => Ok(meta.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
+    }
 }
 
 /// [`write_log_pieces`] off the async runtime.
@@ -499,6 +501,16 @@ pub(crate) async fn import_log_files(logs_dir: &Path, pieces: &[LogPiece]) -> Re
     tokio::task::spawn_blocking(move || write_log_pieces(&pieces, &logs_dir))
         .await
         .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
+}
+
+/// [`read_log_file`] of each ask: `(task, offset, max_bytes)`.
+pub(crate) fn read_log_files(
+    logs_dir: &Path,
+    asks: &[(TaskId, u64, usize)],
+) -> Result<Vec<LogChunk>> {
+    asks.iter()
+        .map(|&(id, offset, max_bytes)| read_log_file(&log_path(logs_dir, id), offset, max_bytes))
+        .collect()
 }
 
 /// Up to `max_bytes` of a task's log file from `offset`; a missing file is
@@ -537,6 +549,26 @@ impl Backend for FsBackend {
         "filesystem"
     }
 
+    async fn health(&self) -> Result<()> {
+        match &self.journal {
+            Some(journal) => journal.check_open(),
+            // Read-only: reads are served from memory.
+            None => Ok(()),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        if let Some(journal) = &self.journal {
+            journal.shutdown();
+        }
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TaskStore for FsBackend {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
         let pending = {
             let mut state = self.lock_state();
@@ -656,29 +688,36 @@ impl Backend for FsBackend {
         Ok(self.lock_state().list_workflows(query))
     }
 
-    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         self.writer()?.check_usable()?;
+        if chunk.is_empty() {
+            return log_file_length(&self.log_path(id));
+        }
         let path = self.log_path(id);
         // Page-cache writes of a few bytes: cheaper inline than a hop to the
         // blocking pool. Logs are not fsynced per chunk; see docs/storage.md.
+        // An append-mode write leaves this handle's position at the end of
+        // what it wrote, even with other appends racing it.
         OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .and_then(|mut file| file.write_all(chunk))
+            .and_then(|mut file| {
+                file.write_all(chunk)?;
+                file.stream_position()
+            })
             .map_err(|e| Error::io(format!("append to {}", path.display()), e))
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
         read_log_file(&self.log_path(id), offset, max_bytes)
     }
+}
 
-    async fn health(&self) -> Result<()> {
-        match &self.journal {
-            Some(journal) => journal.check_open(),
-            // Read-only: reads are served from memory.
-            None => Ok(()),
-        }
+#[async_trait]
+impl NodeStore for FsBackend {
+    fn shared(&self) -> bool {
+        false
     }
 
     async fn heartbeat(&self, node: &Node) -> Result<()> {
@@ -698,6 +737,18 @@ impl Backend for FsBackend {
             .values()
             .cloned()
             .collect())
+    }
+
+    /// One process per data dir: the engine knows its own writes.
+    fn changes(&self) -> Option<ChangeFeed> {
+        None
+    }
+}
+
+#[async_trait]
+impl BulkTransfer for FsBackend {
+    fn name(&self) -> &'static str {
+        "filesystem"
     }
 
     async fn scan(
@@ -754,6 +805,29 @@ impl Backend for FsBackend {
         Ok(())
     }
 
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        log_file_lengths(&self.logs_dir, ids)
+    }
+
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
+        self.writer()?.check_usable()?;
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        import_log_files(&self.logs_dir, pieces).await
+    }
+
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        read_log_files(&self.logs_dir, asks)
+    }
+
+    async fn close(&self) -> Result<()> {
+        Backend::close(self).await
+    }
+}
+
+#[async_trait]
+impl AccessStore for FsBackend {
     async fn put_token(&self, token: &ApiToken) -> Result<()> {
         self.write(Line::Token(token.clone())).await
     }
@@ -791,27 +865,6 @@ impl Backend for FsBackend {
 
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.lock_state().list_audit(query))
-    }
-
-    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        log_file_lengths(&self.logs_dir, ids)
-    }
-
-    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
-        self.writer()?.check_usable()?;
-        if pieces.is_empty() {
-            return Ok(());
-        }
-        import_log_files(&self.logs_dir, pieces).await
-    }
-
-    async fn close(&self) -> Result<()> {
-        if let Some(journal) = &self.journal {
-            journal.shutdown();
-        }
-        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
-        tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
-        Ok(())
     }
 }
 

@@ -37,8 +37,9 @@ use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
-    AuditQuery, Backend, EmbeddedEngine, Error, LogChunk, LogPiece, Page, Record, RecordKind,
-    Result, Scanned, StorageConfig, StorageType, TaskQuery, WorkflowQuery,
+    AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, EmbeddedEngine, Error, LogChunk,
+    LogPiece, NodeStore, Page, Record, RecordKind, Result, Scanned, StorageConfig, StorageType,
+    TaskQuery, TaskStore, WorkflowQuery,
 };
 
 /// Transaction conflicts (two writers on one record) are retried this many
@@ -66,8 +67,54 @@ pub struct SurrealBackend {
     /// Shared with the probe task, which outlives no one: it holds the
     /// client weakly and stops when the backend is dropped.
     link: Arc<Link>,
-    /// Opened by [`SurrealBackend::open_read_only`]: every write is refused.
-    read_only: bool,
+}
+
+/// A store opened by [`SurrealBackend::open_read_only`], to be copied
+/// from: its bulk reads, and nothing that writes.
+pub struct SurrealSource(SurrealBackend);
+
+#[async_trait]
+impl BulkTransfer for SurrealSource {
+    fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        self.0.scan(kind, after, limit).await
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        self.0.fetch(kind, keys).await
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        self.0.count(kind).await
+    }
+
+    async fn import(&self, _: &[Record]) -> Result<()> {
+        Err(Error::ReadOnly(self.0.location.clone()))
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        self.0.log_lengths(ids).await
+    }
+
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        self.0.read_logs(asks).await
+    }
+
+    async fn import_logs(&self, _: &[LogPiece]) -> Result<()> {
+        Err(Error::ReadOnly(self.0.location.clone()))
+    }
+
+    async fn close(&self) -> Result<()> {
+        Backend::close(&self.0).await
+    }
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -112,13 +159,12 @@ impl SurrealBackend {
                 _ => None,
             },
             link: Arc::new(Link::default()),
-            read_only: false,
         })
     }
 
     /// Opens an existing store to read only: nothing is created and no
     /// schema migration runs, so the schema must already be this build's.
-    pub async fn open_read_only(config: &StorageConfig) -> Result<SurrealBackend> {
+    pub async fn open_read_only(config: &StorageConfig) -> Result<SurrealSource> {
         let target = Target::of(config)?;
         if let Some(dir) = &target.dir
             && !dir.exists()
@@ -150,7 +196,7 @@ impl SurrealBackend {
                 entry.state
             )));
         }
-        Ok(SurrealBackend {
+        Ok(SurrealSource(SurrealBackend {
             name: target.name,
             location: target.location,
             db: RwLock::new(Some(Arc::new(db))),
@@ -160,13 +206,11 @@ impl SurrealBackend {
                 _ => None,
             },
             link: Arc::new(Link::default()),
-            read_only: true,
-        })
+        }))
     }
 
     /// Replaces one record whole.
     async fn upsert(&self, record: &Record, context: &str) -> Result<()> {
-        self.writable()?;
         let mut vars = Variables::new();
         vars.insert("table", table_of(record.kind()));
         vars.insert("id", record.key());
@@ -177,13 +221,6 @@ impl SurrealBackend {
             &vars,
         )
         .await?;
-        Ok(())
-    }
-
-    fn writable(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly(self.location.clone()));
-        }
         Ok(())
     }
 
@@ -853,8 +890,47 @@ impl Backend for SurrealBackend {
         self.name
     }
 
+    async fn health(&self) -> Result<()> {
+        let db = self.handle()?;
+        if self.link.down.load(Ordering::Acquire) {
+            return Err(self.unavailable());
+        }
+        match tokio::time::timeout(PROBE_TIMEOUT, db.query("RETURN true;").into_future()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(self.mark_down(&db, e.message().to_owned())),
+            Err(_) => Err(self.mark_down(
+                &db,
+                format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+
+    async fn close(&self) -> Result<()> {
+        // Dropping the last handle shuts the embedded datastore down (in the
+        // background) or closes the server connection.
+        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(db);
+        // The embedded datastore shuts down in the background once the last
+        // handle is gone; wait until it lets go of its files, so a caller
+        // that reopens (a restart, `db status`) finds them free.
+        if let Some(lock) = &self.engine_lock {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while is_held(lock) {
+                if tokio::time::Instant::now() > deadline {
+                    tracing::warn!(lock = %lock.display(), "the embedded database is still shutting down");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+        tracing::info!(location = %self.location, "surrealdb storage closed");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TaskStore for SurrealBackend {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
-        self.writable()?;
         let mut vars = Variables::new();
         vars.insert("workflow", workflow_row(workflow, true)?);
         vars.insert(
@@ -881,7 +957,6 @@ impl Backend for SurrealBackend {
     }
 
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
-        self.writable()?;
         let mut stored = workflow.clone();
         stored.version += 1;
         let mut vars = Variables::new();
@@ -932,7 +1007,6 @@ impl Backend for SurrealBackend {
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
-        self.writable()?;
         let mut stored = task.clone();
         stored.version += 1;
         let mut vars = Variables::new();
@@ -1074,27 +1148,31 @@ impl Backend for SurrealBackend {
         .await
     }
 
-    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<()> {
-        self.writable()?;
-        if chunk.is_empty() {
-            return Ok(());
-        }
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         let mut vars = Variables::new();
         vars.insert("task", id.to_string());
         vars.insert("len", to_i64(chunk.len()));
         vars.insert("data", Bytes::from(chunk.to_vec()));
         // Raising the length and writing the chunk commit together, so
         // chunks never overlap and the length never runs ahead of them.
-        self.query(
-            "append to a task log",
+        // The raised length is the answer: no read of its own. An empty
+        // chunk writes nothing and reads the length.
+        let sql = if chunk.is_empty() {
+            "SELECT VALUE bytes FROM ONLY type::record('log_length', $task);"
+        } else {
             "BEGIN;
              LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $len RETURN VALUE bytes);
-             CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data;
-             COMMIT;",
-            &vars,
-        )
-        .await?;
-        Ok(())
+             CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data RETURN NONE;
+             RETURN $end;
+             COMMIT;"
+        };
+        let mut response = self.query("append to a task log", sql, &vars).await?;
+        // The answer of `RETURN $end`: `BEGIN` counts as statement 0.
+        let at = if chunk.is_empty() { 0 } else { 3 };
+        let length: Option<i64> = response
+            .take(at)
+            .map_err(|e| db_error("append to a task log", &e))?;
+        Ok(length.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
@@ -1127,64 +1205,15 @@ impl Backend for SurrealBackend {
             data,
         })
     }
+}
 
-    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        // A few logs per request, one statement each: each reads by the
-        // index on (task, end_offset), and none pays a round trip of its
-        // own. Not all in one request: every statement of a request sees
-        // all of its bound parameters, so a request's cost grows with the
-        // square of its statements. An answer cut short by the chunk limit
-        // is read on by the caller.
-        let mut answers = Vec::with_capacity(asks.len());
-        for group in asks.chunks(LOGS_PER_REQUEST) {
-            let mut vars = Variables::new();
-            vars.insert("limit", LOG_CHUNKS_PER_READ);
-            let mut sql = String::new();
-            for (i, &(id, offset, _)) in group.iter().enumerate() {
-                sql.push_str(&format!(
-                    "SELECT VALUE [start_offset, end_offset, data] FROM log_chunk \
-                     WHERE task = $t{i} AND end_offset > $f{i} ORDER BY end_offset ASC LIMIT $limit;\n"
-                ));
-                vars.insert(format!("t{i}"), id.to_string());
-                vars.insert(format!("f{i}"), i64::try_from(offset).unwrap_or(i64::MAX));
-            }
-            let mut response = self.query("read task logs", &sql, &vars).await?;
-            for (i, &(_, offset, max_bytes)) in group.iter().enumerate() {
-                let chunks: Vec<(i64, i64, Bytes)> = response
-                    .take(i)
-                    .map_err(|e| db_error("read task logs", &e))?;
-                let mut data = Vec::new();
-                gather_log(chunks, offset, max_bytes, &mut data);
-                answers.push(LogChunk {
-                    next_offset: offset + data.len() as u64,
-                    data,
-                });
-            }
-        }
-        Ok(answers)
-    }
-
-    async fn health(&self) -> Result<()> {
-        let db = self.handle()?;
-        if self.link.down.load(Ordering::Acquire) {
-            return Err(self.unavailable());
-        }
-        match tokio::time::timeout(PROBE_TIMEOUT, db.query("RETURN true;").into_future()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(self.mark_down(&db, e.message().to_owned())),
-            Err(_) => Err(self.mark_down(
-                &db,
-                format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
-            )),
-        }
-    }
-
+#[async_trait]
+impl NodeStore for SurrealBackend {
     fn shared(&self) -> bool {
         self.name == "surrealdb-server"
     }
 
     async fn heartbeat(&self, node: &Node) -> Result<()> {
-        self.writable()?;
         let mut vars = Variables::new();
         vars.insert("id", node.id.clone());
         vars.insert(
@@ -1208,6 +1237,111 @@ impl Backend for SurrealBackend {
             &Variables::new(),
         )
         .await
+    }
+
+    /// Phase 1: no feed yet; every node polls the shared store.
+    fn changes(&self) -> Option<ChangeFeed> {
+        None
+    }
+}
+
+#[async_trait]
+impl AccessStore for SurrealBackend {
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.upsert(&Record::Token(token.clone()), "store a token")
+            .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.docs(
+            "list tokens",
+            "SELECT VALUE doc FROM api_token ORDER BY id;",
+            &Variables::new(),
+        )
+        .await
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.upsert(&Record::Secret(secret.clone()), "store a secret")
+            .await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let mut vars = Variables::new();
+        vars.insert("name", name.to_owned());
+        let mut response = self
+            .query(
+                "delete a secret",
+                "DELETE type::record('secret', $name) RETURN BEFORE;",
+                &vars,
+            )
+            .await?;
+        let deleted: Vec<serde_json::Value> = response
+            .take(0)
+            .map_err(|e| db_error("delete a secret", &e))?;
+        Ok(!deleted.is_empty())
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.docs(
+            "list secrets",
+            "SELECT VALUE doc FROM secret ORDER BY id;",
+            &Variables::new(),
+        )
+        .await
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        let mut vars = Variables::new();
+        vars.insert("id", record.id.clone());
+        vars.insert("row", row_of(&Record::Audit(record.clone()))?);
+        self.query(
+            "append an audit record",
+            "CREATE type::record('audit', $id) CONTENT $row;",
+            &vars,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        let mut conditions = Vec::new();
+        let mut vars = Variables::new();
+        if let Some(since) = query.since {
+            conditions.push("time_ms >= $since");
+            vars.insert("since", since.timestamp_millis());
+        }
+        if let Some(until) = query.until {
+            conditions.push("time_ms < $until");
+            vars.insert("until", until.timestamp_millis());
+        }
+        let text_filters = [
+            ("actor = $actor", "actor", &query.actor),
+            ("action = $action", "action", &query.action),
+            ("target = $target", "target", &query.target),
+        ];
+        for (condition, name, value) in text_filters {
+            if let Some(value) = value {
+                conditions.push(condition);
+                vars.insert(name, value.clone());
+            }
+        }
+        self.page(
+            "list audit records",
+            "audit",
+            &conditions,
+            vars,
+            query.limit,
+            query.offset,
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl BulkTransfer for SurrealBackend {
+    fn name(&self) -> &'static str {
+        self.name
     }
 
     async fn scan(
@@ -1271,7 +1405,6 @@ impl Backend for SurrealBackend {
     }
 
     async fn import(&self, records: &[Record]) -> Result<()> {
-        self.writable()?;
         if records.is_empty() {
             return Ok(());
         }
@@ -1308,98 +1441,6 @@ impl Backend for SurrealBackend {
         Ok(())
     }
 
-    async fn put_token(&self, token: &ApiToken) -> Result<()> {
-        self.upsert(&Record::Token(token.clone()), "store a token")
-            .await
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        self.docs(
-            "list tokens",
-            "SELECT VALUE doc FROM api_token ORDER BY id;",
-            &Variables::new(),
-        )
-        .await
-    }
-
-    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
-        self.upsert(&Record::Secret(secret.clone()), "store a secret")
-            .await
-    }
-
-    async fn delete_secret(&self, name: &str) -> Result<bool> {
-        self.writable()?;
-        let mut vars = Variables::new();
-        vars.insert("name", name.to_owned());
-        let mut response = self
-            .query(
-                "delete a secret",
-                "DELETE type::record('secret', $name) RETURN BEFORE;",
-                &vars,
-            )
-            .await?;
-        let deleted: Vec<serde_json::Value> = response
-            .take(0)
-            .map_err(|e| db_error("delete a secret", &e))?;
-        Ok(!deleted.is_empty())
-    }
-
-    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
-        self.docs(
-            "list secrets",
-            "SELECT VALUE doc FROM secret ORDER BY id;",
-            &Variables::new(),
-        )
-        .await
-    }
-
-    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
-        self.writable()?;
-        let mut vars = Variables::new();
-        vars.insert("id", record.id.clone());
-        vars.insert("row", row_of(&Record::Audit(record.clone()))?);
-        self.query(
-            "append an audit record",
-            "CREATE type::record('audit', $id) CONTENT $row;",
-            &vars,
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        let mut conditions = Vec::new();
-        let mut vars = Variables::new();
-        if let Some(since) = query.since {
-            conditions.push("time_ms >= $since");
-            vars.insert("since", since.timestamp_millis());
-        }
-        if let Some(until) = query.until {
-            conditions.push("time_ms < $until");
-            vars.insert("until", until.timestamp_millis());
-        }
-        let text_filters = [
-            ("actor = $actor", "actor", &query.actor),
-            ("action = $action", "action", &query.action),
-            ("target = $target", "target", &query.target),
-        ];
-        for (condition, name, value) in text_filters {
-            if let Some(value) = value {
-                conditions.push(condition);
-                vars.insert(name, value.clone());
-            }
-        }
-        self.page(
-            "list audit records",
-            "audit",
-            &conditions,
-            vars,
-            query.limit,
-            query.offset,
-        )
-        .await
-    }
-
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -1432,8 +1473,43 @@ impl Backend for SurrealBackend {
             .collect())
     }
 
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        // A few logs per request, one statement each: each reads by the
+        // index on (task, end_offset), and none pays a round trip of its
+        // own. Not all in one request: every statement of a request sees
+        // all of its bound parameters, so a request's cost grows with the
+        // square of its statements. An answer cut short by the chunk limit
+        // is read on by the caller.
+        let mut answers = Vec::with_capacity(asks.len());
+        for group in asks.chunks(LOGS_PER_REQUEST) {
+            let mut vars = Variables::new();
+            vars.insert("limit", LOG_CHUNKS_PER_READ);
+            let mut sql = String::new();
+            for (i, &(id, offset, _)) in group.iter().enumerate() {
+                sql.push_str(&format!(
+                    "SELECT VALUE [start_offset, end_offset, data] FROM log_chunk \
+                     WHERE task = $t{i} AND end_offset > $f{i} ORDER BY end_offset ASC LIMIT $limit;\n"
+                ));
+                vars.insert(format!("t{i}"), id.to_string());
+                vars.insert(format!("f{i}"), i64::try_from(offset).unwrap_or(i64::MAX));
+            }
+            let mut response = self.query("read task logs", &sql, &vars).await?;
+            for (i, &(_, offset, max_bytes)) in group.iter().enumerate() {
+                let chunks: Vec<(i64, i64, Bytes)> = response
+                    .take(i)
+                    .map_err(|e| db_error("read task logs", &e))?;
+                let mut data = Vec::new();
+                gather_log(chunks, offset, max_bytes, &mut data);
+                answers.push(LogChunk {
+                    next_offset: offset + data.len() as u64,
+                    data,
+                });
+            }
+        }
+        Ok(answers)
+    }
+
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
-        self.writable()?;
         let pieces: Vec<&LogPiece> = pieces.iter().filter(|p| !p.data.is_empty()).collect();
         if pieces.is_empty() {
             return Ok(());
@@ -1530,24 +1606,6 @@ impl Backend for SurrealBackend {
     }
 
     async fn close(&self) -> Result<()> {
-        // Dropping the last handle shuts the embedded datastore down (in the
-        // background) or closes the server connection.
-        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
-        drop(db);
-        // The embedded datastore shuts down in the background once the last
-        // handle is gone; wait until it lets go of its files, so a caller
-        // that reopens (a restart, `db status`) finds them free.
-        if let Some(lock) = &self.engine_lock {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while is_held(lock) {
-                if tokio::time::Instant::now() > deadline {
-                    tracing::warn!(lock = %lock.display(), "the embedded database is still shutting down");
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        }
-        tracing::info!(location = %self.location, "surrealdb storage closed");
-        Ok(())
+        Backend::close(self).await
     }
 }

@@ -15,6 +15,7 @@ use serde_json::json;
 /// A workflow's tasks as owned records, to compare with what was stored.
 pub async fn workflow_tasks(store: &Storage, id: orchestrator_core::WorkflowId) -> Vec<Task> {
     store
+        .tasks()
         .workflow_tasks(id)
         .await
         .unwrap()
@@ -62,6 +63,7 @@ pub async fn suite(harness: &impl Harness) {
     listing_orders_filters_and_pages(&harness.open().await).await;
     large_and_unicode_payloads(&harness.open().await).await;
     logs_append_and_read_from_offsets(&harness.open().await).await;
+    log_appends_return_the_new_length(&harness.open().await).await;
     duplicate_inserts_are_refused(&harness.open().await).await;
     workflows_update_by_compare_and_set_and_grow_atomically(&harness.open().await).await;
     idempotency_keys_and_revisions_are_unique(&harness.open().await).await;
@@ -76,16 +78,25 @@ pub async fn suite(harness: &impl Harness) {
 /// none fails for any other reason, and none is lost.
 async fn racing_workflow_updates_win_or_conflict(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let writers: Vec<_> = (0..8)
         .map(|writer| {
             let store = store.clone();
             tokio::spawn(async move {
                 for round in 0..5 {
                     loop {
-                        let mut current = store.get_workflow(workflow.id).await.unwrap().unwrap();
+                        let mut current = store
+                            .tasks()
+                            .get_workflow(workflow.id)
+                            .await
+                            .unwrap()
+                            .unwrap();
                         current.description = Some(format!("writer {writer} round {round}"));
-                        match store.update_workflow(&current, &[]).await {
+                        match store.tasks().update_workflow(&current, &[]).await {
                             Ok(_) => break,
                             Err(Error::Conflict { .. }) => continue,
                             Err(e) => panic!("writer {writer}: {e}"),
@@ -98,7 +109,12 @@ async fn racing_workflow_updates_win_or_conflict(store: &Storage) {
     for writer in writers {
         writer.await.unwrap();
     }
-    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    let stored = store
+        .tasks()
+        .get_workflow(workflow.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         stored.version,
         workflow.version + 40,
@@ -134,11 +150,11 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         "orch_0190aa_x",
         now,
     );
-    store.put_token(&token).await.unwrap();
+    store.access().put_token(&token).await.unwrap();
     let mut revoked = token.clone();
     revoked.revoked_at = Some(now);
     revoked.version += 1;
-    store.put_token(&revoked).await.unwrap();
+    store.access().put_token(&revoked).await.unwrap();
     let other = ApiToken::new(
         "0190bb".into(),
         "ops".into(),
@@ -146,8 +162,8 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         "orch_0190bb_y",
         now,
     );
-    store.put_token(&other).await.unwrap();
-    assert_eq!(store.tokens().await.unwrap(), vec![revoked, other]);
+    store.access().put_token(&other).await.unwrap();
+    assert_eq!(store.access().tokens().await.unwrap(), vec![revoked, other]);
 
     let secret = SecretRecord {
         name: "db.password".into(),
@@ -157,15 +173,15 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         updated_at: now,
         version: 0,
     };
-    store.put_secret(&secret).await.unwrap();
+    store.access().put_secret(&secret).await.unwrap();
     let mut changed = secret.clone();
     changed.ciphertext = "b3RoZXI=".into();
     changed.version = 1;
-    store.put_secret(&changed).await.unwrap();
-    assert_eq!(store.secrets().await.unwrap(), vec![changed]);
-    assert!(store.delete_secret("db.password").await.unwrap());
-    assert!(!store.delete_secret("db.password").await.unwrap());
-    assert!(store.secrets().await.unwrap().is_empty());
+    store.access().put_secret(&changed).await.unwrap();
+    assert_eq!(store.access().secrets().await.unwrap(), vec![changed]);
+    assert!(store.access().delete_secret("db.password").await.unwrap());
+    assert!(!store.access().delete_secret("db.password").await.unwrap());
+    assert!(store.access().secrets().await.unwrap().is_empty());
 
     let early = now - chrono::Duration::seconds(60);
     let records = [
@@ -174,14 +190,14 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         audit_record("ops", "token.create", Some("0190bb"), now),
     ];
     for record in &records {
-        store.append_audit(record).await.unwrap();
+        store.access().append_audit(record).await.unwrap();
     }
     let list = |query: AuditQuery| async move {
         let query = AuditQuery {
             limit: if query.limit == 0 { 10 } else { query.limit },
             ..query
         };
-        let page = store.list_audit(&query).await.unwrap();
+        let page = store.access().list_audit(&query).await.unwrap();
         (
             page.items.into_iter().map(|r| r.action).collect::<Vec<_>>(),
             page.total,
@@ -230,6 +246,7 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
     };
     assert_eq!(list(paged).await, (vec!["task.cancel".into()], 3));
     let stored = store
+        .access()
         .list_audit(&AuditQuery {
             limit: 10,
             ..Default::default()
@@ -247,10 +264,10 @@ async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
         started_at: started,
         last_seen: started + chrono::Duration::seconds(seconds),
     };
-    store.heartbeat(&node("node-a", 0)).await.unwrap();
-    store.heartbeat(&node("node-b", 1)).await.unwrap();
-    store.heartbeat(&node("node-a", 5)).await.unwrap();
-    let mut nodes = store.nodes().await.unwrap();
+    store.nodes().heartbeat(&node("node-a", 0)).await.unwrap();
+    store.nodes().heartbeat(&node("node-b", 1)).await.unwrap();
+    store.nodes().heartbeat(&node("node-a", 5)).await.unwrap();
+    let mut nodes = store.nodes().nodes().await.unwrap();
     nodes.retain(|n| n.id == "node-a" || n.id == "node-b");
     nodes.sort_by(|x, y| x.id.cmp(&y.id));
     assert_eq!(nodes, vec![node("node-a", 5), node("node-b", 1)]);
@@ -258,18 +275,26 @@ async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
 
 async fn insert_and_read_back(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(3);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     assert_eq!(
-        store.get_workflow(workflow.id).await.unwrap(),
+        store.tasks().get_workflow(workflow.id).await.unwrap(),
         Some(workflow.clone())
     );
     for task in &tasks {
-        assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
+        assert_eq!(
+            store.tasks().get_task(task.id).await.unwrap().as_ref(),
+            Some(task)
+        );
     }
     assert_eq!(workflow_tasks(store, workflow.id).await, tasks);
-    assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
+    assert_eq!(store.tasks().unfinished_tasks().await.unwrap(), tasks);
     assert_eq!(
         store
+            .tasks()
             .get_task(orchestrator_core::TaskId::new())
             .await
             .unwrap(),
@@ -279,15 +304,19 @@ async fn insert_and_read_back(store: &Storage) {
 
 async fn compare_and_set_updates(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let mut task = tasks[0].clone();
     task.start(Utc::now()).unwrap();
-    let stored = store.update_task(&task).await.unwrap();
+    let stored = store.tasks().update_task(&task).await.unwrap();
     assert_eq!(stored.version, task.version + 1);
     assert_eq!(stored.status, TaskStatus::Running);
 
     // The same stale copy can not be written twice.
-    let err = store.update_task(&task).await.unwrap_err();
+    let err = store.tasks().update_task(&task).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -302,20 +331,24 @@ async fn compare_and_set_updates(store: &Storage) {
 
     let mut next = stored.clone();
     next.complete(json!({"ok": true}), Utc::now()).unwrap();
-    let done = store.update_task(&next).await.unwrap();
-    assert_eq!(store.get_task(task.id).await.unwrap(), Some(done));
-    assert!(store.unfinished_tasks().await.unwrap().is_empty());
+    let done = store.tasks().update_task(&next).await.unwrap();
+    assert_eq!(store.tasks().get_task(task.id).await.unwrap(), Some(done));
+    assert!(store.tasks().unfinished_tasks().await.unwrap().is_empty());
 
     let (_, strangers) = workflow_with_tasks(1);
     assert!(matches!(
-        store.update_task(&strangers[0]).await,
+        store.tasks().update_task(&strangers[0]).await,
         Err(Error::TaskNotFound(_))
     ));
 }
 
 async fn concurrent_claims_hand_out_each_task_once(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(20);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     // Eight claimers race for every task; each claim is a CAS from the
     // version they read.
     let mut handles = Vec::new();
@@ -327,7 +360,7 @@ async fn concurrent_claims_hand_out_each_task_once(store: &Storage) {
             for task in tasks {
                 let mut claim = task.clone();
                 claim.start(Utc::now()).unwrap();
-                if store.update_task(&claim).await.is_ok() {
+                if store.tasks().update_task(&claim).await.is_ok() {
                     won.push(task.id);
                 }
             }
@@ -346,13 +379,22 @@ async fn concurrent_claims_hand_out_each_task_once(store: &Storage) {
 async fn listing_orders_filters_and_pages(store: &Storage) {
     let (workflow_a, tasks_a) = workflow_with_tasks(5);
     let (workflow_b, tasks_b) = workflow_with_tasks(4);
-    store.insert_workflow(&workflow_a, &tasks_a).await.unwrap();
-    store.insert_workflow(&workflow_b, &tasks_b).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow_a, &tasks_a)
+        .await
+        .unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow_b, &tasks_b)
+        .await
+        .unwrap();
     let mut running = tasks_b[1].clone();
     running.start(Utc::now()).unwrap();
-    store.update_task(&running).await.unwrap();
+    store.tasks().update_task(&running).await.unwrap();
 
     let all = store
+        .tasks()
         .list_tasks(&TaskQuery {
             limit: 100,
             ..Default::default()
@@ -366,6 +408,7 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(ids, newest_first, "newest first");
 
     let by_workflow = store
+        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_a.id),
             limit: 2,
@@ -381,6 +424,7 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     );
 
     let running_in_b = store
+        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_b.id),
             status: Some(TaskStatus::Running),
@@ -393,6 +437,7 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(running_in_b.items[0].id, running.id);
 
     let queued = store
+        .tasks()
         .list_tasks(&TaskQuery {
             status: Some(TaskStatus::Queued),
             limit: 1000,
@@ -404,6 +449,7 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert!(!queued.items.iter().any(|t| t.id == running.id));
 
     let past_the_end = store
+        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_a.id),
             limit: 10,
@@ -416,6 +462,7 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(past_the_end.total, 5);
 
     let workflows = store
+        .tasks()
         .list_workflows(&WorkflowQuery {
             limit: 1,
             ..Default::default()
@@ -429,42 +476,102 @@ async fn large_and_unicode_payloads(store: &Storage) {
     let (workflow, mut tasks) = workflow_with_tasks(1);
     let big = "ü—🚀".repeat(100_000);
     tasks[0].input = json!({"blob": big, "nested": {"list": [1, 2.5, null, "x"]}});
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
-    let read = store.get_task(tasks[0].id).await.unwrap().unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
+    let read = store.tasks().get_task(tasks[0].id).await.unwrap().unwrap();
     assert_eq!(read.input, tasks[0].input);
 }
 
 async fn logs_append_and_read_from_offsets(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let id = tasks[0].id;
-    let empty = store.read_log(id, 0, 1024).await.unwrap();
+    let empty = store.tasks().read_log(id, 0, 1024).await.unwrap();
     assert!(empty.data.is_empty());
     store
+        .tasks()
         .append_log(id, "line one ✓\n".as_bytes())
         .await
         .unwrap();
-    store.append_log(id, b"line two\n").await.unwrap();
-    let all = store.read_log(id, 0, 1 << 20).await.unwrap();
+    store.tasks().append_log(id, b"line two\n").await.unwrap();
+    let all = store.tasks().read_log(id, 0, 1 << 20).await.unwrap();
     assert_eq!(
         String::from_utf8(all.data).unwrap(),
         "line one ✓\nline two\n"
     );
     let tail = store
+        .tasks()
         .read_log(id, all.next_offset - 9, 1 << 20)
         .await
         .unwrap();
     assert_eq!(tail.data, b"line two\n");
     assert_eq!(tail.next_offset, all.next_offset);
-    let limited = store.read_log(id, 0, 4).await.unwrap();
+    let limited = store.tasks().read_log(id, 0, 4).await.unwrap();
     assert_eq!(limited.data, b"line");
     assert_eq!(limited.next_offset, 4);
 }
 
+async fn log_appends_return_the_new_length(store: &Storage) {
+    let (workflow, tasks) = workflow_with_tasks(2);
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
+    let (id, other) = (tasks[0].id, tasks[1].id);
+    let log = store.tasks();
+    assert_eq!(log.append_log(id, "ünï\n".as_bytes()).await.unwrap(), 6);
+    assert_eq!(log.append_log(id, b"two\n").await.unwrap(), 10);
+    assert_eq!(log.append_log(other, b"x").await.unwrap(), 1, "per task");
+    assert_eq!(
+        log.append_log(id, b"").await.unwrap(),
+        10,
+        "nothing appended"
+    );
+    assert_eq!(log.append_log(other, b"").await.unwrap(), 1);
+    let never = orchestrator_core::TaskId::new();
+    assert_eq!(log.append_log(never, b"").await.unwrap(), 0, "no log yet");
+    // Concurrent appends to one log: each length is where its own chunk
+    // ends, so they are all different and the last is the whole log.
+    let appends: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.tasks().append_log(id, b"0123456789").await })
+        })
+        .collect();
+    let mut lengths = Vec::new();
+    for append in appends {
+        lengths.push(append.await.unwrap().unwrap());
+    }
+    lengths.sort_unstable();
+    assert_eq!(lengths, (1..=8).map(|n| 10 + 10 * n).collect::<Vec<u64>>());
+    let all = log.read_log(id, 0, 1 << 20).await.unwrap();
+    assert_eq!(all.next_offset, 90);
+    assert_eq!(
+        store.transfer().log_lengths(&[id, other]).await.unwrap(),
+        vec![90, 1]
+    );
+}
+
 async fn duplicate_inserts_are_refused(store: &Storage) {
     let (workflow, tasks) = workflow_with_tasks(2);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
-    let err = store.insert_workflow(&workflow, &tasks).await.unwrap_err();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
+    let err = store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -479,7 +586,11 @@ async fn duplicate_inserts_are_refused(store: &Storage) {
 
 async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage) {
     let (mut workflow, tasks) = workflow_with_tasks(1);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let (_, extra) = workflow_with_tasks(2);
     let extra: Vec<Task> = extra
         .into_iter()
@@ -490,17 +601,33 @@ async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage
         .collect();
     workflow.status = WorkflowStatus::RollingBack;
     workflow.task_ids.extend(extra.iter().map(|t| t.id));
-    let stored = store.update_workflow(&workflow, &extra).await.unwrap();
+    let stored = store
+        .tasks()
+        .update_workflow(&workflow, &extra)
+        .await
+        .unwrap();
     assert_eq!(stored.version, 1);
     assert_eq!(
-        store.get_workflow(workflow.id).await.unwrap(),
+        store.tasks().get_workflow(workflow.id).await.unwrap(),
         Some(stored.clone())
     );
-    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap().len(), 3);
+    assert_eq!(
+        store
+            .tasks()
+            .workflow_tasks(workflow.id)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 
     // A stale version is refused and adds nothing.
     let (_, more) = workflow_with_tasks(1);
-    let err = store.update_workflow(&workflow, &more).await.unwrap_err();
+    let err = store
+        .tasks()
+        .update_workflow(&workflow, &more)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -511,11 +638,11 @@ async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage
         ),
         "{err}"
     );
-    assert_eq!(store.get_task(more[0].id).await.unwrap(), None);
+    assert_eq!(store.tasks().get_task(more[0].id).await.unwrap(), None);
 
     let (stranger, _) = workflow_with_tasks(0);
     assert!(matches!(
-        store.update_workflow(&stranger, &[]).await,
+        store.tasks().update_workflow(&stranger, &[]).await,
         Err(Error::WorkflowNotFound(_))
     ));
 }
@@ -524,10 +651,14 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     let key = format!("key-{}", WorkflowId::new());
     let (mut first, tasks) = workflow_with_tasks(1);
     first.idempotency_key = Some(key.clone());
-    store.insert_workflow(&first, &tasks).await.unwrap();
+    store.tasks().insert_workflow(&first, &tasks).await.unwrap();
     let (mut second, tasks) = workflow_with_tasks(1);
     second.idempotency_key = Some(key.clone());
-    let err = store.insert_workflow(&second, &tasks).await.unwrap_err();
+    let err = store
+        .tasks()
+        .insert_workflow(&second, &tasks)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -539,11 +670,12 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
         "{err}"
     );
     assert_eq!(
-        store.get_task(tasks[0].id).await.unwrap(),
+        store.tasks().get_task(tasks[0].id).await.unwrap(),
         None,
         "nothing of a refused insert is kept"
     );
     let found = store
+        .tasks()
         .list_workflows(&WorkflowQuery {
             idempotency_key: Some(key),
             limit: 10,
@@ -556,10 +688,14 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     let reference = format!("ref-{}", WorkflowId::new());
     let (mut one, tasks) = workflow_with_tasks(1);
     one.reference = Some(reference.clone());
-    store.insert_workflow(&one, &tasks).await.unwrap();
+    store.tasks().insert_workflow(&one, &tasks).await.unwrap();
     let (mut clash, tasks) = workflow_with_tasks(1);
     clash.reference = Some(reference.clone());
-    let err = store.insert_workflow(&clash, &tasks).await.unwrap_err();
+    let err = store
+        .tasks()
+        .insert_workflow(&clash, &tasks)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -572,8 +708,9 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     );
     clash.revision = 2;
     clash.previous_revision = Some(one.id);
-    store.insert_workflow(&clash, &tasks).await.unwrap();
+    store.tasks().insert_workflow(&clash, &tasks).await.unwrap();
     let revisions = store
+        .tasks()
         .list_workflows(&WorkflowQuery {
             reference: Some(reference),
             limit: 10,
@@ -591,14 +728,15 @@ async fn workflows_filter_by_every_field(store: &Storage) {
     let (mut a, tasks_a) = workflow_with_tasks(1);
     a.trace_id = Some(trace.clone());
     a.kind = kind.clone();
-    store.insert_workflow(&a, &tasks_a).await.unwrap();
+    store.tasks().insert_workflow(&a, &tasks_a).await.unwrap();
     let (mut b, tasks_b) = workflow_with_tasks(1);
     b.kind = kind.clone();
     b.status = WorkflowStatus::Completed;
-    store.insert_workflow(&b, &tasks_b).await.unwrap();
+    store.tasks().insert_workflow(&b, &tasks_b).await.unwrap();
 
     let query = |q: WorkflowQuery| async move {
         store
+            .tasks()
             .list_workflows(&WorkflowQuery { limit: 100, ..q })
             .await
             .unwrap()
@@ -633,6 +771,7 @@ async fn workflows_filter_by_every_field(store: &Storage) {
         vec![b.id]
     );
     let page = store
+        .tasks()
         .list_workflows(&WorkflowQuery {
             limit: 1,
             offset: 1,

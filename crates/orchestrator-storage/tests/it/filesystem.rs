@@ -62,16 +62,21 @@ async fn reopening_restores_every_task_with_its_status() {
         let (workflow, tasks) = workflow_with_tasks(10);
         let expected = {
             let store = open(&dir, options.clone()).await;
-            store.insert_workflow(&workflow, &tasks).await.unwrap();
+            store
+                .tasks()
+                .insert_workflow(&workflow, &tasks)
+                .await
+                .unwrap();
             let mut task = tasks[3].clone();
             task.start(Utc::now()).unwrap();
-            let task = store.update_task(&task).await.unwrap();
+            let task = store.tasks().update_task(&task).await.unwrap();
             let mut done = task.clone();
             done.complete(json!({"ip": "10.0.0.3"}), Utc::now())
                 .unwrap();
-            store.update_task(&done).await.unwrap();
-            store.append_log(task.id, b"hello\n").await.unwrap();
+            store.tasks().update_task(&done).await.unwrap();
+            store.tasks().append_log(task.id, b"hello\n").await.unwrap();
             let all = store
+                .tasks()
                 .list_tasks(&TaskQuery {
                     limit: 100,
                     ..Default::default()
@@ -83,6 +88,7 @@ async fn reopening_restores_every_task_with_its_status() {
         };
         let store = open(&dir, options).await;
         let again = store
+            .tasks()
             .list_tasks(&TaskQuery {
                 limit: 100,
                 ..Default::default()
@@ -90,15 +96,15 @@ async fn reopening_restores_every_task_with_its_status() {
             .await
             .unwrap();
         assert_eq!(again, expected);
-        let task = store.get_task(tasks[3].id).await.unwrap().unwrap();
+        let task = store.tasks().get_task(tasks[3].id).await.unwrap().unwrap();
         assert_eq!(task.status, TaskStatus::Completed);
         assert_eq!(task.output, Some(json!({"ip": "10.0.0.3"})));
         assert_eq!(
-            store.read_log(task.id, 0, 100).await.unwrap().data,
+            store.tasks().read_log(task.id, 0, 100).await.unwrap().data,
             b"hello\n"
         );
         assert_eq!(
-            store.get_workflow(workflow.id).await.unwrap(),
+            store.tasks().get_workflow(workflow.id).await.unwrap(),
             Some(workflow.clone())
         );
     }
@@ -111,7 +117,11 @@ async fn a_torn_journal_tail_is_dropped_and_everything_before_it_kept() {
     let (workflow, tasks) = workflow_with_tasks(2);
     {
         let store = open(&dir, FsOptions::default()).await;
-        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
         store.close().await.unwrap();
     }
     // A crash in the middle of the next append leaves half a line.
@@ -134,7 +144,7 @@ async fn a_torn_journal_tail_is_dropped_and_everything_before_it_kept() {
     // And the store keeps working after the repair.
     let mut task = tasks[0].clone();
     task.start(Utc::now()).unwrap();
-    store.update_task(&task).await.unwrap();
+    store.tasks().update_task(&task).await.unwrap();
 }
 
 #[tokio::test]
@@ -145,7 +155,11 @@ async fn damage_in_the_middle_of_the_journal_is_refused_with_its_line() {
         let store = open(&dir, FsOptions::default()).await;
         for _ in 0..3 {
             let (workflow, tasks) = workflow_with_tasks(1);
-            store.insert_workflow(&workflow, &tasks).await.unwrap();
+            store
+                .tasks()
+                .insert_workflow(&workflow, &tasks)
+                .await
+                .unwrap();
         }
         store.close().await.unwrap();
     }

@@ -111,19 +111,25 @@ async fn embedded_reopen_keeps_every_record_and_log() {
     let (workflow, tasks) = workflow_with_tasks(5);
     let expected = {
         let store = open(&config).await;
-        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
         let mut task = tasks[2].clone();
         task.start(Utc::now()).unwrap();
-        let task = store.update_task(&task).await.unwrap();
+        let task = store.tasks().update_task(&task).await.unwrap();
         let mut done = task.clone();
         done.complete(json!({"ip": "10.0.0.3"}), Utc::now())
             .unwrap();
-        store.update_task(&done).await.unwrap();
+        store.tasks().update_task(&done).await.unwrap();
         store
+            .tasks()
             .append_log(task.id, "héllo\n".as_bytes())
             .await
             .unwrap();
         let all = store
+            .tasks()
             .list_tasks(&TaskQuery {
                 limit: 100,
                 ..Default::default()
@@ -139,6 +145,7 @@ async fn embedded_reopen_keeps_every_record_and_log() {
     let store = open(&config).await;
     store.health().await.unwrap();
     let again = store
+        .tasks()
         .list_tasks(&TaskQuery {
             limit: 100,
             ..Default::default()
@@ -146,15 +153,15 @@ async fn embedded_reopen_keeps_every_record_and_log() {
         .await
         .unwrap();
     assert_eq!(again, expected);
-    let task = store.get_task(tasks[2].id).await.unwrap().unwrap();
+    let task = store.tasks().get_task(tasks[2].id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.output, Some(json!({"ip": "10.0.0.3"})));
     assert_eq!(
-        store.read_log(task.id, 0, 100).await.unwrap().data,
+        store.tasks().read_log(task.id, 0, 100).await.unwrap().data,
         "héllo\n".as_bytes()
     );
     assert_eq!(
-        store.get_workflow(workflow.id).await.unwrap(),
+        store.tasks().get_workflow(workflow.id).await.unwrap(),
         Some(workflow)
     );
     let status = orchestrator_storage::schema_status(&config).await;
@@ -434,21 +441,29 @@ async fn a_server_that_dies_fails_writes_and_health_then_reconnects() {
     config.surrealdb.request_timeout = Duration::from_secs(2);
     let store = open(&config).await;
     let (workflow, tasks) = workflow_with_tasks(2);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     store.health().await.unwrap();
 
     server.kill();
     let mut claim = tasks[0].clone();
     claim.start(Utc::now()).unwrap();
     let started = Instant::now();
-    let err = store.update_task(&claim).await.expect_err("no server");
+    let err = store
+        .tasks()
+        .update_task(&claim)
+        .await
+        .expect_err("no server");
     assert!(matches!(err, Error::Unavailable(_)), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
     let err = store.health().await.expect_err("unhealthy");
     assert!(err.to_string().contains(&config.surrealdb.url), "{err}");
     // While it is down, calls fail at once instead of piling up.
     let started = Instant::now();
-    assert!(store.get_task(tasks[0].id).await.is_err());
+    assert!(store.tasks().get_task(tasks[0].id).await.is_err());
     assert!(started.elapsed() < Duration::from_millis(500));
 
     server.restart();
@@ -461,14 +476,22 @@ async fn a_server_that_dies_fails_writes_and_health_then_reconnects() {
     // may or may not have reached the server before it died (a request
     // cut off in flight is ambiguous), so re-read and decide again, as the
     // engine does after a failed write.
-    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap().len(), 2);
-    let current = store.get_task(tasks[0].id).await.unwrap().unwrap();
+    assert_eq!(
+        store
+            .tasks()
+            .workflow_tasks(workflow.id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    let current = store.tasks().get_task(tasks[0].id).await.unwrap().unwrap();
     if current.status == TaskStatus::Queued {
         let mut claim = current.clone();
         claim.start(Utc::now()).unwrap();
-        store.update_task(&claim).await.unwrap();
+        store.tasks().update_task(&claim).await.unwrap();
     }
-    let task = store.get_task(tasks[0].id).await.unwrap().unwrap();
+    let task = store.tasks().get_task(tasks[0].id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Running);
     store.close().await.unwrap();
 }

@@ -9,11 +9,13 @@ use std::sync::Mutex;
 
 use chrono::Utc;
 use orchestrator_core::access::{ApiToken, Role, SecretRecord};
-use orchestrator_core::{AttemptRecord, Task, TaskStatus};
+use orchestrator_core::{AttemptRecord, Task, TaskId, TaskStatus};
 use orchestrator_storage::faults::{FaultSwitch, FaultyBackend};
 use orchestrator_storage::fs::{FsBackend, FsOptions};
 use orchestrator_storage::transfer::{self, CopyOptions, Progress, Silent, TransferError};
-use orchestrator_storage::{Error, RecordKind, Storage, StorageConfig, StorageType};
+use orchestrator_storage::{
+    BulkTransfer, Error, RecordKind, Storage, StorageConfig, StorageType, TransferStore,
+};
 use serde_json::json;
 
 use crate::conformance::workflow_with_tasks;
@@ -26,7 +28,31 @@ struct Dump {
     logs: BTreeMap<String, Vec<u8>>,
 }
 
-async fn dump(store: &Storage) -> Dump {
+/// The bulk side of an open store, whichever way it was opened.
+trait Bulk {
+    fn bulk(&self) -> &dyn BulkTransfer;
+}
+
+impl Bulk for Storage {
+    fn bulk(&self) -> &dyn BulkTransfer {
+        self.transfer()
+    }
+}
+
+impl Bulk for TransferStore {
+    fn bulk(&self) -> &dyn BulkTransfer {
+        &**self
+    }
+}
+
+impl Bulk for &dyn BulkTransfer {
+    fn bulk(&self) -> &dyn BulkTransfer {
+        *self
+    }
+}
+
+async fn dump(store: &impl Bulk) -> Dump {
+    let store = store.bulk();
     let mut records = BTreeMap::new();
     let mut logs = BTreeMap::new();
     for kind in RecordKind::ALL {
@@ -38,9 +64,9 @@ async fn dump(store: &Storage) -> Dump {
             for scanned in batch {
                 let record = scanned.record.unwrap();
                 if let orchestrator_storage::Record::Task(task) = &record {
-                    let log = store.read_log(task.id, 0, usize::MAX >> 1).await.unwrap();
-                    if !log.data.is_empty() {
-                        logs.insert(scanned.key.clone(), log.data);
+                    let log = read_whole_log(store, task.id).await;
+                    if !log.is_empty() {
+                        logs.insert(scanned.key.clone(), log);
                     }
                 }
                 records.insert((kind, scanned.key), record.to_json());
@@ -48,6 +74,19 @@ async fn dump(store: &Storage) -> Dump {
         }
     }
     Dump { records, logs }
+}
+
+/// A task's whole log, read through the bulk side.
+async fn read_whole_log(store: &dyn BulkTransfer, task: TaskId) -> Vec<u8> {
+    let mut log = Vec::new();
+    loop {
+        let asks = [(task, log.len() as u64, usize::MAX >> 1)];
+        let chunk = store.read_logs(&asks).await.unwrap().remove(0);
+        if chunk.data.is_empty() {
+            return log;
+        }
+        log.extend(chunk.data);
+    }
 }
 
 /// A store with what real use leaves behind: finished and failed tasks
@@ -60,7 +99,11 @@ async fn fill(store: &Storage) {
         workflow.idempotency_key = Some(format!("key-{round}"));
         workflow.reference = Some("nightly".into());
         workflow.revision = round + 1;
-        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
         for (i, task) in tasks.into_iter().enumerate() {
             let mut task: Task = task;
             task.start(now).unwrap();
@@ -77,12 +120,13 @@ async fn fill(store: &Storage) {
             });
             task.complete(json!({"ip": format!("10.0.{round}.{i}"), "ünï": "✓"}), now)
                 .unwrap();
-            let task = store.update_task(&task).await.unwrap();
+            let task = store.tasks().update_task(&task).await.unwrap();
             store
+                .tasks()
                 .append_log(task.id, format!("starting {}\n", task.name).as_bytes())
                 .await
                 .unwrap();
-            store.append_log(task.id, b"done\n").await.unwrap();
+            store.tasks().append_log(task.id, b"done\n").await.unwrap();
         }
     }
     // Tokens, a secret and audit records move too.
@@ -93,8 +137,9 @@ async fn fill(store: &Storage) {
         "orch_0190cc_z",
         now,
     );
-    store.put_token(&token).await.unwrap();
+    store.access().put_token(&token).await.unwrap();
     store
+        .access()
         .put_secret(&SecretRecord {
             name: "api_key".into(),
             nonce: "bm9uY2U=".into(),
@@ -107,20 +152,24 @@ async fn fill(store: &Storage) {
         .unwrap();
     for action in ["workflow.submit", "token.create"] {
         let record = crate::conformance::audit_record("ops", action, None, now);
-        store.append_audit(&record).await.unwrap();
+        store.access().append_audit(&record).await.unwrap();
     }
     // One log over a megabyte, so it moves in more than one chunk.
     let (workflow, tasks) = workflow_with_tasks(1);
-    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let big: Vec<u8> = (0..1_300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
-    store.append_log(tasks[0].id, &big).await.unwrap();
+    store.tasks().append_log(tasks[0].id, &big).await.unwrap();
 }
 
 async fn open_fs(dir: &Path) -> Storage {
     Storage::new(FsBackend::open(dir, FsOptions::default()).await.unwrap())
 }
 
-async fn read_only(config: &StorageConfig) -> Storage {
+async fn read_only(config: &StorageConfig) -> TransferStore {
     orchestrator_storage::open_read_only(config).await.unwrap()
 }
 
@@ -134,17 +183,16 @@ fn fs_config(dir: &Path) -> StorageConfig {
 
 /// Copies `source` into the empty `target`, checks they hold the same
 /// and that verify agrees; returns the target's dump.
-async fn copy_and_check(source: &Storage, target: &Storage) -> Dump {
-    let report = transfer::copy(&**source, &**target, &CopyOptions::default(), &Silent)
+async fn copy_and_check(source: &impl Bulk, target: &impl Bulk) -> Dump {
+    let (source, target) = (source.bulk(), target.bulk());
+    let report = transfer::copy(source, target, &CopyOptions::default(), &Silent)
         .await
         .unwrap();
     assert!(report.unreadable.is_empty());
-    let expected = dump(source).await;
-    let copied = dump(target).await;
+    let expected = dump(&source).await;
+    let copied = dump(&target).await;
     assert_eq!(copied, expected, "{} -> {}", source.name(), target.name());
-    let verified = transfer::verify(&**source, &**target, 5, &Silent)
-        .await
-        .unwrap();
+    let verified = transfer::verify(source, target, 5, &Silent).await.unwrap();
     assert!(verified.matches(), "{verified:?}");
     for compared in &verified.kinds[..RecordKind::ALL.len()] {
         let kind = RecordKind::ALL
@@ -167,7 +215,13 @@ async fn filesystem_to_filesystem_copies_everything_and_resumes_as_a_no_op() {
     assert_eq!(copied.logs.len(), 13);
 
     // A non-empty target is refused without --resume...
-    let refused = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+    let refused = transfer::copy(
+        source.transfer(),
+        target.transfer(),
+        &CopyOptions::default(),
+        &Silent,
+    )
+    .await;
     assert!(
         matches!(
             refused,
@@ -183,7 +237,7 @@ async fn filesystem_to_filesystem_copies_everything_and_resumes_as_a_no_op() {
         resume: true,
         ..CopyOptions::default()
     };
-    let again = transfer::copy(&*source, &*target, &resume, &Silent)
+    let again = transfer::copy(source.transfer(), target.transfer(), &resume, &Silent)
         .await
         .unwrap();
     assert!(again.kinds.iter().all(|k| k.written == 0), "{again:?}");
@@ -227,14 +281,14 @@ async fn a_copy_cut_short_at_any_write_resumes_to_the_same_end() {
             seen: Mutex::new(0),
             switch: switch.clone(),
         };
-        let cut = transfer::copy(&*source, &*target, &options, &progress).await;
+        let cut = transfer::copy(source.transfer(), target.transfer(), &options, &progress).await;
         assert!(matches!(cut, Err(TransferError::Target(_))), "{cut:?}");
         switch.fail_writes(false);
         let resume = CopyOptions {
             resume: true,
             ..options.clone()
         };
-        transfer::copy(&*source, &*target, &resume, &Silent)
+        transfer::copy(source.transfer(), target.transfer(), &resume, &Silent)
             .await
             .unwrap();
         assert_eq!(
@@ -253,13 +307,16 @@ async fn a_filesystem_store_is_read_while_its_service_writes_and_never_written()
     // The live store holds the lock; a read-only open does not need it.
     let source = read_only(&fs_config(root.path())).await;
     assert_eq!(dump(&source).await, dump(&live).await);
+    // A read-only store has no task writes to refuse: `TransferStore` has
+    // only the bulk side (a `compile_fail` doctest on it shows this).
     let (workflow, tasks) = workflow_with_tasks(1);
-    let refused = source.insert_workflow(&workflow, &tasks).await;
-    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
     let refused = source.import(&[]).await;
     assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
     // Written after the read-only open: seen by the next open.
-    live.insert_workflow(&workflow, &tasks).await.unwrap();
+    live.tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
     let later = read_only(&fs_config(root.path())).await;
     assert_eq!(later.count(RecordKind::Task).await.unwrap(), 14);
     assert!(!root.path().join("nothing").exists());
@@ -292,13 +349,21 @@ async fn damaged_source_records_are_named_and_skipped_only_when_asked() {
     let (workflow, tasks) = workflow_with_tasks(3);
     {
         let store = open_fs(&dir).await;
-        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
         let mut task = tasks[1].clone();
         task.start(Utc::now()).unwrap();
-        store.update_task(&task).await.unwrap();
+        store.tasks().update_task(&task).await.unwrap();
         // A later line, so the damaged one is not the journal's last.
         let (other, other_tasks) = workflow_with_tasks(1);
-        store.insert_workflow(&other, &other_tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&other, &other_tasks)
+            .await
+            .unwrap();
         store.close().await.unwrap();
     }
     // The task's latest version is the damaged one: an older version must
@@ -308,7 +373,13 @@ async fn damaged_source_records_are_named_and_skipped_only_when_asked() {
     let damaged = tasks[1].id.to_string();
 
     let target = open_fs(&root.path().join("target")).await;
-    let stopped = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+    let stopped = transfer::copy(
+        &*source,
+        target.transfer(),
+        &CopyOptions::default(),
+        &Silent,
+    )
+    .await;
     match stopped {
         Err(TransferError::Unreadable { kind, key, reason }) => {
             assert_eq!(kind, RecordKind::Task);
@@ -326,15 +397,22 @@ async fn damaged_source_records_are_named_and_skipped_only_when_asked() {
         resume: true,
         ..CopyOptions::default()
     };
-    let report = transfer::copy(&*source, &*target, &skip, &Silent)
+    let report = transfer::copy(&*source, target.transfer(), &skip, &Silent)
         .await
         .unwrap();
     assert_eq!(report.unreadable.len(), 1);
     assert_eq!(report.unreadable[0].key, damaged);
-    assert_eq!(target.count(RecordKind::Task).await.unwrap(), 3);
-    assert!(target.get_task(tasks[1].id).await.unwrap().is_none());
+    assert_eq!(target.transfer().count(RecordKind::Task).await.unwrap(), 3);
+    assert!(
+        target
+            .tasks()
+            .get_task(tasks[1].id)
+            .await
+            .unwrap()
+            .is_none()
+    );
 
-    let verified = transfer::verify(&*source, &*target, 100, &Silent)
+    let verified = transfer::verify(&*source, target.transfer(), 100, &Silent)
         .await
         .unwrap();
     assert_eq!(verified.mismatch_count, 1, "{verified:?}");
@@ -355,6 +433,7 @@ async fn verify_names_a_tampered_record_and_a_tampered_log() {
     copy_and_check(&source, &target).await;
 
     let page = target
+        .tasks()
         .list_tasks(&orchestrator_storage::TaskQuery {
             limit: 2,
             ..Default::default()
@@ -363,10 +442,14 @@ async fn verify_names_a_tampered_record_and_a_tampered_log() {
         .unwrap();
     let mut tampered = page.items[0].clone();
     tampered.output = Some(json!({"ip": "6.6.6.6"}));
-    target.update_task(&tampered).await.unwrap();
-    target.append_log(page.items[1].id, b"extra").await.unwrap();
+    target.tasks().update_task(&tampered).await.unwrap();
+    target
+        .tasks()
+        .append_log(page.items[1].id, b"extra")
+        .await
+        .unwrap();
 
-    let report = transfer::verify(&*source, &*target, 4, &Silent)
+    let report = transfer::verify(source.transfer(), target.transfer(), 4, &Silent)
         .await
         .unwrap();
     assert_eq!(report.mismatch_count, 2, "{report:?}");
@@ -401,7 +484,13 @@ async fn a_target_changed_since_its_copy_is_never_rolled_back() {
             limit: 1,
             ..Default::default()
         };
-        store.list_tasks(&query).await.unwrap().items.remove(0)
+        store
+            .tasks()
+            .list_tasks(&query)
+            .await
+            .unwrap()
+            .items
+            .remove(0)
     };
 
     // A record written on the target after the copy.
@@ -409,8 +498,8 @@ async fn a_target_changed_since_its_copy_is_never_rolled_back() {
     copy_and_check(&source, &target).await;
     let mut task = newest(target.clone()).await;
     task.name = "renamed on the target".into();
-    let stored = target.update_task(&task).await.unwrap();
-    let refused = transfer::copy(&*source, &*target, &resume, &Silent).await;
+    let stored = target.tasks().update_task(&task).await.unwrap();
+    let refused = transfer::copy(source.transfer(), target.transfer(), &resume, &Silent).await;
     match refused {
         Err(TransferError::TargetNewer {
             key,
@@ -422,14 +511,17 @@ async fn a_target_changed_since_its_copy_is_never_rolled_back() {
         }
         other => panic!("expected TargetNewer: {other:?}"),
     }
-    assert_eq!(target.get_task(task.id).await.unwrap().unwrap(), stored);
+    assert_eq!(
+        target.tasks().get_task(task.id).await.unwrap().unwrap(),
+        stored
+    );
 
     // A log that grew on the target after the copy.
     let target = open_fs(&root.path().join("c")).await;
     copy_and_check(&source, &target).await;
     let task = newest(target.clone()).await;
-    target.append_log(task.id, b"later").await.unwrap();
-    let refused = transfer::copy(&*source, &*target, &resume, &Silent).await;
+    target.tasks().append_log(task.id, b"later").await.unwrap();
+    let refused = transfer::copy(source.transfer(), target.transfer(), &resume, &Silent).await;
     assert!(
         matches!(refused, Err(TransferError::LogDiverged { task: t, .. }) if t == task.id),
         "{refused:?}"
@@ -469,7 +561,7 @@ async fn a_filesystem_import_target_is_a_store_the_service_opens() {
         resume: true,
         ..CopyOptions::default()
     };
-    let report = transfer::copy(&*source, &*target, &resume, &Silent)
+    let report = transfer::copy(source.transfer(), &*target, &resume, &Silent)
         .await
         .unwrap();
     assert!(report.kinds.iter().all(|k| k.written == 0), "{report:?}");
@@ -558,31 +650,44 @@ mod surreal {
             limit: 2,
             ..Default::default()
         };
-        let tasks = source.list_tasks(&query).await.unwrap().items;
+        let tasks = source.tasks().list_tasks(&query).await.unwrap().items;
         let mut changed = tasks[0].clone();
         changed.name = "renamed".into();
-        source.update_task(&changed).await.unwrap();
-        source.append_log(changed.id, b"more\n").await.unwrap();
-        source.append_log(tasks[1].id, b"more too\n").await.unwrap();
+        source.tasks().update_task(&changed).await.unwrap();
+        source
+            .tasks()
+            .append_log(changed.id, b"more\n")
+            .await
+            .unwrap();
+        source
+            .tasks()
+            .append_log(tasks[1].id, b"more too\n")
+            .await
+            .unwrap();
         let mut workflow = source
+            .tasks()
             .get_workflow(changed.workflow_id)
             .await
             .unwrap()
             .unwrap();
         workflow.idempotency_key = Some("another-key".into());
-        source.update_workflow(&workflow, &[]).await.unwrap();
+        source
+            .tasks()
+            .update_workflow(&workflow, &[])
+            .await
+            .unwrap();
         let resume = CopyOptions {
             resume: true,
             ..CopyOptions::default()
         };
-        let report = transfer::copy(&*source, &*target, &resume, &Silent)
+        let report = transfer::copy(source.transfer(), target.transfer(), &resume, &Silent)
             .await
             .unwrap();
         assert_eq!(report.kinds[0].written, 1, "{report:?}");
         assert_eq!(report.kinds[1].written, 1, "{report:?}");
         assert_eq!(report.log_bytes_written, 14, "{report:?}");
         assert_eq!(dump(&target).await, dump(&source).await);
-        let verified = transfer::verify(&*source, &*target, 5, &Silent)
+        let verified = transfer::verify(source.transfer(), target.transfer(), 5, &Silent)
             .await
             .unwrap();
         assert!(verified.matches(), "{verified:?}");
@@ -590,17 +695,23 @@ mod surreal {
         // Two pieces of one log in one import, then a batch with one piece
         // at a wrong length: refused whole.
         let (workflow, fresh) = workflow_with_tasks(2);
-        target.insert_workflow(&workflow, &fresh).await.unwrap();
+        target
+            .tasks()
+            .insert_workflow(&workflow, &fresh)
+            .await
+            .unwrap();
         let piece = |task: &Task, offset: u64, data: &[u8]| orchestrator_storage::LogPiece {
             task: task.id,
             offset,
             data: data.to_vec(),
         };
         target
+            .transfer()
             .import_logs(&[piece(&fresh[0], 0, b"one "), piece(&fresh[0], 4, b"two")])
             .await
             .unwrap();
         let refused = target
+            .transfer()
             .import_logs(&[piece(&fresh[1], 0, b"new"), piece(&fresh[0], 3, b"again")])
             .await;
         match refused {
@@ -616,11 +727,12 @@ mod surreal {
             other => panic!("expected Conflict: {other:?}"),
         }
         let lengths = target
+            .transfer()
             .log_lengths(&[fresh[0].id, fresh[1].id])
             .await
             .unwrap();
         assert_eq!(lengths, vec![7, 0]);
-        let log = target.read_log(fresh[0].id, 0, 100).await.unwrap();
+        let log = target.tasks().read_log(fresh[0].id, 0, 100).await.unwrap();
         assert_eq!(log.data, b"one two");
         target.close().await.unwrap();
     }
@@ -632,7 +744,11 @@ mod surreal {
         let config = server(&dev);
         let store = open(&config).await;
         let (workflow, tasks) = workflow_with_tasks(2);
-        store.insert_workflow(&workflow, &tasks).await.unwrap();
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
         store.close().await.unwrap();
         let db = crate::surreal::raw(&config).await;
         db.query("UPDATE type::record('task', $id) SET doc = '{not json'")
@@ -646,7 +762,13 @@ mod surreal {
         let refused = source.import(&[]).await;
         assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
         let target = open_fs(&root.path().join("target")).await;
-        let stopped = transfer::copy(&*source, &*target, &CopyOptions::default(), &Silent).await;
+        let stopped = transfer::copy(
+            &*source,
+            target.transfer(),
+            &CopyOptions::default(),
+            &Silent,
+        )
+        .await;
         assert!(
             matches!(&stopped, Err(TransferError::Unreadable { key, .. }) if *key == tasks[0].id.to_string()),
             "{stopped:?}"
@@ -655,7 +777,7 @@ mod surreal {
             dry_run: true,
             ..CopyOptions::default()
         };
-        let report = transfer::copy(&*source, &*target, &dry, &Silent)
+        let report = transfer::copy(&*source, target.transfer(), &dry, &Silent)
             .await
             .unwrap();
         assert_eq!(report.unreadable.len(), 1);
