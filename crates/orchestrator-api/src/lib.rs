@@ -6,6 +6,7 @@ mod auth;
 mod error;
 mod extract;
 mod layers;
+mod live;
 pub mod openapi;
 pub mod prometheus;
 mod routes;

@@ -49,6 +49,7 @@ pub fn document() -> Value {
         create_servers, create_taskservs, create_cluster,
         list_templates, get_template,
         list_tasks, get_task, task_logs, cancel_task, get_checkpoint, save_checkpoint,
+        events,
         list_nodes,
         list_tokens, create_token, revoke_token, list_audit,
         list_secrets, put_secret, delete_secret,
@@ -350,6 +351,7 @@ fn get_task() {}
         ("id" = Uuid, Path, description = "Task id"),
         ("offset" = Option<u64>, Query, description = "Byte offset to read from"),
         ("limit_bytes" = Option<u64>, Query, description = "Most bytes to return (default 1 MiB, capped at 16 MiB)"),
+        ("follow" = Option<bool>, Query, description = "Stream the log as it is written, ending when the task ends (the headers below are then absent)"),
     ),
     responses(
         (status = 200, description = "The log from `offset`", content_type = "text/plain; charset=utf-8", body = String,
@@ -362,6 +364,23 @@ fn get_task() {}
         (status = 503, description = "Storage unavailable", body = ErrorBody),
     ))]
 fn task_logs() {}
+
+/// Every durable change of a task or workflow as it happens, as
+/// server-sent events: a `snapshot` first, then `change` events (each with
+/// an `id` for `Last-Event-ID`), and `resync` when events were lost.
+#[utoipa::path(get, path = "/events", tag = "operations",
+    params(
+        ("workflow" = Option<Uuid>, Query, description = "Only this workflow's events"),
+        ("kind" = Option<String>, Query, description = "Only these event kinds, comma-separated"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"),
+    ),
+    responses(
+        (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
+        (status = 400, description = "An unknown kind or a bad workflow id", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn events() {}
 
 /// Cancels a task: at once if it is not running, else its script is stopped.
 #[utoipa::path(post, path = "/tasks/{id}/cancel", tag = "tasks",

@@ -25,6 +25,7 @@ const DEFAULT_LOG_BYTES: usize = 1024 * 1024;
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
+        .route("/events", get(crate::live::events))
         .route("/tasks", get(list_tasks))
         .route("/tasks/{id}", get(get_task))
         .route("/tasks/{id}/logs", get(task_logs))
@@ -176,6 +177,9 @@ async fn get_task(
 struct LogParams {
     offset: Option<u64>,
     limit_bytes: Option<usize>,
+    /// Stream the log as it is written, until the task ends.
+    #[serde(default)]
+    follow: bool,
 }
 
 /// The log as plain text. `X-Next-Offset` tells where to continue for a
@@ -186,6 +190,9 @@ async fn task_logs(
     QueryParams(params): QueryParams<LogParams>,
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&id)?;
+    if params.follow {
+        return crate::live::follow_log(state.engine.clone(), id, params.offset.unwrap_or(0)).await;
+    }
     let task = state.engine.task(id).await?;
     let limit = params
         .limit_bytes

@@ -45,7 +45,11 @@ async fn engine(dir: &Path) -> Engine {
         service_url: None,
     })
     .unwrap();
-    let templates = Templates::load(None, &executor).unwrap();
+    let templates = Templates::load(
+        None,
+        &orchestrator_engine::steps::Steps::new(executor.clone()),
+    )
+    .unwrap();
     Engine::start(
         storage,
         executor,

@@ -7,14 +7,18 @@
 
 pub mod access;
 mod error;
+pub mod event;
 mod ids;
 mod names;
 mod node;
 mod queue;
 pub mod refs;
+pub mod release;
 mod retry;
+pub mod submission;
 mod task;
 pub mod template;
+pub mod view;
 mod workflow;
 
 pub use error::{Error, Result};
@@ -23,7 +27,8 @@ pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{
-    AttemptRecord, FailureOutcome, FailurePolicy, Priority, StepSettings, Task, TaskSpec,
+    AttemptRecord, FailureOutcome, FailurePolicy, Priority, StepKind, StepSettings, Task, TaskSpec,
     TaskStatus,
 };
+pub use view::{StepView, WorkflowView};
 pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide};

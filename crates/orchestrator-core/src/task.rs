@@ -118,10 +118,34 @@ pub struct TaskSpec {
     pub step: StepSettings,
 }
 
+/// The kind of step a task runs; each kind has its own runner in the
+/// engine, which never looks inside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// A script under the scripts dir, run as a child process.
+    #[default]
+    Script,
+}
+
+crate::named_variants!(StepKind, "step kind", [
+    Script => "script",
+]);
+
+impl StepKind {
+    pub fn is_script(&self) -> bool {
+        *self == StepKind::Script
+    }
+}
+
 /// What a task knows about the workflow step it runs, if it came from a
 /// template. Plain tasks use the default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepSettings {
+    /// What runs the task's `script` (its target); `script` unless the
+    /// template step says otherwise.
+    #[serde(default, skip_serializing_if = "StepKind::is_script")]
+    pub kind: StepKind,
     /// The step's `ref_name` in its template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ref_name: Option<String>,
@@ -786,5 +810,38 @@ mod tests {
         let err = "urgent".parse::<Priority>().unwrap_err();
         assert!(err.contains("urgent"));
         assert!(Priority::Critical > Priority::High && Priority::High > Priority::Normal);
+    }
+}
+
+/// Tasks for the core's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::time::Duration;
+
+    use chrono::Utc;
+    use serde_json::json;
+
+    use super::*;
+
+    /// A one-attempt task of step `step` (if any) that depends on `deps`.
+    pub(crate) fn task_of(workflow: WorkflowId, step: Option<&str>, deps: Vec<TaskId>) -> Task {
+        Task::new(
+            workflow,
+            TaskSpec {
+                name: step.unwrap_or("t").into(),
+                script: "s.sh".into(),
+                input: json!({}),
+                priority: Priority::Normal,
+                max_attempts: 1,
+                timeout: Duration::from_secs(5),
+                check_mode: false,
+                depends_on: deps,
+                step: StepSettings {
+                    ref_name: step.map(str::to_owned),
+                    ..Default::default()
+                },
+            },
+            Utc::now(),
+        )
     }
 }

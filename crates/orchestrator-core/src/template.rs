@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::refs::{Reference, Root, Scope, references_in};
-use crate::{FailurePolicy, StepSettings};
+use crate::{FailurePolicy, StepKind, StepSettings};
 
 /// A template, as written in a YAML or JSON file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -157,6 +157,10 @@ pub struct StepTemplate {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// What runs the step; `script` when not given.
+    #[serde(default, skip_serializing_if = "StepKind::is_script")]
+    pub kind: StepKind,
+    /// The step's target: for a `script` step, the script path.
     pub script: String,
     #[serde(default)]
     pub input: Map<String, Value>,
@@ -659,6 +663,7 @@ impl Template {
                         on_failure: step.on_failure,
                         rollback: step.rollback.clone(),
                         rollback_of: None,
+                        kind: step.kind,
                     },
                     max_attempts: step.retries.map(|r| r + 1),
                     timeout,

@@ -120,7 +120,7 @@ impl Access {
 
     async fn reload(&self) -> Result<()> {
         let tokens = self.store.access().tokens().await?;
-        let mut cache = crate::engine::lock(&self.cache);
+        let mut cache = crate::lock(&self.cache);
         cache.by_id = tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
         cache.loaded = Instant::now();
         Ok(())
@@ -129,7 +129,7 @@ impl Access {
     /// Reloads the cache if it is older than `age`. A storage failure keeps
     /// the old cache: better to serve known tokens than none.
     async fn refresh_if_older(&self, age: Duration) {
-        let stale = crate::engine::lock(&self.cache).loaded.elapsed() > age;
+        let stale = crate::lock(&self.cache).loaded.elapsed() > age;
         if stale && let Err(e) = self.reload().await {
             tracing::warn!(error = %e, "cannot reload API tokens; using the ones known");
         }
@@ -161,10 +161,10 @@ impl Access {
                     .cloned(),
             }
         };
-        let mut found = find(&crate::engine::lock(&self.cache));
+        let mut found = find(&crate::lock(&self.cache));
         if found.is_none() {
             self.refresh_if_older(MISS_RELOAD).await;
-            found = find(&crate::engine::lock(&self.cache));
+            found = find(&crate::lock(&self.cache));
         }
         let record = found?;
         let matches = bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes()));
@@ -198,7 +198,7 @@ impl Access {
 
     async fn store_token(&self, record: ApiToken, token: String) -> Result<IssuedToken> {
         self.store.access().put_token(&record).await?;
-        crate::engine::lock(&self.cache)
+        crate::lock(&self.cache)
             .by_id
             .insert(record.id.clone(), record.clone());
         Ok(IssuedToken { record, token })
@@ -208,14 +208,14 @@ impl Access {
     /// changes nothing.
     pub async fn revoke_token(&self, id: &str) -> Result<Option<ApiToken>> {
         self.reload().await?;
-        let Some(mut record) = crate::engine::lock(&self.cache).by_id.get(id).cloned() else {
+        let Some(mut record) = crate::lock(&self.cache).by_id.get(id).cloned() else {
             return Ok(None);
         };
         if record.is_active() {
             record.revoked_at = Some(Utc::now());
             record.version += 1;
             self.store.access().put_token(&record).await?;
-            crate::engine::lock(&self.cache)
+            crate::lock(&self.cache)
                 .by_id
                 .insert(record.id.clone(), record.clone());
         }
@@ -232,7 +232,7 @@ impl Access {
     /// it can be shown once. `None` when the store has an admin already.
     pub async fn bootstrap(&self, supplied: Option<&str>) -> Result<Option<IssuedToken>> {
         self.reload().await?;
-        let has_admin = crate::engine::lock(&self.cache)
+        let has_admin = crate::lock(&self.cache)
             .by_id
             .values()
             .any(|t| t.is_active() && t.role == Role::Admin);

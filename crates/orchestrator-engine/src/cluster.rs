@@ -1,16 +1,24 @@
 //! Life among other nodes: heartbeats, lease renewal, taking over the
-//! running tasks of nodes that stopped, and (on a shared store) picking up
-//! work that other nodes accepted.
+//! running tasks of nodes that stopped, picking up work that other nodes
+//! accepted (on a shared store), and hearing every node's changes through
+//! the store's change feed, to announce them as events here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
-use orchestrator_core::{Node, TaskStatus};
+use chrono::{DateTime, Utc};
+use orchestrator_core::event::{Before, Change, TaskMark, task_changes, workflow_change};
+use orchestrator_core::{Node, Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
+use orchestrator_storage::Change as StoredChange;
+use tokio_util::sync::CancellationToken;
 
 use crate::Result;
-use crate::dispatch::is_conflict;
-use crate::engine::{Inner, lock};
+use crate::attempts::Attempts;
+use crate::events::EventBus;
+use crate::lifecycle::Lifecycle;
+use crate::queue::Queue;
+use crate::records::Records;
 
 /// How often a node on a shared store looks for work others accepted.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -18,23 +26,83 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// the node that should have done it stopped half-way.
 const ADVANCE_EVERY: u32 = 10;
 
-impl Inner {
+/// One node's part in a cluster (also of a cluster of one).
+pub(crate) struct Cluster {
+    records: Arc<Records>,
+    queue: Arc<Queue>,
+    attempts: Arc<Attempts>,
+    lifecycle: Arc<Lifecycle>,
+    node_id: String,
+    address: String,
+    started_at: DateTime<Utc>,
+    lease: Duration,
+}
+
+impl Cluster {
+    pub(crate) fn new(
+        records: Arc<Records>,
+        queue: Arc<Queue>,
+        attempts: Arc<Attempts>,
+        lifecycle: Arc<Lifecycle>,
+        node_id: String,
+        address: String,
+        lease: Duration,
+    ) -> Cluster {
+        Cluster {
+            records,
+            queue,
+            attempts,
+            lifecycle,
+            node_id,
+            address,
+            started_at: Utc::now(),
+            lease,
+        }
+    }
+
+    fn lease_from(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now + chrono::Duration::from_std(self.lease).unwrap_or_default()
+    }
+
     pub(crate) async fn heartbeat(&self) -> Result<()> {
         let node = Node {
-            id: self.config.node_id.clone(),
-            address: self.config.address.clone(),
+            id: self.node_id.clone(),
+            address: self.address.clone(),
             started_at: self.started_at,
             last_seen: Utc::now(),
         };
-        Ok(self.store.nodes().heartbeat(&node).await?)
+        Ok(self.records.store().nodes().heartbeat(&node).await?)
     }
 
-    /// Runs until the engine has shut down completely (not just stopped
-    /// dispatching): leases of scripts finishing in the shutdown grace
-    /// must keep being renewed, or another node would take them over.
-    pub(crate) async fn housekeeping_loop(self: Arc<Self>) {
-        let renew_every = (self.config.lease / 3).max(Duration::from_millis(100));
-        let shared = self.store.nodes().shared();
+    /// Every node that shares the store, and whether it is alive.
+    pub(crate) async fn nodes(&self) -> Result<Vec<(Node, bool)>> {
+        let lease = chrono::Duration::from_std(self.lease).unwrap_or_default();
+        let now = Utc::now();
+        Ok(self
+            .records
+            .store()
+            .nodes()
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|n| {
+                let alive = n.alive(lease, now);
+                (n, alive)
+            })
+            .collect())
+    }
+
+    /// Runs until `closed` (the engine has shut down completely, not just
+    /// stopped dispatching): leases of steps finishing in the shutdown
+    /// grace must keep being renewed, or another node would take them
+    /// over. After `stopping`, it only renews.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        stopping: CancellationToken,
+        closed: CancellationToken,
+    ) {
+        let renew_every = (self.lease / 3).max(Duration::from_millis(100));
+        let shared = self.records.store().nodes().shared();
         let tick = if shared {
             POLL_INTERVAL.min(renew_every)
         } else {
@@ -45,7 +113,7 @@ impl Inner {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(tick) => {}
-                () = self.closed.cancelled() => return,
+                () = closed.cancelled() => return,
             }
             if last_renewal.elapsed() >= renew_every {
                 last_renewal = tokio::time::Instant::now();
@@ -56,7 +124,7 @@ impl Inner {
             } else if shared {
                 self.watch_running().await;
             }
-            if self.stopping.is_cancelled() {
+            if stopping.is_cancelled() {
                 continue;
             }
             polls += 1;
@@ -69,22 +137,16 @@ impl Inner {
         }
     }
 
-    /// Stops the scripts of attempts this node no longer owns (their lease
+    /// Stops the steps of attempts this node no longer owns (their lease
     /// ran out and another node took them over) or whose cancel was
     /// requested through another node. Returns the tasks still owned.
-    async fn watch_running(&self) -> Vec<orchestrator_core::Task> {
-        let running: Vec<_> = lock(&self.running)
-            .iter()
-            .map(|(id, token)| (*id, token.clone()))
-            .collect();
+    async fn watch_running(&self) -> Vec<Task> {
         let mut owned = Vec::new();
-        for (id, token) in running {
-            let Ok(Some(task)) = self.store.tasks().get_task(id).await else {
+        for (id, token) in self.attempts.snapshot() {
+            let Ok(Some(task)) = self.records.store().tasks().get_task(id).await else {
                 continue;
             };
-            if task.status != TaskStatus::Running
-                || task.node.as_deref() != Some(&self.config.node_id)
-            {
+            if task.status != TaskStatus::Running || task.node.as_deref() != Some(&self.node_id) {
                 tracing::warn!(task = %id, "another node took the task over; stopping its script here");
                 token.cancel();
             } else {
@@ -103,19 +165,21 @@ impl Inner {
         for mut task in self.watch_running().await {
             let id = task.id;
             for _ in 0..3 {
-                task.lease_until = Some(
-                    Utc::now() + chrono::Duration::from_std(self.config.lease).unwrap_or_default(),
-                );
-                match self.store.tasks().update_task(&task).await {
+                let before = TaskMark::of(&task);
+                task.lease_until = Some(self.lease_from(Utc::now()));
+                match self.records.update_task(&task, before).await {
                     Ok(_) => break,
-                    Err(e) if is_conflict(&e) => match self.store.tasks().get_task(id).await {
-                        Ok(Some(fresh))
-                            if fresh.status == TaskStatus::Running && fresh.node == task.node =>
-                        {
-                            task = fresh
+                    Err(e) if e.is_conflict() => {
+                        match self.records.store().tasks().get_task(id).await {
+                            Ok(Some(fresh))
+                                if fresh.status == TaskStatus::Running
+                                    && fresh.node == task.node =>
+                            {
+                                task = fresh
+                            }
+                            _ => break,
                         }
-                        _ => break,
-                    },
+                    }
                     Err(e) => {
                         tracing::warn!(task = %id, error = %e, "lease renewal failed");
                         break;
@@ -130,31 +194,122 @@ impl Inner {
     /// queues what other nodes accepted.
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
         let now = Utc::now();
-        for task in self.store.tasks().unfinished_tasks().await? {
+        for task in self.records.store().tasks().unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Running => {
                     let expired = task.lease_until.is_some_and(|until| until < now);
-                    let mine_and_alive = lock(&self.running).contains_key(&task.id);
-                    if expired && !mine_and_alive {
+                    if expired && !self.attempts.contains(task.id) {
                         let error = format!(
                             "interrupted: node {} stopped renewing its lease during attempt {}",
                             task.node.as_deref().unwrap_or("?"),
                             task.attempts
                         );
-                        self.take_over(task, error).await?;
+                        self.lifecycle.take_over(task, error).await?;
                     }
                 }
                 TaskStatus::Queued | TaskStatus::RetryWaiting
-                    if shared && !lock(&self.queue).contains(task.id) =>
+                    if shared && !self.queue.contains(task.id) =>
                 {
-                    self.enqueue(&task);
+                    self.queue.push(&task);
                 }
                 _ => {}
             }
         }
         if shared && advance_workflows {
-            self.advance_unfinished_workflows().await?;
+            self.lifecycle.advance_unfinished_workflows().await?;
         }
         Ok(())
     }
+
+    /// On a shared store, announces every node's changes as this node's
+    /// events, in the order the store reports them, until `closed`. Does
+    /// nothing on a store of one node (its writes announce themselves).
+    pub(crate) async fn follow_changes(
+        self: Arc<Self>,
+        bus: Arc<EventBus>,
+        closed: CancellationToken,
+    ) {
+        let Some(mut feed) = self.records.store().nodes().changes() else {
+            return;
+        };
+        let mut known = Known::default();
+        loop {
+            let change = tokio::select! {
+                change = feed.recv() => change,
+                () = closed.cancelled() => return,
+            };
+            let Some(change) = change else { return };
+            bus.publish(known.events_of(change));
+        }
+    }
+}
+
+/// What this node last heard of each unfinished task and workflow, so that
+/// a change can be told from what it was. Finished ones are forgotten:
+/// what it holds is bounded by the unfinished work.
+#[derive(Default)]
+struct Known {
+    tasks: HashMap<TaskId, TaskMark>,
+    workflows: HashMap<WorkflowId, WorkflowStatus>,
+}
+
+impl Known {
+    fn events_of(&mut self, change: StoredChange) -> Vec<Change> {
+        match change {
+            StoredChange::Task { created, task } => {
+                let finished = task.status.is_terminal();
+                let before = recall(
+                    &mut self.tasks,
+                    task.id,
+                    created,
+                    TaskMark::of(&task),
+                    finished,
+                );
+                task_changes(before, &task)
+            }
+            StoredChange::Workflow { created, workflow } => {
+                let finished = workflow.status.is_terminal();
+                let before = recall(
+                    &mut self.workflows,
+                    workflow.id,
+                    created,
+                    workflow.status,
+                    finished,
+                );
+                workflow_change(before, &workflow).into_iter().collect()
+            }
+            StoredChange::Log { task, length } => {
+                let status = self.tasks.get(&task).map(|m| m.status);
+                vec![Change::log_appended(None, task, status, length)]
+            }
+            StoredChange::Lost { reason } => {
+                tracing::warn!(%reason, "the change feed lost changes; subscribers must resync");
+                self.tasks.clear();
+                self.workflows.clear();
+                vec![Change::resync(None)]
+            }
+        }
+    }
+}
+
+/// What was known of a record before a change, remembering what is known
+/// after it (a finished record is forgotten).
+fn recall<K: std::hash::Hash + Eq, M: Copy>(
+    known: &mut HashMap<K, M>,
+    key: K,
+    created: bool,
+    now: M,
+    finished: bool,
+) -> Before<M> {
+    let before = match known.get(&key) {
+        _ if created => Before::Created,
+        Some(mark) => Before::Known(*mark),
+        None => Before::Unknown,
+    };
+    if finished {
+        known.remove(&key);
+    } else {
+        known.insert(key, now);
+    }
+    before
 }

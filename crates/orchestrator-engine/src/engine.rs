@@ -1,27 +1,41 @@
-//! The engine's public face and shared state.
+//! The engine's public face: it wires the components together at start,
+//! answers queries, hands out event subscriptions, and shuts down.
+//!
+//! ```text
+//!   Engine ──▶ submit ─┐
+//!     │                ▼
+//!     ├──▶ dispatch ──▶ lifecycle ──▶ records ──▶ storage
+//!     │        │            │            └──────▶ events ──▶ subscribers
+//!     ├──▶ cluster ─────────┤
+//!     │        └─ change feed (shared store) ───▶ events
+//!     └── queue, attempts, steps, access, secrets (leaves)
+//! ```
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
-use orchestrator_core::{
-    ReadyQueue, RetryPolicy, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
-};
+use orchestrator_core::{Node, Priority, RetryPolicy, Task, TaskId, Workflow, WorkflowId};
 use orchestrator_executor::ScriptExecutor;
 use orchestrator_storage::{Page, Storage, TaskQuery, WorkflowQuery};
-use serde::Serialize;
-use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use crate::access::{Access, AccessConfig};
+use crate::attempts::Attempts;
+use crate::cluster::Cluster;
+use crate::dispatch::{Dispatcher, DispatcherParts};
+use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
+use crate::lifecycle::Lifecycle;
+use crate::queue::Queue;
+use crate::records::Records;
+use crate::secrets::Secrets;
+use crate::steps::Steps;
 use crate::templates::Templates;
-use crate::{Error, Result};
+use crate::{Error, Result, WorkflowView};
 
 /// Runtime settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Scripts that may run at once.
+    /// Steps that may run at once.
     pub workers: usize,
     /// Attempts per task when neither the template nor the submission says.
     pub default_max_attempts: u32,
@@ -36,7 +50,10 @@ pub struct EngineConfig {
     /// renew it three times per period. Past it, another node takes over.
     pub lease: Duration,
     /// Tokens, roles and rate limits.
-    pub access: crate::access::AccessConfig,
+    pub access: AccessConfig,
+    /// How far an event subscriber may fall behind before it must resync,
+    /// and how many events are kept for resumption.
+    pub event_capacity: usize,
 }
 
 impl Default for EngineConfig {
@@ -49,82 +66,9 @@ impl Default for EngineConfig {
             node_id: "local".to_owned(),
             address: String::new(),
             lease: Duration::from_secs(15),
-            access: crate::access::AccessConfig::default(),
+            access: AccessConfig::default(),
+            event_capacity: DEFAULT_CAPACITY,
         }
-    }
-}
-
-/// One template step of a workflow: its instances and their overall state.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepView {
-    pub ref_name: String,
-    /// Worst status among its instances (failed > cancelled > skipped >
-    /// not_started > running ... > completed).
-    pub status: TaskStatus,
-    pub task_ids: Vec<TaskId>,
-}
-
-/// A workflow with its tasks, steps and DAG edges.
-#[derive(Debug, Clone, Serialize)]
-pub struct WorkflowView {
-    #[serde(flatten)]
-    pub workflow: Workflow,
-    pub steps: Vec<StepView>,
-    /// `[from, to]`: `to` depends on `from`.
-    pub edges: Vec<[TaskId; 2]>,
-    pub tasks: Vec<Task>,
-}
-
-impl WorkflowView {
-    pub(crate) fn new(workflow: Workflow, tasks: Vec<Task>) -> WorkflowView {
-        let mut steps: Vec<StepView> = Vec::new();
-        for task in &tasks {
-            let Some(ref_name) = task
-                .step
-                .ref_name
-                .as_ref()
-                .filter(|_| task.step.rollback_of.is_none())
-            else {
-                continue;
-            };
-            match steps.iter_mut().find(|s| &s.ref_name == ref_name) {
-                Some(step) => {
-                    step.task_ids.push(task.id);
-                    if severity(task.status) > severity(step.status) {
-                        step.status = task.status;
-                    }
-                }
-                None => steps.push(StepView {
-                    ref_name: ref_name.clone(),
-                    status: task.status,
-                    task_ids: vec![task.id],
-                }),
-            }
-        }
-        let edges = tasks
-            .iter()
-            .flat_map(|t| t.depends_on.iter().map(move |from| [*from, t.id]))
-            .collect();
-        WorkflowView {
-            workflow,
-            steps,
-            edges,
-            tasks,
-        }
-    }
-}
-
-fn severity(status: TaskStatus) -> u8 {
-    match status {
-        TaskStatus::Completed => 0,
-        TaskStatus::Pending => 1,
-        TaskStatus::Queued => 2,
-        TaskStatus::RetryWaiting => 3,
-        TaskStatus::Running => 4,
-        TaskStatus::NotStarted => 5,
-        TaskStatus::Skipped => 6,
-        TaskStatus::Cancelled => 7,
-        TaskStatus::Failed => 8,
     }
 }
 
@@ -134,56 +78,27 @@ pub struct Engine {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// Per-workflow concurrency for `parallel_limit`.
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    pub(crate) limit: usize,
-    pub(crate) running: usize,
-    /// Tasks popped while the workflow was at its limit, waiting for a slot.
-    pub(crate) deferred: std::collections::VecDeque<(TaskId, orchestrator_core::Priority)>,
-}
-
+/// The components, each with its own state; see the module docs for who
+/// uses whom.
 pub(crate) struct Inner {
     pub(crate) store: Storage,
-    pub(crate) access: crate::access::Access,
-    /// Shared with each attempt's log pump, which redacts as it stores.
-    pub(crate) secrets: Arc<crate::secrets::Secrets>,
-    pub(crate) executor: ScriptExecutor,
-    pub(crate) templates: Templates,
     pub(crate) config: EngineConfig,
-    /// A std mutex: pushes and pops are short and never await.
-    pub(crate) queue: Mutex<ReadyQueue>,
-    /// Wakes the dispatcher when the queue gains a task.
-    pub(crate) queue_changed: Notify,
-    /// One permit per worker; a script runs while it holds one.
-    pub(crate) workers: Arc<Semaphore>,
-    /// Every attempt from its claim until its outcome is stored and its
-    /// workflow advanced; shutdown waits for them.
-    pub(crate) in_flight: TaskTracker,
-    /// Cancel tokens of the attempts in flight. Registered before the task
-    /// is marked running, so a cancel that sees "running" always finds it.
-    pub(crate) running: Mutex<HashMap<TaskId, CancellationToken>>,
-    /// Workflows this node saw running, so that claims need not re-read
-    /// them; forgotten when they finish.
-    pub(crate) running_workflows: Mutex<std::collections::HashSet<WorkflowId>>,
-    /// Workflows this node is advancing in `advance_soon`, and whether
-    /// another round was asked for meanwhile.
-    pub(crate) advancing: Mutex<HashMap<WorkflowId, bool>>,
-    /// Workflows with a `parallel_limit`, and how many of their tasks run.
-    pub(crate) slots: Mutex<HashMap<WorkflowId, Slots>>,
-    /// Bumped whenever a workflow finishes; waiters watch it.
-    pub(crate) finished: watch::Sender<u64>,
+    pub(crate) templates: Templates,
+    pub(crate) steps: Steps,
+    executor: ScriptExecutor,
+    access: Arc<Access>,
+    secrets: Arc<Secrets>,
+    events: Arc<EventBus>,
+    pub(crate) records: Arc<Records>,
+    pub(crate) queue: Arc<Queue>,
+    attempts: Arc<Attempts>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    dispatcher: Arc<Dispatcher>,
+    cluster: Arc<Cluster>,
     /// Set when shutdown begins: nothing new is dispatched or accepted.
     pub(crate) stopping: CancellationToken,
     /// Set when shutdown is over: heartbeats and lease renewal stop.
-    pub(crate) closed: CancellationToken,
-    pub(crate) started_at: chrono::DateTime<Utc>,
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every critical section is a few map operations that can not leave
-    // the data half-changed, so a poisoned lock is still consistent.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    closed: CancellationToken,
 }
 
 impl Engine {
@@ -194,38 +109,75 @@ impl Engine {
         templates: Templates,
         config: EngineConfig,
     ) -> Result<Engine> {
-        let workers = config.workers.max(1);
-        let access = crate::access::Access::load(store.clone(), config.access.clone()).await?;
+        let config = EngineConfig {
+            workers: config.workers.max(1),
+            ..config
+        };
+        let steps = Steps::new(executor.clone());
+        let access = Arc::new(Access::load(store.clone(), config.access.clone()).await?);
         let secret_key = config.access.secret_key.unwrap_or_else(|| {
             let mut key = [0u8; 32];
             rand::RngCore::fill_bytes(&mut rand::rng(), &mut key);
             key
         });
-        let secrets = Arc::new(crate::secrets::Secrets::load(store.clone(), secret_key).await?);
+        let secrets = Arc::new(Secrets::load(store.clone(), secret_key).await?);
+        let events = Arc::new(EventBus::new(config.node_id.clone(), config.event_capacity));
+        let records = Arc::new(Records::new(store.clone(), events.clone()));
+        let queue = Arc::new(Queue::default());
+        let attempts = Arc::new(Attempts::default());
+        let lifecycle = Arc::new(Lifecycle::new(
+            records.clone(),
+            queue.clone(),
+            attempts.clone(),
+            steps.clone(),
+            config.retry,
+            config.node_id.clone(),
+        ));
+        let dispatcher = Arc::new(Dispatcher::new(DispatcherParts {
+            records: records.clone(),
+            queue: queue.clone(),
+            attempts: attempts.clone(),
+            lifecycle: lifecycle.clone(),
+            steps: steps.clone(),
+            secrets: secrets.clone(),
+            access: access.clone(),
+            node_id: config.node_id.clone(),
+            lease: config.lease,
+            workers: config.workers,
+        }));
+        let cluster = Arc::new(Cluster::new(
+            records.clone(),
+            queue.clone(),
+            attempts.clone(),
+            lifecycle.clone(),
+            config.node_id.clone(),
+            config.address.clone(),
+            config.lease,
+        ));
         let inner = Arc::new(Inner {
+            store,
+            config,
+            templates,
+            steps,
+            executor,
             access,
             secrets,
-            store,
-            executor,
-            templates,
-            config: EngineConfig { workers, ..config },
-            queue: Mutex::new(ReadyQueue::new()),
-            queue_changed: Notify::new(),
-            workers: Arc::new(Semaphore::new(workers)),
-            in_flight: TaskTracker::new(),
-            running: Mutex::new(HashMap::new()),
-            slots: Mutex::new(HashMap::new()),
-            advancing: Mutex::new(HashMap::new()),
-            running_workflows: Mutex::new(Default::default()),
-            finished: watch::Sender::new(0),
+            events: events.clone(),
+            records,
+            queue,
+            attempts,
+            lifecycle: lifecycle.clone(),
+            dispatcher: dispatcher.clone(),
+            cluster: cluster.clone(),
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
-            started_at: Utc::now(),
         });
-        inner.heartbeat().await?;
-        inner.recover().await?;
-        tokio::spawn(inner.clone().dispatch_loop());
-        tokio::spawn(inner.clone().housekeeping_loop());
+        cluster.heartbeat().await?;
+        // Listening before recovering: what recovery changes is heard.
+        tokio::spawn(cluster.clone().follow_changes(events, inner.closed.clone()));
+        lifecycle.recover().await?;
+        tokio::spawn(dispatcher.run(inner.stopping.clone()));
+        tokio::spawn(cluster.run(inner.stopping.clone(), inner.closed.clone()));
         Ok(Engine { inner })
     }
 
@@ -238,12 +190,12 @@ impl Engine {
     }
 
     /// Tokens and the audit log.
-    pub fn access(&self) -> &crate::access::Access {
+    pub fn access(&self) -> &Access {
         &self.inner.access
     }
 
     /// Encrypted secrets, and the redaction of their values.
-    pub fn secrets(&self) -> &crate::secrets::Secrets {
+    pub fn secrets(&self) -> &Secrets {
         &self.inner.secrets
     }
 
@@ -251,61 +203,62 @@ impl Engine {
         &self.inner.templates
     }
 
+    /// The step kinds this engine runs.
+    pub fn steps(&self) -> &Steps {
+        &self.inner.steps
+    }
+
     pub fn executor(&self) -> &ScriptExecutor {
         &self.inner.executor
     }
 
+    /// Events from now on: every durable change of a task or workflow,
+    /// on a shared store every node's.
+    pub fn subscribe(&self) -> Subscription {
+        self.inner.events.subscribe()
+    }
+
+    /// Events after `seq` (of this node's numbering), then live ones; a
+    /// `resync` first if some can no longer be replayed.
+    pub fn subscribe_after(&self, seq: u64) -> Subscription {
+        self.inner.events.subscribe_after(seq)
+    }
+
+    /// Tells this life of the node from earlier ones, whose event numbers
+    /// mean nothing now.
+    pub fn event_life(&self) -> Arc<str> {
+        self.inner.events.life()
+    }
+
+    /// The `seq` of this node's newest event.
+    pub fn last_event_seq(&self) -> u64 {
+        self.inner.events.last_seq()
+    }
+
     /// Every node that shares the store, and whether it is alive.
-    pub async fn nodes(&self) -> Result<Vec<(orchestrator_core::Node, bool)>> {
-        let lease = chrono::Duration::from_std(self.inner.config.lease).unwrap_or_default();
-        let now = Utc::now();
-        Ok(self
-            .inner
-            .store
-            .nodes()
-            .nodes()
-            .await?
-            .into_iter()
-            .map(|n| {
-                let alive = n.alive(lease, now);
-                (n, alive)
-            })
-            .collect())
+    pub async fn nodes(&self) -> Result<Vec<(Node, bool)>> {
+        self.inner.cluster.nodes().await
     }
 
     /// Entries in the queue (cancelled ones until they are popped) and
     /// attempts running now.
     pub fn load(&self) -> (usize, usize) {
-        (
-            lock(&self.inner.queue).len(),
-            lock(&self.inner.running).len(),
-        )
+        (self.inner.queue.len(), self.inner.attempts.len())
     }
 
     /// Tasks in the ready queue that may run now, by priority (lowest
     /// first), and those waiting for a due time (retries, scheduled
     /// starts): what `GET /metrics` reports as the queue depth.
-    pub fn queue_depth(&self) -> ([(orchestrator_core::Priority, usize); 4], usize) {
-        let queue = lock(&self.inner.queue);
-        let ready = queue.ready_by_priority();
-        let n_ready: usize = ready.iter().map(|(_, n)| n).sum();
-        (ready, queue.len() - n_ready)
+    pub fn queue_depth(&self) -> ([(Priority, usize); 4], usize) {
+        self.inner.queue.depth()
     }
 
     pub async fn task(&self, id: TaskId) -> Result<Task> {
-        self.inner
-            .store
-            .tasks()
-            .get_task(id)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: "task",
-                id: id.to_string(),
-            })
+        self.inner.lifecycle.load_task(id).await
     }
 
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
-        let workflow = self.inner.load_workflow(id).await?;
+        let workflow = self.inner.lifecycle.load_workflow(id).await?;
         let tasks = self.inner.store.tasks().workflow_tasks(id).await?;
         let tasks = tasks.into_iter().map(Arc::unwrap_or_clone).collect();
         Ok(WorkflowView::new(workflow, tasks))
@@ -320,9 +273,23 @@ impl Engine {
     }
 
     /// Cancels a task: at once if it is not running; a running one gets
-    /// "cancel requested" persisted first, then its process group stopped.
+    /// "cancel requested" persisted first, then its step stopped.
     pub async fn cancel_task(&self, id: TaskId) -> Result<Task> {
-        self.inner.cancel_task(id).await
+        self.inner.lifecycle.cancel_task(id).await
+    }
+
+    /// Cancels a workflow: pending steps never start, running ones are stopped.
+    pub async fn cancel_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
+        self.inner.lifecycle.cancel_workflow(id).await?;
+        self.workflow(id).await
+    }
+
+    /// Runs a finished workflow again: failed, cancelled, skipped and
+    /// not-started steps, and `always_run` steps. Completed steps keep their
+    /// outputs and do not run again.
+    pub async fn retry_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
+        self.inner.lifecycle.retry_workflow(id).await?;
+        self.workflow(id).await
     }
 
     /// Saves checkpoint entries of a running task, durably.
@@ -331,17 +298,24 @@ impl Engine {
         id: TaskId,
         entries: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Task> {
-        self.inner.save_checkpoint(id, entries).await
+        self.inner.lifecycle.save_checkpoint(id, entries).await
     }
 
     /// Waits until the workflow has finished or `limit` passes. Returns
     /// whether it finished.
     pub async fn wait_for_workflow(&self, id: WorkflowId, limit: Duration) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + limit;
-        let mut finished = self.inner.finished.subscribe();
+        let mut finished = self.inner.lifecycle.finishes();
         loop {
             finished.borrow_and_update();
-            if self.inner.load_workflow(id).await?.status.is_terminal() {
+            if self
+                .inner
+                .lifecycle
+                .load_workflow(id)
+                .await?
+                .status
+                .is_terminal()
+            {
                 return Ok(true);
             }
             // Another node may finish it: look again now and then too.
@@ -353,157 +327,25 @@ impl Engine {
         }
     }
 
-    /// Stops dispatching, lets running scripts finish within `grace`, then
+    /// Stops dispatching, lets running steps finish within `grace`, then
     /// stops the rest (they return to the queue, their attempt not counted)
     /// and closes storage.
     pub async fn shutdown(&self, grace: Duration) {
         let inner = &self.inner;
         inner.stopping.cancel();
-        inner.in_flight.close();
-        let idle = tokio::time::timeout(grace, inner.in_flight.wait()).await;
-        if idle.is_err() {
-            let tokens: Vec<_> = lock(&inner.running).values().cloned().collect();
-            tracing::warn!(
-                running = tokens.len(),
-                "grace period over; stopping running scripts"
-            );
-            for token in tokens {
-                token.cancel();
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(30), inner.in_flight.wait()).await;
-        }
+        inner.dispatcher.drain(grace).await;
         inner.closed.cancel();
         if let Err(e) = inner.store.close().await {
             tracing::error!(error = %e, "closing storage failed");
         }
     }
-}
 
-impl Inner {
-    pub(crate) async fn load_workflow(&self, id: WorkflowId) -> Result<Workflow> {
-        self.store
-            .tasks()
-            .get_workflow(id)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: "workflow",
-                id: id.to_string(),
-            })
-    }
-
-    /// Puts unfinished work back in motion after a start.
-    async fn recover(&self) -> Result<()> {
-        let mut requeued = 0usize;
-        for task in self.store.tasks().unfinished_tasks().await? {
-            match task.status {
-                TaskStatus::Queued => {
-                    self.enqueue(&task);
-                    requeued += 1;
-                }
-                TaskStatus::RetryWaiting => {
-                    self.enqueue(&task);
-                    requeued += 1;
-                }
-                TaskStatus::Running => {
-                    // The previous life of this node died during this
-                    // attempt. On a shared store the task may instead be
-                    // another live node's: leave those to their lease.
-                    let ours = !self.store.nodes().shared()
-                        || task.node.as_deref() == Some(self.config.node_id.as_str())
-                        || task.lease_until.is_none_or(|until| until < Utc::now());
-                    if ours {
-                        let error = format!(
-                            "interrupted: the service stopped during attempt {}",
-                            task.attempts
-                        );
-                        let stored = self.take_over(task, error).await?;
-                        if stored.is_some_and(|t| t.status == TaskStatus::RetryWaiting) {
-                            requeued += 1;
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        self.advance_unfinished_workflows().await?;
-        if requeued > 0 {
-            tracing::info!(tasks = requeued, "resumed unfinished tasks");
-        }
-        Ok(())
-    }
-
-    /// Ends an attempt whose runner is gone (this service's previous life,
-    /// or a node whose lease ran out): its left-over processes are killed,
-    /// never adopted, then the attempt counts as failed (or the task ends
-    /// cancelled, if that was asked). Returns the stored task, or `None`
-    /// if someone else moved it first.
-    pub(crate) async fn take_over(&self, mut task: Task, error: String) -> Result<Option<Task>> {
-        let leftovers = orchestrator_executor::kill_leftovers(&task.id.to_string());
-        if leftovers > 0 {
-            tracing::warn!(task = %task.id, processes = leftovers, "killed a script left running by a stopped service");
-        }
-        let now = Utc::now();
-        if task.cancel_requested {
-            task.finish_cancel(now)?;
+    /// Refuses new work once shutdown has begun.
+    pub(crate) fn accepting(&self) -> Result<()> {
+        if self.inner.stopping.is_cancelled() {
+            Err(Error::ShuttingDown)
         } else {
-            task.fail(error, None, &self.config.retry, rand::random(), now)?;
+            Ok(())
         }
-        let stored = match self.store.tasks().update_task(&task).await {
-            Ok(stored) => stored,
-            Err(e) if crate::dispatch::is_conflict(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        tracing::warn!(task = %stored.id, status = %stored.status, "recovered an interrupted attempt");
-        match stored.status {
-            TaskStatus::RetryWaiting => self.enqueue(&stored),
-            _ => self.advance(stored.workflow_id).await?,
-        }
-        Ok(Some(stored))
-    }
-
-    /// Moves every unfinished workflow along: after a start, and now and
-    /// then on a shared store, in case the node that should have stopped
-    /// half-way.
-    pub(crate) async fn advance_unfinished_workflows(&self) -> Result<()> {
-        for status in [
-            WorkflowStatus::Scheduled,
-            WorkflowStatus::Queued,
-            WorkflowStatus::Running,
-            WorkflowStatus::RollingBack,
-        ] {
-            let query = WorkflowQuery {
-                status: Some(status),
-                limit: usize::MAX,
-                ..Default::default()
-            };
-            for workflow in self.store.tasks().list_workflows(&query).await?.items {
-                self.register_limit(&workflow);
-                self.advance(workflow.id).await?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn register_limit(&self, workflow: &Workflow) {
-        if let Some(limit) = workflow.parallel_limit {
-            lock(&self.slots).entry(workflow.id).or_default().limit = limit;
-        }
-    }
-
-    /// Puts a queued or retry-waiting task in the ready queue, honouring
-    /// its retry time or scheduled start.
-    pub(crate) fn enqueue(&self, task: &Task) {
-        let due = match task.status {
-            TaskStatus::RetryWaiting => task.retry_at,
-            _ => task.not_before,
-        };
-        {
-            let mut queue = lock(&self.queue);
-            match due {
-                Some(due) if due > Utc::now() => queue.push_at(task.id, task.priority, due),
-                _ => queue.push(task.id, task.priority),
-            }
-        }
-        self.queue_changed.notify_one();
     }
 }

@@ -18,6 +18,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether a write lost a compare-and-set race: read again and decide
+    /// again.
+    pub(crate) fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::Storage(orchestrator_storage::Error::Conflict { .. })
+        )
+    }
+
     pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Error {
         Error::Validation {
             field: field.into(),
@@ -27,3 +36,9 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<orchestrator_core::Error> for Error {
+    fn from(e: orchestrator_core::Error) -> Self {
+        Error::Conflict(e.to_string())
+    }
+}

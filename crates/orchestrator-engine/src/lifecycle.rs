@@ -1,23 +1,431 @@
-//! Moving a workflow along its DAG: applies the core's decisions
-//! (release, skip, abandon, halt, rollback, finish), and the workflow-wide
-//! cancel and retry.
+//! The life of tasks and workflows after submission: how an attempt's
+//! outcome is stored, how a workflow moves along its DAG (the core's
+//! `decide`, applied), cancels, retries, checkpoints, and what happens to
+//! attempts whose runner is gone (a crash, a dead node).
+//!
+//! Every change is a compare-and-set write through `records`; a lost race
+//! only means reading again and deciding again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use futures_util::future::join_all;
-use orchestrator_core::refs::{Scope, StepOutputs};
+use orchestrator_core::event::TaskMark;
+use orchestrator_core::release::resolve_input;
 use orchestrator_core::{
-    Decision, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId,
+    Decision, RetryPolicy, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId,
     WorkflowStatus, decide,
 };
-use serde_json::{Value, json};
+use orchestrator_executor::Outcome;
+use orchestrator_storage::{Storage, WorkflowQuery};
+use serde_json::json;
+use tokio::sync::watch;
 
-use crate::dispatch::is_conflict;
-use crate::engine::{Engine, Inner, WorkflowView, lock};
-use crate::{Error, Result};
+use crate::attempts::Attempts;
+use crate::queue::Queue;
+use crate::records::Records;
+use crate::steps::Steps;
+use crate::{Error, Result, lock};
 
-impl Inner {
+/// Tasks' and workflows' moves.
+pub(crate) struct Lifecycle {
+    records: Arc<Records>,
+    queue: Arc<Queue>,
+    attempts: Arc<Attempts>,
+    steps: Steps,
+    retry: RetryPolicy,
+    node_id: String,
+    /// Workflows this node is advancing in `advance_soon`, and whether
+    /// another round was asked for meanwhile. A std mutex: only map
+    /// operations, never held across an await.
+    advancing: Mutex<HashMap<WorkflowId, bool>>,
+    /// Workflows this node saw running, so that claims need not re-read
+    /// them; forgotten when they finish. A std mutex, as `advancing`.
+    running_workflows: Mutex<HashSet<WorkflowId>>,
+    /// Bumped whenever a workflow finishes here; waiters watch it.
+    finished: watch::Sender<u64>,
+}
+
+impl Lifecycle {
+    pub(crate) fn new(
+        records: Arc<Records>,
+        queue: Arc<Queue>,
+        attempts: Arc<Attempts>,
+        steps: Steps,
+        retry: RetryPolicy,
+        node_id: String,
+    ) -> Lifecycle {
+        Lifecycle {
+            records,
+            queue,
+            attempts,
+            steps,
+            retry,
+            node_id,
+            advancing: Mutex::new(HashMap::new()),
+            running_workflows: Mutex::new(HashSet::new()),
+            finished: watch::Sender::new(0),
+        }
+    }
+
+    fn store(&self) -> &Storage {
+        self.records.store()
+    }
+
+    /// Changes whenever a workflow finishes on this node.
+    pub(crate) fn finishes(&self) -> watch::Receiver<u64> {
+        self.finished.subscribe()
+    }
+
+    pub(crate) async fn load_task(&self, id: TaskId) -> Result<Task> {
+        self.store()
+            .tasks()
+            .get_task(id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "task",
+                id: id.to_string(),
+            })
+    }
+
+    pub(crate) async fn load_workflow(&self, id: WorkflowId) -> Result<Workflow> {
+        self.store()
+            .tasks()
+            .get_workflow(id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "workflow",
+                id: id.to_string(),
+            })
+    }
+
+    /// Puts unfinished work back in motion after a start: queued and
+    /// retry-waiting tasks are queued, running ones this node may own are
+    /// taken over, and every unfinished workflow is advanced.
+    pub(crate) async fn recover(&self) -> Result<()> {
+        let shared = self.store().nodes().shared();
+        let mut requeued = 0usize;
+        for task in self.store().tasks().unfinished_tasks().await? {
+            match task.status {
+                TaskStatus::Queued | TaskStatus::RetryWaiting => {
+                    self.queue.push(&task);
+                    requeued += 1;
+                }
+                TaskStatus::Running => {
+                    // The previous life of this node died during this
+                    // attempt. On a shared store the task may instead be
+                    // another live node's: leave those to their lease.
+                    let ours = !shared
+                        || task.node.as_deref() == Some(self.node_id.as_str())
+                        || task.lease_until.is_none_or(|until| until < Utc::now());
+                    if ours {
+                        let error = format!(
+                            "interrupted: the service stopped during attempt {}",
+                            task.attempts
+                        );
+                        let stored = self.take_over(task, error).await?;
+                        if stored.is_some_and(|t| t.status == TaskStatus::RetryWaiting) {
+                            requeued += 1;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.advance_unfinished_workflows().await?;
+        if requeued > 0 {
+            tracing::info!(tasks = requeued, "resumed unfinished tasks");
+        }
+        Ok(())
+    }
+
+    /// Ends an attempt whose runner is gone (this service's previous life,
+    /// or a node whose lease ran out): its left-overs on this machine are
+    /// stopped, never adopted, then the attempt counts as failed (or the
+    /// task ends cancelled, if that was asked). Returns the stored task, or
+    /// `None` if someone else moved it first.
+    pub(crate) async fn take_over(&self, mut task: Task, error: String) -> Result<Option<Task>> {
+        if let Ok(runner) = self.steps.runner(task.step.kind) {
+            let leftovers = runner.stop_leftovers(&task.id.to_string());
+            if leftovers > 0 {
+                tracing::warn!(task = %task.id, processes = leftovers, "killed a script left running by a stopped service");
+            }
+        }
+        let before = TaskMark::of(&task);
+        let now = Utc::now();
+        if task.cancel_requested {
+            task.finish_cancel(now)?;
+        } else {
+            task.fail(error, None, &self.retry, rand::random(), now)?;
+        }
+        let Some(stored) = self.store_task(&task, before).await? else {
+            return Ok(None);
+        };
+        tracing::warn!(task = %stored.id, status = %stored.status, "recovered an interrupted attempt");
+        match stored.status {
+            TaskStatus::RetryWaiting => self.queue.push(&stored),
+            _ => self.advance(stored.workflow_id).await?,
+        }
+        Ok(Some(stored))
+    }
+
+    /// Moves every unfinished workflow along: after a start, and now and
+    /// then on a shared store, in case the node that should have stopped
+    /// half-way.
+    pub(crate) async fn advance_unfinished_workflows(&self) -> Result<()> {
+        for status in [
+            WorkflowStatus::Scheduled,
+            WorkflowStatus::Queued,
+            WorkflowStatus::Running,
+            WorkflowStatus::RollingBack,
+        ] {
+            let query = WorkflowQuery {
+                status: Some(status),
+                limit: usize::MAX,
+                ..Default::default()
+            };
+            for workflow in self.store().tasks().list_workflows(&query).await?.items {
+                self.queue.register_limit(&workflow);
+                self.advance(workflow.id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A workflow's first claim moves it to running.
+    pub(crate) async fn mark_workflow_running(&self, id: WorkflowId) -> Result<()> {
+        // Known running: skip re-reading the workflow on every claim.
+        if lock(&self.running_workflows).contains(&id) {
+            return Ok(());
+        }
+        loop {
+            let mut workflow = self.load_workflow(id).await?;
+            let before = workflow.status;
+            if !matches!(before, WorkflowStatus::Queued | WorkflowStatus::Scheduled) {
+                return Ok(());
+            }
+            let now = Utc::now();
+            workflow.status = WorkflowStatus::Running;
+            workflow.started_at.get_or_insert(now);
+            workflow.updated_at = now;
+            match self.records.update_workflow(&workflow, before, &[]).await {
+                Ok(_) => {
+                    lock(&self.running_workflows).insert(id);
+                    return Ok(());
+                }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Stores how an attempt ended, re-reading the task on conflicts (a
+    /// cancel request may have landed while the step ran), then moves the
+    /// workflow on.
+    pub(crate) async fn finish_attempt(&self, claimed: Task, outcome: Outcome) -> Result<()> {
+        let id = claimed.id;
+        loop {
+            let mut task = self.load_task(id).await?;
+            // Only the attempt this node claimed may be ended by it: if its
+            // lease ran out and another node took the task over, this
+            // outcome is stale and must not land on the newer attempt.
+            if task.status != TaskStatus::Running
+                || task.attempts != claimed.attempts
+                || task.node != claimed.node
+            {
+                tracing::warn!(
+                    task = %id, attempt = claimed.attempts,
+                    "the attempt ended after another node took the task over; its outcome is discarded"
+                );
+                return Ok(());
+            }
+            let before = TaskMark::of(&task);
+            let now = Utc::now();
+            match &outcome {
+                Outcome::Succeeded { output } => task.complete(output.clone(), now)?,
+                Outcome::Cancelled if !task.cancel_requested => task.interrupt(
+                    format!(
+                        "interrupted: the service shut down during attempt {}",
+                        task.attempts
+                    ),
+                    now,
+                )?,
+                Outcome::Cancelled => task.finish_cancel(now)?,
+                Outcome::TimedOut { error } => {
+                    task.fail(error.clone(), None, &self.retry, rand::random(), now)?;
+                }
+                Outcome::Failed { exit_code, error } => {
+                    task.fail(error.clone(), *exit_code, &self.retry, rand::random(), now)?;
+                }
+            }
+            let Some(stored) = self.store_task(&task, before).await? else {
+                continue;
+            };
+            tracing::info!(task = %id, status = %stored.status, attempt = stored.attempts, "attempt ended");
+            // The attempt's wall time, from its claim to its stored outcome,
+            // by script and by the status it led to.
+            if let Some(started) = claimed.started_at {
+                metrics::histogram!(
+                    "orchestrator_task_duration_seconds",
+                    "script" => stored.script.clone(),
+                    "outcome" => stored.status.as_str(),
+                )
+                .record((now - started).to_std().unwrap_or_default().as_secs_f64());
+            }
+            if stored.status == TaskStatus::RetryWaiting {
+                metrics::counter!("orchestrator_task_retries_total", "script" => stored.script.clone())
+                    .increment(1);
+            }
+            match stored.status {
+                // Interrupted by shutdown: back in the queue for the next start.
+                TaskStatus::RetryWaiting | TaskStatus::Queued => self.queue.push(&stored),
+                _ => self.advance_soon(stored.workflow_id).await?,
+            }
+            return Ok(());
+        }
+    }
+
+    /// Merges entries into a running task's checkpoint; returns once durable.
+    pub(crate) async fn save_checkpoint(
+        &self,
+        id: TaskId,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Task> {
+        loop {
+            let mut task = self.load_task(id).await?;
+            let before = TaskMark::of(&task);
+            task.save_checkpoint(entries.clone(), Utc::now())?;
+            if let Some(stored) = self.store_task(&task, before).await? {
+                return Ok(stored);
+            }
+        }
+    }
+
+    /// Cancels a task: at once if it is not running; a running one gets
+    /// "cancel requested" stored first, then its step stopped.
+    pub(crate) async fn cancel_task(&self, id: TaskId) -> Result<Task> {
+        loop {
+            let mut task = self.load_task(id).await?;
+            let before = TaskMark::of(&task);
+            let immediate = task
+                .request_cancel(Utc::now())
+                .map_err(|e| Error::Conflict(e.to_string()))?;
+            let Some(stored) = self.store_task(&task, before).await? else {
+                continue;
+            };
+            if immediate {
+                self.advance(stored.workflow_id).await?;
+            } else {
+                self.attempts.stop(id);
+            }
+            tracing::info!(task = %id, immediate, "task cancel requested");
+            return Ok(stored);
+        }
+    }
+
+    /// Cancels a workflow: pending steps never start, running ones are
+    /// stopped.
+    pub(crate) async fn cancel_workflow(&self, id: WorkflowId) -> Result<()> {
+        loop {
+            let mut workflow = self.load_workflow(id).await?;
+            if workflow.status.is_terminal() {
+                return Err(Error::Conflict(format!(
+                    "workflow {id} already finished as {}",
+                    workflow.status
+                )));
+            }
+            if !workflow.cancel_requested {
+                let before = workflow.status;
+                workflow.cancel_requested = true;
+                workflow.updated_at = Utc::now();
+                match self.records.update_workflow(&workflow, before, &[]).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            break;
+        }
+        self.advance(id).await?;
+        for task in self.store().tasks().workflow_tasks(id).await? {
+            if task.status == TaskStatus::Running {
+                match self.cancel_task(task.id).await {
+                    Ok(_) | Err(Error::Conflict(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        tracing::info!(workflow = %id, "workflow cancel requested");
+        Ok(())
+    }
+
+    /// Runs a finished workflow again: failed, cancelled, skipped and
+    /// not-started steps, and `always_run` steps. Completed steps keep their
+    /// outputs and do not run again.
+    pub(crate) async fn retry_workflow(&self, id: WorkflowId) -> Result<()> {
+        let now = Utc::now();
+        let mut workflow = self.load_workflow(id).await?;
+        if !workflow.status.is_terminal() {
+            return Err(Error::Conflict(format!(
+                "workflow {id} is {}; only a finished workflow can be retried",
+                workflow.status
+            )));
+        }
+        if workflow.status == WorkflowStatus::Completed
+            && !self
+                .store()
+                .tasks()
+                .workflow_tasks(id)
+                .await?
+                .iter()
+                .any(|t| t.reruns_on_retry() && t.step.rollback_of.is_none())
+        {
+            return Err(Error::Conflict(format!(
+                "workflow {id} completed; it has nothing to retry"
+            )));
+        }
+        // The workflow first: a crash before the tasks follow leaves a
+        // running workflow whose tasks all ended, which simply finishes again.
+        let before = workflow.status;
+        workflow.status = WorkflowStatus::Running;
+        workflow.halt = None;
+        workflow.cancel_requested = false;
+        workflow.finished_at = None;
+        workflow.updated_at = now;
+        self.records
+            .update_workflow(&workflow, before, &[])
+            .await
+            .map_err(|e| {
+                if e.is_conflict() {
+                    Error::Conflict(format!("workflow {id} changed meanwhile; try again"))
+                } else {
+                    e
+                }
+            })?;
+        self.queue.register_limit(&workflow);
+        let tasks = self.store().tasks().workflow_tasks(id).await?;
+        // Steps a rollback undid must run again too, or later steps would
+        // read outputs describing what no longer exists.
+        let undone: HashSet<TaskId> = tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Completed)
+            .filter_map(|t| t.step.rollback_of)
+            .collect();
+        for task in tasks {
+            if task.step.rollback_of.is_none()
+                && (task.reruns_on_retry() || undone.contains(&task.id))
+            {
+                let before = TaskMark::of(&task);
+                let mut task = Task::clone(&task);
+                task.rerun_even_if_completed(now)?;
+                self.records.update_task(&task, before).await?;
+            }
+        }
+        tracing::info!(workflow = %id, "workflow retried");
+        self.advance(id).await
+    }
+
     /// `advance`, coalesced: when this node is already advancing the
     /// workflow, the running call takes one more round instead of a second
     /// call racing it. Steps of a wide DAG finish in bursts; each would
@@ -48,7 +456,7 @@ impl Inner {
     pub(crate) async fn advance(&self, id: WorkflowId) -> Result<()> {
         loop {
             let workflow = self.load_workflow(id).await?;
-            let tasks = self.store.tasks().workflow_tasks(id).await?;
+            let tasks = self.store().tasks().workflow_tasks(id).await?;
             let decisions = decide(&workflow, &tasks);
             if decisions.is_empty() {
                 return Ok(());
@@ -61,12 +469,13 @@ impl Inner {
             let mut again = false;
             // Task decisions are independent of each other: their writes go
             // out together, so the storage can make them durable in one go.
-            let mut changed: Vec<Task> = Vec::new();
+            let mut changed: Vec<(Task, TaskMark)> = Vec::new();
             for decision in decisions {
                 let now = Utc::now();
                 match decision {
                     Decision::Release(task_id) => {
                         let mut task = by_id[&task_id].clone();
+                        let before = TaskMark::of(&task);
                         match resolve_input(&workflow, &task, &by_id) {
                             Ok(input) => {
                                 task.input = input;
@@ -75,17 +484,19 @@ impl Inner {
                             }
                             Err(error) => task.fail_unrunnable(error, now)?,
                         }
-                        changed.push(task);
+                        changed.push((task, before));
                     }
                     Decision::Skip(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
+                        let before = TaskMark::of(&task);
                         task.skip(reason, now)?;
-                        changed.push(task);
+                        changed.push((task, before));
                     }
                     Decision::Abandon(task_id, reason) => {
                         let mut task = by_id[&task_id].clone();
+                        let before = TaskMark::of(&task);
                         task.abandon(reason, now)?;
-                        changed.push(task);
+                        changed.push((task, before));
                     }
                     Decision::Halt(halt) => {
                         tracing::warn!(workflow = %id, reason = %halt.reason, rollback = halt.rollback, "workflow halted");
@@ -102,13 +513,18 @@ impl Inner {
                         break;
                     }
                     Decision::Finish(status) => {
+                        let before = workflow.status;
                         let mut workflow = workflow.clone();
                         workflow.status = status;
                         workflow.finished_at = Some(now);
                         workflow.updated_at = now;
-                        if self.store_workflow(&workflow, &[]).await?.is_some() {
+                        if self
+                            .store_workflow_from(&workflow, before, &[])
+                            .await?
+                            .is_some()
+                        {
                             tracing::info!(workflow = %id, %status, "workflow finished");
-                            lock(&self.slots).remove(&id);
+                            self.queue.forget(id);
                             lock(&self.running_workflows).remove(&id);
                             self.finished.send_modify(|n| *n += 1);
                         } else {
@@ -118,10 +534,15 @@ impl Inner {
                     }
                 }
             }
-            let stored = join_all(changed.iter().map(|task| self.store_task(task))).await;
+            let stored = join_all(
+                changed
+                    .iter()
+                    .map(|(task, before)| self.store_task(task, *before)),
+            )
+            .await;
             for stored in stored {
                 match stored? {
-                    Some(task) if task.status == TaskStatus::Queued => self.enqueue(&task),
+                    Some(task) if task.status == TaskStatus::Queued => self.queue.push(&task),
                     // Ended (skipped, abandoned, unrunnable), or lost a race.
                     _ => again = true,
                 }
@@ -134,28 +555,40 @@ impl Inner {
 
     /// Stores a task; `None` if someone else changed it first (the next
     /// round of decisions sees their change).
-    async fn store_task(&self, task: &Task) -> Result<Option<Task>> {
-        match self.store.tasks().update_task(task).await {
+    async fn store_task(&self, task: &Task, before: TaskMark) -> Result<Option<Task>> {
+        match self.records.update_task(task, before).await {
             Ok(stored) => Ok(Some(stored)),
-            Err(e) if is_conflict(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) if e.is_conflict() => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
+    /// Stores a workflow whose status did not change.
     async fn store_workflow(
         &self,
         workflow: &Workflow,
         new_tasks: &[Task],
     ) -> Result<Option<Workflow>> {
+        self.store_workflow_from(workflow, workflow.status, new_tasks)
+            .await
+    }
+
+    /// Stores a workflow that had status `before`; `None` if someone else
+    /// changed it first.
+    async fn store_workflow_from(
+        &self,
+        workflow: &Workflow,
+        before: WorkflowStatus,
+        new_tasks: &[Task],
+    ) -> Result<Option<Workflow>> {
         match self
-            .store
-            .tasks()
-            .update_workflow(workflow, new_tasks)
+            .records
+            .update_workflow(workflow, before, new_tasks)
             .await
         {
             Ok(stored) => Ok(Some(stored)),
-            Err(e) if is_conflict(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) if e.is_conflict() => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -192,6 +625,7 @@ impl Inner {
             };
             tasks.push(Task::new(workflow.id, spec, now));
         }
+        let before = workflow.status;
         let mut workflow = workflow.clone();
         if let Some(halt) = workflow.halt.as_mut() {
             halt.rollback_started = true;
@@ -203,182 +637,16 @@ impl Inner {
         };
         workflow.task_ids.extend(tasks.iter().map(|t| t.id));
         workflow.updated_at = now;
-        if self.store_workflow(&workflow, &tasks).await?.is_some() {
+        if self
+            .store_workflow_from(&workflow, before, &tasks)
+            .await?
+            .is_some()
+        {
             tracing::warn!(workflow = %workflow.id, steps = tasks.len(), "rolling back completed steps");
             for task in tasks.iter().filter(|t| t.status == TaskStatus::Queued) {
-                self.enqueue(task);
+                self.queue.push(task);
             }
         }
         Ok(())
-    }
-}
-
-/// The task's input with every reference resolved against the workflow's
-/// inputs, its `for_each` values and its dependencies' outputs.
-fn resolve_input(
-    workflow: &Workflow,
-    task: &Task,
-    by_id: &HashMap<TaskId, &Task>,
-) -> Result<Value, String> {
-    let Some(template) = &task.step.input_template else {
-        return Ok(task.input.clone());
-    };
-    let mut grouped: HashMap<String, Vec<&Task>> = HashMap::new();
-    for dep in task.depends_on.iter().filter_map(|id| by_id.get(id)) {
-        if let Some(step) = &dep.step.ref_name {
-            grouped.entry(step.clone()).or_default().push(dep);
-        }
-    }
-    let mut outputs = HashMap::new();
-    // A step it reads from but does not depend on ran no instance at all
-    // (a for_each over an empty list): its outputs are an empty list.
-    for (_, reference) in orchestrator_core::refs::references_in(template, "").unwrap_or_default() {
-        if let orchestrator_core::refs::Root::StepOutput(step) = reference.root
-            && !grouped.contains_key(&step)
-        {
-            outputs.insert(step, StepOutputs::Many(Vec::new()));
-        }
-    }
-    for (step, deps) in grouped {
-        let output = |t: &Task| t.output.clone().unwrap_or(Value::Null);
-        // One instance seen from an instance that shares all its for_each
-        // values is "the" output; otherwise the step is a list of outputs.
-        let single = deps.len() == 1 && covers(task.step.each.as_ref(), deps[0].step.each.as_ref());
-        let value = if single {
-            StepOutputs::One(output(deps[0]))
-        } else {
-            StepOutputs::Many(deps.iter().map(|t| output(t)).collect())
-        };
-        outputs.insert(step, value);
-    }
-    let scope = Scope {
-        workflow_input: Some(&workflow.vars),
-        check_mode: workflow.check_mode,
-        each: task.step.each.as_ref(),
-        outputs,
-    };
-    scope
-        .resolve(template, "input")
-        .map_err(|(at, message)| format!("cannot resolve {at}: {message}"))
-}
-
-fn covers(mine: Option<&Value>, theirs: Option<&Value>) -> bool {
-    match (mine, theirs) {
-        (_, None) => true,
-        (Some(Value::Object(mine)), Some(Value::Object(theirs))) => {
-            theirs.iter().all(|(k, v)| mine.get(k) == Some(v))
-        }
-        _ => false,
-    }
-}
-
-impl Engine {
-    /// Cancels a workflow: pending steps never start, running ones are stopped.
-    pub async fn cancel_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
-        let inner = &self.inner;
-        loop {
-            let mut workflow = inner.load_workflow(id).await?;
-            if workflow.status.is_terminal() {
-                return Err(Error::Conflict(format!(
-                    "workflow {id} already finished as {}",
-                    workflow.status
-                )));
-            }
-            if !workflow.cancel_requested {
-                workflow.cancel_requested = true;
-                workflow.updated_at = Utc::now();
-                match inner.store.tasks().update_workflow(&workflow, &[]).await {
-                    Ok(_) => {}
-                    Err(e) if is_conflict(&e) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            break;
-        }
-        inner.advance(id).await?;
-        for task in inner.store.tasks().workflow_tasks(id).await? {
-            if task.status == TaskStatus::Running {
-                match inner.cancel_task(task.id).await {
-                    Ok(_) | Err(Error::Conflict(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        tracing::info!(workflow = %id, "workflow cancel requested");
-        self.workflow(id).await
-    }
-
-    /// Runs a finished workflow again: failed, cancelled, skipped and
-    /// not-started steps, and `always_run` steps. Completed steps keep their
-    /// outputs and do not run again.
-    pub async fn retry_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
-        let inner = &self.inner;
-        let now = Utc::now();
-        let mut workflow = inner.load_workflow(id).await?;
-        if !workflow.status.is_terminal() {
-            return Err(Error::Conflict(format!(
-                "workflow {id} is {}; only a finished workflow can be retried",
-                workflow.status
-            )));
-        }
-        if workflow.status == WorkflowStatus::Completed
-            && !inner
-                .store
-                .tasks()
-                .workflow_tasks(id)
-                .await?
-                .iter()
-                .any(|t| t.reruns_on_retry() && t.step.rollback_of.is_none())
-        {
-            return Err(Error::Conflict(format!(
-                "workflow {id} completed; it has nothing to retry"
-            )));
-        }
-        // The workflow first: a crash before the tasks follow leaves a
-        // running workflow whose tasks all ended, which simply finishes again.
-        workflow.status = WorkflowStatus::Running;
-        workflow.halt = None;
-        workflow.cancel_requested = false;
-        workflow.finished_at = None;
-        workflow.updated_at = now;
-        inner
-            .store
-            .tasks()
-            .update_workflow(&workflow, &[])
-            .await
-            .map_err(|e| {
-                if is_conflict(&e) {
-                    Error::Conflict(format!("workflow {id} changed meanwhile; try again"))
-                } else {
-                    e.into()
-                }
-            })?;
-        inner.register_limit(&workflow);
-        let tasks = inner.store.tasks().workflow_tasks(id).await?;
-        // Steps a rollback undid must run again too, or later steps would
-        // read outputs describing what no longer exists.
-        let undone: std::collections::HashSet<TaskId> = tasks
-            .iter()
-            .filter(|t| t.status == TaskStatus::Completed)
-            .filter_map(|t| t.step.rollback_of)
-            .collect();
-        for task in tasks {
-            if task.step.rollback_of.is_none()
-                && (task.reruns_on_retry() || undone.contains(&task.id))
-            {
-                let mut task = Task::clone(&task);
-                task.rerun_even_if_completed(now)?;
-                inner.store.tasks().update_task(&task).await?;
-            }
-        }
-        tracing::info!(workflow = %id, "workflow retried");
-        inner.advance(id).await?;
-        self.workflow(id).await
-    }
-}
-
-impl From<orchestrator_core::Error> for Error {
-    fn from(e: orchestrator_core::Error) -> Self {
-        Error::Conflict(e.to_string())
     }
 }

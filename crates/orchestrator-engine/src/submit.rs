@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use orchestrator_core::submission::submission_digest;
 use orchestrator_core::template::{Expansion, Template};
 use orchestrator_core::{Priority, Task, TaskSpec, Workflow, WorkflowStatus};
 use orchestrator_storage::WorkflowQuery;
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
-use crate::engine::{Engine, WorkflowView};
+use crate::engine::Engine;
 use crate::templates::check;
-use crate::{Error, Result};
+use crate::{Error, Result, WorkflowView};
 
 /// Which template a submission runs.
 #[derive(Debug, Clone)]
@@ -69,12 +69,12 @@ impl Engine {
                 let template = self.named_template(ref_name, *version)?;
                 // Scripts may have changed since the start (and built-ins are
                 // not checked then): check them for every submission.
-                check(&template, self.executor())
+                check(&template, self.steps())
                     .map_err(|e| Error::validation(e.field, e.message))?;
                 Ok(template)
             }
             TemplateSource::Inline(template) => {
-                check(template, self.executor())
+                check(template, self.steps())
                     .map_err(|e| Error::validation(format!("template.{}", e.field), e.message))?;
                 Ok(Arc::new((**template).clone()))
             }
@@ -154,7 +154,7 @@ impl Engine {
         workflow.reference = request.meta.reference.clone();
         workflow.trace_id = request.meta.trace_id.clone();
         workflow.idempotency_key = request.idempotency_key.clone();
-        workflow.request_digest = Some(digest(&request.body));
+        workflow.request_digest = Some(submission_digest(&request.body));
         workflow.start_at = request.start_at.filter(|at| *at > now);
         if workflow.start_at.is_some() {
             workflow.status = WorkflowStatus::Scheduled;
@@ -196,48 +196,46 @@ impl Engine {
     /// Validates and stores a workflow, then starts it. Returns the view and
     /// whether it already existed (an idempotent repeat).
     pub async fn submit(&self, request: SubmitRequest) -> Result<(WorkflowView, bool)> {
+        self.accepting()?;
         let inner = &self.inner;
-        if inner.stopping.is_cancelled() {
-            return Err(Error::ShuttingDown);
-        }
         let (mut workflow, tasks) = self.plan(&request)?;
         loop {
             if let Some(existing) = self.find_repeat(&mut workflow).await? {
                 return Ok((self.workflow(existing.id).await?, true));
             }
-            match inner.store.tasks().insert_workflow(&workflow, &tasks).await {
+            match inner.records.insert_workflow(&workflow, &tasks).await {
                 Ok(()) => break,
                 // A concurrent twin got there first: look again.
-                Err(orchestrator_storage::Error::AlreadyExists {
+                Err(Error::Storage(orchestrator_storage::Error::AlreadyExists {
                     what: "idempotency key" | "workflow revision",
                     ..
-                }) => continue,
-                Err(e) => return Err(e.into()),
+                })) => continue,
+                Err(e) => return Err(e),
             }
         }
         tracing::info!(workflow = %workflow.id, template = %workflow.kind, tasks = tasks.len(), "workflow submitted");
-        inner.register_limit(&workflow);
+        inner.queue.register_limit(&workflow);
         for task in tasks
             .iter()
             .filter(|t| t.status == orchestrator_core::TaskStatus::Queued)
         {
-            inner.enqueue(task);
+            inner.queue.push(task);
         }
-        inner.advance(workflow.id).await?;
+        inner.lifecycle.advance(workflow.id).await?;
         Ok((self.workflow(workflow.id).await?, false))
     }
 
     /// The workflow this submission repeats, if any; sets the revision of
     /// `workflow` when its `reference` was seen with another body.
     async fn find_repeat(&self, workflow: &mut Workflow) -> Result<Option<Workflow>> {
-        let store = &self.inner.store;
+        let store = self.inner.store.tasks();
         if let Some(key) = &workflow.idempotency_key {
             let query = WorkflowQuery {
                 idempotency_key: Some(key.clone()),
                 limit: 1,
                 ..Default::default()
             };
-            if let Some(existing) = store.tasks().list_workflows(&query).await?.items.pop() {
+            if let Some(existing) = store.list_workflows(&query).await?.items.pop() {
                 if existing.request_digest != workflow.request_digest {
                     return Err(Error::Conflict(format!(
                         "Idempotency-Key `{key}` was already used for a different request (workflow {})",
@@ -253,7 +251,7 @@ impl Engine {
                 limit: 1,
                 ..Default::default()
             };
-            if let Some(latest) = store.tasks().list_workflows(&query).await?.items.pop() {
+            if let Some(latest) = store.list_workflows(&query).await?.items.pop() {
                 if latest.request_digest == workflow.request_digest {
                     return Ok(Some(latest));
                 }
@@ -263,51 +261,4 @@ impl Engine {
         }
         Ok(None)
     }
-}
-
-/// Hex SHA-256 of the body's canonical text, so that key order and
-/// whitespace do not make a repeat look like a change. How long the caller
-/// waits for the answer is not part of what it asks for.
-fn digest(body: &Value) -> String {
-    let mut body = body.clone();
-    if let Value::Object(map) = &mut body {
-        map.remove("wait");
-        map.remove("wait_timeout_secs");
-    }
-    let body = &body;
-    fn canonical(value: &Value, out: &mut String) {
-        match value {
-            Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, key) in keys.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::String(key.clone()).to_string());
-                    out.push(':');
-                    canonical(&map[key], out);
-                }
-                out.push('}');
-            }
-            Value::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    canonical(item, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut text = String::new();
-    canonical(body, &mut text);
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use orchestrator_core::template::{Template, TemplateError};
-use orchestrator_executor::ScriptExecutor;
 
 use crate::{Error, Result};
 
@@ -38,7 +37,7 @@ impl Templates {
     /// built-ins still serve). A file may replace a built-in of the same
     /// `ref_name` and `schema_version`. Any invalid file stops the start,
     /// naming the file and the field.
-    pub fn load(dir: Option<&Path>, executor: &ScriptExecutor) -> Result<Templates> {
+    pub fn load(dir: Option<&Path>, steps: &crate::steps::Steps) -> Result<Templates> {
         let mut templates = Templates::default();
         for (file, text) in BUILT_IN {
             // Their scripts are checked when they are used: a service whose
@@ -77,14 +76,18 @@ impl Templates {
             let is_json = path.extension().is_some_and(|e| e == "json");
             let template = Template::parse(&text, is_json).map_err(|e| file_error(&name, e))?;
             templates
-                .add(template, executor)
+                .add(template, steps)
                 .map_err(|e| file_error(&name, e))?;
         }
         Ok(templates)
     }
 
-    fn add(&mut self, template: Template, executor: &ScriptExecutor) -> Result<(), TemplateError> {
-        check(&template, executor)?;
+    fn add(
+        &mut self,
+        template: Template,
+        steps: &crate::steps::Steps,
+    ) -> Result<(), TemplateError> {
+        check(&template, steps)?;
         self.insert(template);
         Ok(())
     }
@@ -113,18 +116,23 @@ impl Templates {
 
 /// Everything about a template that can be checked without inputs,
 /// scripts included.
-pub fn check(template: &Template, executor: &ScriptExecutor) -> Result<(), TemplateError> {
+pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), TemplateError> {
     template.validate()?;
     for step in &template.steps {
-        executor.resolve(&step.script).map_err(|e| TemplateError {
-            field: format!("steps.{}.script", step.ref_name),
-            message: e.to_string(),
-        })?;
-        if let Some(rollback) = &step.rollback {
-            executor.resolve(rollback).map_err(|e| TemplateError {
-                field: format!("steps.{}.rollback", step.ref_name),
-                message: e.to_string(),
+        steps
+            .check(step.kind, &step.script)
+            .map_err(|message| TemplateError {
+                field: format!("steps.{}.script", step.ref_name),
+                message,
             })?;
+        if let Some(rollback) = &step.rollback {
+            // An undo is a script, whatever the step's kind.
+            steps
+                .check(orchestrator_core::StepKind::Script, rollback)
+                .map_err(|message| TemplateError {
+                    field: format!("steps.{}.rollback", step.ref_name),
+                    message,
+                })?;
         }
     }
     Ok(())

@@ -3,15 +3,20 @@
 //! variables, output captured as the log, the result as the last JSON-object
 //! line of stdout (or a result file), and the exit code deciding success.
 //!
+//! The [`StepRunner`] trait is the seam between the engine and what a step
+//! runs; a script is the first kind.
+//!
 //! No shell is ever involved: the interpreter (or the script itself) is
 //! executed directly with the script path as its only argument, and user
 //! input reaches the script through stdin alone.
 
 mod resolve;
 mod run;
+mod step;
 
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
 pub use run::{Job, Outcome, kill_leftovers};
+pub use step::{Attempt, LogSink, StepRunner};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

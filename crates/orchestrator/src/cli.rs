@@ -175,7 +175,7 @@ pub enum WorkflowCommand {
     /// Submit a workflow from a registered template.
     Submit(SubmitArgs),
     /// Show a workflow's DAG with the status of every step.
-    Status(WorkflowArgs),
+    Status(WorkflowStatusArgs),
     /// List workflows.
     List(WorkflowListArgs),
     /// Cancel a workflow: running steps stop, pending ones never start.
@@ -221,6 +221,18 @@ pub struct WorkflowArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkflowStatusArgs {
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Redraw the DAG as the service announces changes, until the
+    /// workflow ends.
+    #[arg(long, short = 'w', conflicts_with = "json")]
+    pub watch: bool,
 }
 
 #[derive(Debug, Args)]

@@ -231,36 +231,60 @@ pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
     let api = Api::new(client)?;
     let mut offset = 0u64;
     loop {
-        let response = api
-            .send(
-                Method::GET,
-                &format!("/tasks/{}/logs", args.id),
-                &[("offset", offset.to_string())],
-            )
+        // `follow=true`: the service streams the log as it is written and
+        // ends the response once the task has ended.
+        let mut query = vec![("offset", offset.to_string())];
+        if args.follow {
+            query.push(("follow", "true".to_owned()));
+        }
+        let mut response = api
+            .send(Method::GET, &format!("/tasks/{}/logs", args.id), &query)
             .await?;
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let next: u64 = header("x-next-offset")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(offset);
-        let finished = header("x-task-status")
-            .and_then(|s| s.parse::<orchestrator_core::TaskStatus>().ok())
-            .is_none_or(|s| s.is_terminal());
-        let bytes = response.bytes().await.context("reading the log")?;
-        std::io::stdout().write_all(&bytes)?;
-        std::io::stdout().flush()?;
-        if !args.follow || (finished && next == offset) {
+        let mut stdout = std::io::stdout();
+        loop {
+            match response.chunk().await {
+                Ok(Some(bytes)) => {
+                    offset += bytes.len() as u64;
+                    stdout.write_all(&bytes)?;
+                    stdout.flush()?;
+                }
+                Ok(None) => break,
+                // A dropped connection: pick up from the offset below.
+                Err(e) if args.follow => {
+                    tracing::debug!(error = %e, "log stream broke; reconnecting");
+                    break;
+                }
+                Err(e) => return Err(e).context("reading the log"),
+            }
+        }
+        if !args.follow {
             return Ok(());
         }
-        if next == offset {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        // The stream ends when the task ends; make sure it did, rather
+        // than a proxy or a restart having cut it.
+        let task: Value = api
+            .json(Method::GET, &format!("/tasks/{}", args.id), &[])
+            .await?;
+        let finished = task["status"]
+            .as_str()
+            .and_then(|s| s.parse::<orchestrator_core::TaskStatus>().ok())
+            .is_none_or(|s| s.is_terminal());
+        if finished {
+            let rest = api
+                .send(
+                    Method::GET,
+                    &format!("/tasks/{}/logs", args.id),
+                    &[("offset", offset.to_string())],
+                )
+                .await?
+                .bytes()
+                .await
+                .context("reading the log")?;
+            stdout.write_all(&rest)?;
+            stdout.flush()?;
+            return Ok(());
         }
-        offset = next;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -79,8 +79,11 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         service_url: Some(format!("http://{}", reachable(addr))),
     })
     .context("--scripts-dir")?;
-    let templates = Templates::load(Some(&settings.templates_dir), &executor)
-        .context("cannot load templates")?;
+    let templates = Templates::load(
+        Some(&settings.templates_dir),
+        &orchestrator_engine::steps::Steps::new(executor.clone()),
+    )
+    .context("cannot load templates")?;
     let engine = Engine::start(
         storage,
         executor,
@@ -98,6 +101,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 rate_limit: settings.rate_limit,
                 secret_key: Some(secret_key(&data_dir)?),
             },
+            ..EngineConfig::default()
         },
     )
     .await

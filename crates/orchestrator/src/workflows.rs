@@ -15,6 +15,7 @@ pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Resul
     let api = Api::new(client)?;
     match command {
         WorkflowCommand::Submit(args) => submit(&api, args).await,
+        WorkflowCommand::Status(args) if args.watch => watch(&api, &args.id).await,
         WorkflowCommand::Status(args) => {
             let view: Value = api
                 .json(Method::GET, &format!("/workflows/{}", args.id), &[])
@@ -30,6 +31,63 @@ pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Resul
             let view = post(&api, &format!("/workflows/{}/retry", args.id), None).await?;
             print_view(&view, args.json)
         }
+    }
+}
+
+/// Draws the workflow, then draws it again whenever the event stream says
+/// something about it, until it ends. One stream, no polling.
+async fn watch(api: &Api, id: &str) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let redraw = |view: &Value| -> anyhow::Result<()> {
+        let mut out = std::io::stdout();
+        if out.is_terminal() {
+            // Home the cursor and clear the screen, then draw afresh.
+            write!(out, "\x1b[H\x1b[2J")?;
+        }
+        print_view(view, false)?;
+        out.flush()?;
+        Ok(())
+    };
+    let finished = |view: &Value| {
+        matches!(
+            view["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        )
+    };
+    loop {
+        let mut stream = api
+            .send(Method::GET, "/events", &[("workflow", id.to_owned())])
+            .await?;
+        let mut pending = String::new();
+        loop {
+            let view: Value = api
+                .json(Method::GET, &format!("/workflows/{id}"), &[])
+                .await?;
+            redraw(&view)?;
+            if finished(&view) {
+                return Ok(());
+            }
+            // Wait for the next whole event (a blank line ends one); the
+            // stream's keep-alive comments are not events.
+            let got_event = loop {
+                if let Some(end) = pending.find("\n\n") {
+                    let event: String = pending.drain(..end + 2).collect();
+                    if event.lines().any(|l| l.starts_with("data:")) {
+                        break true;
+                    }
+                    continue;
+                }
+                match stream.chunk().await {
+                    Ok(Some(bytes)) => pending.push_str(&String::from_utf8_lossy(&bytes)),
+                    Ok(None) | Err(_) => break false,
+                }
+            };
+            if !got_event {
+                break;
+            }
+        }
+        // The stream ended (a restart, a proxy): connect again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -264,8 +322,11 @@ pub async fn template(client: &ClientArgs, command: TemplateCommand) -> anyhow::
                     service_url: None,
                 })
                 .with_context(|| format!("--scripts-dir {}", args.scripts_dir.display()))?;
-            orchestrator_engine::templates::check(&template, &executor)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+            orchestrator_engine::templates::check(
+                &template,
+                &orchestrator_engine::steps::Steps::new(executor),
+            )
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
             println!(
                 "{}: template {}@{} is valid ({} steps)",
                 args.file.display(),

@@ -301,3 +301,26 @@ fn name_format_inputs_refuse_unsafe_names() {
         .unwrap_err();
     assert_eq!(e.field, "vars.hosts[1]");
 }
+
+#[test]
+fn a_step_names_its_kind_and_script_is_the_default() {
+    let plain = template(CLUSTER);
+    assert!(plain.steps.iter().all(|s| s.kind == StepKind::Script));
+    let explicit = template(
+        "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: script, script: a.sh}\n",
+    );
+    let expansion = explicit.expand(&Map::new(), false).unwrap();
+    assert_eq!(expansion.tasks[0].step.kind, StepKind::Script);
+    // The default is not written out, so stored tasks read as before.
+    let stored = serde_json::to_value(&expansion.tasks[0].step).unwrap();
+    assert!(stored.get("kind").is_none(), "{stored}");
+    let unknown = Template::parse(
+        "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: teleport, script: a.sh}\n",
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        unknown.message.contains("teleport") && unknown.message.contains("script"),
+        "{unknown}"
+    );
+}

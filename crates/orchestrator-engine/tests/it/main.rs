@@ -3,6 +3,9 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod events;
+mod modules;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -43,6 +46,15 @@ impl Setup {
     }
 
     async fn engine_with_workers(&self, store: Storage, workers: usize) -> Engine {
+        self.engine_with_config(store, |config| config.workers = workers)
+            .await
+    }
+
+    async fn engine_with_config(
+        &self,
+        store: Storage,
+        configure: impl FnOnce(&mut EngineConfig),
+    ) -> Engine {
         let executor = ScriptExecutor::new(ExecutorConfig {
             scripts_dir: self.dir.path().join("scripts"),
             work_dir: self.dir.path().join("work"),
@@ -52,10 +64,11 @@ impl Setup {
             service_url: None,
         })
         .unwrap();
-        let config = EngineConfig {
-            workers,
+        let mut config = EngineConfig {
+            workers: 2,
             ..EngineConfig::default()
         };
+        configure(&mut config);
         Engine::start(store, executor, Templates::default(), config)
             .await
             .unwrap()

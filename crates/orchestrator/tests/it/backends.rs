@@ -152,6 +152,78 @@ mod surrealdb {
         assert!(text.contains("task_logs            applied"), "{text}");
     }
 
+    /// Waits on a node's event stream until both workflows have finished,
+    /// and returns what it heard about them.
+    async fn heard(
+        events: &mut orchestrator_engine::events::Subscription,
+        workflows: &[&str],
+    ) -> Vec<(String, String, Option<String>)> {
+        let mut heard = Vec::new();
+        let mut finished = std::collections::HashSet::new();
+        while finished.len() < workflows.len() {
+            let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
+                .await
+                .expect("an event within a minute")
+                .expect("the bus is open");
+            let Some(workflow) = event.workflow_id.map(|w| w.to_string()) else {
+                continue;
+            };
+            if !workflows.contains(&workflow.as_str()) {
+                continue;
+            }
+            if event.task_id.is_none() && event.status.as_deref() == Some("completed") {
+                finished.insert(workflow.clone());
+            }
+            heard.push((workflow, event.kind.to_string(), event.status.clone()));
+        }
+        heard
+    }
+
+    /// Each node hears the other's changes, through the server's live
+    /// queries: a submission made through one node is announced on both.
+    #[tokio::test]
+    async fn two_nodes_on_one_server_hear_each_others_events() {
+        let server = DevServer::start_memory();
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let settings_a = server_settings(dir_a.path(), &server);
+        let mut settings_b = server_settings(dir_b.path(), &server);
+        settings_b.surrealdb.database = settings_a.surrealdb.database.clone();
+        let a = TestService::start(settings_a).await;
+        let b = TestService::start(settings_b).await;
+        let engine = |s: &TestService| s.handle.as_ref().unwrap().engine.clone();
+        let mut on_a = engine(&a).subscribe();
+        let mut on_b = engine(&b).subscribe();
+        let (from_a, _) = a.create_servers(&["from-a"], json!({})).await;
+        let (from_b, _) = b.create_servers(&["from-b"], json!({})).await;
+        let workflows = [from_a.as_str(), from_b.as_str()];
+        for (node, events) in [("a", &mut on_a), ("b", &mut on_b)] {
+            let heard = heard(events, &workflows).await;
+            for workflow in workflows {
+                let kinds: Vec<&str> = heard
+                    .iter()
+                    .filter(|(w, _, _)| w == workflow)
+                    .map(|(_, kind, _)| kind.as_str())
+                    .collect();
+                for expected in [
+                    "submitted",
+                    "claimed",
+                    "completed",
+                    "workflow_status_changed",
+                ] {
+                    assert!(
+                        kinds.contains(&expected),
+                        "node {node} did not hear `{expected}` of {workflow}: {kinds:?}"
+                    );
+                }
+                let submitted = kinds.iter().position(|k| *k == "submitted").unwrap();
+                let completed = kinds.iter().position(|k| *k == "completed").unwrap();
+                assert!(submitted < completed, "node {node}: {kinds:?}");
+            }
+        }
+        a.stop().await;
+        b.stop().await;
+    }
+
     #[tokio::test]
     async fn health_reports_a_lost_server_and_its_return() {
         let dir = tempfile::tempdir().unwrap();

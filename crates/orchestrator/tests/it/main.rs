@@ -9,6 +9,7 @@ mod cli;
 mod errors;
 mod faults;
 mod harness;
+mod live;
 mod migrate;
 mod operations;
 mod provisioning;

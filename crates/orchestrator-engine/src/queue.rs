@@ -1,0 +1,135 @@
+//! What runs next on this node: the ready queue (priority, then FIFO;
+//! retries and scheduled starts wait until due) and the per-workflow
+//! `parallel_limit` slots. Memory only: after a crash it is rebuilt from
+//! storage, so nothing here is needed to decide anything.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use orchestrator_core::{Priority, ReadyQueue, Task, TaskId, TaskStatus, Workflow, WorkflowId};
+use tokio::sync::Notify;
+
+use crate::lock;
+
+/// The queue and the slots.
+#[derive(Default)]
+pub(crate) struct Queue {
+    /// A std mutex: pushes and pops are short and never await.
+    ready: Mutex<ReadyQueue>,
+    /// Wakes the dispatcher when the queue gains a task.
+    changed: Notify,
+    /// Workflows with a `parallel_limit`, and how many of their tasks run
+    /// here. A std mutex for the same reason as `ready`; never held
+    /// together with it.
+    slots: Mutex<HashMap<WorkflowId, Slots>>,
+}
+
+/// Per-workflow concurrency for `parallel_limit`.
+#[derive(Debug, Default)]
+struct Slots {
+    limit: usize,
+    running: usize,
+    /// Tasks popped while the workflow was at its limit, waiting for a slot.
+    deferred: VecDeque<(TaskId, Priority)>,
+}
+
+impl Queue {
+    /// Puts a queued or retry-waiting task in the queue, due at its retry
+    /// time or scheduled start.
+    pub(crate) fn push(&self, task: &Task) {
+        let due = match task.status {
+            TaskStatus::RetryWaiting => task.retry_at,
+            _ => task.not_before,
+        };
+        {
+            let mut ready = lock(&self.ready);
+            match due {
+                Some(due) if due > Utc::now() => ready.push_at(task.id, task.priority, due),
+                _ => ready.push(task.id, task.priority),
+            }
+        }
+        self.changed.notify_one();
+    }
+
+    /// The next task that may run now, or how long until one may (an hour
+    /// when nothing is waiting).
+    pub(crate) fn pop(&self, now: DateTime<Utc>) -> Result<TaskId, Duration> {
+        let mut ready = lock(&self.ready);
+        if let Some(id) = ready.pop(now) {
+            return Ok(id);
+        }
+        Err(ready
+            .next_due()
+            .map(|due| (due - now).to_std().unwrap_or_default())
+            .unwrap_or(Duration::from_secs(3600)))
+    }
+
+    /// Resolves when a task was pushed since the last pop found none.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    pub(crate) fn contains(&self, id: TaskId) -> bool {
+        lock(&self.ready).contains(id)
+    }
+
+    /// Entries, cancelled ones included until they are popped.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.ready).len()
+    }
+
+    /// Tasks that may run now, by priority (lowest first), and those
+    /// waiting for a due time.
+    pub(crate) fn depth(&self) -> ([(Priority, usize); 4], usize) {
+        let ready = lock(&self.ready);
+        let now = ready.ready_by_priority();
+        let n_now: usize = now.iter().map(|(_, n)| n).sum();
+        (now, ready.len() - n_now)
+    }
+
+    /// Applies the workflow's `parallel_limit`, if it has one.
+    pub(crate) fn register_limit(&self, workflow: &Workflow) {
+        if let Some(limit) = workflow.parallel_limit {
+            lock(&self.slots).entry(workflow.id).or_default().limit = limit;
+        }
+    }
+
+    /// The workflow finished: its slots go.
+    pub(crate) fn forget(&self, workflow: WorkflowId) {
+        lock(&self.slots).remove(&workflow);
+    }
+
+    /// Takes a slot of the task's workflow if it has a `parallel_limit`;
+    /// otherwise parks the task until a slot frees up.
+    pub(crate) fn take_slot(&self, task: &Task) -> bool {
+        let mut slots = lock(&self.slots);
+        let Some(slots) = slots.get_mut(&task.workflow_id) else {
+            return true;
+        };
+        if slots.running < slots.limit {
+            slots.running += 1;
+            true
+        } else {
+            slots.deferred.push_back((task.id, task.priority));
+            false
+        }
+    }
+
+    /// Gives a slot back; the first task parked for it is queued again.
+    pub(crate) fn release_slot(&self, workflow: WorkflowId) {
+        let next = {
+            let mut slots = lock(&self.slots);
+            let Some(slots) = slots.get_mut(&workflow) else {
+                return;
+            };
+            slots.running = slots.running.saturating_sub(1);
+            slots.deferred.pop_front()
+        };
+        if let Some((id, priority)) = next {
+            lock(&self.ready).push(id, priority);
+            self.changed.notify_one();
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The step-kind seam: one attempt of one step, whatever kind of step it
+//! is. The engine hands the [`StepRunner`] of the step's kind an [`Attempt`] (the resolved input,
+//! the checkpoint, the cancel token, the deadline and a log sink) and gets
+//! back an [`Outcome`]; it never learns what ran. `script` is the first
+//! kind ([`ScriptExecutor`]).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Job, Outcome, ScriptExecutor};
+
+/// Where an attempt's output goes, a chunk (usually a line) at a time. The
+/// engine stores it as the task's log, redacted, in order.
+#[derive(Debug, Clone)]
+pub struct LogSink(UnboundedSender<Vec<u8>>);
+
+impl LogSink {
+    pub fn new(sender: UnboundedSender<Vec<u8>>) -> LogSink {
+        LogSink(sender)
+    }
+
+    /// Writes a chunk; `false` once nobody stores the log any more.
+    pub fn write(&self, chunk: Vec<u8>) -> bool {
+        self.0.send(chunk).is_ok()
+    }
+}
+
+/// One attempt of one step, as the engine hands it over.
+#[derive(Debug)]
+pub struct Attempt<'a> {
+    pub task_id: String,
+    pub workflow_id: String,
+    /// 1-based.
+    pub attempt: u32,
+    /// What the kind runs: for `script`, the script path under the scripts
+    /// dir.
+    pub target: &'a str,
+    /// The input with every reference resolved, secrets included: it must
+    /// reach the step and nothing else (never a log, never an error).
+    pub input: &'a Value,
+    /// What earlier attempts saved; empty on a first attempt.
+    pub checkpoint: &'a Map<String, Value>,
+    /// Dry run: the step is told to change nothing.
+    pub check_mode: bool,
+    /// Fires when the task is cancelled or the service shuts down.
+    pub cancel: CancellationToken,
+    /// The attempt's time limit, as configured (what messages state).
+    pub timeout: Duration,
+    /// When the attempt times out: `timeout` after it was handed over.
+    pub deadline: Instant,
+    pub log: LogSink,
+    /// The task's own API token, which may save its checkpoint and nothing
+    /// else.
+    pub token: Option<String>,
+}
+
+/// Runs the steps of one kind (`script`, ...). Implementations must never panic on anything the
+/// outside world does: every failure is an [`Outcome`].
+#[async_trait]
+pub trait StepRunner: Send + Sync {
+    /// The kind's name, as templates write it (`kind: script`).
+    fn name(&self) -> &'static str;
+
+    /// Whether `target` can be run at all, checked when a template is
+    /// loaded or submitted: the reason if not.
+    fn check(&self, target: &str) -> Result<(), String>;
+
+    /// Runs one attempt to its end: success, failure, timeout at the
+    /// deadline, or cancel.
+    async fn run(&self, attempt: Attempt<'_>) -> Outcome;
+
+    /// Stops whatever a previous life of this service left running for the
+    /// task (its runner is gone); how many things were stopped. Left-overs
+    /// are stopped, never adopted: a new attempt must not run beside an old
+    /// one.
+    fn stop_leftovers(&self, task_id: &str) -> usize;
+}
+
+#[async_trait]
+impl StepRunner for ScriptExecutor {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+
+    fn check(&self, target: &str) -> Result<(), String> {
+        self.resolve(target).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn run(&self, attempt: Attempt<'_>) -> Outcome {
+        let job = Job {
+            script: attempt.target,
+            input: attempt.input,
+            task_id: attempt.task_id,
+            workflow_id: attempt.workflow_id,
+            attempt: attempt.attempt,
+            check_mode: attempt.check_mode,
+            // The limit as configured, so that a timeout reads "after 5s";
+            // it runs from now, a moment after the deadline was set.
+            timeout: attempt.timeout,
+            checkpoint: attempt.checkpoint,
+            token: attempt.token,
+        };
+        ScriptExecutor::run(self, job, attempt.log.0, attempt.cancel).await
+    }
+
+    fn stop_leftovers(&self, task_id: &str) -> usize {
+        crate::kill_leftovers(task_id)
+    }
+}
