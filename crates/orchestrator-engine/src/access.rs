@@ -84,6 +84,9 @@ pub struct Access {
     config: AccessConfig,
     /// Drawn at start, never stored: task tokens die with the process.
     task_key: [u8; 32],
+    /// Every token record by id, so a request is checked without a storage
+    /// read. A std mutex: lookups and swaps are short and never await
+    /// (a reload reads storage first, then swaps the map in).
     cache: Mutex<TokenCache>,
 }
 

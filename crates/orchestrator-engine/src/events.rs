@@ -15,6 +15,8 @@ use orchestrator_core::event::{Change, Event, EventKind};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::lock;
+
 /// How many events a subscriber may be behind before it must resync, and
 /// how many the bus keeps for resumption. About 250 bytes each.
 pub const DEFAULT_CAPACITY: usize = 4096;
@@ -122,12 +124,6 @@ impl EventBus {
 fn resync(missed: Option<u64>, node: &str) -> Event {
     // A resync is not one of the node's events: it takes no number.
     Change::resync(missed).into_event(0, node, Utc::now())
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Each critical section leaves the data whole at every step, so a
-    // poisoned lock is still consistent.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One subscriber's view of the bus.

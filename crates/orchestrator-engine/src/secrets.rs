@@ -58,6 +58,9 @@ pub struct Secrets {
     store: Storage,
     cipher: XChaCha20Poly1305,
     /// Name to value, decrypted at start and kept current by this node.
+    /// An RwLock: every log line and output is redacted against it (many
+    /// readers), while puts and deletes are rare; never held across an
+    /// await.
     values: RwLock<BTreeMap<String, String>>,
 }
 
