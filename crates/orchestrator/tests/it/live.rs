@@ -290,3 +290,70 @@ async fn a_followed_log_streams_lines_as_written_and_ends_with_the_task() {
     assert_eq!(status, 404);
     service.stop().await;
 }
+
+/// Resident memory of this process (service and clients), in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Many idle streams cost bounded memory, and a burst of events that none
+/// of them reads does not pile up for them: each still works afterwards.
+#[tokio::test]
+async fn two_hundred_idle_streams_cost_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    // Warm up: one stream and one workflow, so that lazily built state
+    // (connection pools, the first workflow) is not counted.
+    let mut warm = Stream::open(&service, "", None).await;
+    warm.next().await;
+    service.create_servers(&["warm"], json!({"wait": true})).await;
+    drop(warm);
+    let before = rss();
+    let mut streams = Vec::new();
+    for _ in 0..200 {
+        // One connection each, as 200 browser tabs would have.
+        let client = reqwest::Client::new();
+        let response = client
+            .get(format!("{}/events", service.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        streams.push((
+            client,
+            Stream {
+                response,
+                pending: String::new(),
+            },
+        ));
+    }
+    let with_streams = rss();
+    // A burst of events that nobody reads.
+    let servers: Vec<String> = (0..40).map(|i| format!("burst-{i}")).collect();
+    let names: Vec<&str> = servers.iter().map(String::as_str).collect();
+    let (workflow, _) = service.create_servers(&names, json!({"wait": true})).await;
+    let after_burst = rss();
+    let per_stream = with_streams.saturating_sub(before) / 200;
+    assert!(
+        per_stream < 100 * 1024,
+        "each idle stream costs {per_stream} bytes"
+    );
+    assert!(
+        after_burst.saturating_sub(with_streams) < 32 * 1024 * 1024,
+        "the unread burst grew memory by {} bytes",
+        after_burst - with_streams
+    );
+    // Every stream still answers: its snapshot, then events (or a resync).
+    for (_, stream) in streams.iter_mut().step_by(20) {
+        assert_eq!(stream.next().await.event, "snapshot");
+        let next = stream.next().await;
+        assert!(
+            next.event == "change" || next.event == "resync",
+            "{next:?}"
+        );
+    }
+    assert!(!workflow.is_empty());
+    service.stop().await;
+}
