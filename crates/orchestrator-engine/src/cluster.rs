@@ -3,7 +3,7 @@
 //! accepted (on a shared store), and hearing every node's changes through
 //! the store's change feed, to announce them as events here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -244,72 +244,157 @@ impl Cluster {
     }
 }
 
-/// What this node last heard of each unfinished task and workflow, so that
-/// a change can be told from what it was. Finished ones are forgotten:
-/// what it holds is bounded by the unfinished work.
+/// What this node last heard of each task and workflow, so that a change
+/// can be told from what it was.
 #[derive(Default)]
 struct Known {
-    tasks: HashMap<TaskId, TaskMark>,
-    workflows: HashMap<WorkflowId, WorkflowStatus>,
+    tasks: Heard<TaskId, TaskMark>,
+    workflows: Heard<WorkflowId, WorkflowStatus>,
 }
 
 impl Known {
     fn events_of(&mut self, change: StoredChange) -> Vec<Change> {
         match change {
             StoredChange::Task { created, task } => {
-                let finished = task.status.is_terminal();
-                let before = recall(
-                    &mut self.tasks,
+                let heard = self.tasks.hear(
                     task.id,
                     created,
-                    TaskMark::of(&task),
-                    finished,
+                    (TaskMark::of(&task), task.version),
+                    task.status.is_terminal(),
                 );
-                task_changes(before, &task)
+                heard.map_or_else(Vec::new, |before| task_changes(before, &task))
             }
             StoredChange::Workflow { created, workflow } => {
-                let finished = workflow.status.is_terminal();
-                let before = recall(
-                    &mut self.workflows,
+                let heard = self.workflows.hear(
                     workflow.id,
                     created,
-                    workflow.status,
-                    finished,
+                    (workflow.status, workflow.version),
+                    workflow.status.is_terminal(),
                 );
-                workflow_change(before, &workflow).into_iter().collect()
+                heard
+                    .and_then(|before| workflow_change(before, &workflow))
+                    .into_iter()
+                    .collect()
             }
             StoredChange::Log { task, length } => {
-                let status = self.tasks.get(&task).map(|m| m.status);
+                let status = self.tasks.open.get(&task).map(|(m, _)| m.status);
                 vec![Change::log_appended(None, task, status, length)]
             }
             StoredChange::Lost { reason } => {
                 tracing::warn!(%reason, "the change feed lost changes; subscribers must resync");
-                self.tasks.clear();
-                self.workflows.clear();
+                self.tasks = Heard::default();
+                self.workflows = Heard::default();
                 vec![Change::resync(None)]
             }
         }
     }
 }
 
-/// What was known of a record before a change, remembering what is known
-/// after it (a finished record is forgotten).
-fn recall<K: std::hash::Hash + Eq, M: Copy>(
-    known: &mut HashMap<K, M>,
-    key: K,
-    created: bool,
-    now: M,
-    finished: bool,
-) -> Before<M> {
-    let before = match known.get(&key) {
-        _ if created => Before::Created,
-        Some(mark) => Before::Known(*mark),
-        None => Before::Unknown,
-    };
-    if finished {
-        known.remove(&key);
-    } else {
-        known.insert(key, now);
+/// How many finished records a node remembers, to tell a late notification
+/// of one from news.
+const FINISHED_KEPT: usize = 10_000;
+
+/// What was heard of the records of one kind: each unfinished one's mark
+/// and version, and the newest finished ones'. Live queries deliver in no
+/// guaranteed order, so a notification of a version already heard (or
+/// older) is stale and announces nothing. Bounded by the unfinished work
+/// plus [`FINISHED_KEPT`].
+struct Heard<K, M> {
+    open: HashMap<K, (M, u64)>,
+    finished: HashMap<K, (M, u64)>,
+    /// Finished keys, oldest first, to forget the oldest beyond the bound.
+    finished_order: VecDeque<K>,
+}
+
+impl<K, M> Default for Heard<K, M> {
+    fn default() -> Self {
+        Heard {
+            open: HashMap::new(),
+            finished: HashMap::new(),
+            finished_order: VecDeque::new(),
+        }
     }
-    before
+}
+
+impl<K: std::hash::Hash + Eq + Copy, M: Copy> Heard<K, M> {
+    /// What was known before this version of the record, remembering it;
+    /// `None` if the notification is stale.
+    fn hear(&mut self, key: K, created: bool, now: (M, u64), finished: bool) -> Option<Before<M>> {
+        let last = self
+            .open
+            .get(&key)
+            .or_else(|| self.finished.get(&key))
+            .copied();
+        if last.is_some_and(|(_, version)| now.1 <= version) {
+            return None;
+        }
+        let before = match last {
+            _ if created => Before::Created,
+            Some((mark, _)) => Before::Known(mark),
+            None => Before::Unknown,
+        };
+        if finished {
+            self.open.remove(&key);
+            if self.finished.insert(key, now).is_none() {
+                self.finished_order.push_back(key);
+            }
+            while self.finished_order.len() > FINISHED_KEPT {
+                if let Some(oldest) = self.finished_order.pop_front() {
+                    self.finished.remove(&oldest);
+                }
+            }
+        } else {
+            self.finished.remove(&key);
+            self.open.insert(key, now);
+        }
+        Some(before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn late_and_repeated_notifications_announce_nothing() {
+        let mut heard: Heard<u32, &str> = Heard::default();
+        assert_eq!(
+            heard.hear(1, true, ("queued", 1), false),
+            Some(Before::Created)
+        );
+        assert_eq!(
+            heard.hear(1, false, ("running", 3), false),
+            Some(Before::Known("queued"))
+        );
+        // Version 2 arrives after 3: stale.
+        assert_eq!(heard.hear(1, false, ("claimed?", 2), false), None);
+        assert_eq!(
+            heard.hear(1, false, ("done", 4), true),
+            Some(Before::Known("running"))
+        );
+        // The same finished version again, or an older one: nothing.
+        assert_eq!(heard.hear(1, false, ("done", 4), true), None);
+        assert_eq!(heard.hear(1, false, ("running", 3), false), None);
+        // A newer version after the end (a retry) is news again.
+        assert_eq!(
+            heard.hear(1, false, ("pending", 5), false),
+            Some(Before::Known("done"))
+        );
+        // Never heard of: unknown.
+        assert_eq!(
+            heard.hear(2, false, ("running", 7), false),
+            Some(Before::Unknown)
+        );
+    }
+
+    #[test]
+    fn finished_records_are_remembered_within_a_bound() {
+        let mut heard: Heard<usize, ()> = Heard::default();
+        for key in 0..FINISHED_KEPT + 10 {
+            heard.hear(key, true, ((), 1), true);
+        }
+        assert_eq!(heard.finished.len(), FINISHED_KEPT);
+        assert_eq!(heard.finished_order.len(), FINISHED_KEPT);
+        assert!(heard.open.is_empty());
+    }
 }
