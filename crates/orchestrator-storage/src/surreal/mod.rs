@@ -75,6 +75,8 @@ pub struct SurrealBackend {
     /// Shared with the probe task, which outlives no one: it holds the
     /// client weakly and stops when the backend is dropped.
     link: Arc<Link>,
+    /// Set by `close` (and gone with the backend): change feeds end.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -119,6 +121,7 @@ impl SurrealBackend {
                 _ => None,
             },
             link: Arc::new(Link::default()),
+            closing: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -166,6 +169,7 @@ impl SurrealBackend {
                 _ => None,
             },
             link: Arc::new(Link::default()),
+            closing: tokio::sync::watch::Sender::new(false),
         }))
     }
 
@@ -394,6 +398,7 @@ impl Backend for SurrealBackend {
     }
 
     async fn close(&self) -> Result<()> {
+        self.closing.send_replace(true);
         // Dropping the last handle shuts the embedded datastore down (in the
         // background) or closes the server connection.
         let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
