@@ -26,6 +26,16 @@ pub enum Change {
 
 /// The receiving end of a change feed. `recv` answers `None` once the
 /// store is closed (or the producer is gone).
+///
+/// What a feed promises (see `docs/storage.md`): only committed changes;
+/// each at most once; every change committed while it follows the store,
+/// unless a [`Change::Lost`] says some are missing (the feed broke, or
+/// its reader fell behind), after which the reader should re-read what it
+/// cares about. It does **not** promise commit order: a SurrealDB server
+/// may deliver the notifications of two transactions swapped, even for one
+/// record. Each change carries what orders it: a task's or workflow's
+/// `version`, a log's `length`; a change below what the reader has seen is
+/// stale.
 #[derive(Debug)]
 pub struct ChangeFeed {
     changes: mpsc::Receiver<Change>,
