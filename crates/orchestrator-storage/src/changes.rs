@@ -8,7 +8,7 @@
 //! and the producer never waits on a slow consumer.
 
 use orchestrator_core::{Task, TaskId, Workflow};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// One committed change, or the news that some were missed.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,9 +26,21 @@ pub enum Change {
 
 /// The receiving end of a change feed. `recv` answers `None` once the
 /// store is closed (or the producer is gone).
+///
+/// What a feed promises (see `docs/storage.md`): only committed changes;
+/// each at most once; every change committed while it follows the store,
+/// unless a [`Change::Lost`] says some are missing (the feed broke, or
+/// its reader fell behind), after which the reader should re-read what it
+/// cares about. It does **not** promise commit order: a SurrealDB server
+/// may deliver the notifications of two transactions swapped, even for one
+/// record. Each change carries what orders it: a task's or workflow's
+/// `version`, a log's `length`; a change below what the reader has seen is
+/// stale.
 #[derive(Debug)]
 pub struct ChangeFeed {
     changes: mpsc::Receiver<Change>,
+    /// Whether the producer follows the store right now.
+    following: watch::Receiver<bool>,
 }
 
 impl ChangeFeed {
@@ -36,18 +48,33 @@ impl ChangeFeed {
     /// the sink that fills it.
     pub fn channel(capacity: usize) -> (ChangeSink, ChangeFeed) {
         let (sender, changes) = mpsc::channel(capacity.max(1));
-        (
-            ChangeSink {
-                sender,
-                owed_loss: None,
-            },
-            ChangeFeed { changes },
-        )
+        let following = watch::Sender::new(false);
+        let feed = ChangeFeed {
+            changes,
+            following: following.subscribe(),
+        };
+        let sink = ChangeSink {
+            sender,
+            owed_loss: None,
+            following,
+        };
+        (sink, feed)
     }
 
     /// The next change; `None` once the store is closed.
     pub async fn recv(&mut self) -> Option<Change> {
         self.changes.recv().await
+    }
+
+    /// Waits until the feed follows the store: every change committed from
+    /// then on is delivered (until a [`Change::Lost`]). A feed starts to
+    /// follow a moment after it is made, once its subscriptions are
+    /// registered. `false` if the feed ended first.
+    pub async fn following(&mut self) -> bool {
+        self.following
+            .wait_for(|following| *following)
+            .await
+            .is_ok()
     }
 }
 
@@ -58,6 +85,8 @@ pub struct ChangeSink {
     /// Why changes were dropped, until a [`Change::Lost`] saying so is
     /// delivered.
     owed_loss: Option<String>,
+    /// Whether the producer follows the store, for [`ChangeFeed::following`].
+    following: watch::Sender<bool>,
 }
 
 impl ChangeSink {
@@ -84,15 +113,15 @@ impl ChangeSink {
         }
     }
 
-    /// Records that changes were missed for `reason` (a broken connection):
-    /// a [`Change::Lost`] is delivered before the next change.
-    pub fn lost(&mut self, reason: impl Into<String>) -> bool {
+    /// Records that changes were missed, for `reason` (a broken
+    /// connection): a [`Change::Lost`] is delivered before the next change,
+    /// or by [`ChangeSink::tend`].
+    pub fn lost(&mut self, reason: impl Into<String>) {
         let reason = reason.into();
         self.owed_loss = Some(match self.owed_loss.take() {
             Some(earlier) if earlier != reason => format!("{earlier}; {reason}"),
             _ => reason,
         });
-        !matches!(self.try_deliver_loss(), Delivery::Closed)
     }
 
     /// Whether a [`Change::Lost`] is waiting for room in the feed.
@@ -100,12 +129,20 @@ impl ChangeSink {
         self.owed_loss.is_some()
     }
 
-    /// Waits for room and delivers the owed [`Change::Lost`], if any.
-    /// Cancel-safe: dropped before room appears, it delivers nothing.
-    /// Returns `false` once the consumer is gone.
-    pub async fn settle(&mut self) -> bool {
+    /// Says whether the producer follows the store right now (see
+    /// [`ChangeFeed::following`]).
+    pub fn set_following(&self, following: bool) {
+        self.following.send_replace(following);
+    }
+
+    /// What the sink needs between changes: waits for room and delivers an
+    /// owed [`Change::Lost`] (then `true`), or notices that the consumer is
+    /// gone (then `false`; with nothing owed, that is all it waits for).
+    /// Cancel-safe: dropped before it resolves, it delivers nothing.
+    pub async fn tend(&mut self) -> bool {
         let Some(reason) = self.owed_loss.clone() else {
-            return !self.sender.is_closed();
+            self.sender.closed().await;
+            return false;
         };
         match self.sender.reserve().await {
             Ok(permit) => {
@@ -182,10 +219,10 @@ mod tests {
     async fn a_loss_is_delivered_when_room_appears_even_without_new_changes() {
         let (mut sink, mut feed) = ChangeFeed::channel(1);
         assert!(sink.send(log(1)));
-        assert!(sink.lost("connection lost"));
+        sink.lost("connection lost");
         assert!(sink.owes_loss());
-        let settled = tokio::spawn(async move {
-            assert!(sink.settle().await);
+        let tended = tokio::spawn(async move {
+            assert!(sink.tend().await, "delivered");
             sink
         });
         assert_eq!(feed.recv().await, Some(log(1)));
@@ -195,8 +232,10 @@ mod tests {
                 reason: "connection lost".into()
             })
         );
-        let sink = settled.await.unwrap();
+        let mut sink = tended.await.unwrap();
+        assert!(!sink.owes_loss());
         drop(feed);
+        assert!(!sink.tend().await, "the reader is gone");
         assert!(sink.is_closed());
     }
 
@@ -205,6 +244,18 @@ mod tests {
         let (mut sink, feed) = ChangeFeed::channel(4);
         drop(feed);
         assert!(!sink.send(log(1)));
-        assert!(!sink.lost("gone"));
+        sink.lost("gone");
+        assert!(!sink.tend().await);
+    }
+
+    #[tokio::test]
+    async fn a_feed_says_when_it_follows_and_when_it_ended() {
+        let (sink, mut feed) = ChangeFeed::channel(4);
+        sink.set_following(true);
+        assert!(feed.following().await);
+        sink.set_following(false);
+        drop(sink);
+        assert!(!feed.following().await);
+        assert_eq!(feed.recv().await, None);
     }
 }

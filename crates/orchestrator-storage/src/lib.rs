@@ -105,9 +105,10 @@ pub trait NodeStore: Send + Sync {
     /// Every node that ever sent a heartbeat, by id.
     async fn nodes(&self) -> Result<Vec<Node>>;
 
-    /// A feed of committed changes made by any node; `None` where the store
-    /// is not shared (one node: the engine knows its own writes). Each call
-    /// starts a feed of its own.
+    /// A feed of changes committed by any node sharing the store; `None`
+    /// where the store is not shared (one node: the engine knows its own
+    /// writes). Each call starts a feed of its own; see [`ChangeFeed`] for
+    /// what it promises.
     fn changes(&self) -> Option<ChangeFeed>;
 }
 

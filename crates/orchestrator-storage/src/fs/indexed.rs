@@ -28,9 +28,9 @@ use async_trait::async_trait;
 use orchestrator_core::TaskId;
 
 use super::journal::{decode_line, encode_line};
-use super::{
-    JOURNAL_FILE, LAYOUT_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, check_layout, file_identity,
-};
+use super::layout::{LAYOUT_FILE, check_layout};
+use super::logs::{import_log_files, log_file_lengths, read_log_files};
+use super::{JOURNAL_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, file_identity};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
 /// Where a record's latest line is, and the record's version there.
@@ -617,11 +617,11 @@ impl BulkTransfer for IndexedStore {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        super::log_file_lengths(&self.logs_dir, ids)
+        log_file_lengths(&self.logs_dir, ids)
     }
 
     async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        super::read_log_files(&self.logs_dir, asks)
+        read_log_files(&self.logs_dir, asks)
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
@@ -629,6 +629,6 @@ impl BulkTransfer for IndexedStore {
         if pieces.is_empty() {
             return Ok(());
         }
-        super::import_log_files(&self.logs_dir, pieces).await
+        import_log_files(&self.logs_dir, pieces).await
     }
 }

@@ -17,12 +17,15 @@
 
 mod indexed;
 mod journal;
+mod layout;
+mod logs;
 mod state;
 
 pub use self::indexed::IndexedStore;
+pub use self::layout::LAYOUT_VERSION;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -31,20 +34,22 @@ use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
-use self::journal::{JournalWriter, decode_line, encode_line, write_atomically};
+use self::journal::{JournalWriter, decode_line, encode_line};
+use self::layout::check_layout;
+pub(crate) use self::layout::layout_status;
+use self::logs::{
+    import_log_files, log_file_length, log_file_lengths, log_path, read_log_file, read_log_files,
+};
 use self::state::State;
-use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
     NodeStore, Page, Record, RecordKind, Result, Scanned, TaskQuery, TaskStore, WorkflowQuery,
 };
 
-/// The on-disk layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 1;
-
-const LAYOUT_FILE: &str = "layout.json";
 const SNAPSHOT_FILE: &str = "snapshot.jsonl";
+
 const JOURNAL_FILE: &str = "journal.jsonl";
+
 const LOGS_DIR: &str = "logs";
 
 /// Tuning knobs; the defaults suit production.
@@ -158,11 +163,6 @@ impl Line {
         }
         keys
     }
-}
-
-#[derive(Serialize, Deserialize)]
-struct Layout {
-    layout_version: u32,
 }
 
 pub struct FsBackend {
@@ -295,91 +295,6 @@ impl FsBackend {
     }
 }
 
-fn check_layout(dir: &Path) -> Result<()> {
-    let path = dir.join(LAYOUT_FILE);
-    match read_layout(&path) {
-        Ok(layout) => {
-            if layout.layout_version > LAYOUT_VERSION {
-                return Err(Error::Layout(format!(
-                    "data dir {} has layout version {}, newer than this build supports ({LAYOUT_VERSION}); \
-                     run a newer orchestrator or restore a backup",
-                    dir.display(),
-                    layout.layout_version
-                )));
-            }
-            // Older layouts would be upgraded forward here, one version at a time.
-            Ok(())
-        }
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
-                return Err(Error::Layout(format!(
-                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
-                    dir.display()
-                )));
-            }
-            let json = serde_json::to_vec_pretty(&Layout {
-                layout_version: LAYOUT_VERSION,
-            })
-            .map_err(|e| Error::io("serialize layout", std::io::Error::other(e)))?;
-            write_atomically(&path, &json)
-                .map_err(|e| Error::io(format!("write {}", path.display()), e))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Reads and parses `layout.json`; a missing file is an `Io` error of kind
-/// `NotFound`.
-fn read_layout(path: &Path) -> Result<Layout> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Layout(format!(
-            "{} is not a valid layout file: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// The data dir's layout against this build, read without the lock and
-/// without changing anything: `orchestrator db status`.
-pub(crate) fn layout_status(dir: &Path) -> Result<SchemaStatus> {
-    let path = dir.join(LAYOUT_FILE);
-    let on_disk = match read_layout(&path) {
-        Ok(layout) => layout.layout_version,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
-                return Err(Error::Layout(format!(
-                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
-                    dir.display()
-                )));
-            }
-            0
-        }
-        Err(e) => return Err(e),
-    };
-    let entries = (1..=on_disk.max(LAYOUT_VERSION))
-        .map(|version| SchemaEntry {
-            version,
-            name: format!("layout version {version}"),
-            state: if version > LAYOUT_VERSION {
-                EntryState::Unknown
-            } else if version <= on_disk {
-                EntryState::Applied
-            } else {
-                EntryState::Pending
-            },
-            checksum: None,
-            applied_at: None,
-        })
-        .collect();
-    Ok(SchemaStatus {
-        backend: "filesystem",
-        location: dir.display().to_string(),
-        entries,
-    })
-}
-
 #[derive(PartialEq)]
 enum TornTail {
     /// The journal may end in a write cut short by a crash: drop it.
@@ -435,105 +350,6 @@ fn replay(path: &Path, state: &mut State, torn_tail: TornTail) -> Result<u64> {
         offset += line.len() + 1;
     }
     Ok(offset as u64)
-}
-
-/// Appends each piece to its log (`paths`, in the same order), which must
-/// be exactly its offset long (else [`Error::Conflict`]), then makes them
-/// all durable with one sync of the filesystem, new names included,
-/// instead of two syncs per file.
-fn write_log_pieces(pieces: &[LogPiece], logs_dir: &Path) -> Result<()> {
-    for piece in pieces {
-        let path = &log_path(logs_dir, piece.task);
-        let io = |e| Error::io(format!("write {}", path.display()), e);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
-        let found = file.metadata().map_err(io)?.len();
-        if found != piece.offset {
-            return Err(Error::Conflict {
-                what: "task log",
-                id: piece.task.to_string(),
-                expected: piece.offset,
-                found,
-            });
-        }
-        file.write_all(&piece.data).map_err(io)?;
-    }
-    let dir =
-        File::open(logs_dir).map_err(|e| Error::io(format!("open {}", logs_dir.display()), e))?;
-    nix::unistd::syncfs(&dir).map_err(|e| {
-        Error::io(
-            format!("sync {}", logs_dir.display()),
-            std::io::Error::from(e),
-        )
-    })
-}
-
-// Task logs are one file each, `logs/<task-id>.log`, for the service's
-// store and the migration's indexed one alike.
-
-pub(crate) fn log_path(logs_dir: &Path, id: TaskId) -> PathBuf {
-    logs_dir.join(format!("{id}.log"))
-}
-
-/// Each task's log length in bytes, 0 for none, in the order asked.
-pub(crate) fn log_file_lengths(logs_dir: &Path, ids: &[TaskId]) -> Result<Vec<u64>> {
-    ids.iter()
-        .map(|id| log_file_length(&log_path(logs_dir, *id)))
-        .collect()
-}
-
-/// A log file's length in bytes, 0 for none.
-fn log_file_length(path: &Path) -> Result<u64> {
-    match std::fs::metadata(path) {
-        Ok(meta) => Ok(meta.len()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
-    }
-}
-
-/// [`write_log_pieces`] off the async runtime.
-pub(crate) async fn import_log_files(logs_dir: &Path, pieces: &[LogPiece]) -> Result<()> {
-    let pieces = pieces.to_vec();
-    let logs_dir = logs_dir.to_owned();
-    tokio::task::spawn_blocking(move || write_log_pieces(&pieces, &logs_dir))
-        .await
-        .map_err(|e| Error::io("write task logs", std::io::Error::other(e)))?
-}
-
-/// [`read_log_file`] of each ask: `(task, offset, max_bytes)`.
-pub(crate) fn read_log_files(
-    logs_dir: &Path,
-    asks: &[(TaskId, u64, usize)],
-) -> Result<Vec<LogChunk>> {
-    asks.iter()
-        .map(|&(id, offset, max_bytes)| read_log_file(&log_path(logs_dir, id), offset, max_bytes))
-        .collect()
-}
-
-/// Up to `max_bytes` of a task's log file from `offset`; a missing file is
-/// an empty log.
-pub(crate) fn read_log_file(path: &Path, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(LogChunk {
-                data: Vec::new(),
-                next_offset: offset,
-            });
-        }
-        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
-    };
-    let mut data = Vec::new();
-    file.seek(SeekFrom::Start(offset))
-        .and_then(|_| file.take(max_bytes as u64).read_to_end(&mut data))
-        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    Ok(LogChunk {
-        next_offset: offset + data.len() as u64,
-        data,
-    })
 }
 
 /// Which file a path names right now (device and inode), to notice a
@@ -746,6 +562,48 @@ impl NodeStore for FsBackend {
 }
 
 #[async_trait]
+impl AccessStore for FsBackend {
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.write(Line::Token(token.clone())).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        Ok(self.lock_state().tokens().cloned().collect())
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.write(Line::Secret(secret.clone())).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.record(RecordKind::Secret, name).is_none() {
+                return Ok(false);
+            }
+            let line = Line::SecretDeleted {
+                name: name.to_owned(),
+            };
+            self.commit(&mut state, line)?
+        };
+        pending.durable().await?;
+        Ok(true)
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        Ok(self.lock_state().secrets().cloned().collect())
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.write(Line::Audit(record.clone())).await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        Ok(self.lock_state().list_audit(query))
+    }
+}
+
+#[async_trait]
 impl BulkTransfer for FsBackend {
     fn name(&self) -> &'static str {
         "filesystem"
@@ -823,48 +681,6 @@ impl BulkTransfer for FsBackend {
 
     async fn close(&self) -> Result<()> {
         Backend::close(self).await
-    }
-}
-
-#[async_trait]
-impl AccessStore for FsBackend {
-    async fn put_token(&self, token: &ApiToken) -> Result<()> {
-        self.write(Line::Token(token.clone())).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        Ok(self.lock_state().tokens().cloned().collect())
-    }
-
-    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
-        self.write(Line::Secret(secret.clone())).await
-    }
-
-    async fn delete_secret(&self, name: &str) -> Result<bool> {
-        let pending = {
-            let mut state = self.lock_state();
-            if state.record(RecordKind::Secret, name).is_none() {
-                return Ok(false);
-            }
-            let line = Line::SecretDeleted {
-                name: name.to_owned(),
-            };
-            self.commit(&mut state, line)?
-        };
-        pending.durable().await?;
-        Ok(true)
-    }
-
-    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
-        Ok(self.lock_state().secrets().cloned().collect())
-    }
-
-    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
-        self.write(Line::Audit(record.clone())).await
-    }
-
-    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        Ok(self.lock_state().list_audit(query))
     }
 }
 

@@ -1,21 +1,101 @@
-//! The storage conformance suite: everything the [`Backend`] trait promises,
-//! written once against `Storage` and run for each backend.
+//! The storage conformance suites: what each trait promises, written once
+//! against the trait object and run for each backend, so that backends
+//! cannot drift apart. [`suite`] runs every suite on a writable store;
+//! [`read_only_bulk_suite`] is the bulk suite of a store opened to be
+//! copied from.
+//!
+//! Each check of the task store starts from an empty store (some count
+//! what the store holds); the other suites take one store each.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
+use futures_util::future::join_all;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord};
 use orchestrator_core::{
-    Priority, Task, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
+    Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
-use orchestrator_storage::{AuditQuery, Error, Storage, TaskQuery, WorkflowQuery};
+use orchestrator_storage::{
+    AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind, Storage,
+    TaskQuery, TaskStore, WorkflowQuery,
+};
 use serde_json::json;
 
+/// Opens a fresh, empty store.
+pub trait Harness {
+    async fn open(&self) -> Storage;
+}
+
+/// Every suite of a writable store.
+pub async fn suite(harness: &impl Harness) {
+    task_store_suite(harness).await;
+    node_store_suite(harness.open().await.nodes()).await;
+    access_store_suite(harness.open().await.access()).await;
+    bulk_transfer_suite(harness.open().await.transfer()).await;
+}
+
+/// What [`TaskStore`] promises: each check on a fresh store from `harness`.
+pub async fn task_store_suite(harness: &impl Harness) {
+    insert_and_read_back(harness.open().await.tasks()).await;
+    compare_and_set_updates(harness.open().await.tasks()).await;
+    concurrent_claims_hand_out_each_task_once(harness.open().await.tasks()).await;
+    listing_orders_filters_and_pages(harness.open().await.tasks()).await;
+    large_and_unicode_payloads(harness.open().await.tasks()).await;
+    logs_append_and_read_from_offsets(harness.open().await.tasks()).await;
+    log_appends_return_the_new_length(harness.open().await.tasks()).await;
+    duplicate_inserts_are_refused(harness.open().await.tasks()).await;
+    workflows_update_by_compare_and_set_and_grow_atomically(harness.open().await.tasks()).await;
+    idempotency_keys_and_revisions_are_unique(harness.open().await.tasks()).await;
+    workflows_filter_by_every_field(harness.open().await.tasks()).await;
+    racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
+}
+
+/// What [`NodeStore`] promises.
+pub async fn node_store_suite(store: &dyn NodeStore) {
+    heartbeats_keep_the_latest_per_node(store).await;
+    only_a_shared_store_has_a_change_feed(store);
+}
+
+/// What [`AccessStore`] promises, on an empty store.
+pub async fn access_store_suite(store: &dyn AccessStore) {
+    tokens_secrets_and_audit_records(store).await;
+}
+
+/// What [`BulkTransfer`] promises, on an empty writable store: records and
+/// logs imported come back from every read as they were given, and a
+/// second import changes nothing.
+pub async fn bulk_transfer_suite(store: &dyn BulkTransfer) {
+    let fixture = BulkFixture::new();
+    fixture.import_into(store).await;
+    bulk_reads_return_what_is_stored(store, &fixture).await;
+    imports_replace_and_repeat_harmlessly(store, &fixture).await;
+    log_imports_start_exactly_at_the_length(store, &fixture).await;
+}
+
+/// What [`BulkTransfer`] promises on a store opened read-only, holding
+/// `fixture` (imported through a writable open of the same store): every
+/// read, and every write refused.
+pub async fn read_only_bulk_suite(store: &dyn BulkTransfer, fixture: &BulkFixture) {
+    bulk_reads_return_what_is_stored(store, fixture).await;
+    let refused = store.import(&[]).await;
+    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+    let refused = store.import(&fixture.records[..1]).await;
+    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+    let refused = store.import_logs(&fixture.logs[..1]).await;
+    assert!(matches!(refused, Err(Error::ReadOnly(_))), "{refused:?}");
+    bulk_reads_return_what_is_stored(store, fixture).await;
+}
+
+fn only_a_shared_store_has_a_change_feed(store: &dyn NodeStore) {
+    // Only a store that several nodes share has changes the engine does not
+    // make itself.
+    assert_eq!(store.changes().is_some(), store.shared());
+}
+
 /// A workflow's tasks as owned records, to compare with what was stored.
-pub async fn workflow_tasks(store: &Storage, id: orchestrator_core::WorkflowId) -> Vec<Task> {
+pub async fn workflow_tasks(store: &dyn TaskStore, id: orchestrator_core::WorkflowId) -> Vec<Task> {
     store
-        .tasks()
         .workflow_tasks(id)
         .await
         .unwrap()
@@ -51,70 +131,27 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
     (workflow, tasks)
 }
 
-/// Opens a fresh, empty store and the means to reopen it on the same data.
-pub trait Harness {
-    async fn open(&self) -> Storage;
-}
-
-pub async fn suite(harness: &impl Harness) {
-    insert_and_read_back(&harness.open().await).await;
-    compare_and_set_updates(&harness.open().await).await;
-    concurrent_claims_hand_out_each_task_once(&harness.open().await).await;
-    listing_orders_filters_and_pages(&harness.open().await).await;
-    large_and_unicode_payloads(&harness.open().await).await;
-    logs_append_and_read_from_offsets(&harness.open().await).await;
-    log_appends_return_the_new_length(&harness.open().await).await;
-    duplicate_inserts_are_refused(&harness.open().await).await;
-    workflows_update_by_compare_and_set_and_grow_atomically(&harness.open().await).await;
-    idempotency_keys_and_revisions_are_unique(&harness.open().await).await;
-    workflows_filter_by_every_field(&harness.open().await).await;
-    heartbeats_keep_the_latest_per_node(&harness.open().await).await;
-    tokens_secrets_and_audit_records(&harness.open().await).await;
-    racing_workflow_updates_win_or_conflict(&harness.open().await).await;
-}
-
 /// Many writers on one workflow at once, as when several steps finish
 /// together: each write either lands or is told `Conflict` (and re-reads);
 /// none fails for any other reason, and none is lost.
-async fn racing_workflow_updates_win_or_conflict(store: &Storage) {
+async fn racing_workflow_updates_win_or_conflict(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
-    let writers: Vec<_> = (0..8)
-        .map(|writer| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                for round in 0..5 {
-                    loop {
-                        let mut current = store
-                            .tasks()
-                            .get_workflow(workflow.id)
-                            .await
-                            .unwrap()
-                            .unwrap();
-                        current.description = Some(format!("writer {writer} round {round}"));
-                        match store.tasks().update_workflow(&current, &[]).await {
-                            Ok(_) => break,
-                            Err(Error::Conflict { .. }) => continue,
-                            Err(e) => panic!("writer {writer}: {e}"),
-                        }
-                    }
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let writers = (0..8).map(|writer| async move {
+        for round in 0..5 {
+            loop {
+                let mut current = store.get_workflow(workflow.id).await.unwrap().unwrap();
+                current.description = Some(format!("writer {writer} round {round}"));
+                match store.update_workflow(&current, &[]).await {
+                    Ok(_) => break,
+                    Err(Error::Conflict { .. }) => continue,
+                    Err(e) => panic!("writer {writer}: {e}"),
                 }
-            })
-        })
-        .collect();
-    for writer in writers {
-        writer.await.unwrap();
-    }
-    let stored = store
-        .tasks()
-        .get_workflow(workflow.id)
-        .await
-        .unwrap()
-        .unwrap();
+            }
+        }
+    });
+    join_all(writers).await;
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
     assert_eq!(
         stored.version,
         workflow.version + 40,
@@ -141,7 +178,7 @@ pub fn audit_record(
     }
 }
 
-async fn tokens_secrets_and_audit_records(store: &Storage) {
+async fn tokens_secrets_and_audit_records(store: &dyn AccessStore) {
     let now = Utc::now();
     let token = ApiToken::new(
         "0190aa".into(),
@@ -150,11 +187,11 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         "orch_0190aa_x",
         now,
     );
-    store.access().put_token(&token).await.unwrap();
+    store.put_token(&token).await.unwrap();
     let mut revoked = token.clone();
     revoked.revoked_at = Some(now);
     revoked.version += 1;
-    store.access().put_token(&revoked).await.unwrap();
+    store.put_token(&revoked).await.unwrap();
     let other = ApiToken::new(
         "0190bb".into(),
         "ops".into(),
@@ -162,8 +199,8 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         "orch_0190bb_y",
         now,
     );
-    store.access().put_token(&other).await.unwrap();
-    assert_eq!(store.access().tokens().await.unwrap(), vec![revoked, other]);
+    store.put_token(&other).await.unwrap();
+    assert_eq!(store.tokens().await.unwrap(), vec![revoked, other]);
 
     let secret = SecretRecord {
         name: "db.password".into(),
@@ -173,15 +210,15 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         updated_at: now,
         version: 0,
     };
-    store.access().put_secret(&secret).await.unwrap();
+    store.put_secret(&secret).await.unwrap();
     let mut changed = secret.clone();
     changed.ciphertext = "b3RoZXI=".into();
     changed.version = 1;
-    store.access().put_secret(&changed).await.unwrap();
-    assert_eq!(store.access().secrets().await.unwrap(), vec![changed]);
-    assert!(store.access().delete_secret("db.password").await.unwrap());
-    assert!(!store.access().delete_secret("db.password").await.unwrap());
-    assert!(store.access().secrets().await.unwrap().is_empty());
+    store.put_secret(&changed).await.unwrap();
+    assert_eq!(store.secrets().await.unwrap(), vec![changed]);
+    assert!(store.delete_secret("db.password").await.unwrap());
+    assert!(!store.delete_secret("db.password").await.unwrap());
+    assert!(store.secrets().await.unwrap().is_empty());
 
     let early = now - chrono::Duration::seconds(60);
     let records = [
@@ -190,14 +227,14 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
         audit_record("ops", "token.create", Some("0190bb"), now),
     ];
     for record in &records {
-        store.access().append_audit(record).await.unwrap();
+        store.append_audit(record).await.unwrap();
     }
     let list = |query: AuditQuery| async move {
         let query = AuditQuery {
             limit: if query.limit == 0 { 10 } else { query.limit },
             ..query
         };
-        let page = store.access().list_audit(&query).await.unwrap();
+        let page = store.list_audit(&query).await.unwrap();
         (
             page.items.into_iter().map(|r| r.action).collect::<Vec<_>>(),
             page.total,
@@ -246,7 +283,6 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
     };
     assert_eq!(list(paged).await, (vec!["task.cancel".into()], 3));
     let stored = store
-        .access()
         .list_audit(&AuditQuery {
             limit: 10,
             ..Default::default()
@@ -256,7 +292,7 @@ async fn tokens_secrets_and_audit_records(store: &Storage) {
     assert_eq!(stored.items[2], records[0], "stored as given");
 }
 
-async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
+async fn heartbeats_keep_the_latest_per_node(store: &dyn NodeStore) {
     let started = Utc::now();
     let node = |id: &str, seconds: i64| orchestrator_core::Node {
         id: id.to_owned(),
@@ -264,37 +300,29 @@ async fn heartbeats_keep_the_latest_per_node(store: &Storage) {
         started_at: started,
         last_seen: started + chrono::Duration::seconds(seconds),
     };
-    store.nodes().heartbeat(&node("node-a", 0)).await.unwrap();
-    store.nodes().heartbeat(&node("node-b", 1)).await.unwrap();
-    store.nodes().heartbeat(&node("node-a", 5)).await.unwrap();
-    let mut nodes = store.nodes().nodes().await.unwrap();
+    store.heartbeat(&node("node-a", 0)).await.unwrap();
+    store.heartbeat(&node("node-b", 1)).await.unwrap();
+    store.heartbeat(&node("node-a", 5)).await.unwrap();
+    let mut nodes = store.nodes().await.unwrap();
     nodes.retain(|n| n.id == "node-a" || n.id == "node-b");
     nodes.sort_by(|x, y| x.id.cmp(&y.id));
     assert_eq!(nodes, vec![node("node-a", 5), node("node-b", 1)]);
 }
 
-async fn insert_and_read_back(store: &Storage) {
+async fn insert_and_read_back(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(3);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     assert_eq!(
-        store.tasks().get_workflow(workflow.id).await.unwrap(),
+        store.get_workflow(workflow.id).await.unwrap(),
         Some(workflow.clone())
     );
     for task in &tasks {
-        assert_eq!(
-            store.tasks().get_task(task.id).await.unwrap().as_ref(),
-            Some(task)
-        );
+        assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
     }
     assert_eq!(workflow_tasks(store, workflow.id).await, tasks);
-    assert_eq!(store.tasks().unfinished_tasks().await.unwrap(), tasks);
+    assert_eq!(store.unfinished_tasks().await.unwrap(), tasks);
     assert_eq!(
         store
-            .tasks()
             .get_task(orchestrator_core::TaskId::new())
             .await
             .unwrap(),
@@ -302,21 +330,17 @@ async fn insert_and_read_back(store: &Storage) {
     );
 }
 
-async fn compare_and_set_updates(store: &Storage) {
+async fn compare_and_set_updates(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     let mut task = tasks[0].clone();
     task.start(Utc::now()).unwrap();
-    let stored = store.tasks().update_task(&task).await.unwrap();
+    let stored = store.update_task(&task).await.unwrap();
     assert_eq!(stored.version, task.version + 1);
     assert_eq!(stored.status, TaskStatus::Running);
 
     // The same stale copy can not be written twice.
-    let err = store.tasks().update_task(&task).await.unwrap_err();
+    let err = store.update_task(&task).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -331,70 +355,49 @@ async fn compare_and_set_updates(store: &Storage) {
 
     let mut next = stored.clone();
     next.complete(json!({"ok": true}), Utc::now()).unwrap();
-    let done = store.tasks().update_task(&next).await.unwrap();
-    assert_eq!(store.tasks().get_task(task.id).await.unwrap(), Some(done));
-    assert!(store.tasks().unfinished_tasks().await.unwrap().is_empty());
+    let done = store.update_task(&next).await.unwrap();
+    assert_eq!(store.get_task(task.id).await.unwrap(), Some(done));
+    assert!(store.unfinished_tasks().await.unwrap().is_empty());
 
     let (_, strangers) = workflow_with_tasks(1);
     assert!(matches!(
-        store.tasks().update_task(&strangers[0]).await,
+        store.update_task(&strangers[0]).await,
         Err(Error::TaskNotFound(_))
     ));
 }
 
-async fn concurrent_claims_hand_out_each_task_once(store: &Storage) {
+async fn concurrent_claims_hand_out_each_task_once(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(20);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     // Eight claimers race for every task; each claim is a CAS from the
     // version they read.
-    let mut handles = Vec::new();
-    for _ in 0..8 {
-        let store = store.clone();
-        let tasks = tasks.clone();
-        handles.push(tokio::spawn(async move {
-            let mut won = Vec::new();
-            for task in tasks {
-                let mut claim = task.clone();
-                claim.start(Utc::now()).unwrap();
-                if store.tasks().update_task(&claim).await.is_ok() {
-                    won.push(task.id);
-                }
+    let claimers = (0..8).map(|_| async {
+        let mut won = Vec::new();
+        for task in &tasks {
+            let mut claim = task.clone();
+            claim.start(Utc::now()).unwrap();
+            if store.update_task(&claim).await.is_ok() {
+                won.push(task.id);
             }
-            won
-        }));
-    }
-    let mut winners = Vec::new();
-    for handle in handles {
-        winners.extend(handle.await.unwrap());
-    }
+        }
+        won
+    });
+    let winners: Vec<_> = join_all(claimers).await.into_iter().flatten().collect();
     let unique: HashSet<_> = winners.iter().collect();
     assert_eq!(winners.len(), 20, "every task claimed exactly once");
     assert_eq!(unique.len(), 20);
 }
 
-async fn listing_orders_filters_and_pages(store: &Storage) {
+async fn listing_orders_filters_and_pages(store: &dyn TaskStore) {
     let (workflow_a, tasks_a) = workflow_with_tasks(5);
     let (workflow_b, tasks_b) = workflow_with_tasks(4);
-    store
-        .tasks()
-        .insert_workflow(&workflow_a, &tasks_a)
-        .await
-        .unwrap();
-    store
-        .tasks()
-        .insert_workflow(&workflow_b, &tasks_b)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow_a, &tasks_a).await.unwrap();
+    store.insert_workflow(&workflow_b, &tasks_b).await.unwrap();
     let mut running = tasks_b[1].clone();
     running.start(Utc::now()).unwrap();
-    store.tasks().update_task(&running).await.unwrap();
+    store.update_task(&running).await.unwrap();
 
     let all = store
-        .tasks()
         .list_tasks(&TaskQuery {
             limit: 100,
             ..Default::default()
@@ -408,7 +411,6 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(ids, newest_first, "newest first");
 
     let by_workflow = store
-        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_a.id),
             limit: 2,
@@ -424,7 +426,6 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     );
 
     let running_in_b = store
-        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_b.id),
             status: Some(TaskStatus::Running),
@@ -437,7 +438,6 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(running_in_b.items[0].id, running.id);
 
     let queued = store
-        .tasks()
         .list_tasks(&TaskQuery {
             status: Some(TaskStatus::Queued),
             limit: 1000,
@@ -449,7 +449,6 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert!(!queued.items.iter().any(|t| t.id == running.id));
 
     let past_the_end = store
-        .tasks()
         .list_tasks(&TaskQuery {
             workflow: Some(workflow_a.id),
             limit: 10,
@@ -462,7 +461,6 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(past_the_end.total, 5);
 
     let workflows = store
-        .tasks()
         .list_workflows(&WorkflowQuery {
             limit: 1,
             ..Default::default()
@@ -472,61 +470,47 @@ async fn listing_orders_filters_and_pages(store: &Storage) {
     assert_eq!(workflows.items[0].id, workflow_b.id);
 }
 
-async fn large_and_unicode_payloads(store: &Storage) {
+async fn large_and_unicode_payloads(store: &dyn TaskStore) {
     let (workflow, mut tasks) = workflow_with_tasks(1);
     let big = "ü—🚀".repeat(100_000);
     tasks[0].input = json!({"blob": big, "nested": {"list": [1, 2.5, null, "x"]}});
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
-    let read = store.tasks().get_task(tasks[0].id).await.unwrap().unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let read = store.get_task(tasks[0].id).await.unwrap().unwrap();
     assert_eq!(read.input, tasks[0].input);
 }
 
-async fn logs_append_and_read_from_offsets(store: &Storage) {
+async fn logs_append_and_read_from_offsets(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(1);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     let id = tasks[0].id;
-    let empty = store.tasks().read_log(id, 0, 1024).await.unwrap();
+    let empty = store.read_log(id, 0, 1024).await.unwrap();
     assert!(empty.data.is_empty());
     store
-        .tasks()
         .append_log(id, "line one ✓\n".as_bytes())
         .await
         .unwrap();
-    store.tasks().append_log(id, b"line two\n").await.unwrap();
-    let all = store.tasks().read_log(id, 0, 1 << 20).await.unwrap();
+    store.append_log(id, b"line two\n").await.unwrap();
+    let all = store.read_log(id, 0, 1 << 20).await.unwrap();
     assert_eq!(
         String::from_utf8(all.data).unwrap(),
         "line one ✓\nline two\n"
     );
     let tail = store
-        .tasks()
         .read_log(id, all.next_offset - 9, 1 << 20)
         .await
         .unwrap();
     assert_eq!(tail.data, b"line two\n");
     assert_eq!(tail.next_offset, all.next_offset);
-    let limited = store.tasks().read_log(id, 0, 4).await.unwrap();
+    let limited = store.read_log(id, 0, 4).await.unwrap();
     assert_eq!(limited.data, b"line");
     assert_eq!(limited.next_offset, 4);
 }
 
-async fn log_appends_return_the_new_length(store: &Storage) {
+async fn log_appends_return_the_new_length(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(2);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     let (id, other) = (tasks[0].id, tasks[1].id);
-    let log = store.tasks();
+    let log = store;
     assert_eq!(log.append_log(id, "ünï\n".as_bytes()).await.unwrap(), 6);
     assert_eq!(log.append_log(id, b"two\n").await.unwrap(), 10);
     assert_eq!(log.append_log(other, b"x").await.unwrap(), 1, "per task");
@@ -540,38 +524,22 @@ async fn log_appends_return_the_new_length(store: &Storage) {
     assert_eq!(log.append_log(never, b"").await.unwrap(), 0, "no log yet");
     // Concurrent appends to one log: each length is where its own chunk
     // ends, so they are all different and the last is the whole log.
-    let appends: Vec<_> = (0..8)
-        .map(|_| {
-            let store = store.clone();
-            tokio::spawn(async move { store.tasks().append_log(id, b"0123456789").await })
-        })
+    let appends = (0..8).map(|_| store.append_log(id, b"0123456789"));
+    let mut lengths: Vec<u64> = join_all(appends)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
         .collect();
-    let mut lengths = Vec::new();
-    for append in appends {
-        lengths.push(append.await.unwrap().unwrap());
-    }
     lengths.sort_unstable();
     assert_eq!(lengths, (1..=8).map(|n| 10 + 10 * n).collect::<Vec<u64>>());
     let all = log.read_log(id, 0, 1 << 20).await.unwrap();
     assert_eq!(all.next_offset, 90);
-    assert_eq!(
-        store.transfer().log_lengths(&[id, other]).await.unwrap(),
-        vec![90, 1]
-    );
 }
 
-async fn duplicate_inserts_are_refused(store: &Storage) {
+async fn duplicate_inserts_are_refused(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(2);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
-    let err = store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap_err();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    let err = store.insert_workflow(&workflow, &tasks).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -584,13 +552,9 @@ async fn duplicate_inserts_are_refused(store: &Storage) {
     );
 }
 
-async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage) {
+async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &dyn TaskStore) {
     let (mut workflow, tasks) = workflow_with_tasks(1);
-    store
-        .tasks()
-        .insert_workflow(&workflow, &tasks)
-        .await
-        .unwrap();
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
     let (_, extra) = workflow_with_tasks(2);
     let extra: Vec<Task> = extra
         .into_iter()
@@ -601,33 +565,17 @@ async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage
         .collect();
     workflow.status = WorkflowStatus::RollingBack;
     workflow.task_ids.extend(extra.iter().map(|t| t.id));
-    let stored = store
-        .tasks()
-        .update_workflow(&workflow, &extra)
-        .await
-        .unwrap();
+    let stored = store.update_workflow(&workflow, &extra).await.unwrap();
     assert_eq!(stored.version, 1);
     assert_eq!(
-        store.tasks().get_workflow(workflow.id).await.unwrap(),
+        store.get_workflow(workflow.id).await.unwrap(),
         Some(stored.clone())
     );
-    assert_eq!(
-        store
-            .tasks()
-            .workflow_tasks(workflow.id)
-            .await
-            .unwrap()
-            .len(),
-        3
-    );
+    assert_eq!(store.workflow_tasks(workflow.id).await.unwrap().len(), 3);
 
     // A stale version is refused and adds nothing.
     let (_, more) = workflow_with_tasks(1);
-    let err = store
-        .tasks()
-        .update_workflow(&workflow, &more)
-        .await
-        .unwrap_err();
+    let err = store.update_workflow(&workflow, &more).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -638,27 +586,23 @@ async fn workflows_update_by_compare_and_set_and_grow_atomically(store: &Storage
         ),
         "{err}"
     );
-    assert_eq!(store.tasks().get_task(more[0].id).await.unwrap(), None);
+    assert_eq!(store.get_task(more[0].id).await.unwrap(), None);
 
     let (stranger, _) = workflow_with_tasks(0);
     assert!(matches!(
-        store.tasks().update_workflow(&stranger, &[]).await,
+        store.update_workflow(&stranger, &[]).await,
         Err(Error::WorkflowNotFound(_))
     ));
 }
 
-async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
+async fn idempotency_keys_and_revisions_are_unique(store: &dyn TaskStore) {
     let key = format!("key-{}", WorkflowId::new());
     let (mut first, tasks) = workflow_with_tasks(1);
     first.idempotency_key = Some(key.clone());
-    store.tasks().insert_workflow(&first, &tasks).await.unwrap();
+    store.insert_workflow(&first, &tasks).await.unwrap();
     let (mut second, tasks) = workflow_with_tasks(1);
     second.idempotency_key = Some(key.clone());
-    let err = store
-        .tasks()
-        .insert_workflow(&second, &tasks)
-        .await
-        .unwrap_err();
+    let err = store.insert_workflow(&second, &tasks).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -670,12 +614,11 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
         "{err}"
     );
     assert_eq!(
-        store.tasks().get_task(tasks[0].id).await.unwrap(),
+        store.get_task(tasks[0].id).await.unwrap(),
         None,
         "nothing of a refused insert is kept"
     );
     let found = store
-        .tasks()
         .list_workflows(&WorkflowQuery {
             idempotency_key: Some(key),
             limit: 10,
@@ -688,14 +631,10 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     let reference = format!("ref-{}", WorkflowId::new());
     let (mut one, tasks) = workflow_with_tasks(1);
     one.reference = Some(reference.clone());
-    store.tasks().insert_workflow(&one, &tasks).await.unwrap();
+    store.insert_workflow(&one, &tasks).await.unwrap();
     let (mut clash, tasks) = workflow_with_tasks(1);
     clash.reference = Some(reference.clone());
-    let err = store
-        .tasks()
-        .insert_workflow(&clash, &tasks)
-        .await
-        .unwrap_err();
+    let err = store.insert_workflow(&clash, &tasks).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -708,9 +647,8 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     );
     clash.revision = 2;
     clash.previous_revision = Some(one.id);
-    store.tasks().insert_workflow(&clash, &tasks).await.unwrap();
+    store.insert_workflow(&clash, &tasks).await.unwrap();
     let revisions = store
-        .tasks()
         .list_workflows(&WorkflowQuery {
             reference: Some(reference),
             limit: 10,
@@ -722,21 +660,20 @@ async fn idempotency_keys_and_revisions_are_unique(store: &Storage) {
     assert_eq!(revisions.items[0].revision, 2, "newest first");
 }
 
-async fn workflows_filter_by_every_field(store: &Storage) {
+async fn workflows_filter_by_every_field(store: &dyn TaskStore) {
     let trace = format!("trace-{}", WorkflowId::new());
     let kind = format!("kind-{}", WorkflowId::new());
     let (mut a, tasks_a) = workflow_with_tasks(1);
     a.trace_id = Some(trace.clone());
     a.kind = kind.clone();
-    store.tasks().insert_workflow(&a, &tasks_a).await.unwrap();
+    store.insert_workflow(&a, &tasks_a).await.unwrap();
     let (mut b, tasks_b) = workflow_with_tasks(1);
     b.kind = kind.clone();
     b.status = WorkflowStatus::Completed;
-    store.tasks().insert_workflow(&b, &tasks_b).await.unwrap();
+    store.insert_workflow(&b, &tasks_b).await.unwrap();
 
     let query = |q: WorkflowQuery| async move {
         store
-            .tasks()
             .list_workflows(&WorkflowQuery { limit: 100, ..q })
             .await
             .unwrap()
@@ -771,7 +708,6 @@ async fn workflows_filter_by_every_field(store: &Storage) {
         vec![b.id]
     );
     let page = store
-        .tasks()
         .list_workflows(&WorkflowQuery {
             limit: 1,
             offset: 1,
@@ -781,4 +717,245 @@ async fn workflows_filter_by_every_field(store: &Storage) {
         .unwrap();
     assert_eq!(page.items.len(), 1);
     assert!(page.total >= 2);
+}
+
+/// Records of every kind, and task logs in pieces, for the bulk suites.
+pub struct BulkFixture {
+    /// Workflows, then tasks, tokens, secrets and audit records.
+    pub records: Vec<Record>,
+    /// Log pieces, two of them for one task.
+    pub logs: Vec<LogPiece>,
+    /// Each log whole, by task.
+    log_of: BTreeMap<TaskId, Vec<u8>>,
+    /// A task with no log.
+    quiet: TaskId,
+}
+
+impl BulkFixture {
+    pub fn new() -> BulkFixture {
+        let now = Utc::now();
+        let (first, first_tasks) = workflow_with_tasks(3);
+        let (second, second_tasks) = workflow_with_tasks(2);
+        let mut records = vec![Record::Workflow(first), Record::Workflow(second)];
+        records.extend(
+            first_tasks
+                .iter()
+                .chain(&second_tasks)
+                .cloned()
+                .map(Record::Task),
+        );
+        for (id, name) in [("0190aa", "ci"), ("0190bb", "ops")] {
+            let token = ApiToken::new(id.into(), name.into(), Role::Operator, "orch_x", now);
+            records.push(Record::Token(token));
+        }
+        for name in ["api_key", "db.password"] {
+            records.push(Record::Secret(SecretRecord {
+                name: name.into(),
+                nonce: "bm9uY2U=".into(),
+                ciphertext: "Y2lwaGVy".into(),
+                created_at: now,
+                updated_at: now,
+                version: 1,
+            }));
+        }
+        for action in ["workflow.submit", "task.cancel", "token.create"] {
+            records.push(Record::Audit(audit_record("ci", action, Some("w1"), now)));
+        }
+        let piece = |task: &Task, offset: u64, data: &str| LogPiece {
+            task: task.id,
+            offset,
+            data: data.as_bytes().to_vec(),
+        };
+        let logs = vec![
+            piece(&first_tasks[0], 0, "first "),
+            piece(&first_tasks[0], 6, "second ✓\n"),
+            piece(&second_tasks[1], 0, "only\n"),
+        ];
+        let mut log_of: BTreeMap<TaskId, Vec<u8>> = BTreeMap::new();
+        for piece in &logs {
+            log_of
+                .entry(piece.task)
+                .or_default()
+                .extend_from_slice(&piece.data);
+        }
+        BulkFixture {
+            records,
+            logs,
+            log_of,
+            quiet: first_tasks[1].id,
+        }
+    }
+
+    /// Imports the records and the logs.
+    pub async fn import_into(&self, store: &dyn BulkTransfer) {
+        store.import(&self.records).await.unwrap();
+        store.import_logs(&self.logs).await.unwrap();
+    }
+
+    /// The records of `kind` as JSON, by key.
+    fn of_kind(&self, kind: RecordKind) -> BTreeMap<String, Vec<u8>> {
+        self.records
+            .iter()
+            .filter(|r| r.kind() == kind)
+            .map(|r| (r.key(), r.to_json()))
+            .collect()
+    }
+}
+
+/// A log whole, read through `read_logs` as a migration reads it: on from
+/// each answer's `next_offset` until an answer is empty.
+async fn read_whole_log(store: &dyn BulkTransfer, task: TaskId) -> Vec<u8> {
+    let mut log = Vec::new();
+    loop {
+        let asks = [(task, log.len() as u64, 1 << 20)];
+        let mut answers = store.read_logs(&asks).await.unwrap();
+        assert_eq!(answers.len(), 1);
+        let answer = answers.remove(0);
+        assert_eq!(answer.next_offset, (log.len() + answer.data.len()) as u64);
+        if answer.data.is_empty() {
+            return log;
+        }
+        log.extend(answer.data);
+    }
+}
+
+async fn bulk_reads_return_what_is_stored(store: &dyn BulkTransfer, fixture: &BulkFixture) {
+    assert!(!store.name().is_empty());
+    for kind in RecordKind::ALL {
+        let expected = fixture.of_kind(kind);
+        assert_eq!(
+            store.count(kind).await.unwrap(),
+            expected.len() as u64,
+            "{kind}"
+        );
+        // Batch by batch, each after the last key of the one before.
+        let mut scanned = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let batch = store.scan(kind, after.as_deref(), 2).await.unwrap();
+            assert!(batch.len() <= 2, "{kind}: at most the limit");
+            let Some(last) = batch.last() else { break };
+            after = Some(last.key.clone());
+            for found in batch {
+                scanned.push((found.key, found.record.unwrap().to_json()));
+            }
+        }
+        let in_key_order: Vec<_> = expected.clone().into_iter().collect();
+        assert_eq!(scanned, in_key_order, "{kind}: every record, in key order");
+        // Asked in any order, with a key that holds nothing: found ones in
+        // key order.
+        let mut keys: Vec<String> = expected.keys().rev().cloned().collect();
+        keys.insert(keys.len() / 2, TaskId::new().to_string());
+        let fetched: Vec<_> = store
+            .fetch(kind, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|found| (found.key, found.record.unwrap().to_json()))
+            .collect();
+        assert_eq!(fetched, in_key_order, "{kind}: fetched by key");
+    }
+
+    let (&talkative, whole) = fixture.log_of.iter().next().unwrap();
+    let asked: Vec<TaskId> = fixture
+        .log_of
+        .keys()
+        .copied()
+        .chain([fixture.quiet, TaskId::new()])
+        .collect();
+    let mut lengths: Vec<u64> = fixture.log_of.values().map(|l| l.len() as u64).collect();
+    lengths.extend([0, 0]);
+    assert_eq!(store.log_lengths(&asked).await.unwrap(), lengths);
+    for (&task, log) in &fixture.log_of {
+        assert_eq!(&read_whole_log(store, task).await, log);
+    }
+    // Several pieces in one call, answered in the order asked; an answer
+    // may stop short, but never says more than the log holds there.
+    let asks = [(fixture.quiet, 0, 10), (talkative, 3, 4), (talkative, 0, 2)];
+    let answers = store.read_logs(&asks).await.unwrap();
+    assert_eq!(answers.len(), asks.len());
+    for (answer, &(_, offset, max_bytes)) in answers.iter().zip(&asks) {
+        assert_eq!(answer.next_offset, offset + answer.data.len() as u64);
+        assert!(answer.data.len() <= max_bytes);
+    }
+    assert!(answers[0].data.is_empty(), "no log, nothing");
+    for (answer, &(_, offset, _)) in answers.iter().zip(&asks).skip(1) {
+        let at = usize::try_from(offset).unwrap();
+        assert!(!answer.data.is_empty());
+        assert_eq!(answer.data, whole[at..at + answer.data.len()]);
+    }
+}
+
+async fn imports_replace_and_repeat_harmlessly(store: &dyn BulkTransfer, fixture: &BulkFixture) {
+    store.import(&[]).await.unwrap();
+    store.import(&fixture.records).await.unwrap();
+    for kind in RecordKind::ALL {
+        assert_eq!(
+            store.count(kind).await.unwrap(),
+            fixture.of_kind(kind).len() as u64,
+            "{kind}: imported twice, stored once"
+        );
+    }
+    let Some(Record::Task(task)) = fixture
+        .records
+        .iter()
+        .find(|r| r.kind() == RecordKind::Task)
+    else {
+        panic!("the fixture has tasks");
+    };
+    let mut changed = task.clone();
+    changed.name = "renamed".into();
+    changed.version += 3;
+    store
+        .import(&[Record::Task(changed.clone())])
+        .await
+        .unwrap();
+    let found = store
+        .fetch(RecordKind::Task, &[changed.id.to_string()])
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0].record.as_ref().unwrap(),
+        &Record::Task(changed),
+        "stored as given, version and all"
+    );
+}
+
+async fn log_imports_start_exactly_at_the_length(store: &dyn BulkTransfer, fixture: &BulkFixture) {
+    let (&task, log) = fixture.log_of.iter().next().unwrap();
+    let length = log.len() as u64;
+    let piece = |task: TaskId, offset: u64, data: &[u8]| LogPiece {
+        task,
+        offset,
+        data: data.to_vec(),
+    };
+    let conflict = |result: orchestrator_storage::Result<()>| match result {
+        Err(Error::Conflict {
+            expected, found, ..
+        }) => (expected, found),
+        other => panic!("expected Conflict: {other:?}"),
+    };
+    let overlapping = store
+        .import_logs(&[piece(task, length - 1, b"again")])
+        .await;
+    assert_eq!(conflict(overlapping), (length - 1, length));
+    let gap = store.import_logs(&[piece(fixture.quiet, 3, b"x")]).await;
+    assert_eq!(conflict(gap), (3, 0));
+    // A repeated import never writes a byte twice.
+    assert!(store.import_logs(&fixture.logs).await.is_err());
+    assert_eq!(
+        store.log_lengths(&[task, fixture.quiet]).await.unwrap(),
+        vec![length, 0],
+        "nothing of a refused import is written"
+    );
+    store.import_logs(&[]).await.unwrap();
+    store
+        .import_logs(&[piece(task, length, b"more"), piece(task, length + 4, b"!")])
+        .await
+        .unwrap();
+    assert_eq!(store.log_lengths(&[task]).await.unwrap(), vec![length + 5]);
+    let mut grown = log.clone();
+    grown.extend_from_slice(b"more!");
+    assert_eq!(read_whole_log(store, task).await, grown);
 }

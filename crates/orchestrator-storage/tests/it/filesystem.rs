@@ -47,6 +47,34 @@ async fn filesystem_passes_the_suite_while_compacting_constantly() {
     conformance::suite(&harness).await;
 }
 
+/// The bulk suite on the stores `orchestrator migrate` opens: a target
+/// opened for import, and a source opened read-only (while the service's
+/// store is open).
+#[tokio::test]
+async fn filesystem_import_targets_and_read_only_sources_pass_the_bulk_suite() {
+    let root = tempfile::tempdir().unwrap();
+    let config = |dir: &std::path::Path| orchestrator_storage::StorageConfig {
+        storage_type: orchestrator_storage::StorageType::Filesystem,
+        data_dir: dir.to_path_buf(),
+        surrealdb: Default::default(),
+    };
+    let target = orchestrator_storage::open_for_import(&config(&root.path().join("target")))
+        .await
+        .unwrap();
+    conformance::bulk_transfer_suite(&*target).await;
+    target.close().await.unwrap();
+
+    let dir = root.path().join("source");
+    let live = open(&dir, FsOptions::default()).await;
+    let fixture = conformance::BulkFixture::new();
+    fixture.import_into(live.transfer()).await;
+    let source = orchestrator_storage::open_read_only(&config(&dir))
+        .await
+        .unwrap();
+    conformance::read_only_bulk_suite(&*source, &fixture).await;
+    live.close().await.unwrap();
+}
+
 async fn open(dir: &std::path::Path, options: FsOptions) -> Storage {
     Storage::new(FsBackend::open(dir, options).await.unwrap())
 }
@@ -137,7 +165,7 @@ async fn a_torn_journal_tail_is_dropped_and_everything_before_it_kept() {
 
     let store = open(&dir, FsOptions::default()).await;
     assert_eq!(
-        crate::conformance::workflow_tasks(&store, workflow.id).await,
+        crate::conformance::workflow_tasks(store.tasks(), workflow.id).await,
         tasks
     );
     assert_eq!(std::fs::metadata(&journal).unwrap().len(), before);

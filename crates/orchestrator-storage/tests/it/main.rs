@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+#[cfg(feature = "surrealdb")]
+mod changes;
 mod conformance;
 #[cfg(feature = "surrealdb")]
 mod dev_server;

@@ -104,6 +104,23 @@ async fn server_passes_the_conformance_suite() {
     conformance::suite(&harness).await;
 }
 
+/// The bulk suite on a store `orchestrator migrate` copies from: opened
+/// read-only, embedded (once its service closed it) and on a server.
+#[tokio::test]
+async fn read_only_sources_pass_the_bulk_suite() {
+    let root = tempfile::tempdir().unwrap();
+    let server = DevServer::start_memory();
+    for config in [embedded_config(root.path()), server_config(&server)] {
+        let store = open(&config).await;
+        let fixture = conformance::BulkFixture::new();
+        fixture.import_into(store.transfer()).await;
+        store.close().await.unwrap();
+        let source = orchestrator_storage::open_read_only(&config).await.unwrap();
+        conformance::read_only_bulk_suite(&*source, &fixture).await;
+        source.close().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn embedded_reopen_keeps_every_record_and_log() {
     let root = tempfile::tempdir().unwrap();

@@ -1,0 +1,292 @@
+//! [`TaskStore`] on SurrealDB: workflows and tasks (compare-and-set on
+//! `version`, atomic inserts) and task logs as chunks.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
+use surrealdb::types::{Bytes, Variables};
+
+use super::SurrealBackend;
+use super::errors::db_error;
+use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
+use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery};
+
+#[async_trait]
+impl TaskStore for SurrealBackend {
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        let mut vars = Variables::new();
+        vars.insert("workflow", workflow_row(workflow, true)?);
+        vars.insert(
+            "tasks",
+            serde_json::Value::Array(
+                tasks
+                    .iter()
+                    .map(|t| task_row(t, true))
+                    .collect::<Result<_>>()?,
+            ),
+        );
+        // One transaction: all of it or none. The record ids and the unique
+        // indexes refuse duplicates, and `classify` says which.
+        self.query(
+            "insert a workflow",
+            "BEGIN;
+             INSERT INTO workflow $workflow;
+             INSERT INTO task $tasks;
+             COMMIT;",
+            &vars,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        let mut stored = workflow.clone();
+        stored.version += 1;
+        let mut vars = Variables::new();
+        vars.insert("id", workflow.id.to_string());
+        vars.insert("expected", version_param(workflow.version));
+        vars.insert("row", workflow_row(&stored, false)?);
+        vars.insert(
+            "tasks",
+            serde_json::Value::Array(
+                new_tasks
+                    .iter()
+                    .map(|t| task_row(t, true))
+                    .collect::<Result<_>>()?,
+            ),
+        );
+        // The compare-and-set and the new tasks commit together; a stale
+        // version aborts the transaction, so no task is added.
+        let result = self
+            .query(
+                "update a workflow",
+                "BEGIN;
+                 LET $updated = (UPDATE type::record('workflow', $id) CONTENT $row
+                     WHERE version = $expected RETURN VALUE version);
+                 IF array::len($updated) == 0 { THROW 'orchestrator: version mismatch' };
+                 INSERT INTO task $tasks;
+                 COMMIT;",
+                &vars,
+            )
+            .await;
+        match result {
+            Ok(_) => Ok(stored),
+            Err(Error::Database { message, .. }) if message.contains("version mismatch") => {
+                match self
+                    .stored_version("workflow", workflow.id.to_string())
+                    .await?
+                {
+                    None => Err(Error::WorkflowNotFound(workflow.id)),
+                    Some(found) => Err(Error::Conflict {
+                        what: "workflow",
+                        id: workflow.id.to_string(),
+                        expected: workflow.version,
+                        found,
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn update_task(&self, task: &Task) -> Result<Task> {
+        let mut stored = task.clone();
+        stored.version += 1;
+        let mut vars = Variables::new();
+        vars.insert("id", task.id.to_string());
+        vars.insert("expected", version_param(task.version));
+        vars.insert("row", task_row(&stored, false)?);
+        let mut response = self
+            .query(
+                "update a task",
+                "UPDATE type::record('task', $id) CONTENT $row WHERE version = $expected RETURN VALUE version;",
+                &vars,
+            )
+            .await?;
+        let updated: Vec<i64> = response
+            .take(0)
+            .map_err(|e| db_error("update a task", &e))?;
+        if !updated.is_empty() {
+            return Ok(stored);
+        }
+        match self.stored_version("task", task.id.to_string()).await? {
+            None => Err(Error::TaskNotFound(task.id)),
+            Some(found) => Err(Error::Conflict {
+                what: "task",
+                id: task.id.to_string(),
+                expected: task.version,
+                found,
+            }),
+        }
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        let mut vars = Variables::new();
+        vars.insert("id", id.to_string());
+        let tasks = self
+            .docs(
+                "read a task",
+                "SELECT VALUE doc FROM type::record('task', $id);",
+                &vars,
+            )
+            .await?;
+        Ok(tasks.into_iter().next())
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
+        let mut conditions = Vec::new();
+        let mut vars = Variables::new();
+        if let Some(workflow) = query.workflow {
+            conditions.push("workflow = $workflow");
+            vars.insert("workflow", workflow.to_string());
+        }
+        if let Some(status) = query.status {
+            conditions.push("status = $status");
+            vars.insert("status", status.as_str());
+        }
+        self.page(
+            "list tasks",
+            "task",
+            &conditions,
+            vars,
+            query.limit,
+            query.offset,
+        )
+        .await
+    }
+
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
+        let mut vars = Variables::new();
+        vars.insert("workflow", id.to_string());
+        let tasks: Vec<Task> = self
+            .docs(
+                "read a workflow's tasks",
+                "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY id ASC;",
+                &vars,
+            )
+            .await?;
+        Ok(tasks.into_iter().map(Arc::new).collect())
+    }
+
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
+        let unfinished: Vec<String> = TaskStatus::ALL
+            .iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        let mut vars = Variables::new();
+        vars.insert("statuses", unfinished);
+        self.docs(
+            "read unfinished tasks",
+            "SELECT VALUE doc FROM task WHERE status IN $statuses ORDER BY id ASC;",
+            &vars,
+        )
+        .await
+    }
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
+        let mut vars = Variables::new();
+        vars.insert("id", id.to_string());
+        let workflows = self
+            .docs(
+                "read a workflow",
+                "SELECT VALUE doc FROM type::record('workflow', $id);",
+                &vars,
+            )
+            .await?;
+        Ok(workflows.into_iter().next())
+    }
+
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
+        let mut conditions = Vec::new();
+        let mut vars = Variables::new();
+        if let Some(status) = query.status {
+            conditions.push("status = $status");
+            vars.insert("status", status.as_str());
+        }
+        let text_filters = [
+            ("kind = $kind", "kind", &query.kind),
+            ("reference = $reference", "reference", &query.reference),
+            ("trace_id = $trace_id", "trace_id", &query.trace_id),
+            (
+                "idempotency_key = $idempotency_key",
+                "idempotency_key",
+                &query.idempotency_key,
+            ),
+        ];
+        for (condition, name, value) in text_filters {
+            if let Some(value) = value {
+                conditions.push(condition);
+                vars.insert(name, value.clone());
+            }
+        }
+        self.page(
+            "list workflows",
+            "workflow",
+            &conditions,
+            vars,
+            query.limit,
+            query.offset,
+        )
+        .await
+    }
+
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
+        let mut vars = Variables::new();
+        vars.insert("task", id.to_string());
+        vars.insert("len", to_i64(chunk.len()));
+        vars.insert("data", Bytes::from(chunk.to_vec()));
+        // Raising the length and writing the chunk commit together, so
+        // chunks never overlap and the length never runs ahead of them.
+        // The raised length is the answer: no read of its own. An empty
+        // chunk writes nothing and reads the length.
+        let sql = if chunk.is_empty() {
+            "SELECT VALUE bytes FROM ONLY type::record('log_length', $task);"
+        } else {
+            "BEGIN;
+             LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $len RETURN VALUE bytes);
+             CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data RETURN NONE;
+             RETURN $end;
+             COMMIT;"
+        };
+        let mut response = self.query("append to a task log", sql, &vars).await?;
+        // The answer of `RETURN $end`: `BEGIN` counts as statement 0.
+        let at = if chunk.is_empty() { 0 } else { 3 };
+        let length: Option<i64> = response
+            .take(at)
+            .map_err(|e| db_error("append to a task log", &e))?;
+        Ok(length.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+    }
+
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        let mut data = Vec::new();
+        let mut from = offset;
+        while data.len() < max_bytes {
+            let mut vars = Variables::new();
+            vars.insert("task", id.to_string());
+            vars.insert("from", i64::try_from(from).unwrap_or(i64::MAX));
+            vars.insert("limit", LOG_CHUNKS_PER_READ);
+            let mut response = self
+                .query(
+                    "read a task log",
+                    "SELECT VALUE [start_offset, end_offset, data] FROM log_chunk
+                     WHERE task = $task AND end_offset > $from ORDER BY end_offset ASC LIMIT $limit;",
+                    &vars,
+                )
+                .await?;
+            let chunks: Vec<(i64, i64, Bytes)> = response
+                .take(0)
+                .map_err(|e| db_error("read a task log", &e))?;
+            let n_chunks = chunks.len();
+            from = gather_log(chunks, from, max_bytes, &mut data);
+            if n_chunks < LOG_CHUNKS_PER_READ as usize {
+                break;
+            }
+        }
+        Ok(LogChunk {
+            next_offset: offset + data.len() as u64,
+            data,
+        })
+    }
+}
