@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use orchestrator_core::event::{Change, TaskMark};
-use orchestrator_core::{Task, TaskId, TaskStatus};
+use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId};
 use orchestrator_executor::{Attempt, LogSink, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -19,8 +19,42 @@ use crate::attempts::Attempts;
 use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
-use crate::secrets::Secrets;
+use crate::secrets::{Secrets, StreamRedactor};
 use crate::steps::Steps;
+
+/// How many chunks (lines, or pieces of long ones) of a step's output may
+/// wait to be stored; past that, the step waits (a script at its pipe).
+const LOG_CHUNKS_IN_FLIGHT: usize = 256;
+/// The most chunks stored in one write: what arrived while the previous
+/// write was on its way goes out together, one transaction.
+const LOG_CHUNKS_PER_WRITE: usize = 256;
+
+/// Stores a step's output as it comes, redacted, many chunks per write,
+/// until the step's side of the channel is gone.
+async fn store_log(
+    records: Arc<Records>,
+    mut redactor: StreamRedactor,
+    (task, workflow): (TaskId, WorkflowId),
+    mut chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+) {
+    let append = |bytes: Vec<u8>| {
+        let records = records.clone();
+        async move {
+            if bytes.is_empty() {
+                return;
+            }
+            if let Err(e) = records.append_log(task, workflow, &bytes).await {
+                tracing::warn!(task = %task, error = %e, "log append failed");
+            }
+        }
+    };
+    let mut batch = Vec::with_capacity(LOG_CHUNKS_PER_WRITE);
+    while chunks.recv_many(&mut batch, LOG_CHUNKS_PER_WRITE).await > 0 {
+        let bytes: Vec<u8> = batch.drain(..).flatten().collect();
+        append(redactor.push(&bytes)).await;
+    }
+    append(redactor.finish()).await;
+}
 
 /// The workers of one node.
 pub(crate) struct Dispatcher {
@@ -213,18 +247,13 @@ impl Dispatcher {
                 };
             }
         };
-        let (logs, mut log_lines) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-        let records = self.records.clone();
-        let (task_id, workflow_id) = (task.id, task.workflow_id);
-        let secrets = self.secrets.clone();
-        let log_pump = tokio::spawn(async move {
-            while let Some(chunk) = log_lines.recv().await {
-                let chunk = secrets.redact_bytes(&chunk);
-                if let Err(e) = records.append_log(task_id, workflow_id, &chunk).await {
-                    tracing::warn!(task = %task_id, error = %e, "log append failed");
-                }
-            }
-        });
+        let (logs, log_chunks) = LogSink::channel(LOG_CHUNKS_IN_FLIGHT);
+        let log_pump = tokio::spawn(store_log(
+            self.records.clone(),
+            StreamRedactor::new(self.secrets.clone()),
+            (task.id, task.workflow_id),
+            log_chunks,
+        ));
         let attempt = Attempt {
             task_id: task.id.to_string(),
             workflow_id: task.workflow_id.to_string(),
@@ -236,7 +265,7 @@ impl Dispatcher {
             cancel: token,
             timeout: task.timeout(),
             deadline: tokio::time::Instant::now() + task.timeout(),
-            log: LogSink::new(logs),
+            log: logs,
             token: Some(self.access.task_token(task.id)),
         };
         self.records.announce(Change::started(task));

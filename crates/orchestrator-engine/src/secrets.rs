@@ -279,6 +279,36 @@ impl Secrets {
         }
     }
 
+    /// The length of the longest value redaction looks for.
+    fn longest(&self) -> usize {
+        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+        values
+            .values()
+            .filter(|v| v.len() >= MIN_REDACTED_LEN)
+            .map(String::len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Where a known secret value lies in `bytes`: every occurrence, as
+    /// (start, end).
+    fn occurrences(&self, bytes: &[u8]) -> Vec<(usize, usize)> {
+        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+        let mut found = Vec::new();
+        for value in values.values().filter(|v| v.len() >= MIN_REDACTED_LEN) {
+            let needle = value.as_bytes();
+            let mut from = 0;
+            while let Some(at) = bytes[from..]
+                .windows(needle.len())
+                .position(|window| window == needle)
+            {
+                found.push((from + at, from + at + needle.len()));
+                from += at + 1;
+            }
+        }
+        found
+    }
+
     /// A JSON value with every known secret value redacted, and every
     /// field whose key looks sensitive replaced whatever it holds.
     pub fn redact_value(&self, value: Value) -> Value {
@@ -332,6 +362,49 @@ pub fn is_sensitive(key: &str) -> bool {
         .any(|s| key.contains(s) || squashed.contains(&s.replace('_', "")))
 }
 
+/// Redacts a log that arrives in pieces. A secret split across two pieces
+/// (a PEM key printed line by line and stored in batches, or any batch
+/// boundary) is still caught: the bytes that could be the start of one
+/// are held back until the next piece, or the end.
+pub struct StreamRedactor {
+    secrets: std::sync::Arc<Secrets>,
+    held: Vec<u8>,
+}
+
+impl StreamRedactor {
+    pub fn new(secrets: std::sync::Arc<Secrets>) -> StreamRedactor {
+        StreamRedactor {
+            secrets,
+            held: Vec::new(),
+        }
+    }
+
+    /// Takes the next piece; returns what can be stored now, redacted.
+    pub fn push(&mut self, piece: &[u8]) -> Vec<u8> {
+        self.held.extend_from_slice(piece);
+        let longest = self.secrets.longest();
+        if longest == 0 {
+            return std::mem::take(&mut self.held);
+        }
+        // The last `longest - 1` bytes may begin a secret that the next
+        // piece completes; a whole secret across the cut moves it back.
+        let mut cut = self.held.len().saturating_sub(longest - 1);
+        for (start, end) in self.secrets.occurrences(&self.held) {
+            if start < cut && cut < end {
+                cut = start;
+            }
+        }
+        let ready: Vec<u8> = self.held.drain(..cut).collect();
+        self.secrets.redact_bytes(&ready)
+    }
+
+    /// The end of the log: whatever is held, redacted.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let rest = std::mem::take(&mut self.held);
+        self.secrets.redact_bytes(&rest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +424,35 @@ mod tests {
         }
         for key in ["ip", "hostname", "status", "id"] {
             assert!(!is_sensitive(key), "{key}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_split_across_pieces_and_lines_is_still_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = orchestrator_storage::Storage::new(
+            orchestrator_storage::fs::FsBackend::open(dir.path(), Default::default())
+                .await
+                .unwrap(),
+        );
+        let secrets = std::sync::Arc::new(Secrets::load(store, [7; 32]).await.unwrap());
+        let pem = "-----BEGIN KEY-----\nMIIEpAIBAAKCAQEA7\nqwertyuiop\n-----END KEY-----";
+        secrets.put("deploy_key", pem).await.unwrap();
+        let log = format!("start\n{pem}\nend\n");
+        // Every way of cutting the log into two pieces, and one byte a piece.
+        let mut cuts: Vec<Vec<&[u8]>> = (0..log.len())
+            .map(|at| vec![&log.as_bytes()[..at], &log.as_bytes()[at..]])
+            .collect();
+        cuts.push(log.as_bytes().chunks(1).collect());
+        for pieces in cuts {
+            let mut redactor = StreamRedactor::new(secrets.clone());
+            let mut stored = Vec::new();
+            for piece in pieces {
+                stored.extend(redactor.push(piece));
+            }
+            stored.extend(redactor.finish());
+            let stored = String::from_utf8(stored).unwrap();
+            assert_eq!(stored, format!("start\n{REDACTED}\nend\n"));
         }
     }
 }

@@ -50,7 +50,13 @@ pub struct ScriptExecutor {
     /// possibly credentials). Walking the process environment on every
     /// spawn was a measurable share of the per-task cost.
     inherited_env: std::sync::Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
+    /// The most of one attempt's output that goes to its log; the rest is
+    /// read and dropped, after one line saying so.
+    max_log_bytes: u64,
 }
+
+/// The default of [`ScriptExecutor::with_max_log_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 64 * 1024 * 1024;
 
 impl ScriptExecutor {
     /// Fails if the scripts dir does not exist.
@@ -69,7 +75,14 @@ impl ScriptExecutor {
         Ok(ScriptExecutor {
             config,
             inherited_env: std::sync::Arc::new(inherited_env),
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
         })
+    }
+
+    /// Caps the log of each attempt at `bytes` (at least 1 KiB).
+    pub fn with_max_log_bytes(mut self, bytes: u64) -> ScriptExecutor {
+        self.max_log_bytes = bytes.max(1024);
+        self
     }
 
     pub fn config(&self) -> &ExecutorConfig {

@@ -7,17 +7,21 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Launcher, ScriptExecutor};
+use crate::{Launcher, LogSink, ScriptExecutor};
 
 /// How much of stderr is kept for the error message of a failed attempt.
 const STDERR_TAIL_BYTES: usize = 2048;
 /// How long to wait for output pipes to close once the process group is gone.
 const PIPE_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest line that goes to the log as one: a longer one is split
+/// into pieces of this size, with a line saying so.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// The longest stdout line that can still be the result object.
+const MAX_RESULT_LINE_BYTES: usize = 8 * 1024 * 1024;
 
 /// One attempt to run.
 #[derive(Debug, Clone)]
@@ -67,12 +71,7 @@ impl ScriptExecutor {
 
     /// Runs one attempt. Every line the script prints goes to `logs` as it
     /// arrives. Never panics on anything the script does.
-    pub async fn run(
-        &self,
-        job: Job<'_>,
-        logs: UnboundedSender<Vec<u8>>,
-        cancel: CancellationToken,
-    ) -> Outcome {
+    pub async fn run(&self, job: Job<'_>, logs: LogSink, cancel: CancellationToken) -> Outcome {
         let script = match self.resolve(job.script) {
             Ok(script) => script,
             Err(e) => return failed_to_start(e.to_string()),
@@ -154,17 +153,22 @@ impl ScriptExecutor {
                 let _ = stdin.shutdown().await;
             });
         }
+        let budget = std::sync::Arc::new(LogBudget::new(self.max_log_bytes));
         let stdout = child.stdout.take().map(|out| {
             tokio::spawn(read_lines(
                 out,
                 logs.clone(),
-                LineKeeper::LastJsonObject(None),
+                budget.clone(),
+                LineKeeper::LastJsonObject {
+                    last: None,
+                    line: Some(Vec::new()),
+                },
             ))
         });
         let stderr = child
             .stderr
             .take()
-            .map(|err| tokio::spawn(read_lines(err, logs, LineKeeper::Tail(Vec::new()))));
+            .map(|err| tokio::spawn(read_lines(err, logs, budget, LineKeeper::Tail(Vec::new()))));
 
         let ending = tokio::select! {
             status = child.wait() => match status {
@@ -186,7 +190,7 @@ impl ScriptExecutor {
         let stderr = drain(stderr).await;
         let stderr_tail = match stderr {
             LineKeeper::Tail(tail) => String::from_utf8_lossy(&tail).trim().to_owned(),
-            LineKeeper::LastJsonObject(_) => String::new(),
+            LineKeeper::LastJsonObject { .. } => String::new(),
         };
 
         match ending {
@@ -202,7 +206,7 @@ impl ScriptExecutor {
             Ending::Cancelled => Outcome::Cancelled,
             Ending::Exited(status) if status.success() => {
                 let from_stdout = match stdout {
-                    LineKeeper::LastJsonObject(object) => object,
+                    LineKeeper::LastJsonObject { last, .. } => last,
                     LineKeeper::Tail(_) => None,
                 };
                 match read_result_file(&result_file) {
@@ -288,25 +292,44 @@ fn with_tail(message: String, stderr_tail: &str) -> String {
 
 /// What a pipe reader keeps besides forwarding lines to the log.
 enum LineKeeper {
-    /// stdout: the last line that parsed as a JSON object.
-    LastJsonObject(Option<Value>),
+    /// stdout: the last line that parsed as a JSON object, and the line
+    /// being read while it may still become one (`None` once it cannot:
+    /// it does not start with `{`, or it grew past the result's limit).
+    LastJsonObject {
+        last: Option<Value>,
+        line: Option<Vec<u8>>,
+    },
     /// stderr: the last bytes, for the error message.
     Tail(Vec<u8>),
 }
 
 impl LineKeeper {
-    fn keep(&mut self, line: &[u8]) {
+    /// Takes the next piece of a line; `ends` says whether the line ends
+    /// with it.
+    fn keep(&mut self, piece: &[u8], ends: bool) {
         match self {
-            LineKeeper::LastJsonObject(last) => {
-                let trimmed = line.trim_ascii();
-                if trimmed.first() == Some(&b'{')
-                    && let Ok(value @ Value::Object(_)) = serde_json::from_slice(trimmed)
-                {
-                    *last = Some(value);
+            LineKeeper::LastJsonObject { last, line } => {
+                if let Some(current) = line {
+                    current.extend_from_slice(piece);
+                    let start = current.trim_ascii_start();
+                    if (!start.is_empty() && start[0] != b'{')
+                        || current.len() > MAX_RESULT_LINE_BYTES
+                    {
+                        *line = None;
+                    }
+                }
+                if ends {
+                    if let Some(current) = line.as_ref()
+                        && let Ok(value @ Value::Object(_)) =
+                            serde_json::from_slice(current.trim_ascii())
+                    {
+                        *last = Some(value);
+                    }
+                    *line = Some(Vec::new());
                 }
             }
             LineKeeper::Tail(tail) => {
-                tail.extend_from_slice(line);
+                tail.extend_from_slice(piece);
                 if tail.len() > STDERR_TAIL_BYTES {
                     tail.drain(..tail.len() - STDERR_TAIL_BYTES);
                 }
@@ -315,20 +338,99 @@ impl LineKeeper {
     }
 }
 
+/// How much of an attempt's output may still go to its log, shared by its
+/// stdout and stderr readers.
+struct LogBudget {
+    limit: u64,
+    left: std::sync::atomic::AtomicU64,
+    /// Set by the reader that writes the line saying the log is full.
+    announced: std::sync::atomic::AtomicBool,
+}
+
+impl LogBudget {
+    fn new(limit: u64) -> LogBudget {
+        LogBudget {
+            limit,
+            left: std::sync::atomic::AtomicU64::new(limit),
+            announced: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether `bytes` more may be logged (taking them if so). Once a
+    /// piece did not fit, nothing more does: the log ends at its notice.
+    fn take(&self, bytes: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let taken = self
+            .left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(bytes)
+            })
+            .is_ok();
+        if !taken {
+            self.left.store(0, Ordering::Release);
+        }
+        taken
+    }
+
+    /// The line that ends a full log, the first time it is asked for.
+    fn full_notice(&self) -> Option<Vec<u8>> {
+        use std::sync::atomic::Ordering;
+        (!self.announced.swap(true, Ordering::AcqRel)).then(|| {
+            format!(
+                "[orchestrator] this attempt's log reached its limit of {} bytes; the rest of its output is dropped\n",
+                self.limit
+            )
+            .into_bytes()
+        })
+    }
+}
+
+/// Reads a pipe to its end, a line (or a piece of a long one) at a time,
+/// into the log while the budget lasts. It keeps reading past the budget,
+/// so the script never blocks on a full pipe, and memory stays bounded:
+/// one piece of at most [`MAX_LINE_BYTES`] at a time (plus the result line
+/// being read, at most [`MAX_RESULT_LINE_BYTES`]).
 async fn read_lines(
     pipe: impl AsyncRead + Unpin,
-    logs: UnboundedSender<Vec<u8>>,
+    logs: LogSink,
+    budget: std::sync::Arc<LogBudget>,
     mut keeper: LineKeeper,
 ) -> LineKeeper {
-    let mut reader = BufReader::new(pipe);
+    let mut reader = BufReader::with_capacity(MAX_LINE_BYTES, pipe);
+    // Whether the current line was split already (one notice per line).
+    let mut split = false;
     loop {
-        let mut line = Vec::new();
-        match reader.read_until(b'\n', &mut line).await {
+        let mut piece = Vec::new();
+        let read = (&mut reader)
+            .take(MAX_LINE_BYTES as u64)
+            .read_until(b'\n', &mut piece)
+            .await;
+        match read {
             Ok(0) | Err(_) => break,
-            Ok(_) => {
-                keeper.keep(&line);
-                let _ = logs.send(line);
+            Ok(_) => {}
+        }
+        // Cut by the piece size, not by a newline or the end of the pipe.
+        let cut = piece.len() == MAX_LINE_BYTES && piece.last() != Some(&b'\n');
+        keeper.keep(&piece, !cut);
+        let mut out = piece;
+        if cut {
+            // A line longer than a piece: this piece goes as a line of its
+            // own, and the first split of the line says so.
+            out.push(b'\n');
+            if !split {
+                out.extend_from_slice(
+                    format!("[orchestrator] the line above was split: lines longer than {MAX_LINE_BYTES} bytes are logged in pieces\n")
+                        .as_bytes(),
+                );
             }
+        }
+        split = cut;
+        // Nobody storing the log any more (`write` is false) is no reason
+        // to stop: reading on gets the result and keeps the pipe flowing.
+        if budget.take(out.len() as u64) {
+            let _ = logs.write(out).await;
+        } else if let Some(notice) = budget.full_notice() {
+            let _ = logs.write(notice).await;
         }
     }
     keeper

@@ -8,25 +8,31 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Job, Outcome, ScriptExecutor};
 
 /// Where an attempt's output goes, a chunk (usually a line) at a time. The
-/// engine stores it as the task's log, redacted, in order.
+/// engine stores it as the task's log, redacted, in order. The channel is
+/// bounded: a step that writes faster than the log is stored waits, so
+/// output never piles up in memory (a script is held at its pipe).
 #[derive(Debug, Clone)]
-pub struct LogSink(UnboundedSender<Vec<u8>>);
+pub struct LogSink(mpsc::Sender<Vec<u8>>);
 
 impl LogSink {
-    pub fn new(sender: UnboundedSender<Vec<u8>>) -> LogSink {
-        LogSink(sender)
+    /// A sink holding at most `chunks` chunks not yet stored, and the
+    /// receiving end for whoever stores them.
+    pub fn channel(chunks: usize) -> (LogSink, mpsc::Receiver<Vec<u8>>) {
+        let (sender, receiver) = mpsc::channel(chunks.max(1));
+        (LogSink(sender), receiver)
     }
 
-    /// Writes a chunk; `false` once nobody stores the log any more.
-    pub fn write(&self, chunk: Vec<u8>) -> bool {
-        self.0.send(chunk).is_ok()
+    /// Writes a chunk, waiting while the log is behind; `false` once
+    /// nobody stores the log any more.
+    pub async fn write(&self, chunk: Vec<u8>) -> bool {
+        self.0.send(chunk).await.is_ok()
     }
 }
 
@@ -105,7 +111,7 @@ impl StepRunner for ScriptExecutor {
             checkpoint: attempt.checkpoint,
             token: attempt.token,
         };
-        ScriptExecutor::run(self, job, attempt.log.0, attempt.cancel).await
+        ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await
     }
 
     fn stop_leftovers(&self, task_id: &str) -> usize {

@@ -343,6 +343,10 @@ pub struct ServeArgs {
     /// Seconds between SIGTERM and SIGKILL for a stopped script [default: 10].
     #[arg(long, env = "ORCHESTRATOR_KILL_GRACE")]
     pub kill_grace: Option<u64>,
+    /// The most bytes of one attempt's output kept in its log; the rest is
+    /// dropped after a line saying so [default: 67108864 (64 MiB)].
+    #[arg(long, env = "ORCHESTRATOR_MAX_LOG_BYTES")]
+    pub max_log_bytes: Option<u64>,
     /// This node's id, recorded on every attempt it runs [default: kept
     /// in <data-dir>/node-id, created on first start].
     #[arg(long, env = "ORCHESTRATOR_NODE_ID")]

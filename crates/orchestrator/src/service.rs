@@ -78,7 +78,8 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         interpreters: settings.interpreters.clone(),
         service_url: Some(format!("http://{}", reachable(addr))),
     })
-    .context("--scripts-dir")?;
+    .context("--scripts-dir")?
+    .with_max_log_bytes(settings.max_log_bytes);
     let templates = Templates::load(
         Some(&settings.templates_dir),
         &orchestrator_engine::steps::Steps::new(executor.clone()),

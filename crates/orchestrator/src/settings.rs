@@ -31,6 +31,7 @@ pub struct FileConfig {
     pub retry_max_ms: Option<u64>,
     pub shutdown_grace: Option<u64>,
     pub kill_grace: Option<u64>,
+    pub max_log_bytes: Option<u64>,
     pub node_id: Option<String>,
     pub lease_secs: Option<u64>,
     pub log_format: Option<String>,
@@ -72,6 +73,8 @@ pub struct ServeSettings {
     pub retry: RetryPolicy,
     pub shutdown_grace: Duration,
     pub kill_grace: Duration,
+    /// The most of one attempt's output kept in its log.
+    pub max_log_bytes: u64,
     /// `None`: read (or create) `<data-dir>/node-id` at start.
     pub node_id: Option<String>,
     pub lease: Duration,
@@ -103,6 +106,7 @@ impl ServeSettings {
             retry: RetryPolicy::default(),
             shutdown_grace: Duration::from_secs(30),
             kill_grace: Duration::from_secs(10),
+            max_log_bytes: orchestrator_executor::DEFAULT_MAX_LOG_BYTES,
             node_id: None,
             lease: Duration::from_secs(15),
             log_format: LogFormat::Pretty,
@@ -184,6 +188,13 @@ impl ServeSettings {
                 .kill_grace
                 .or(file.kill_grace)
                 .map_or(defaults.kill_grace, Duration::from_secs),
+            max_log_bytes: match args.max_log_bytes.or(file.max_log_bytes) {
+                Some(bytes) if bytes < 1024 => {
+                    bail!("--max-log-bytes: {bytes} is too small; give at least 1024")
+                }
+                Some(bytes) => bytes,
+                None => defaults.max_log_bytes,
+            },
             node_id: args.node_id.or(file.node_id),
             lease: match args.lease_secs.or(file.lease_secs) {
                 Some(0) => bail!("--lease-secs: must be at least 1"),

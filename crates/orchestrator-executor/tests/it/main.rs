@@ -7,9 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use orchestrator_executor::{ExecutorConfig, Job, Outcome, ScriptExecutor};
+use orchestrator_executor::{ExecutorConfig, Job, LogSink, Outcome, ScriptExecutor};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 struct Fixture {
@@ -60,12 +59,17 @@ async fn run(fixture: &Fixture, job: Job<'_>) -> (Outcome, String) {
 }
 
 async fn run_with(fixture: &Fixture, job: Job<'_>, cancel: CancellationToken) -> (Outcome, String) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let outcome = fixture.executor.run(job, tx, cancel).await;
-    let mut log = Vec::new();
-    while let Ok(chunk) = rx.try_recv() {
-        log.extend(chunk);
-    }
+    let (sink, mut rx) = LogSink::channel(16);
+    // Stored as it comes, as the engine does: the sink is bounded.
+    let collector = tokio::spawn(async move {
+        let mut log = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            log.extend(chunk);
+        }
+        log
+    });
+    let outcome = fixture.executor.run(job, sink, cancel).await;
+    let log = collector.await.unwrap();
     (outcome, String::from_utf8(log).unwrap())
 }
 
@@ -284,4 +288,46 @@ async fn the_checkpoint_reaches_the_next_attempt_in_input_and_env() {
         matches!(outcome, Outcome::Failed { .. }),
         "a list has no `checkpoint` key: {outcome:?}"
     );
+}
+
+/// Output is bounded whatever the script does: a line longer than a piece
+/// is logged in pieces with a notice, the log stops at its limit with one
+/// line saying so, and the script is neither blocked nor killed by it.
+#[tokio::test]
+async fn long_lines_are_split_and_the_log_stops_at_its_limit() {
+    // 150 KB without a newline, then 400 lines of 1 KB, then the result.
+    let mut fixture = fixture(&[(
+        "loud.sh",
+        "head -c 150000 /dev/zero | tr '\\0' a\necho\nfor i in $(seq 400); do head -c 1000 /dev/zero | tr '\\0' b; echo; done\necho '{\"done\": true}'\n",
+    )]);
+    fixture.executor = fixture.executor.clone().with_max_log_bytes(200_000);
+    let (outcome, log) = run(&fixture, job("loud.sh", &json!({}))).await;
+    assert_eq!(
+        outcome,
+        Outcome::Succeeded {
+            output: json!({"done": true})
+        },
+        "the result after the cap is still read"
+    );
+    let lines: Vec<&str> = log.lines().collect();
+    let first = lines[0];
+    assert_eq!(first.len(), 64 * 1024, "a piece of the long line");
+    assert!(lines[1].contains("was split"), "{}", lines[1]);
+    assert_eq!(
+        log.matches("was split").count(),
+        1,
+        "one notice per long line"
+    );
+    assert!(
+        log.len() <= 200_000 + 200,
+        "the log holds {} bytes",
+        log.len()
+    );
+    assert!(
+        log.trim_end()
+            .ends_with("the rest of its output is dropped"),
+        "{}",
+        &log[log.len().saturating_sub(200)..]
+    );
+    assert!(!log.contains("done"), "the result line came after the cap");
 }

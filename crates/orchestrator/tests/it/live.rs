@@ -354,3 +354,74 @@ async fn two_hundred_idle_streams_cost_bounded_memory() {
     assert!(!workflow.is_empty());
     service.stop().await;
 }
+
+/// A script that prints 1 GiB, with and without newlines, costs the
+/// service bounded memory: its output streams to the log (up to the log's
+/// limit) instead of being held, and the result after it is still read.
+#[tokio::test]
+async fn a_flood_of_output_costs_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = fixture_settings(dir.path());
+    settings.max_log_bytes = 16 * 1024 * 1024;
+    let service = TestService::start(settings).await;
+    service
+        .create_servers(&["warm"], json!({"wait": true}))
+        .await;
+    let idle = rss();
+    for newlines in [true, false] {
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sampling = {
+            let peak = peak.clone();
+            tokio::spawn(async move {
+                loop {
+                    peak.fetch_max(rss(), std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let template = json!({
+            "name": "loud", "ref_name": "loud", "schema_version": 1,
+            "steps": [{"ref_name": "loud", "script": "dag/loud.py",
+                       "input": {"bytes": 1u64 << 30, "newlines": newlines}}]
+        });
+        let (status, view) = service
+            .post(
+                "/workflows",
+                json!({"template": template, "wait": true, "wait_timeout_secs": 600}),
+            )
+            .await;
+        sampling.abort();
+        assert_eq!(status, 200, "{view}");
+        let task = &view["tasks"][0];
+        assert_eq!(task["status"], "completed", "{task}");
+        assert_eq!(task["output"]["printed"], 1u64 << 30);
+        let grew = peak
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(idle);
+        assert!(
+            grew < 64 * 1024 * 1024,
+            "printing 1 GiB (newlines: {newlines}) grew memory by {} MiB",
+            grew >> 20
+        );
+        // The log stopped at its limit, and says so.
+        let id = task["id"].as_str().unwrap();
+        let from = 15 * 1024 * 1024;
+        let (_, tail) = service
+            .get_text(&format!(
+                "/tasks/{id}/logs?offset={from}&limit_bytes=16777216"
+            ))
+            .await;
+        assert!(
+            from + tail.len() <= 16 * 1024 * 1024 + 300,
+            "the log holds {} bytes",
+            from + tail.len()
+        );
+        assert!(
+            tail.trim_end()
+                .ends_with("the rest of its output is dropped"),
+            "{:?}",
+            &tail[tail.len().saturating_sub(300)..]
+        );
+    }
+    service.stop().await;
+}
