@@ -27,8 +27,8 @@ pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{
-    AttemptRecord, FailureOutcome, FailurePolicy, Priority, StepKind, StepSettings, Task, TaskSpec,
-    TaskStatus,
+    AttemptRecord, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, StepKind,
+    StepSettings, Task, TaskSpec, TaskStatus,
 };
 pub use view::{StepView, WorkflowView};
 pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide};

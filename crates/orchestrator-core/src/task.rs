@@ -210,6 +210,11 @@ pub struct Task {
     pub check_mode: bool,
     /// Attempts started so far (the running one included).
     pub attempts: u32,
+    /// Attempts that ended because the service running them died (a crash,
+    /// a node whose lease ran out), not because the step failed. They do
+    /// not count against `max_attempts`, up to [`MAX_INTERRUPTIONS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interruptions: u32,
     pub max_attempts: u32,
     /// Wall-clock limit of one attempt, in seconds.
     pub timeout_secs: u64,
@@ -276,6 +281,14 @@ pub struct AttemptRecord {
     pub error: Option<String>,
 }
 
+/// How many attempts the service's own deaths may cost a task before they
+/// count against its `max_attempts`.
+pub const MAX_INTERRUPTIONS: u32 = 10;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What a failed attempt led to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureOutcome {
@@ -310,6 +323,7 @@ impl Task {
             not_before: None,
             step: spec.step,
             reruns: 0,
+            interruptions: 0,
             cancel_requested: false,
             created_at: now,
             started_at: None,
@@ -434,7 +448,8 @@ impl Task {
         }
         self.error = Some(error);
         self.exit_code = exit_code;
-        if self.attempts < self.max_attempts && !self.cancel_requested {
+        let counted = self.attempts.saturating_sub(self.interruptions);
+        if counted < self.max_attempts && !self.cancel_requested {
             let delay = policy.delay_before_retry(self.attempts, jitter);
             self.move_to(TaskStatus::RetryWaiting, now)?;
             self.retry_at = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
@@ -445,6 +460,35 @@ impl Task {
             self.stamp_attempt();
             Ok(FailureOutcome::Failed)
         }
+    }
+
+    /// The running attempt ended because the service running it died (its
+    /// previous life crashed, or its node stopped renewing the lease): not
+    /// the step's failure, so it is retried without using up
+    /// `max_attempts`, up to [`MAX_INTERRUPTIONS`] times; past that it
+    /// counts as a failed attempt, so that a step that takes the machine
+    /// down still ends.
+    pub fn fail_interrupted(
+        &mut self,
+        error: String,
+        policy: &RetryPolicy,
+        jitter: f64,
+        now: DateTime<Utc>,
+    ) -> Result<FailureOutcome> {
+        if self.status != TaskStatus::Running {
+            return Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to: TaskStatus::Failed,
+            });
+        }
+        let error = if self.interruptions < MAX_INTERRUPTIONS {
+            self.interruptions += 1;
+            error
+        } else {
+            format!("{error} (interrupted {MAX_INTERRUPTIONS} times already: this attempt counts)")
+        };
+        self.fail(error, None, policy, jitter, now)
     }
 
     /// Ask for cancellation. A task that is not running is cancelled at once
@@ -555,6 +599,7 @@ impl Task {
         }
         self.status = TaskStatus::Pending;
         self.attempts = 0;
+        self.interruptions = 0;
         self.reruns += 1;
         self.cancel_requested = false;
         self.retry_at = None;
@@ -810,6 +855,63 @@ mod tests {
         let err = "urgent".parse::<Priority>().unwrap_err();
         assert!(err.contains("urgent"));
         assert!(Priority::Critical > Priority::High && Priority::High > Priority::Normal);
+    }
+
+    #[test]
+    fn the_service_dying_does_not_use_up_attempts_until_the_cap() {
+        let now = Utc::now();
+        let policy = RetryPolicy::default();
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now);
+        task.max_attempts = 1;
+        for crash in 1..=MAX_INTERRUPTIONS {
+            task.start(now).unwrap();
+            let outcome = task
+                .fail_interrupted("interrupted".into(), &policy, 0.5, now)
+                .unwrap();
+            assert!(
+                matches!(outcome, FailureOutcome::RetryAfter(_)),
+                "crash {crash}"
+            );
+            assert_eq!(task.status, TaskStatus::RetryWaiting);
+            assert_eq!(task.interruptions, crash);
+        }
+        // Past the cap, a crash counts: the one attempt allowed is used up.
+        task.start(now).unwrap();
+        let outcome = task
+            .fail_interrupted("interrupted".into(), &policy, 0.5, now)
+            .unwrap();
+        assert_eq!(outcome, FailureOutcome::Failed);
+        assert!(
+            task.error
+                .as_deref()
+                .unwrap()
+                .contains("this attempt counts")
+        );
+        assert_eq!(task.attempts, MAX_INTERRUPTIONS + 1);
+    }
+
+    #[test]
+    fn a_real_failure_after_crashes_still_counts() {
+        let now = Utc::now();
+        let policy = RetryPolicy::default();
+        let mut task = Task::new(WorkflowId::new(), spec(vec![]), now);
+        task.max_attempts = 2;
+        task.start(now).unwrap();
+        task.fail_interrupted("crash".into(), &policy, 0.5, now)
+            .unwrap();
+        task.start(now).unwrap();
+        let first = task
+            .fail("exit 1".into(), Some(1), &policy, 0.5, now)
+            .unwrap();
+        assert!(matches!(first, FailureOutcome::RetryAfter(_)));
+        task.start(now).unwrap();
+        let second = task
+            .fail("exit 1".into(), Some(1), &policy, 0.5, now)
+            .unwrap();
+        assert_eq!(second, FailureOutcome::Failed, "two real failures of two");
+        // A retry of the workflow starts the count over.
+        task.rerun(now).unwrap();
+        assert_eq!((task.attempts, task.interruptions), (0, 0));
     }
 }
 

@@ -142,8 +142,9 @@ impl Lifecycle {
 
     /// Ends an attempt whose runner is gone (this service's previous life,
     /// or a node whose lease ran out): its left-overs on this machine are
-    /// stopped, never adopted, then the attempt counts as failed (or the
-    /// task ends cancelled, if that was asked). Returns the stored task, or
+    /// stopped, never adopted, then the attempt ends as interrupted, which
+    /// does not use up the task's attempts (or the task ends cancelled, if
+    /// that was asked). Returns the stored task, or
     /// `None` if someone else moved it first.
     pub(crate) async fn take_over(&self, mut task: Task, error: String) -> Result<Option<Task>> {
         if let Ok(runner) = self.steps.runner(task.step.kind) {
@@ -157,7 +158,9 @@ impl Lifecycle {
         if task.cancel_requested {
             task.finish_cancel(now)?;
         } else {
-            task.fail(error, None, &self.retry, rand::random(), now)?;
+            // The service died, not the step: not counted against the
+            // task's attempts (up to the core's cap).
+            task.fail_interrupted(error, &self.retry, rand::random(), now)?;
         }
         let Some(stored) = self.store_task(&task, before).await? else {
             return Ok(None);

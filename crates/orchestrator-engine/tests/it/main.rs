@@ -230,3 +230,54 @@ async fn the_next_script_starts_before_the_last_outcome_is_stored() {
     }
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The service dying during an attempt, again and again, is not the
+/// script's failure: a task allowed one attempt survives three crashes of
+/// the service, each during its attempt, and completes.
+#[tokio::test]
+async fn crashes_of_the_service_do_not_use_up_a_tasks_attempts() {
+    let setup = Setup::new();
+    let (workflow, task_id) = {
+        let engine = setup.engine(setup.fs().await).await;
+        let mut request = request_of(json!([{"ref_name": "a", "script": "mark.sh"}]));
+        request.max_attempts = Some(1);
+        // Not before an hour from now: nothing runs until a crash is staged.
+        request.start_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+        let (view, _) = engine.submit(request).await.unwrap();
+        engine.shutdown(Duration::from_secs(1)).await;
+        (view.workflow.id, view.tasks[0].id)
+    };
+    for crash in 1..=3 {
+        // What a service that died during the attempt leaves in storage:
+        // the task claimed and running under its node.
+        let store = setup.fs().await;
+        let mut task = store.tasks().get_task(task_id).await.unwrap().unwrap();
+        let now = chrono::Utc::now();
+        task.start(now).unwrap();
+        task.node = Some("local".into());
+        task.lease_until = Some(now + chrono::Duration::seconds(15));
+        store.tasks().update_task(&task).await.unwrap();
+        store.close().await.unwrap();
+        // The next start finds it and takes it over.
+        let engine = setup.engine(setup.fs().await).await;
+        let task = engine.task(task_id).await.unwrap();
+        assert_eq!(
+            (task.status, task.interruptions),
+            (TaskStatus::RetryWaiting, crash),
+            "crash {crash}: {:?}",
+            task.error
+        );
+        engine.shutdown(Duration::from_secs(1)).await;
+    }
+    let engine = setup.engine(setup.fs().await).await;
+    assert!(
+        engine
+            .wait_for_workflow(workflow, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let task = engine.task(task_id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
+    assert_eq!(task.max_attempts, 1);
+    assert_eq!((task.attempts, task.interruptions), (4, 3));
+}
