@@ -96,7 +96,9 @@ struct TokenCache {
 }
 
 impl Access {
-    pub(crate) async fn load(store: Storage, config: AccessConfig) -> Result<Access> {
+    /// Reads the token records from `store`; the engine does this at start,
+    /// and so does a local recovery (`orchestrator token create --local`).
+    pub async fn load(store: Storage, config: AccessConfig) -> Result<Access> {
         let mut task_key = [0u8; 32];
         rand::rng().fill_bytes(&mut task_key);
         let access = Access {

@@ -64,6 +64,14 @@ pub enum TokenCommand {
         /// admin (also tokens, secrets, the audit log).
         #[arg(long)]
         role: String,
+        /// Write the token straight into the store instead of asking a
+        /// service: the way back in after losing every admin token. Needs
+        /// the data dir (and, for a filesystem store, the service
+        /// stopped); takes the store settings of `serve`.
+        #[arg(long)]
+        local: bool,
+        #[command(flatten)]
+        store: Box<ServeArgs>,
     },
     /// List tokens (never the tokens themselves).
     List,

@@ -347,9 +347,18 @@ pub async fn checkpoint(
 }
 
 pub async fn token(client: &ClientArgs, command: TokenCommand) -> anyhow::Result<()> {
+    if let TokenCommand::Create {
+        name,
+        role,
+        local: true,
+        store,
+    } = command
+    {
+        return crate::recovery::create_token_locally(&name, &role, *store).await;
+    }
     let api = Api::new(client)?;
     match command {
-        TokenCommand::Create { name, role } => {
+        TokenCommand::Create { name, role, .. } => {
             let body = serde_json::json!({"name": name, "role": role});
             let created: Value = api
                 .send_body(Method::POST, "/tokens", &[], Some(&body))

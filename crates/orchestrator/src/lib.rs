@@ -5,6 +5,7 @@ pub mod cli;
 mod client;
 mod db;
 mod migrate;
+mod recovery;
 pub mod service;
 pub mod settings;
 mod workflows;

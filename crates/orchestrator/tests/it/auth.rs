@@ -812,3 +812,87 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
     }
     assert!(files > 3, "the store was searched");
 }
+
+/// Every admin token lost: someone with the data dir writes a new one
+/// into the store while the service is stopped, and is audited for it.
+#[test]
+fn a_lost_admin_token_is_recovered_locally_with_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = || {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--port", "0", "--data-dir"])
+            .arg(&data)
+            .args(["--scripts-dir"])
+            .arg(crate::harness::fixture_scripts())
+            .env_remove("ORCHESTRATOR_BOOTSTRAP_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        let url = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| {
+                let at = line.find("listening on http://")?;
+                line[at + "listening on ".len()..]
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_owned)
+            })
+            .expect("the service starts");
+        std::thread::spawn(move || lines.for_each(drop));
+        (child, url)
+    };
+    let local = |args: &[&str]| {
+        let output = Command::new(BIN)
+            .args(["token", "create", "--local", "--data-dir"])
+            .arg(&data)
+            .args(args)
+            .env_remove("ORCHESTRATOR_TOKEN")
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    // The bootstrap token was printed once, and is now lost.
+    let (mut child, _) = serve();
+    // While the service runs, the store is its own: refused, saying why.
+    let (ok, _, stderr) = local(&["--name", "rescue", "--role", "admin"]);
+    assert!(!ok);
+    assert!(stderr.contains("in use by a running service"), "{stderr}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (ok, _, stderr) = local(&["--name", "rescue", "--role", "superuser"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--role") && stderr.contains("superuser"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = local(&["--name", "rescue", "--role", "admin"]);
+    assert!(ok, "{stdout}{stderr}");
+    let rescue = stdout.lines().last().unwrap().trim().to_owned();
+    assert!(rescue.starts_with("orch_"), "{stdout}");
+
+    let (mut child, url) = serve();
+    let audit = Command::new(BIN)
+        .args(["audit", "--action", "token.create", "--json"])
+        .env("ORCHESTRATOR_URL", &url)
+        .env("ORCHESTRATOR_TOKEN", &rescue)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&audit.stdout);
+    assert!(
+        audit.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
+    assert!(text.contains("local:"), "the recovery is audited: {text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
