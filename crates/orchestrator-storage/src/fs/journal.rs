@@ -73,11 +73,21 @@ pub(crate) struct JournalWriter {
 
 impl JournalWriter {
     pub(crate) fn start(journal_path: PathBuf, snapshot_path: PathBuf) -> Result<JournalWriter> {
+        let created = !journal_path.exists();
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&journal_path)
             .map_err(|e| Error::io(format!("open {}", journal_path.display()), e))?;
+        if created {
+            // A new file's name lives in its directory: without syncing it,
+            // a power cut could lose the journal, and with it every append
+            // acknowledged as durable.
+            let dir = journal_path.parent().unwrap_or(Path::new("."));
+            File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| Error::io(format!("sync directory {}", dir.display()), e))?;
+        }
         let (sender, receiver) = mpsc::channel();
         let poisoned = Arc::new(AtomicBool::new(false));
         let thread_poisoned = poisoned.clone();
