@@ -439,13 +439,7 @@ impl Task {
         jitter: f64,
         now: DateTime<Utc>,
     ) -> Result<FailureOutcome> {
-        if self.status != TaskStatus::Running {
-            return Err(Error::InvalidTransition {
-                id: self.id,
-                from: self.status,
-                to: TaskStatus::Failed,
-            });
-        }
+        self.must_be_running_to(TaskStatus::Failed)?;
         self.error = Some(error);
         self.exit_code = exit_code;
         let counted = self.attempts.saturating_sub(self.interruptions);
@@ -462,6 +456,18 @@ impl Task {
         }
     }
 
+    fn must_be_running_to(&self, to: TaskStatus) -> Result<()> {
+        if self.status == TaskStatus::Running {
+            Ok(())
+        } else {
+            Err(Error::InvalidTransition {
+                id: self.id,
+                from: self.status,
+                to,
+            })
+        }
+    }
+
     /// The running attempt ended because the service running it died (its
     /// previous life crashed, or its node stopped renewing the lease): not
     /// the step's failure, so it is retried without using up
@@ -475,13 +481,7 @@ impl Task {
         jitter: f64,
         now: DateTime<Utc>,
     ) -> Result<FailureOutcome> {
-        if self.status != TaskStatus::Running {
-            return Err(Error::InvalidTransition {
-                id: self.id,
-                from: self.status,
-                to: TaskStatus::Failed,
-            });
-        }
+        self.must_be_running_to(TaskStatus::Failed)?;
         let error = if self.interruptions < MAX_INTERRUPTIONS {
             self.interruptions += 1;
             error

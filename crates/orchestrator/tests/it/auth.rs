@@ -545,37 +545,7 @@ fn no_auth_is_refused_off_loopback_and_loud_on_it() {
 fn the_first_start_prints_an_admin_token_once_and_the_cli_manages_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let start = || {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--port", "0", "--data-dir"])
-            .arg(&data)
-            .args(["--scripts-dir"])
-            .arg(crate::harness::fixture_scripts())
-            .env_remove("ORCHESTRATOR_BOOTSTRAP_TOKEN")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-        let mut token = None;
-        let mut url = None;
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            if line.trim_start().starts_with("orch_") {
-                token = Some(line.trim().to_owned());
-            }
-            if let Some(at) = line.find("listening on http://") {
-                let rest = &line[at + "listening on ".len()..];
-                url = rest.split_whitespace().next().map(str::to_owned);
-                break;
-            }
-        }
-        // Keep draining, so the service never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        (child, token, url.unwrap())
-    };
+    let start = || start_binary(&data);
     let cli = |url: &str, token: &str, args: &[&str]| {
         let output = Command::new(BIN)
             .args(args)
@@ -813,6 +783,40 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
     assert!(files > 3, "the store was searched");
 }
 
+/// Starts `orchestrator serve` on `data` with the fixture scripts; returns
+/// the process, the admin token it printed (on a first start) and its URL.
+fn start_binary(data: &std::path::Path) -> (std::process::Child, Option<String>, String) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--port", "0", "--data-dir"])
+        .arg(data)
+        .args(["--scripts-dir"])
+        .arg(crate::harness::fixture_scripts())
+        .env_remove("ORCHESTRATOR_BOOTSTRAP_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut token = None;
+    let mut url = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.trim_start().starts_with("orch_") {
+            token = Some(line.trim().to_owned());
+        }
+        if let Some(at) = line.find("listening on http://") {
+            let rest = &line[at + "listening on ".len()..];
+            url = rest.split_whitespace().next().map(str::to_owned);
+            break;
+        }
+    }
+    // Keep draining, so the service never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, token, url.expect("the service starts"))
+}
+
 /// Every admin token lost: someone with the data dir writes a new one
 /// into the store while the service is stopped, and is audited for it.
 #[test]
@@ -820,30 +824,7 @@ fn a_lost_admin_token_is_recovered_locally_with_the_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let serve = || {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--port", "0", "--data-dir"])
-            .arg(&data)
-            .args(["--scripts-dir"])
-            .arg(crate::harness::fixture_scripts())
-            .env_remove("ORCHESTRATOR_BOOTSTRAP_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                let at = line.find("listening on http://")?;
-                line[at + "listening on ".len()..]
-                    .split_whitespace()
-                    .next()
-                    .map(str::to_owned)
-            })
-            .expect("the service starts");
-        std::thread::spawn(move || lines.for_each(drop));
+        let (child, _, url) = start_binary(&data);
         (child, url)
     };
     let local = |args: &[&str]| {
