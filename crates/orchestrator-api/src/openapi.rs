@@ -499,6 +499,9 @@ struct WorkflowView {
     steps: Vec<StepView>,
     /// `[from, to]` task id pairs: `to` depends on `from`.
     edges: Vec<[Uuid; 2]>,
+    /// Each step's output by `ref_name`: an object (`null` until it
+    /// completed), or a list for a `for_each` step.
+    outputs: BTreeMap<String, Value>,
     tasks: Vec<Task>,
 }
 

@@ -8,6 +8,7 @@
 pub mod access;
 mod error;
 pub mod event;
+pub mod http;
 mod ids;
 mod names;
 mod node;

@@ -27,6 +27,10 @@ pub enum Root {
     /// `secrets.<name>`: left as this text in stored inputs, and put in
     /// only when a script's input is built (see the engine's secrets).
     Secret(String),
+    /// `job.id`: the id of the job an `http` step launched. Known only
+    /// while the step runs, so it stays this text in stored inputs and its
+    /// runner puts the id in (poll and cancel requests only).
+    Job,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -50,6 +54,7 @@ impl fmt::Display for Reference {
             Root::Each => f.write_str("${each")?,
             Root::StepOutput(step) => write!(f, "${{{step}.output")?,
             Root::Secret(name) => write!(f, "${{secrets.{name}")?,
+            Root::Job => f.write_str("${job.id")?,
         }
         for segment in &self.path {
             match segment {
@@ -96,6 +101,10 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
             root: Root::Secret((*name).to_owned()),
             path: vec![],
         }),
+        ("job", ["id"]) => Ok(Reference {
+            root: Root::Job,
+            path: vec![],
+        }),
         ("workflow", ["check_mode"]) => Ok(Reference {
             root: Root::CheckMode,
             path: vec![],
@@ -118,8 +127,8 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
         }
         _ => Err(format!(
             "`${{{inner}}}` is not a reference this engine knows \
-             (expected workflow.input.<key>, workflow.check_mode, each.<key>, secrets.<name> \
-             or <step>.output[.<key>])"
+             (expected workflow.input.<key>, workflow.check_mode, each.<key>, secrets.<name>, \
+             <step>.output[.<key>], or job.id in an http step)"
         )),
     }
 }
@@ -245,8 +254,9 @@ impl Scope<'_> {
                 walk(input, &reference.path).cloned().ok_or_else(missing)
             }
             Root::CheckMode => Ok(Value::Bool(self.check_mode)),
-            // Stays a reference: the value never enters a stored record.
-            Root::Secret(_) => Ok(Value::String(reference.to_string())),
+            // Stays a reference: the value never enters a stored record
+            // (a secret), or exists only while the step runs (a job id).
+            Root::Secret(_) | Root::Job => Ok(Value::String(reference.to_string())),
             Root::Each => {
                 let each = self
                     .each

@@ -126,15 +126,29 @@ pub enum StepKind {
     /// A script under the scripts dir, run as a child process.
     #[default]
     Script,
+    /// A job launched over HTTP on another system, then polled to its end
+    /// (see [`crate::http`]).
+    Http,
 }
 
 crate::named_variants!(StepKind, "step kind", [
     Script => "script",
+    Http => "http",
 ]);
 
 impl StepKind {
     pub fn is_script(&self) -> bool {
         *self == StepKind::Script
+    }
+
+    /// The template field of a step of this kind that becomes its task's
+    /// input: `input` for a script, the `http` block for an HTTP step.
+    /// Errors about the input name it.
+    pub fn input_field(self) -> &'static str {
+        match self {
+            StepKind::Script => "input",
+            StepKind::Http => "http",
+        }
     }
 }
 

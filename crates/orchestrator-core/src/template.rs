@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::http::HttpStep;
 use crate::refs::{Reference, Root, Scope, references_in};
 use crate::{FailurePolicy, StepKind, StepSettings};
 
@@ -160,10 +161,16 @@ pub struct StepTemplate {
     /// What runs the step; `script` when not given.
     #[serde(default, skip_serializing_if = "StepKind::is_script")]
     pub kind: StepKind,
-    /// The step's target: for a `script` step, the script path.
+    /// The step's target: for a `script` step, the script path (required).
+    /// An `http` step has none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub script: String,
     #[serde(default)]
     pub input: Map<String, Value>,
+    /// What an `http` step sends and watches (`kind: http`); it becomes
+    /// the task's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpStep>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
     #[serde(default)]
@@ -188,6 +195,36 @@ pub struct StepTemplate {
     /// order, among instances that agree on the other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequential: Option<String>,
+}
+
+impl StepTemplate {
+    /// What the step's tasks get as their input, before references
+    /// resolve: `input`, or an http step's block.
+    pub fn input_value(&self) -> Value {
+        match self.kind {
+            StepKind::Script => Value::Object(self.input.clone()),
+            StepKind::Http => self.http_block(),
+        }
+    }
+
+    /// The `http` block as JSON (`null` without one): what references are
+    /// found in and what an http task's input is made of.
+    fn http_block(&self) -> Value {
+        self.http
+            .as_ref()
+            .and_then(|http| serde_json::to_value(http).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    /// What its tasks' `script` says: the script path, or `http:<ref_name>`
+    /// for an http step (shown in listings, and the `script` label of
+    /// the metrics, where a URL would make one series per job).
+    fn target(&self) -> String {
+        match self.kind {
+            StepKind::Script => self.script.clone(),
+            StepKind::Http => format!("http:{}", self.ref_name),
+        }
+    }
 }
 
 /// A validation failure: `field` says where, `message` what.
@@ -231,7 +268,7 @@ pub struct Expansion {
     pub step_order: Vec<String>,
 }
 
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 100
         && name
@@ -346,9 +383,7 @@ impl Template {
         let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for step in &self.steps {
             let at = format!("steps.{}", step.ref_name);
-            if step.script.trim().is_empty() {
-                return Err(err(format!("{at}.script"), "must name a script"));
-            }
+            self.validate_kind(step, &at)?;
             if let Some(timeout) = &step.timeout {
                 parse_timeout(timeout).map_err(|m| err(format!("{at}.timeout"), m))?;
             }
@@ -393,6 +428,7 @@ impl Template {
                     Value::Object(step.for_each.clone().into_iter().collect()),
                 ),
                 ("input", Value::Object(step.input.clone())),
+                ("http", step.http_block()),
                 (
                     "name",
                     step.name.clone().map(Value::String).unwrap_or(Value::Null),
@@ -418,6 +454,40 @@ impl Template {
         topological_order(&self.steps, &edges)
     }
 
+    /// What a step of its kind needs: a script names one; an http step
+    /// has its `http` block and nothing a script would take.
+    fn validate_kind(&self, step: &StepTemplate, at: &str) -> Result<(), TemplateError> {
+        match (step.kind, &step.http) {
+            (StepKind::Script, None) if step.script.trim().is_empty() => {
+                Err(err(format!("{at}.script"), "must name a script"))
+            }
+            (StepKind::Script, None) => Ok(()),
+            (StepKind::Script, Some(_)) => Err(err(
+                format!("{at}.http"),
+                "only a step of `kind: http` takes an http block",
+            )),
+            (StepKind::Http, None) => Err(err(
+                format!("{at}.http"),
+                "a step of `kind: http` needs an http block",
+            )),
+            (StepKind::Http, Some(http)) => {
+                if !step.script.is_empty() {
+                    return Err(err(
+                        format!("{at}.script"),
+                        "an http step runs no script; its requests are in `http`",
+                    ));
+                }
+                if !step.input.is_empty() {
+                    return Err(err(
+                        format!("{at}.input"),
+                        "an http step takes no input; its requests are in `http`",
+                    ));
+                }
+                http.validate(&format!("{at}.http"))
+            }
+        }
+    }
+
     fn check_reference(
         &self,
         step: &StepTemplate,
@@ -425,6 +495,13 @@ impl Template {
         path: &str,
         reference: &Reference,
     ) -> Result<(), TemplateError> {
+        if field == "http" {
+            let inside = path
+                .strip_prefix(&format!("steps.{}", step.ref_name))
+                .unwrap_or(path);
+            crate::http::reference_allowed(inside, reference.root == Root::Job)
+                .map_err(|m| err(path, format!("{reference}: {m}")))?;
+        }
         match &reference.root {
             Root::WorkflowInput => {
                 let Some(crate::refs::Segment::Key(key)) = reference.path.first() else {
@@ -440,6 +517,14 @@ impl Template {
                 }
             }
             Root::CheckMode => {}
+            // Where it may stand was checked above, for an http block.
+            Root::Job if field == "http" => {}
+            Root::Job => {
+                return Err(err(
+                    path,
+                    format!("{reference} can only be used in an http step's poll and cancel requests"),
+                ));
+            }
             // Whether it exists is known only where secrets are: at run time.
             Root::Secret(name) => {
                 if !crate::access::valid_secret_name(name) {
@@ -461,7 +546,7 @@ impl Template {
                 }
             }
             Root::StepOutput(dep) => {
-                if field != "input" {
+                if field != "input" && field != "http" {
                     return Err(err(
                         path,
                         format!(
@@ -554,6 +639,12 @@ impl Template {
                     format!("expected an object, got {}", value_kind(value)),
                 ));
             }
+            if self.step(step).is_some_and(|s| s.kind == StepKind::Http) {
+                return Err(err(
+                    format!("vars.steps.{step}"),
+                    "an http step takes no per-step input",
+                ));
+            }
         }
         let vars_value = Value::Object(inputs);
         let base_scope = Scope {
@@ -571,13 +662,16 @@ impl Template {
                 .ok_or_else(|| err("steps", "internal: lost a step"))?;
             let at = format!("steps.{ref_name}");
             let combos = for_each_combinations(step, &base_scope, &at)?;
-            let mut input = step.input.clone();
-            if let Some(Value::Object(extra)) = per_step.get(ref_name) {
+            // An http step's block is its input: its references resolve
+            // like a script's, at submission or at release.
+            let mut input = step.input_value();
+            if let (Some(Value::Object(extra)), Value::Object(input)) =
+                (per_step.get(ref_name), &mut input)
+            {
                 // Per-step inputs are data, not template text: they can not
                 // add references (or dependencies).
                 input.extend(extra.iter().map(|(k, v)| (k.clone(), literal(v))));
             }
-            let input = Value::Object(input);
             let needs_outputs = references_in(&input, "")
                 .map_err(|(p, m)| err(format!("{at}.input{p}"), m))?
                 .iter()
@@ -651,7 +745,7 @@ impl Template {
                 };
                 tasks.push(PlannedTask {
                     name,
-                    script: step.script.clone(),
+                    script: step.target(),
                     input: resolved,
                     depends_on,
                     step: StepSettings {

@@ -1,7 +1,10 @@
 //! A workflow as a reader sees it: its tasks grouped into template steps,
 //! each step with one overall status, and the DAG's edges.
 
+use std::collections::{BTreeMap, HashMap};
+
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::{Task, TaskId, TaskStatus, Workflow};
 
@@ -22,6 +25,12 @@ pub struct WorkflowView {
     pub steps: Vec<StepView>,
     /// `[from, to]`: `to` depends on `from`.
     pub edges: Vec<[TaskId; 2]>,
+    /// Each step's output by `ref_name`, as a later step would read
+    /// `${<step>.output}`: one object (`null` until it completed), or for a
+    /// `for_each` step the list of its instances' outputs. What a caller
+    /// one level up (another orchestrator's http step) reads by JSON
+    /// pointer, `/outputs/<step>/<key>`.
+    pub outputs: BTreeMap<String, Value>,
     pub tasks: Vec<Task>,
 }
 
@@ -57,10 +66,24 @@ impl WorkflowView {
             .iter()
             .flat_map(|t| t.depends_on.iter().map(move |from| [*from, t.id]))
             .collect();
+        let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, t)).collect();
+        let outputs = steps
+            .iter()
+            .map(|step| {
+                let instances: Vec<&Task> = step.task_ids.iter().map(|id| by_id[id]).collect();
+                let output = |t: &Task| t.output.clone().unwrap_or(Value::Null);
+                let value = match instances.as_slice() {
+                    [one] if one.step.each.is_none() => output(one),
+                    many => Value::Array(many.iter().map(|t| output(t)).collect()),
+                };
+                (step.ref_name.clone(), value)
+            })
+            .collect();
         WorkflowView {
             workflow,
             steps,
             edges,
+            outputs,
             tasks,
         }
     }
@@ -132,5 +155,21 @@ mod tests {
         );
         assert_eq!(view.edges, vec![[a.id, c.id], [b.id, c.id]]);
         assert_eq!(view.tasks.len(), 4);
+    }
+
+    #[test]
+    fn outputs_are_keyed_by_step_as_a_later_step_reads_them() {
+        let workflow = Workflow::new("tpl", "wf", Utc::now());
+        let mut one = task(workflow.id, "net", TaskStatus::Completed, vec![]);
+        one.output = Some(serde_json::json!({"cidr": "10.0.0.0/24"}));
+        let mut vm = task(workflow.id, "vm", TaskStatus::Completed, vec![]);
+        vm.step.each = Some(serde_json::json!({"host": "a"}));
+        vm.output = Some(serde_json::json!({"ip": "10.0.0.2"}));
+        let pending = task(workflow.id, "join", TaskStatus::Pending, vec![one.id]);
+        let view = WorkflowView::new(workflow, vec![one, vm, pending]);
+        assert_eq!(
+            serde_json::to_value(&view.outputs).unwrap(),
+            serde_json::json!({"net": {"cidr": "10.0.0.0/24"}, "vm": [{"ip": "10.0.0.2"}], "join": null})
+        );
     }
 }

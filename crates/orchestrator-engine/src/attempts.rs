@@ -1,4 +1,4 @@
-//! The attempts this node runs right now, each with the token that stops
+//! The attempts this node runs right now, each with the tokens that stop
 //! its step. Whoever must stop an attempt (a cancel, a lost lease, the end
 //! of the shutdown grace) finds it here.
 
@@ -10,31 +10,62 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lock;
 
+/// How an attempt is stopped. A step that started work elsewhere (an
+/// http job) must tell the two apart: a cancelled task's job is cancelled
+/// too, while an attempt stopped for any other reason leaves its job
+/// running for the next attempt to resume.
+#[derive(Clone)]
+pub(crate) struct StopTokens {
+    /// Fires when the task is cancelled; `attempt` fires with it.
+    pub(crate) task: CancellationToken,
+    /// Fires whenever the attempt must stop: a cancel, the end of the
+    /// shutdown grace, a lease another node took over.
+    pub(crate) attempt: CancellationToken,
+}
+
+impl StopTokens {
+    fn new() -> StopTokens {
+        let task = CancellationToken::new();
+        let attempt = task.child_token();
+        StopTokens { task, attempt }
+    }
+
+    /// The task was cancelled: its step stops, and so does its work.
+    pub(crate) fn cancel_task(&self) {
+        self.task.cancel();
+    }
+
+    /// Only this attempt stops; the task goes on.
+    pub(crate) fn stop_attempt(&self) {
+        self.attempt.cancel();
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Attempts {
     /// A std mutex: every use is a map operation that never awaits. An
     /// attempt is registered before its task is stored as running, so a
-    /// cancel that reads "running" always finds its token.
-    running: Mutex<HashMap<TaskId, CancellationToken>>,
+    /// cancel that reads "running" always finds its tokens.
+    running: Mutex<HashMap<TaskId, StopTokens>>,
 }
 
 impl Attempts {
-    /// Registers an attempt about to be claimed; its stop token.
-    pub(crate) fn begin(&self, id: TaskId) -> CancellationToken {
-        let token = CancellationToken::new();
-        lock(&self.running).insert(id, token.clone());
-        token
+    /// Registers an attempt about to be claimed; its stop tokens.
+    pub(crate) fn begin(&self, id: TaskId) -> StopTokens {
+        let tokens = StopTokens::new();
+        lock(&self.running).insert(id, tokens.clone());
+        tokens
     }
 
     pub(crate) fn end(&self, id: TaskId) {
         lock(&self.running).remove(&id);
     }
 
-    /// Stops the attempt's step if it runs here; whether it did.
-    pub(crate) fn stop(&self, id: TaskId) -> bool {
+    /// Stops the step of a cancelled task if it runs here; whether it did.
+    pub(crate) fn cancel(&self, id: TaskId) -> bool {
         match lock(&self.running).get(&id) {
-            Some(token) => {
-                token.cancel();
+            Some(tokens) => {
+                tokens.cancel_task();
                 true
             }
             None => false,
@@ -50,10 +81,10 @@ impl Attempts {
     }
 
     /// The attempts running now, with their tokens.
-    pub(crate) fn snapshot(&self) -> Vec<(TaskId, CancellationToken)> {
+    pub(crate) fn snapshot(&self) -> Vec<(TaskId, StopTokens)> {
         lock(&self.running)
             .iter()
-            .map(|(id, token)| (*id, token.clone()))
+            .map(|(id, tokens)| (*id, tokens.clone()))
             .collect()
     }
 }

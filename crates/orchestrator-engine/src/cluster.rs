@@ -142,16 +142,16 @@ impl Cluster {
     /// requested through another node. Returns the tasks still owned.
     async fn watch_running(&self) -> Vec<Task> {
         let mut owned = Vec::new();
-        for (id, token) in self.attempts.snapshot() {
+        for (id, tokens) in self.attempts.snapshot() {
             let Ok(Some(task)) = self.records.store().tasks().get_task(id).await else {
                 continue;
             };
             if task.status != TaskStatus::Running || task.node.as_deref() != Some(&self.node_id) {
                 tracing::warn!(task = %id, "another node took the task over; stopping its script here");
-                token.cancel();
+                tokens.stop_attempt();
             } else {
                 if task.cancel_requested {
-                    token.cancel();
+                    tokens.cancel_task();
                 }
                 owned.push(task);
             }

@@ -8,14 +8,15 @@ use std::time::Duration;
 use chrono::Utc;
 use orchestrator_core::event::{Change, TaskMark};
 use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId};
-use orchestrator_executor::{Attempt, LogSink, Outcome};
+use orchestrator_executor::{Attempt, CheckpointSink, LogSink, Outcome};
+use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::Result;
 use crate::access::Access;
-use crate::attempts::Attempts;
+use crate::attempts::{Attempts, StopTokens};
 use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
@@ -146,8 +147,9 @@ impl Dispatcher {
                 running = running.len(),
                 "grace period over; stopping running scripts"
             );
-            for (_, token) in running {
-                token.cancel();
+            for (_, tokens) in running {
+                // The tasks go on (back to the queue): only their steps stop.
+                tokens.stop_attempt();
             }
             let _ = tokio::time::timeout(Duration::from_secs(30), self.in_flight.wait()).await;
         }
@@ -171,8 +173,8 @@ impl Dispatcher {
             return Ok(());
         }
         let workflow = task.workflow_id;
-        let token = self.attempts.begin(id);
-        let attempt = self.claim_and_run(task, token, worker).await;
+        let tokens = self.attempts.begin(id);
+        let attempt = self.claim_and_run(task, tokens, worker).await;
         self.attempts.end(id);
         let result = match attempt {
             Ok(Some((task, outcome))) => self.lifecycle.finish_attempt(task, outcome).await,
@@ -190,7 +192,7 @@ impl Dispatcher {
     async fn claim_and_run(
         &self,
         task: Task,
-        token: CancellationToken,
+        tokens: StopTokens,
         worker: OwnedSemaphorePermit,
     ) -> Result<Option<(Task, Outcome)>> {
         let before = TaskMark::of(&task);
@@ -209,7 +211,7 @@ impl Dispatcher {
         // step instead of delaying it.
         let (marked, outcome) = tokio::join!(
             self.lifecycle.mark_workflow_running(task.workflow_id),
-            self.run_step(&task, token, worker)
+            self.run_step(&task, tokens, worker)
         );
         if let Err(e) = marked {
             tracing::warn!(workflow = %task.workflow_id, error = %e, "could not mark the workflow running");
@@ -222,7 +224,7 @@ impl Dispatcher {
     async fn run_step(
         &self,
         task: &Task,
-        token: CancellationToken,
+        tokens: StopTokens,
         worker: OwnedSemaphorePermit,
     ) -> Outcome {
         tracing::debug!(task = %task.id, attempt = task.attempts, script = %task.script, "attempt started");
@@ -254,6 +256,10 @@ impl Dispatcher {
             (task.id, task.workflow_id),
             log_chunks,
         ));
+        let checkpoints = ClaimedCheckpoint {
+            lifecycle: self.lifecycle.clone(),
+            claim: task,
+        };
         let attempt = Attempt {
             task_id: task.id.to_string(),
             workflow_id: task.workflow_id.to_string(),
@@ -261,8 +267,10 @@ impl Dispatcher {
             target: &task.script,
             input: &input,
             checkpoint: &task.checkpoint,
+            checkpoints: &checkpoints,
             check_mode: task.check_mode,
-            cancel: token,
+            cancel: tokens.attempt,
+            task_cancel: tokens.task,
             timeout: task.timeout(),
             deadline: tokio::time::Instant::now() + task.timeout(),
             log: logs,
@@ -292,5 +300,24 @@ impl Dispatcher {
             Outcome::TimedOut { error } => Outcome::TimedOut { error: text(error) },
             Outcome::Cancelled => Outcome::Cancelled,
         }
+    }
+}
+
+/// The checkpoint of one claimed attempt, as its step saves it: through
+/// the lifecycle, and only while the task still holds this attempt.
+struct ClaimedCheckpoint<'a> {
+    lifecycle: Arc<Lifecycle>,
+    /// The task as the claim stored it: its attempt number and node.
+    claim: &'a Task,
+}
+
+#[async_trait::async_trait]
+impl CheckpointSink for ClaimedCheckpoint<'_> {
+    async fn save(&self, entries: Map<String, Value>) -> std::result::Result<(), String> {
+        self.lifecycle
+            .save_attempt_checkpoint(self.claim, entries)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("cannot save the checkpoint: {e}"))
     }
 }

@@ -85,7 +85,6 @@ pub(crate) struct Inner {
     pub(crate) config: EngineConfig,
     pub(crate) templates: Templates,
     pub(crate) steps: Steps,
-    executor: ScriptExecutor,
     access: Arc<Access>,
     secrets: Arc<Secrets>,
     events: Arc<EventBus>,
@@ -102,10 +101,22 @@ pub(crate) struct Inner {
 }
 
 impl Engine {
-    /// Recovers unfinished work from storage and starts dispatching.
+    /// Recovers unfinished work from storage and starts dispatching, with
+    /// the `script` kind only.
     pub async fn start(
         store: Storage,
         executor: ScriptExecutor,
+        templates: Templates,
+        config: EngineConfig,
+    ) -> Result<Engine> {
+        Engine::start_with_steps(store, Steps::new(executor), templates, config).await
+    }
+
+    /// As [`Engine::start`], with the runners of every step kind this
+    /// service runs (`Steps::with` adds `http`, for example).
+    pub async fn start_with_steps(
+        store: Storage,
+        steps: Steps,
         templates: Templates,
         config: EngineConfig,
     ) -> Result<Engine> {
@@ -113,7 +124,6 @@ impl Engine {
             workers: config.workers.max(1),
             ..config
         };
-        let steps = Steps::new(executor.clone());
         let access = Arc::new(Access::load(store.clone(), config.access.clone()).await?);
         let secret_key = config.access.secret_key.unwrap_or_else(|| {
             let mut key = [0u8; 32];
@@ -159,7 +169,6 @@ impl Engine {
             config,
             templates,
             steps,
-            executor,
             access,
             secrets,
             events: events.clone(),
@@ -209,7 +218,7 @@ impl Engine {
     }
 
     pub fn executor(&self) -> &ScriptExecutor {
-        &self.inner.executor
+        self.inner.steps.scripts()
     }
 
     /// Events from now on: every durable change of a task or workflow,

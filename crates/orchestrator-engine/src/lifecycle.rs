@@ -28,6 +28,14 @@ use crate::records::Records;
 use crate::steps::Steps;
 use crate::{Error, Result, lock};
 
+/// Whether `task`, as stored now, is still running the attempt this node
+/// claimed (`claimed`, as the claim stored it).
+fn holds(task: &Task, claimed: &Task) -> bool {
+    task.status == TaskStatus::Running
+        && task.attempts == claimed.attempts
+        && task.node == claimed.node
+}
+
 /// Tasks' and workflows' moves.
 pub(crate) struct Lifecycle {
     records: Arc<Records>,
@@ -233,10 +241,7 @@ impl Lifecycle {
             // Only the attempt this node claimed may be ended by it: if its
             // lease ran out and another node took the task over, this
             // outcome is stale and must not land on the newer attempt.
-            if task.status != TaskStatus::Running
-                || task.attempts != claimed.attempts
-                || task.node != claimed.node
-            {
+            if !holds(&task, &claimed) {
                 tracing::warn!(
                     task = %id, attempt = claimed.attempts,
                     "the attempt ended after another node took the task over; its outcome is discarded"
@@ -295,8 +300,37 @@ impl Lifecycle {
         id: TaskId,
         entries: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Task> {
+        self.merge_checkpoint(id, None, entries).await
+    }
+
+    /// As `save_checkpoint`, but only while the task still holds the
+    /// attempt `claimed`: a step whose lease another node took over must
+    /// not write into the newer attempt's checkpoint.
+    pub(crate) async fn save_attempt_checkpoint(
+        &self,
+        claimed: &Task,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Task> {
+        self.merge_checkpoint(claimed.id, Some(claimed), entries)
+            .await
+    }
+
+    async fn merge_checkpoint(
+        &self,
+        id: TaskId,
+        claimed: Option<&Task>,
+        entries: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Task> {
         loop {
             let mut task = self.load_task(id).await?;
+            if let Some(claimed) = claimed
+                && !holds(&task, claimed)
+            {
+                return Err(Error::Conflict(format!(
+                    "task {id} is no longer held by attempt {} of this node",
+                    claimed.attempts
+                )));
+            }
             let before = TaskMark::of(&task);
             task.save_checkpoint(entries.clone(), Utc::now())?;
             if let Some(stored) = self.store_task(&task, before).await? {
@@ -320,7 +354,7 @@ impl Lifecycle {
             if immediate {
                 self.advance(stored.workflow_id).await?;
             } else {
-                self.attempts.stop(id);
+                self.attempts.cancel(id);
             }
             tracing::info!(task = %id, immediate, "task cancel requested");
             return Ok(stored);

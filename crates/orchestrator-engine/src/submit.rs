@@ -13,7 +13,7 @@ use orchestrator_storage::WorkflowQuery;
 use serde_json::{Map, Value};
 
 use crate::engine::Engine;
-use crate::templates::check;
+use crate::templates::{check, input_refusal};
 use crate::{Error, Result, WorkflowView};
 
 /// Which template a submission runs.
@@ -162,6 +162,19 @@ impl Engine {
         let config = self.config();
         let mut tasks: Vec<Task> = Vec::with_capacity(planned.len());
         for planned in planned {
+            // What the template check could not see: the values this
+            // submission put in (an http step's URL from a workflow input).
+            // Inputs that wait for step outputs are checked when they run.
+            if !planned.input.is_null() {
+                let kind = planned.step.kind;
+                self.steps()
+                    .check_input(kind, &planned.input)
+                    .map_err(|refusal| {
+                        let ref_name = planned.step.ref_name.as_deref().unwrap_or_default();
+                        let e = input_refusal(ref_name, kind, refusal);
+                        Error::validation(e.field, e.message)
+                    })?;
+            }
             let depends_on = planned.depends_on.iter().map(|&i| tasks[i].id).collect();
             let spec = TaskSpec {
                 name: planned.name,

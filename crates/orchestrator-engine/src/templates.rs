@@ -125,6 +125,9 @@ pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), Tem
                 field: format!("steps.{}.script", step.ref_name),
                 message,
             })?;
+        steps
+            .check_input(step.kind, &step.input_value())
+            .map_err(|refusal| input_refusal(&step.ref_name, step.kind, refusal))?;
         if let Some(rollback) = &step.rollback {
             // An undo is a script, whatever the step's kind.
             steps
@@ -136,6 +139,19 @@ pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), Tem
         }
     }
     Ok(())
+}
+
+/// A runner's refusal of a step's input, as the template's error: the
+/// field the input comes from (`input`, `http`) and the path inside it.
+pub(crate) fn input_refusal(
+    ref_name: &str,
+    kind: orchestrator_core::StepKind,
+    refusal: orchestrator_executor::InputRefusal,
+) -> TemplateError {
+    TemplateError {
+        field: format!("steps.{ref_name}.{}{}", kind.input_field(), refusal.at),
+        message: refusal.message,
+    }
 }
 
 fn file_error(file: &str, e: TemplateError) -> Error {

@@ -16,7 +16,7 @@ mod step;
 
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
 pub use run::{Job, Outcome, kill_leftovers};
-pub use step::{Attempt, LogSink, StepRunner};
+pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, StepRunner};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

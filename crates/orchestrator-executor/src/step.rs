@@ -1,8 +1,9 @@
 //! The step-kind seam: one attempt of one step, whatever kind of step it
 //! is. The engine hands the [`StepRunner`] of the step's kind an [`Attempt`] (the resolved input,
-//! the checkpoint, the cancel token, the deadline and a log sink) and gets
-//! back an [`Outcome`]; it never learns what ran. `script` is the first
-//! kind ([`ScriptExecutor`]).
+//! the checkpoint and a way to save it, the stop tokens, the deadline and
+//! a log sink) and gets back an [`Outcome`]; it never learns what ran.
+//! `script` is the first kind ([`ScriptExecutor`]); `http` lives in its own
+//! crate (`orchestrator-http`).
 
 use std::time::Duration;
 
@@ -36,6 +37,32 @@ impl LogSink {
     }
 }
 
+/// Saves a running task's checkpoint for the attempt that holds it. A
+/// kind that starts work elsewhere saves what identifies that work here
+/// before it depends on it, so that the next attempt resumes it instead
+/// of starting it again.
+#[async_trait]
+pub trait CheckpointSink: Send + Sync {
+    /// Merges `entries` into the checkpoint; durable when it returns `Ok`.
+    /// An error (storage down, or the task no longer held by this
+    /// attempt) says why nothing was saved.
+    async fn save(&self, entries: Map<String, Value>) -> Result<(), String>;
+}
+
+impl std::fmt::Debug for dyn CheckpointSink + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointSink")
+    }
+}
+
+/// Why `check_input` refused a step: where in the step's input (`.launch.url`,
+/// relative to the template field the input comes from) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRefusal {
+    pub at: String,
+    pub message: String,
+}
+
 /// One attempt of one step, as the engine hands it over.
 #[derive(Debug)]
 pub struct Attempt<'a> {
@@ -51,10 +78,17 @@ pub struct Attempt<'a> {
     pub input: &'a Value,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,
+    /// Saves to the checkpoint, for this attempt only.
+    pub checkpoints: &'a dyn CheckpointSink,
     /// Dry run: the step is told to change nothing.
     pub check_mode: bool,
-    /// Fires when the task is cancelled or the service shuts down.
+    /// Fires when the attempt must stop: the task is cancelled, the
+    /// service shuts down, or another node took the task over.
     pub cancel: CancellationToken,
+    /// Fires (with `cancel`) only when the task itself is cancelled. Work
+    /// a step started elsewhere is stopped then; when only this attempt
+    /// stops, it is left running for the next attempt to resume.
+    pub task_cancel: CancellationToken,
     /// The attempt's time limit, as configured (what messages state).
     pub timeout: Duration,
     /// When the attempt times out: `timeout` after it was handed over.
@@ -75,6 +109,15 @@ pub trait StepRunner: Send + Sync {
     /// Whether `target` can be run at all, checked when a template is
     /// loaded or submitted: the reason if not.
     fn check(&self, target: &str) -> Result<(), String>;
+
+    /// Whether a step's input can run, as far as it is known: when a
+    /// template is loaded (references unresolved) and for each task at
+    /// submission (workflow inputs resolved; step outputs and secrets are
+    /// still `${...}`). Most kinds have nothing to check here.
+    fn check_input(&self, input: &Value) -> Result<(), InputRefusal> {
+        let _ = input;
+        Ok(())
+    }
 
     /// Runs one attempt to its end: success, failure, timeout at the
     /// deadline, or cancel.

@@ -275,6 +275,10 @@ pub struct TemplateValidateArgs {
     /// Where the template's scripts must exist.
     #[arg(long, default_value = "./scripts")]
     pub scripts_dir: PathBuf,
+    /// Hosts its http steps may reach, as for `serve` (host or host:port;
+    /// repeatable, or comma-separated).
+    #[arg(long = "http-allow", env = "ORCHESTRATOR_HTTP_ALLOW", value_delimiter = ',')]
+    pub http_allow: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -399,6 +403,10 @@ pub struct ServeArgs {
     /// Seconds one storage call may wait for SurrealDB [default: 10].
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_REQUEST_TIMEOUT")]
     pub surrealdb_request_timeout: Option<u64>,
+    /// A host (any port) or host:port that http steps may send requests
+    /// to; repeatable, or comma-separated [default: none].
+    #[arg(long = "http-allow", env = "ORCHESTRATOR_HTTP_ALLOW", value_delimiter = ',')]
+    pub http_allow: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -2,8 +2,11 @@
 //! shut down gracefully on SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use orchestrator_core::StepKind;
+use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
@@ -80,14 +83,12 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     })
     .context("--scripts-dir")?
     .with_max_log_bytes(settings.max_log_bytes);
-    let templates = Templates::load(
-        Some(&settings.templates_dir),
-        &orchestrator_engine::steps::Steps::new(executor.clone()),
-    )
-    .context("cannot load templates")?;
-    let engine = Engine::start(
+    let steps = step_kinds(executor, &settings.http_allow)?;
+    let templates =
+        Templates::load(Some(&settings.templates_dir), &steps).context("cannot load templates")?;
+    let engine = Engine::start_with_steps(
         storage,
-        executor,
+        steps,
         templates,
         EngineConfig {
             workers: settings.workers,
@@ -115,6 +116,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         scripts_dir = %settings.scripts_dir.display(),
         templates_dir = %settings.templates_dir.display(),
         workers = settings.workers,
+        http_allow = %settings.http_allow,
         "orchestrator listening on http://{addr}"
     );
 
@@ -158,6 +160,17 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         stop,
         task,
     })
+}
+
+/// The step kinds this service runs: scripts, and http steps limited to
+/// the allowlist. `template validate` checks files against the same.
+pub fn step_kinds(
+    scripts: ScriptExecutor,
+    http_allow: &orchestrator_http::Allowlist,
+) -> anyhow::Result<Steps> {
+    let http = orchestrator_http::HttpExecutor::new(http_allow.clone())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Steps::new(scripts).with(StepKind::Http, Arc::new(http)))
 }
 
 /// This node's id: the setting, else the one kept in the data dir (made

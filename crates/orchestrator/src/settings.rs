@@ -48,6 +48,8 @@ pub struct FileConfig {
     /// Interpreter per script extension, e.g. `nu = "/opt/nu/bin/nu"`.
     #[serde(default)]
     pub interpreters: HashMap<String, PathBuf>,
+    /// Hosts http steps may reach: `["awx.example.com", "127.0.0.1:8081"]`.
+    pub http_allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,8 @@ pub struct ServeSettings {
     /// `ORCHESTRATOR_BOOTSTRAP_TOKEN`: the first admin token, instead of
     /// one made and printed at the first start.
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
+    /// Where http steps may send requests; nowhere by default.
+    pub http_allow: orchestrator_http::Allowlist,
 }
 
 impl ServeSettings {
@@ -114,6 +118,7 @@ impl ServeSettings {
             auth: true,
             rate_limit: 50,
             bootstrap_token: None,
+            http_allow: orchestrator_http::Allowlist::default(),
         }
     }
 
@@ -152,6 +157,15 @@ impl ServeSettings {
         if task_timeout == Some(0) {
             bail!("--task-timeout: must be at least 1 second");
         }
+        // Flags (or the variable) replace the file's list rather than add
+        // to it, as every other setting does.
+        let http_allow = if args.http_allow.is_empty() {
+            file.http_allow.clone().unwrap_or_default()
+        } else {
+            args.http_allow.clone()
+        };
+        let http_allow = orchestrator_http::Allowlist::parse(&http_allow)
+            .map_err(|e| anyhow::anyhow!("--http-allow: {e}"))?;
         let retry = RetryPolicy {
             base_delay: args
                 .retry_base_ms
@@ -212,6 +226,7 @@ impl ServeSettings {
                 .ok()
                 .filter(|t| !t.is_empty())
                 .map(orchestrator_storage::Secret::new),
+            http_allow,
         })
     }
 }
@@ -400,6 +415,47 @@ mod tests {
             let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
             assert!(message.contains(expected), "{message}");
         }
+    }
+
+    #[test]
+    fn the_http_allowlist_comes_from_flags_or_the_file_and_is_empty_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(&path, "http_allow = [\"awx.example.com\", \"127.0.0.1:8081\"]\n").unwrap();
+        let from_file = ServeSettings::resolve(ServeArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            from_file.http_allow.to_string(),
+            "allowed: awx.example.com, 127.0.0.1:8081"
+        );
+        let from_flags = ServeSettings::resolve(ServeArgs {
+            config: Some(path),
+            http_allow: vec!["tfc.example.com:443".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            from_flags.http_allow.to_string(),
+            "allowed: tfc.example.com:443"
+        );
+        assert!(
+            ServeSettings::resolve(ServeArgs::default())
+                .unwrap()
+                .http_allow
+                .is_empty()
+        );
+        let message = format!(
+            "{:#}",
+            ServeSettings::resolve(ServeArgs {
+                http_allow: vec!["https://x".into()],
+                ..Default::default()
+            })
+            .unwrap_err()
+        );
+        assert!(message.contains("--http-allow: `https://x`"), "{message}");
     }
 
     #[test]

@@ -322,11 +322,11 @@ pub async fn template(client: &ClientArgs, command: TemplateCommand) -> anyhow::
                     service_url: None,
                 })
                 .with_context(|| format!("--scripts-dir {}", args.scripts_dir.display()))?;
-            orchestrator_engine::templates::check(
-                &template,
-                &orchestrator_engine::steps::Steps::new(executor),
-            )
-            .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+            let http_allow = orchestrator_http::Allowlist::parse(&args.http_allow)
+                .map_err(|e| anyhow::anyhow!("--http-allow: {e}"))?;
+            let steps = crate::service::step_kinds(executor, &http_allow)?;
+            orchestrator_engine::templates::check(&template, &steps)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
             println!(
                 "{}: template {}@{} is valid ({} steps)",
                 args.file.display(),

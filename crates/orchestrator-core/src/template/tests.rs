@@ -324,3 +324,117 @@ fn a_step_names_its_kind_and_script_is_the_default() {
         "{unknown}"
     );
 }
+
+const HTTP: &str = r#"
+name: Remote job
+ref_name: remote
+schema_version: 1
+inputs:
+  base: {type: string}
+  vars: {type: object, default: {}}
+steps:
+  - ref_name: prepare
+    script: prepare.sh
+  - ref_name: awx
+    kind: http
+    http:
+      headers: {Authorization: "Bearer ${secrets.awx_token}"}
+      launch:
+        url: ${workflow.input.base}/api/v2/job_templates/7/launch/
+        body: {extra_vars: "${workflow.input.vars}", ticket: "${prepare.output.ticket}"}
+      job_id: /job
+      poll:
+        url: ${workflow.input.base}/api/v2/jobs/${job.id}/
+        interval: 250ms
+        status: /status
+        status_map: {success: [successful], running: [pending, running], failure: [failed]}
+      outputs: {artifacts: /artifacts}
+      cancel: {url: "${workflow.input.base}/api/v2/jobs/${job.id}/cancel/"}
+"#;
+
+/// `HTTP` with its `awx` step changed by `edit` (a YAML line replaced).
+fn http_with(from: &str, to: &str) -> String {
+    assert!(HTTP.contains(from), "{from}");
+    HTTP.replace(from, to)
+}
+
+#[test]
+fn an_http_step_plans_its_block_as_the_task_input() {
+    let t = template(HTTP);
+    assert_eq!(t.steps[1].kind, StepKind::Http);
+    let e = t
+        .expand(&vars(json!({"base": "http://awx.test"})), false)
+        .unwrap();
+    let task = &e.tasks[1];
+    assert_eq!(task.script, "http:awx");
+    assert_eq!(task.step.kind, StepKind::Http);
+    // It reads `prepare`'s output: resolved at release, like a script's input.
+    assert_eq!(task.depends_on, vec![0]);
+    assert_eq!(task.input, Value::Null);
+    let block = task.step.input_template.as_ref().unwrap();
+    assert_eq!(block["job_id"], "/job");
+    assert_eq!(
+        block["poll"]["url"],
+        "${workflow.input.base}/api/v2/jobs/${job.id}/"
+    );
+
+    // Without step outputs it resolves at submission; secrets and the job
+    // id stay references, to be put in when the step runs.
+    let t = template(&http_with(
+        ", ticket: \"${prepare.output.ticket}\"",
+        "",
+    ));
+    let e = t
+        .expand(&vars(json!({"base": "http://awx.test", "vars": {"n": 1}})), false)
+        .unwrap();
+    let input = &e.tasks[1].input;
+    assert_eq!(
+        input["launch"]["url"],
+        "http://awx.test/api/v2/job_templates/7/launch/"
+    );
+    assert_eq!(input["launch"]["body"]["extra_vars"], json!({"n": 1}));
+    assert_eq!(input["headers"]["Authorization"], "Bearer ${secrets.awx_token}");
+    assert_eq!(input["poll"]["url"], "http://awx.test/api/v2/jobs/${job.id}/");
+    let back: crate::http::HttpStep = serde_json::from_value(input.clone()).unwrap();
+    assert_eq!(back.outputs["artifacts"], "/artifacts");
+}
+
+#[test]
+fn an_http_step_is_refused_with_the_field_at_fault() {
+    let cases = [
+        (
+            http_with("url: ${workflow.input.base}/api/v2/job_templates/7/launch/", "url: ${workflow.input.base}/${job.id}"),
+            "steps.awx.http.launch.url",
+            "poll and cancel",
+        ),
+        (http_with("job_id: /job", "job_id: /${workflow.input.base}"), "steps.awx.http.job_id", "url, headers and body"),
+        (http_with("status: /status", "status: status"), "steps.awx.http.poll.status", "JSON pointer"),
+        (http_with("    kind: http\n", "    kind: http\n    script: x.sh\n"), "steps.awx.script", "no script"),
+        (http_with("    kind: http\n", "    kind: http\n    input: {a: 1}\n"), "steps.awx.input", "no input"),
+        (http_with("    kind: http\n", ""), "steps.awx.http", "kind: http"),
+        (
+            "name: t\nref_name: t\nschema_version: 1\nsteps:\n- {ref_name: a, kind: http}\n".to_owned(),
+            "steps.a.http",
+            "needs an http block",
+        ),
+        (
+            "name: t\nref_name: t\nschema_version: 1\nsteps:\n- {ref_name: a}\n".to_owned(),
+            "steps.a.script",
+            "must name a script",
+        ),
+        (
+            one_step("- {ref_name: a, script: s.sh, input: {v: '${job.id}'}}"),
+            "steps.a.input.v",
+            "poll and cancel",
+        ),
+    ];
+    for (text, field, mentions) in cases {
+        check_invalid(&text, json!({"base": "http://x"}), field, mentions);
+    }
+    check_invalid(
+        HTTP,
+        json!({"base": "http://x", "steps": {"awx": {"a": 1}}}),
+        "vars.steps.awx",
+        "no per-step input",
+    );
+}
