@@ -336,9 +336,12 @@ fn check_request(at: &str, request: &Request) -> Result<(), TemplateError> {
     }
     // A URL may start with a reference (`${workflow.input.awx_url}/api/...`):
     // its scheme is then checked when it is known, at submission or run time.
-    let literal = url.split("${").next().unwrap_or_default().to_ascii_lowercase();
-    if !literal.is_empty() && !literal.starts_with("http://") && !literal.starts_with("https://")
-    {
+    let literal = url
+        .split("${")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if !literal.is_empty() && !literal.starts_with("http://") && !literal.starts_with("https://") {
         return Err(err(
             format!("{at}.url"),
             format!("`{url}` must start with http:// or https://"),
@@ -464,7 +467,10 @@ mod tests {
     fn defaults_fill_what_the_block_leaves_out() {
         let mut block = awx();
         block["poll"].as_object_mut().unwrap().remove("interval");
-        block["poll"].as_object_mut().unwrap().remove("max_interval");
+        block["poll"]
+            .as_object_mut()
+            .unwrap()
+            .remove("max_interval");
         block["poll"].as_object_mut().unwrap().remove("backoff");
         let step = step(block);
         assert_eq!(

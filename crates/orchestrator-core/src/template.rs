@@ -522,7 +522,9 @@ impl Template {
             Root::Job => {
                 return Err(err(
                     path,
-                    format!("{reference} can only be used in an http step's poll and cancel requests"),
+                    format!(
+                        "{reference} can only be used in an http step's poll and cancel requests"
+                    ),
                 ));
             }
             // Whether it exists is known only where secrets are: at run time.

@@ -131,7 +131,10 @@ fn parse_entry(entry: &str) -> Result<Entry, String> {
         return Err(bad("not a host name or address"));
     }
     let port = port
-        .map(|p| p.parse::<u16>().map_err(|_| bad("the port is not a number from 0 to 65535")))
+        .map(|p| {
+            p.parse::<u16>()
+                .map_err(|_| bad("the port is not a number from 0 to 65535"))
+        })
         .transpose()?;
     Ok(Entry { host, port })
 }
@@ -203,12 +206,12 @@ mod tests {
             origin("https://awx.example.com/api/v2/jobs/${job.id}/").as_deref(),
             Some("https://awx.example.com/")
         );
-        assert_eq!(
-            origin("http://h:81/x").as_deref(),
-            Some("http://h:81/x")
-        );
+        assert_eq!(origin("http://h:81/x").as_deref(), Some("http://h:81/x"));
         assert_eq!(origin("${workflow.input.base}/api"), None);
-        assert_eq!(origin("http://awx-${workflow.input.env}.example.com/"), None);
+        assert_eq!(
+            origin("http://awx-${workflow.input.env}.example.com/"),
+            None
+        );
         assert!(literal_origin("http://[bad/").unwrap().is_err());
     }
 }

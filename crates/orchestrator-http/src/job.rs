@@ -200,9 +200,7 @@ impl Job<'_> {
         let pointer = &self.spec.job_id;
         match body.pointer(pointer) {
             Some(id @ (Value::String(_) | Value::Number(_))) if id != "" => Ok(id.clone()),
-            Some(other) => Err(format!(
-                "`{pointer}` holds {other}, not a string or number"
-            )),
+            Some(other) => Err(format!("`{pointer}` holds {other}, not a string or number")),
             None => Err(format!("it has nothing at `{pointer}`")),
         }
     }
@@ -235,7 +233,12 @@ impl Job<'_> {
             }
             let body = match answer.json() {
                 Ok(body) => body,
-                Err(why) => return failed(format!("polling {job} answered {}, but {why}", answer.status)),
+                Err(why) => {
+                    return failed(format!(
+                        "polling {job} answered {}, but {why}",
+                        answer.status
+                    ));
+                }
             };
             let status = match body.pointer(&poll.status) {
                 Some(Value::String(s)) => s.clone(),
@@ -396,7 +399,10 @@ impl Job<'_> {
             Ok(answer) if cancel.accepts(answer.status.as_u16()) => {
                 format!("{why}; {job} was cancelled ({})", answer.status)
             }
-            Ok(answer) => format!("{why}; {}", answer.unexpected(&format!("cancelling {job}"), cancel)),
+            Ok(answer) => format!(
+                "{why}; {}",
+                answer.unexpected(&format!("cancelling {job}"), cancel)
+            ),
             Err(e) => format!("{why}; cancelling {job} failed: {e}"),
         }
     }

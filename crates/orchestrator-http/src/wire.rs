@@ -74,8 +74,9 @@ impl HttpExecutor {
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("`{name}` is not a valid header name"))?;
             // The value is never shown: it may hold a secret.
-            let mut value = HeaderValue::from_str(&text(value, false))
-                .map_err(|_| format!("header `{name}` has a value that is not valid in a header"))?;
+            let mut value = HeaderValue::from_str(&text(value, false)).map_err(|_| {
+                format!("header `{name}` has a value that is not valid in a header")
+            })?;
             value.set_sensitive(true);
             headers.insert(name, value);
         }

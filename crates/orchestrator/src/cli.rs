@@ -277,7 +277,11 @@ pub struct TemplateValidateArgs {
     pub scripts_dir: PathBuf,
     /// Hosts its http steps may reach, as for `serve` (host or host:port;
     /// repeatable, or comma-separated).
-    #[arg(long = "http-allow", env = "ORCHESTRATOR_HTTP_ALLOW", value_delimiter = ',')]
+    #[arg(
+        long = "http-allow",
+        env = "ORCHESTRATOR_HTTP_ALLOW",
+        value_delimiter = ','
+    )]
     pub http_allow: Vec<String>,
 }
 
@@ -405,7 +409,11 @@ pub struct ServeArgs {
     pub surrealdb_request_timeout: Option<u64>,
     /// A host (any port) or host:port that http steps may send requests
     /// to; repeatable, or comma-separated [default: none].
-    #[arg(long = "http-allow", env = "ORCHESTRATOR_HTTP_ALLOW", value_delimiter = ',')]
+    #[arg(
+        long = "http-allow",
+        env = "ORCHESTRATOR_HTTP_ALLOW",
+        value_delimiter = ','
+    )]
     pub http_allow: Vec<String>,
 }
 

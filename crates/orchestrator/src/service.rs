@@ -168,8 +168,8 @@ pub fn step_kinds(
     scripts: ScriptExecutor,
     http_allow: &orchestrator_http::Allowlist,
 ) -> anyhow::Result<Steps> {
-    let http = orchestrator_http::HttpExecutor::new(http_allow.clone())
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let http =
+        orchestrator_http::HttpExecutor::new(http_allow.clone()).map_err(|e| anyhow::anyhow!(e))?;
     Ok(Steps::new(scripts).with(StepKind::Http, Arc::new(http)))
 }
 

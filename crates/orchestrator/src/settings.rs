@@ -421,7 +421,11 @@ mod tests {
     fn the_http_allowlist_comes_from_flags_or_the_file_and_is_empty_by_default() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orchestrator.toml");
-        std::fs::write(&path, "http_allow = [\"awx.example.com\", \"127.0.0.1:8081\"]\n").unwrap();
+        std::fs::write(
+            &path,
+            "http_allow = [\"awx.example.com\", \"127.0.0.1:8081\"]\n",
+        )
+        .unwrap();
         let from_file = ServeSettings::resolve(ServeArgs {
             config: Some(path.clone()),
             ..Default::default()

@@ -380,12 +380,12 @@ fn an_http_step_plans_its_block_as_the_task_input() {
 
     // Without step outputs it resolves at submission; secrets and the job
     // id stay references, to be put in when the step runs.
-    let t = template(&http_with(
-        ", ticket: \"${prepare.output.ticket}\"",
-        "",
-    ));
+    let t = template(&http_with(", ticket: \"${prepare.output.ticket}\"", ""));
     let e = t
-        .expand(&vars(json!({"base": "http://awx.test", "vars": {"n": 1}})), false)
+        .expand(
+            &vars(json!({"base": "http://awx.test", "vars": {"n": 1}})),
+            false,
+        )
         .unwrap();
     let input = &e.tasks[1].input;
     assert_eq!(
@@ -393,8 +393,14 @@ fn an_http_step_plans_its_block_as_the_task_input() {
         "http://awx.test/api/v2/job_templates/7/launch/"
     );
     assert_eq!(input["launch"]["body"]["extra_vars"], json!({"n": 1}));
-    assert_eq!(input["headers"]["Authorization"], "Bearer ${secrets.awx_token}");
-    assert_eq!(input["poll"]["url"], "http://awx.test/api/v2/jobs/${job.id}/");
+    assert_eq!(
+        input["headers"]["Authorization"],
+        "Bearer ${secrets.awx_token}"
+    );
+    assert_eq!(
+        input["poll"]["url"],
+        "http://awx.test/api/v2/jobs/${job.id}/"
+    );
     let back: crate::http::HttpStep = serde_json::from_value(input.clone()).unwrap();
     assert_eq!(back.outputs["artifacts"], "/artifacts");
 }
@@ -403,17 +409,41 @@ fn an_http_step_plans_its_block_as_the_task_input() {
 fn an_http_step_is_refused_with_the_field_at_fault() {
     let cases = [
         (
-            http_with("url: ${workflow.input.base}/api/v2/job_templates/7/launch/", "url: ${workflow.input.base}/${job.id}"),
+            http_with(
+                "url: ${workflow.input.base}/api/v2/job_templates/7/launch/",
+                "url: ${workflow.input.base}/${job.id}",
+            ),
             "steps.awx.http.launch.url",
             "poll and cancel",
         ),
-        (http_with("job_id: /job", "job_id: /${workflow.input.base}"), "steps.awx.http.job_id", "url, headers and body"),
-        (http_with("status: /status", "status: status"), "steps.awx.http.poll.status", "JSON pointer"),
-        (http_with("    kind: http\n", "    kind: http\n    script: x.sh\n"), "steps.awx.script", "no script"),
-        (http_with("    kind: http\n", "    kind: http\n    input: {a: 1}\n"), "steps.awx.input", "no input"),
-        (http_with("    kind: http\n", ""), "steps.awx.http", "kind: http"),
         (
-            "name: t\nref_name: t\nschema_version: 1\nsteps:\n- {ref_name: a, kind: http}\n".to_owned(),
+            http_with("job_id: /job", "job_id: /${workflow.input.base}"),
+            "steps.awx.http.job_id",
+            "url, headers and body",
+        ),
+        (
+            http_with("status: /status", "status: status"),
+            "steps.awx.http.poll.status",
+            "JSON pointer",
+        ),
+        (
+            http_with("    kind: http\n", "    kind: http\n    script: x.sh\n"),
+            "steps.awx.script",
+            "no script",
+        ),
+        (
+            http_with("    kind: http\n", "    kind: http\n    input: {a: 1}\n"),
+            "steps.awx.input",
+            "no input",
+        ),
+        (
+            http_with("    kind: http\n", ""),
+            "steps.awx.http",
+            "kind: http",
+        ),
+        (
+            "name: t\nref_name: t\nschema_version: 1\nsteps:\n- {ref_name: a, kind: http}\n"
+                .to_owned(),
             "steps.a.http",
             "needs an http block",
         ),

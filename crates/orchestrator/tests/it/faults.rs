@@ -259,20 +259,20 @@ pub(crate) fn check_promises(
 }
 
 #[cfg(feature = "surrealdb")]
-mod nodes {
+pub(crate) mod nodes {
     use super::*;
     use crate::backends::dev_server::DevServer;
 
     /// A SurrealDB server with a fresh database, and the `serve` flags that
     /// put nodes on it; each node gets its own data dir under `dir`.
-    struct SharedStore {
+    pub(crate) struct SharedStore {
         _server: DevServer,
-        dir: tempfile::TempDir,
+        pub(crate) dir: tempfile::TempDir,
         flags: Vec<String>,
     }
 
     impl SharedStore {
-        fn new(extra: &[&str]) -> SharedStore {
+        pub(crate) fn new(extra: &[&str]) -> SharedStore {
             let server = DevServer::start_memory();
             let database = format!("nodes_{}", uuid::Uuid::now_v7().simple());
             let mut flags: Vec<String> = [
@@ -294,7 +294,7 @@ mod nodes {
             }
         }
 
-        fn args(&self) -> Vec<&str> {
+        pub(crate) fn args(&self) -> Vec<&str> {
             self.flags.iter().map(String::as_str).collect()
         }
     }
