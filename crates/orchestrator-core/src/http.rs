@@ -108,7 +108,10 @@ pub struct Request {
     pub expect: Vec<u16>,
 }
 
-/// How the job is watched.
+/// How the job is watched: a request (its fields as in [`Request`],
+/// repeated because serde cannot flatten them into a struct that refuses
+/// unknown fields, and a misspelt field must be refused), and what its
+/// answers mean.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Poll {

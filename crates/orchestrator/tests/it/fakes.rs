@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -133,14 +134,18 @@ impl Fake {
         }));
         let app = match flavor {
             Flavor::Awx => axum::Router::new()
-                .route("/api/v2/job_templates/{template}/launch/", post(awx_launch))
+                .route("/api/v2/job_templates/{template}/launch/", post(launch))
                 .route("/api/v2/jobs/{job}/", get(poll))
                 .route("/api/v2/jobs/{job}/cancel/", post(cancel)),
             Flavor::Terraform => axum::Router::new()
-                .route("/api/v2/runs", post(tfc_launch))
+                .route("/api/v2/runs", post(launch))
                 .route("/api/v2/runs/{job}", get(poll))
                 .route("/api/v2/runs/{job}/actions/cancel", post(cancel)),
         }
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            authorize,
+        ))
         .with_state(shared.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -213,6 +218,15 @@ impl Drop for Fake {
     }
 }
 
+/// Every request passes the token check first.
+async fn authorize(State(shared): State<Shared>, request: Request, next: Next) -> Response {
+    let refusal = refused(&mut lock(&shared), request.headers());
+    match refusal {
+        Some(refusal) => refusal,
+        None => next.run(request).await,
+    }
+}
+
 /// The token check; `Some(answer)` refuses the request.
 fn refused(inner: &mut Inner, headers: &HeaderMap) -> Option<Response> {
     let token = inner.token.as_ref()?;
@@ -233,15 +247,29 @@ fn refused(inner: &mut Inner, headers: &HeaderMap) -> Option<Response> {
     )
 }
 
-/// Starts a job; its id as the flavor writes it.
-fn launch(inner: &mut Inner, headers: &HeaderMap, body: Value) -> String {
+/// Starts a job, if the token allows, and answers with its id where the
+/// flavor puts it.
+async fn launch(
+    State(shared): State<Shared>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let mut inner = lock(&shared);
     let n = inner.seen.launches.len() + 1;
-    let job = match inner.flavor {
-        Flavor::Awx => n.to_string(),
-        Flavor::Terraform => format!("run-{n:04}"),
+    let (job, answer) = match inner.flavor {
+        Flavor::Awx => (
+            n.to_string(),
+            json!({"job": n, "id": n, "type": "job", "status": "pending"}),
+        ),
+        Flavor::Terraform => {
+            let id = format!("run-{n:04}");
+            let answer =
+                json!({"data": {"id": id, "type": "runs", "attributes": {"status": "pending"}}});
+            (id, answer)
+        }
     };
     inner.jobs.insert(
-        job.clone(),
+        job,
         Job {
             started: Instant::now(),
             cancelled: false,
@@ -255,53 +283,11 @@ fn launch(inner: &mut Inner, headers: &HeaderMap, body: Value) -> String {
             .map(str::to_owned),
         body,
     });
-    job
+    (StatusCode::CREATED, Json(answer)).into_response()
 }
 
-async fn awx_launch(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> Response {
+async fn poll(State(shared): State<Shared>, Path(job): Path<String>) -> Response {
     let mut inner = lock(&shared);
-    if let Some(refusal) = refused(&mut inner, &headers) {
-        return refusal;
-    }
-    let job = launch(&mut inner, &headers, body);
-    let id: u64 = job.parse().unwrap_or_default();
-    (
-        StatusCode::CREATED,
-        Json(json!({"job": id, "id": id, "type": "job", "status": "pending"})),
-    )
-        .into_response()
-}
-
-async fn tfc_launch(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> Response {
-    let mut inner = lock(&shared);
-    if let Some(refusal) = refused(&mut inner, &headers) {
-        return refusal;
-    }
-    let job = launch(&mut inner, &headers, body);
-    (
-        StatusCode::CREATED,
-        Json(json!({"data": {"id": job, "type": "runs", "attributes": {"status": "pending"}}})),
-    )
-        .into_response()
-}
-
-async fn poll(
-    State(shared): State<Shared>,
-    Path(job): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let mut inner = lock(&shared);
-    if let Some(refusal) = refused(&mut inner, &headers) {
-        return refusal;
-    }
     let echo = inner
         .echo_token
         .then(|| inner.token.clone())
@@ -340,15 +326,8 @@ async fn poll(
     Json(body).into_response()
 }
 
-async fn cancel(
-    State(shared): State<Shared>,
-    Path(job): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+async fn cancel(State(shared): State<Shared>, Path(job): Path<String>) -> Response {
     let mut inner = lock(&shared);
-    if let Some(refusal) = refused(&mut inner, &headers) {
-        return refusal;
-    }
     match inner.jobs.get_mut(&job) {
         Some(record) => record.cancelled = true,
         None => return StatusCode::NOT_FOUND.into_response(),

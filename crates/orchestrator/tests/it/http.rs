@@ -101,12 +101,18 @@ async fn put_secret(service: &TestService, name: &str, value: &str) {
     assert_eq!(response.status(), 200);
 }
 
-#[tokio::test]
-async fn a_job_is_launched_once_polled_to_success_and_its_outputs_feed_the_next_step() {
-    let fake = Fake::start(
-        Flavor::Awx,
-        Plan::ending("successful", Duration::from_millis(300)),
-    );
+/// A finished `awx` → `report` workflow, with the fake AWX it drove and
+/// the service that ran it.
+struct Run {
+    fake: Fake,
+    service: TestService,
+    view: Value,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs `awx` → `report` against a fake AWX whose job follows `plan`.
+async fn awx_then_report(plan: Plan) -> Run {
+    let fake = Fake::start(Flavor::Awx, plan);
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(allowing(dir.path(), &[fake.port])).await;
     let id = submit_async(
@@ -115,6 +121,22 @@ async fn a_job_is_launched_once_polled_to_success_and_its_outputs_feed_the_next_
     )
     .await;
     let view = service.wait_workflow(&id).await;
+    Run {
+        fake,
+        service,
+        view,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn a_job_is_launched_once_polled_to_success_and_its_outputs_feed_the_next_step() {
+    let Run {
+        fake,
+        service,
+        view,
+        _dir,
+    } = awx_then_report(Plan::ending("successful", Duration::from_millis(300))).await;
     assert_eq!(view["status"], "completed", "{view}");
 
     let awx = task(&view, "awx");
@@ -166,15 +188,12 @@ async fn a_failed_status_fails_the_step_and_an_unknown_one_is_named() {
             "job 1 has the status `exploded`, which the status map does not list",
         ),
     ] {
-        let fake = Fake::start(Flavor::Awx, Plan::ending(end, Duration::from_millis(200)));
-        let dir = tempfile::tempdir().unwrap();
-        let service = TestService::start(allowing(dir.path(), &[fake.port])).await;
-        let id = submit_async(
-            &service,
-            submission(vec![awx_step(&fake.base), report_step()]),
-        )
-        .await;
-        let view = service.wait_workflow(&id).await;
+        let Run {
+            fake,
+            service,
+            view,
+            _dir,
+        } = awx_then_report(Plan::ending(end, Duration::from_millis(200))).await;
         assert_eq!(view["status"], "failed", "{view}");
         let awx = task(&view, "awx");
         assert_eq!(awx["status"], "failed");
@@ -524,6 +543,36 @@ async fn a_workflow_runs_a_workflow_on_another_orchestrator_and_gets_its_outputs
     tier1.stop().await;
 }
 
+/// Submits `awx` → `report` to the service at `url` and waits until its
+/// job is being polled; the workflow's answer.
+fn submit_and_wait_for_polling(url: &str, fake: &Fake) -> Value {
+    let mut step = awx_step(&fake.base);
+    step["retries"] = json!(3);
+    let created = submit(
+        &format!("{url}/workflows"),
+        submission(vec![step, report_step()]),
+    );
+    fake.until_blocking("a poll of job 1", |s| s.polls_of("1") > 0);
+    created
+}
+
+/// After a crash during the polls: the workflow completed on one launch,
+/// job 1 was polled again, and its outputs reached the next step. The
+/// `awx` task's attempt history.
+fn assert_resumed(fake: &Fake, view: &Value, polls_before: usize) -> Vec<Value> {
+    assert_eq!(view["status"], "completed", "{view}");
+    assert_eq!(fake.launches(), 1, "the job was launched again");
+    assert!(
+        fake.seen(|s| s.polls_of("1")) > polls_before,
+        "job 1 was not polled again"
+    );
+    assert_eq!(
+        task(view, "report")["output"]["input"]["ips"],
+        json!(["10.1.0.11", "10.1.0.12"])
+    );
+    task(view, "awx")["history"].as_array().unwrap().clone()
+}
+
 /// The real binary, killed with SIGKILL while its http step polls: the
 /// restarted service polls the same job, and the fake saw one launch.
 fn kill_while_polling(store_args: &[&str]) {
@@ -537,33 +586,16 @@ fn kill_while_polling(store_args: &[&str]) {
     let mut args = vec!["--http-allow", allow.as_str()];
     args.extend_from_slice(store_args);
     let daemon = Daemon::start(&data, &args);
-    let mut step = awx_step(&fake.base);
-    step["retries"] = json!(3);
-    let created = submit(
-        &format!("{}/workflows", daemon.url),
-        submission(vec![step, report_step()]),
-    );
-    let workflow = created["id"].as_str().unwrap().to_owned();
-    fake.until_blocking("a poll of job 1", |s| s.polls_of("1") > 0);
+    let created = submit_and_wait_for_polling(&daemon.url, &fake);
     daemon.signal("-KILL");
     assert!(!daemon.wait().success());
     let polls_before = fake.seen(|s| s.polls_of("1"));
 
     let daemon = Daemon::start(&data, &args);
-    let view = wait_for_workflows(&daemon, std::slice::from_ref(&workflow)).remove(0);
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(fake.launches(), 1, "the job was launched again");
-    assert!(
-        fake.seen(|s| s.polls_of("1")) > polls_before,
-        "job 1 was not polled again"
-    );
-    let awx = task(&view, "awx");
-    let interrupted = awx["history"][0]["error"].as_str().unwrap();
+    let view = wait_for_workflows(&daemon, &[created["id"].as_str().unwrap().to_owned()]).remove(0);
+    let history = assert_resumed(&fake, &view, polls_before);
+    let interrupted = history[0]["error"].as_str().unwrap();
     assert!(interrupted.contains("the service stopped"), "{interrupted}");
-    assert_eq!(
-        task(&view, "report")["output"]["input"]["ips"],
-        json!(["10.1.0.11", "10.1.0.12"])
-    );
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
 }
@@ -594,14 +626,7 @@ fn a_node_takes_over_the_polling_without_launching_again() {
     let (dir, args) = (cluster.dir.path(), cluster.args());
     let a = Daemon::start(&dir.join("a"), &args);
     let b = Daemon::start(&dir.join("b"), &args);
-    let mut step = awx_step(&fake.base);
-    step["retries"] = json!(3);
-    let created = submit(
-        &format!("{}/workflows", a.url),
-        submission(vec![step, report_step()]),
-    );
-    let workflow = created["id"].as_str().unwrap().to_owned();
-    fake.until_blocking("a poll of job 1", |s| s.polls_of("1") > 0);
+    let created = submit_and_wait_for_polling(&a.url, &fake);
 
     // Kill whichever node polls.
     let task_id = task(&created, "awx")["id"].as_str().unwrap().to_owned();
@@ -615,14 +640,9 @@ fn a_node_takes_over_the_polling_without_launching_again() {
     assert!(!dead.wait().success());
     let polls_before = fake.seen(|s| s.polls_of("1"));
 
-    let view = wait_for_workflows(&survivor, std::slice::from_ref(&workflow)).remove(0);
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(fake.launches(), 1, "the job was launched again");
-    assert!(
-        fake.seen(|s| s.polls_of("1")) > polls_before,
-        "job 1 was not polled again"
-    );
-    let history = task(&view, "awx")["history"].as_array().unwrap().clone();
+    let view =
+        wait_for_workflows(&survivor, &[created["id"].as_str().unwrap().to_owned()]).remove(0);
+    let history = assert_resumed(&fake, &view, polls_before);
     assert!(
         history[0]["node"] == runner.as_str()
             && history[0]["error"]
