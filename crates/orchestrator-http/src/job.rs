@@ -45,7 +45,7 @@ pub(crate) async fn run(http: &HttpExecutor, attempt: Attempt<'_>) -> Outcome {
         schedule,
     };
     if attempt.check_mode && !spec.run_in_check_mode {
-        return job.dry_run();
+        return job.dry_run().await;
     }
     let id = match job.launch_or_resume().await {
         Ok(id) => id,
@@ -79,22 +79,23 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn log(&self, text: impl Into<String>) {
+    /// Writes to the task log; waits while the log is behind.
+    async fn log(&self, text: impl Into<String>) {
         let mut text = text.into();
         if !text.ends_with('\n') {
             text.push('\n');
         }
-        self.attempt.log.write(text.into_bytes());
+        self.attempt.log.write(text.into_bytes()).await;
     }
 
     /// A dry run sends nothing: the other system has no way to be told,
     /// unless the step says it does (`run_in_check_mode`).
-    fn dry_run(&self) -> Outcome {
+    async fn dry_run(&self) -> Outcome {
         self.log(format!(
             "dry run: not sending {} {} (set run_in_check_mode for a target told of the dry run in the request); every output is null",
             self.spec.launch.method_or(Method::Post),
             self.spec.launch.url
-        ));
+        )).await;
         let output: Map<String, Value> = self
             .spec
             .outputs
@@ -122,7 +123,8 @@ impl Job<'_> {
             self.log(format!(
                 "job {} was launched by an earlier attempt; polling it",
                 id_text(id)
-            ));
+            ))
+            .await;
             return Ok(id.clone());
         }
         if let Some(error) = checkpoint.get(LAUNCH_ERROR) {
@@ -137,7 +139,8 @@ impl Job<'_> {
                 self.log(
                     "an earlier attempt sent the launch but saved no job id; launching again \
                      with the same idempotency key",
-                );
+                )
+                .await;
                 key.to_owned()
             }
             None => {
@@ -174,7 +177,8 @@ impl Job<'_> {
             Err(why) => {
                 let why = format!("its answer ({}) gave no job id: {why}", answer.status);
                 if let Err(e) = self.save(json!({ LAUNCH_ERROR: why })).await {
-                    self.log(format!("could not record the failed launch: {e}"));
+                    self.log(format!("could not record the failed launch: {e}"))
+                        .await;
                 }
                 return Err(failed(format!("the launch was accepted, but {why}")));
             }
@@ -189,7 +193,8 @@ impl Job<'_> {
         self.log(format!(
             "job {} launched; its id is saved as the task's checkpoint",
             id_text(&id)
-        ));
+        ))
+        .await;
         if let Some(stop) = self.stop_now() {
             return Err(self.stopped(stop, Some(&id)).await);
         }
@@ -228,7 +233,7 @@ impl Job<'_> {
                 Ok(Ok(answer)) => answer,
             };
             if !request.accepts(answer.status.as_u16()) {
-                self.log(answer.body_line());
+                self.log(answer.body_line()).await;
                 return failed(answer.unexpected(&format!("polling {job}"), &request));
             }
             let body = match answer.json() {
@@ -243,7 +248,7 @@ impl Job<'_> {
             let status = match body.pointer(&poll.status) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Null) | None => {
-                    self.log(answer.body_line());
+                    self.log(answer.body_line()).await;
                     return failed(format!(
                         "polling {job}: the answer has no status at `{}`",
                         poll.status
@@ -254,11 +259,11 @@ impl Job<'_> {
             // The body only when the status changes: a long job polled
             // every few seconds would otherwise fill its log with copies.
             if last_status.as_deref() != Some(status.as_str()) {
-                self.log(answer.body_line());
+                self.log(answer.body_line()).await;
             }
-            self.log(format!("  {job} is `{status}`"));
+            self.log(format!("  {job} is `{status}`")).await;
             match poll.status_map.classify(&status) {
-                Some(JobState::Succeeded) => return self.finish(&body, &job, &status),
+                Some(JobState::Succeeded) => return self.finish(&body, &job, &status).await,
                 Some(JobState::Failed) => return failed(format!("{job} ended `{status}`")),
                 Some(JobState::Running) => {}
                 None => {
@@ -281,7 +286,7 @@ impl Job<'_> {
     }
 
     /// The step's output, read from the final poll's answer.
-    fn finish(&self, body: &Value, job: &str, status: &str) -> Outcome {
+    async fn finish(&self, body: &Value, job: &str, status: &str) -> Outcome {
         let mut output = Map::new();
         for (name, pointer) in &self.spec.outputs {
             match body.pointer(pointer) {
@@ -296,7 +301,7 @@ impl Job<'_> {
                 }
             }
         }
-        self.log(format!("{job} ended `{status}`"));
+        self.log(format!("{job} ended `{status}`")).await;
         Outcome::Succeeded {
             output: Value::Object(output),
         }
@@ -314,15 +319,15 @@ impl Job<'_> {
             .http
             .prepare(&self.spec.headers, request, extras)
             .map_err(|e| format!("the {what} request: {e}"))?;
-        self.log(prepared.describe());
+        self.log(prepared.describe()).await;
         let answer = self
             .http
             .send(&prepared, self.spec.follow_redirects, self.request_timeout)
             .await
             .map_err(|e| format!("{what}: {} {}: {e}", prepared.method, prepared.url))?;
-        self.log(format!("< {}", answer.status_line()));
+        self.log(format!("< {}", answer.status_line())).await;
         if log_body {
-            self.log(answer.body_line());
+            self.log(answer.body_line()).await;
         }
         Ok(answer)
     }
@@ -359,13 +364,14 @@ impl Job<'_> {
                         "the attempt was stopped (the service is shutting down, or another node \
                          took the task over); job {} keeps running, and the next attempt polls it",
                         id_text(id)
-                    ));
+                    ))
+                    .await;
                 }
                 Outcome::Cancelled
             }
             Stop::Stopped => {
                 let note = self.cancel_job(job, "the task was cancelled").await;
-                self.log(note);
+                self.log(note).await;
                 Outcome::Cancelled
             }
             Stop::Deadline => {
