@@ -14,6 +14,7 @@ use crate::cli::{Daemon, submit};
 use crate::fakes::{Fake, Flavor, Plan};
 use crate::faults::wait_for_workflows;
 use crate::harness::{TestService, fixture_settings, real_scripts};
+use crate::workflows::task;
 
 /// The test service's settings, allowing the given ports on loopback.
 fn allowing(data_dir: &Path, ports: &[u16]) -> ServeSettings {
@@ -78,16 +79,6 @@ async fn submit_async(service: &TestService, body: Value) -> String {
     let (status, created) = service.post("/workflows", body).await;
     assert_eq!(status, 202, "{created}");
     created["id"].as_str().unwrap().to_owned()
-}
-
-/// The tasks of a finished workflow, by step name.
-fn task<'a>(view: &'a Value, step: &str) -> &'a Value {
-    view["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["step"]["ref_name"] == step)
-        .unwrap_or_else(|| panic!("no task of step {step}: {view}"))
 }
 
 async fn put_secret(service: &TestService, name: &str, value: &str) {

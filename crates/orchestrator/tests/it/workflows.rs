@@ -26,7 +26,8 @@ async fn run(service: &TestService, body: Value) -> Value {
     service.wait_workflow(view["id"].as_str().unwrap()).await
 }
 
-fn task<'a>(view: &'a Value, name: &str) -> &'a Value {
+/// The task of a workflow's step (its first instance), by the step's name.
+pub(crate) fn task<'a>(view: &'a Value, name: &str) -> &'a Value {
     view["tasks"]
         .as_array()
         .unwrap()
