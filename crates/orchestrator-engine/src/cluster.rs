@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use orchestrator_core::event::{Before, Change, TaskMark, task_changes, workflow_change};
 use orchestrator_core::{Node, Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
-use orchestrator_storage::Change as StoredChange;
+use orchestrator_storage::{Change as StoredChange, ChangeFeed};
 use tokio_util::sync::CancellationToken;
 
 use crate::Result;
@@ -20,6 +20,8 @@ use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
 
+/// How long a start waits for the change feed to follow the store.
+const FEED_START_WAIT: Duration = Duration::from_secs(10);
 /// How often a node on a shared store looks for work others accepted.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Every this many polls, unfinished workflows are advanced too, in case
@@ -221,17 +223,30 @@ impl Cluster {
         Ok(())
     }
 
-    /// On a shared store, announces every node's changes as this node's
-    /// events, in the order the store reports them, until `closed`. Does
-    /// nothing on a store of one node (its writes announce themselves).
+    /// On a shared store, the store's change feed, once it follows the
+    /// store (or after `FEED_START_WAIT`): what is committed after this
+    /// returns is heard. `None` on a store of one node, whose writes
+    /// announce themselves.
+    pub(crate) async fn listen(&self) -> Option<ChangeFeed> {
+        let mut feed = self.records.store().nodes().changes()?;
+        if tokio::time::timeout(FEED_START_WAIT, feed.following())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the change feed does not follow the store yet; events of other nodes may be missed until it does"
+            );
+        }
+        Some(feed)
+    }
+
+    /// Announces every node's changes, as the feed reports them, as this
+    /// node's events, until `closed`.
     pub(crate) async fn follow_changes(
-        self: Arc<Self>,
+        mut feed: ChangeFeed,
         bus: Arc<EventBus>,
         closed: CancellationToken,
     ) {
-        let Some(mut feed) = self.records.store().nodes().changes() else {
-            return;
-        };
         let mut known = Known::default();
         loop {
             let change = tokio::select! {

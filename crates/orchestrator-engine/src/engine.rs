@@ -182,8 +182,11 @@ impl Engine {
             closed: CancellationToken::new(),
         });
         cluster.heartbeat().await?;
-        // Listening before recovering: what recovery changes is heard.
-        tokio::spawn(cluster.clone().follow_changes(events, inner.closed.clone()));
+        // Listening before recovering, and before the start returns: what
+        // recovery, a client or another node changes from now on is heard.
+        if let Some(feed) = cluster.listen().await {
+            tokio::spawn(Cluster::follow_changes(feed, events, inner.closed.clone()));
+        }
         lifecycle.recover().await?;
         tokio::spawn(dispatcher.run(inner.stopping.clone()));
         tokio::spawn(cluster.run(inner.stopping.clone(), inner.closed.clone()));
