@@ -1,6 +1,7 @@
-//! The door: who is calling (bearer token), whether their role allows the
-//! route, whether they are over their rate, and the audit record of every
-//! change and every refusal.
+//! The door: who is calling (bearer token, or the dashboard's session
+//! cookie), whether their role allows the route, whether a cookie's request
+//! carries its CSRF token, whether they are over their rate, and the audit
+//! record of every change and every refusal.
 //!
 //! Which route needs which role is decided here, from the route template,
 //! in one table ([`need`]), so a new route is covered by its method: reads
@@ -23,16 +24,19 @@ use orchestrator_engine::Engine;
 use orchestrator_engine::access::Principal;
 
 use crate::ApiError;
+use crate::session::{self, Session, Sessions};
 
-/// What the guard needs: the engine (tokens, audit) and the rate limiter.
+/// What the guard needs: the engine (tokens, audit), the session keys and
+/// the rate limiter.
 #[derive(Clone)]
 pub(crate) struct Guard {
     engine: Engine,
+    sessions: Sessions,
     limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
 }
 
 impl Guard {
-    pub(crate) fn new(engine: Engine) -> Guard {
+    pub(crate) fn new(engine: Engine, sessions: Sessions) -> Guard {
         let config = engine.access().config();
         // Off when auth is off: one local user needs no protection from itself.
         let limiter = NonZeroU32::new(config.rate_limit)
@@ -43,7 +47,11 @@ impl Guard {
                     Quota::per_second(rate).allow_burst(burst),
                 ))
             });
-        Guard { engine, limiter }
+        Guard {
+            engine,
+            sessions,
+            limiter,
+        }
     }
 }
 
@@ -64,14 +72,19 @@ pub(crate) enum Need {
 /// probing without a token learns nothing.
 pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
     match path {
-        Some("/health" | "/openapi.json") => Need::Open,
+        // The dashboard's files load before anyone signs in; signing out
+        // only clears the caller's own cookie.
+        Some("/health" | "/openapi.json" | "/ui" | "/ui/" | "/ui/{*path}" | "/ui/logout") => {
+            Need::Open
+        }
         Some("/metrics") => Need::Metrics,
         Some("/tasks/{id}/checkpoint") => Need::Checkpoint,
         Some(p) if p.starts_with("/tokens") || p.starts_with("/secrets") || p == "/audit" => {
             Need::Role(Role::Admin)
         }
-        // Checking a template changes nothing.
-        Some("/workflows/validate") => Need::Role(Role::Viewer),
+        // Checking a template changes nothing; any role may open a
+        // dashboard session.
+        Some("/workflows/validate" | "/ui/session") => Need::Role(Role::Viewer),
         _ if matches!(*method, Method::GET | Method::HEAD) => Need::Role(Role::Viewer),
         None => Need::Role(Role::Viewer),
         Some(_) => Need::Role(Role::Operator),
@@ -100,6 +113,8 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("DELETE", "/tokens/{id}") => "token.revoke",
         ("PUT", "/secrets/{name}") => "secret.put",
         ("DELETE", "/secrets/{name}") => "secret.delete",
+        ("POST", "/ui/session") => "session.create",
+        ("POST", "/ui/logout") => "session.delete",
         _ => "",
     };
     if named.is_empty() {
@@ -137,12 +152,15 @@ pub(crate) async fn guard(
         .ok()
         .and_then(|params| params.iter().next().map(|(_, value)| value.to_owned()));
 
-    let bearer = bearer(&request);
+    let credential = credential(&request, &guard.sessions);
     let principal = if !access.config().auth {
         Some(Principal::local())
     } else {
-        match &bearer {
-            Some(Ok(token)) => access.authenticate(token).await,
+        match &credential {
+            Credential::Bearer(token) => access.authenticate(token).await,
+            Credential::Session(Some(session)) => {
+                access.authenticate_token_id(&session.token_id).await
+            }
             _ => None,
         }
     };
@@ -165,13 +183,20 @@ pub(crate) async fn guard(
         }
     };
 
-    let refusal = check(
-        need(&method, path),
-        principal.as_ref(),
-        &bearer,
-        peer,
-        &target,
-    );
+    let need = need(&method, path);
+    let refusal = check(need, principal.as_ref(), &credential, peer, &target).or_else(|| {
+        // A browser sends the cookie with every request to this origin, so
+        // a change made with it must also prove that it comes from the
+        // page, which alone knows the CSRF token. Bearer tokens are never
+        // sent on their own, and need no such proof.
+        let Credential::Session(Some(session)) = &credential else {
+            return None;
+        };
+        let changes = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+        (access.config().auth && changes && need != Need::Open)
+            .then(|| csrf_refusal(session, request.headers()))
+            .flatten()
+    });
     if let Some(error) = refusal {
         access
             .record(audit(error.status, principal.as_ref(), target))
@@ -208,6 +233,10 @@ pub(crate) async fn guard(
     if let Some(principal) = &principal {
         request.extensions_mut().insert(principal.clone());
     }
+    if let Credential::Session(Some(session)) = credential {
+        // `GET /ui/session` hands the page its CSRF token again after a reload.
+        request.extensions_mut().insert(session);
+    }
     let response = next.run(request).await;
     if !is_change(&method, path) {
         return response;
@@ -223,34 +252,73 @@ pub(crate) async fn guard(
     response
 }
 
-/// The bearer token, `Err` when the header is there but not a bearer token.
-fn bearer(request: &Request) -> Option<Result<String, ()>> {
-    let value = request.headers().get(header::AUTHORIZATION)?;
-    let text = value.to_str().ok();
-    Some(
-        text.and_then(|t| {
-            t.strip_prefix("Bearer ")
-                .or_else(|| t.strip_prefix("bearer "))
-        })
-        .map(|t| t.trim().to_owned())
-        .filter(|t| !t.is_empty())
-        .ok_or(()),
-    )
+/// What a request presents to prove who it is.
+#[derive(Debug)]
+enum Credential {
+    None,
+    /// An `Authorization` header that is not `Bearer <token>`.
+    Malformed,
+    Bearer(String),
+    /// The dashboard's session cookie (and no `Authorization` header);
+    /// `None` when it is forged, damaged or expired.
+    Session(Option<Session>),
+}
+
+/// The request's credential. A bearer token wins over a cookie: a client
+/// that sends one means it.
+fn credential(request: &Request, sessions: &Sessions) -> Credential {
+    if let Some(value) = request.headers().get(header::AUTHORIZATION) {
+        return value
+            .to_str()
+            .ok()
+            .and_then(|t| {
+                t.strip_prefix("Bearer ")
+                    .or_else(|| t.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map_or(Credential::Malformed, |t| Credential::Bearer(t.to_owned()));
+    }
+    match session::cookie(request.headers()) {
+        Some(value) => Credential::Session(sessions.verify(value, Utc::now())),
+        None => Credential::None,
+    }
+}
+
+/// Why a change made with a session cookie is refused, if it is: its
+/// `X-CSRF-Token` header is missing or is not the session's.
+fn csrf_refusal(session: &Session, headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    let problem = match headers.get(session::CSRF_HEADER).map(HeaderValue::to_str) {
+        None => "is missing",
+        Some(Ok(sent)) if session.csrf_matches(sent) => return None,
+        Some(_) => "does not match the session",
+    };
+    Some(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "header X-CSRF-Token {problem}: a change made with the session cookie must repeat \
+             the csrf_token that POST /ui/session (or GET /ui/session) returned"
+        ),
+    ))
 }
 
 /// Why the caller may not pass, if they may not.
 fn check(
     need: Need,
     principal: Option<&Principal>,
-    bearer: &Option<Result<String, ()>>,
+    credential: &Credential,
     peer: Option<SocketAddr>,
     target: &Option<String>,
 ) -> Option<ApiError> {
     let unauthorized = || {
-        let message = match bearer {
-            None => "this needs an API token: send `Authorization: Bearer <token>`",
-            Some(Err(())) => "the Authorization header is not `Bearer <token>`",
-            Some(Ok(_)) => "the API token is unknown or revoked",
+        let message = match credential {
+            Credential::None => "this needs an API token: send `Authorization: Bearer <token>`",
+            Credential::Malformed => "the Authorization header is not `Bearer <token>`",
+            Credential::Bearer(_) => "the API token is unknown or revoked",
+            Credential::Session(_) => {
+                "the session has expired or its API token was revoked; sign in again"
+            }
         };
         Some(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -361,24 +429,24 @@ mod tests {
     fn metrics_are_open_on_loopback_only() {
         let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
-        assert!(check(Need::Metrics, None, &None, Some(local), &None).is_none());
-        let refused = check(Need::Metrics, None, &None, Some(remote), &None).unwrap();
+        assert!(check(Need::Metrics, None, &Credential::None, Some(local), &None).is_none());
+        let refused = check(Need::Metrics, None, &Credential::None, Some(remote), &None).unwrap();
         assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
-        assert!(check(Need::Metrics, None, &None, None, &None).is_some());
+        assert!(check(Need::Metrics, None, &Credential::None, None, &None).is_some());
         let viewer = Principal {
             actor: "v".into(),
             role: Some(Role::Viewer),
             task: None,
             token_id: Some("t".into()),
         };
-        assert!(check(Need::Metrics, Some(&viewer), &None, Some(remote), &None).is_none());
+        assert!(check(Need::Metrics, Some(&viewer), &Credential::None, Some(remote), &None).is_none());
         // A task token is for its checkpoint, not for metrics.
         let task = Principal {
             role: None,
             task: Some(orchestrator_core::TaskId::new()),
             ..viewer
         };
-        assert!(check(Need::Metrics, Some(&task), &None, Some(remote), &None).is_some());
+        assert!(check(Need::Metrics, Some(&task), &Credential::None, Some(remote), &None).is_some());
     }
 
     #[test]

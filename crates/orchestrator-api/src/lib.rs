@@ -3,6 +3,7 @@
 
 mod admin;
 mod auth;
+mod dashboard;
 mod error;
 mod extract;
 mod layers;
@@ -10,6 +11,7 @@ mod live;
 pub mod openapi;
 pub mod prometheus;
 mod routes;
+mod session;
 #[cfg(test)]
 mod tests;
 
@@ -39,31 +41,44 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 #[derive(Clone)]
 pub(crate) struct AppState {
     engine: Engine,
+    /// Issues the dashboard's session cookies; the guard checks them.
+    sessions: session::Sessions,
+}
+
+impl AppState {
+    pub(crate) fn new(engine: Engine) -> AppState {
+        let sessions = session::Sessions::new(engine.access().config().secret_key);
+        AppState { engine, sessions }
+    }
 }
 
 /// The full router with its middleware.
 pub fn app(engine: Engine) -> Router {
     with_layers(
         all_routes(),
-        AppState { engine },
+        AppState::new(engine),
         layers::Deadlines::default(),
     )
 }
 
-/// Every route, before middleware: the API's and the operational ones.
+/// Every route, before middleware: the API's, the dashboard's and the
+/// operational ones.
 pub(crate) fn all_routes() -> Router<AppState> {
-    routes::router().merge(admin::router()).merge(
-        Router::new()
-            .route("/metrics", get(prometheus::metrics))
-            .route("/openapi.json", get(openapi::openapi_json)),
-    )
+    routes::router()
+        .merge(admin::router())
+        .merge(dashboard::router())
+        .merge(
+            Router::new()
+                .route("/metrics", get(prometheus::metrics))
+                .route("/openapi.json", get(openapi::openapi_json)),
+        )
 }
 
 /// The middleware stack, innermost first. `Router::layer` wraps each route
 /// (and the fallback) after routing, so every layer sees the `MatchedPath`.
 fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Deadlines) -> Router {
     let request_id = axum::http::HeaderName::from_static("x-request-id");
-    let guard = auth::Guard::new(state.engine.clone());
+    let guard = auth::Guard::new(state.engine.clone(), state.sessions.clone());
     routes
         .with_state(state)
         // Bodies over the limit: by `Content-Length` at once (413 from the

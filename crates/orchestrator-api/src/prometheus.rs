@@ -21,7 +21,6 @@ use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use orchestrator_core::WorkflowStatus;
 use orchestrator_storage::WorkflowQuery;
 
 use crate::AppState;
@@ -206,25 +205,14 @@ async fn levels(state: &AppState, out: &mut String) {
     );
     let _ = writeln!(out, "orchestrator_workers {}", engine.config().workers);
 
-    // One count per status; listings return their total with an empty page.
-    let mut by_status = Vec::with_capacity(WorkflowStatus::ALL.len());
-    for &status in WorkflowStatus::ALL {
-        let query = WorkflowQuery {
-            status: Some(status),
-            limit: 0,
-            ..WorkflowQuery::default()
-        };
-        match engine.list_workflows(&query).await {
-            Ok(page) => by_status.push((status, page.total)),
-            Err(e) => {
-                // The events still render; the levels need storage.
-                tracing::warn!(error = %e, "metrics: cannot count workflows");
-                break;
-            }
-        }
-    }
-    let up = by_status.len() == WorkflowStatus::ALL.len();
-    if up {
+    let by_status = crate::routes::count_by_status(engine, &WorkflowQuery::default())
+        .await
+        .inspect_err(|e| {
+            // The events still render; the levels need storage.
+            tracing::warn!(error = %e, "metrics: cannot count workflows");
+        });
+    let up = by_status.is_ok();
+    if let Ok(by_status) = by_status {
         gauge_family(
             out,
             "orchestrator_workflows",

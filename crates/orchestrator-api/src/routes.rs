@@ -36,6 +36,7 @@ pub(crate) fn router() -> Router<AppState> {
         )
         .route("/workflows", get(list_workflows).post(submit_workflow))
         .route("/workflows/validate", post(validate_workflow))
+        .route("/workflows/counts", get(count_workflows))
         .route("/workflows/{id}", get(get_workflow))
         .route("/workflows/{id}/cancel", post(cancel_workflow))
         .route("/workflows/{id}/retry", post(retry_workflow))
@@ -319,6 +320,55 @@ async fn list_workflows(
     Ok(Json(
         json!({"workflows": workflows, "total": page.total, "limit": limit, "offset": offset}),
     ))
+}
+
+/// How many workflows match `base` (its status, limit and offset
+/// ignored), by status: one count per status, each answered by storage
+/// as the total of an empty page, so nothing is loaded.
+pub(crate) async fn count_by_status(
+    engine: &Engine,
+    base: &WorkflowQuery,
+) -> orchestrator_engine::Result<Vec<(WorkflowStatus, usize)>> {
+    let mut counts = Vec::with_capacity(WorkflowStatus::ALL.len());
+    for &status in WorkflowStatus::ALL {
+        let query = WorkflowQuery {
+            status: Some(status),
+            limit: 0,
+            offset: 0,
+            ..base.clone()
+        };
+        counts.push((status, engine.list_workflows(&query).await?.total));
+    }
+    Ok(counts)
+}
+
+#[derive(Deserialize)]
+struct CountParams {
+    template: Option<String>,
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    trace_id: Option<String>,
+}
+
+/// `GET /workflows/counts`: the number of workflows in each status, with
+/// the listing's other filters, for the dashboard's counters.
+async fn count_workflows(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<CountParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let base = WorkflowQuery {
+        kind: params.template,
+        reference: params.reference,
+        trace_id: params.trace_id,
+        ..WorkflowQuery::default()
+    };
+    let counts = count_by_status(&state.engine, &base).await?;
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    let counts: serde_json::Map<String, serde_json::Value> = counts
+        .into_iter()
+        .map(|(status, n)| (status.as_str().to_owned(), json!(n)))
+        .collect();
+    Ok(Json(json!({"counts": counts, "total": total})))
 }
 
 async fn get_workflow(

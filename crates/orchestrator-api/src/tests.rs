@@ -288,10 +288,7 @@ async fn the_openapi_document_is_valid_and_covers_every_route() {
     assert_eq!(doc["paths"]["/health"]["get"]["security"], json!([]));
 
     // Every route of the router, with its methods, and nothing else.
-    let served = router_routes(AppState {
-        engine: engine.clone(),
-    })
-    .await;
+    let served = router_routes(AppState::new(engine.clone())).await;
     assert_eq!(document_routes(&doc), served);
 
     // docs/api.md lists every operation of the document in its table.

@@ -61,6 +61,16 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// The holder of an API token.
+    fn of_token(record: ApiToken) -> Principal {
+        Principal {
+            actor: record.name,
+            role: Some(record.role),
+            task: None,
+            token_id: Some(record.id),
+        }
+    }
+
     /// Everyone, when auth is off.
     pub fn local() -> Principal {
         Principal {
@@ -166,19 +176,33 @@ impl Access {
                     .cloned(),
             }
         };
-        let mut found = find(&crate::lock(&self.cache));
-        if found.is_none() {
-            self.refresh_if_older(MISS_RELOAD).await;
-            found = find(&crate::lock(&self.cache));
-        }
-        let record = found?;
+        let record = self.find_cached(find).await?;
         let matches = bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes()));
-        (matches && record.is_active()).then(|| Principal {
-            actor: record.name.clone(),
-            role: Some(record.role),
-            task: None,
-            token_id: Some(record.id.clone()),
-        })
+        (matches && record.is_active()).then(|| Principal::of_token(record))
+    }
+
+    /// Who the token record `id` is, if it exists and is active: for a
+    /// dashboard session, which names its token by record id (the token
+    /// itself is not kept). Asked on every request with a session, so a
+    /// revoke ends the session and a role comes from the record as it is
+    /// now. Served from the cache, reloaded as for [`Access::authenticate`].
+    pub async fn authenticate_token_id(&self, id: &str) -> Option<Principal> {
+        self.refresh_if_older(CACHE_TTL).await;
+        self.find_cached(|cache| cache.by_id.get(id).cloned())
+            .await
+            .filter(ApiToken::is_active)
+            .map(Principal::of_token)
+    }
+
+    /// A token record from the cache; one it does not know reloads the
+    /// cache first (at most every [`MISS_RELOAD`]).
+    async fn find_cached(&self, find: impl Fn(&TokenCache) -> Option<ApiToken>) -> Option<ApiToken> {
+        let found = find(&crate::lock(&self.cache));
+        if found.is_some() {
+            return found;
+        }
+        self.refresh_if_older(MISS_RELOAD).await;
+        find(&crate::lock(&self.cache))
     }
 
     /// Creates a token; the token itself is in the result only.

@@ -1,0 +1,262 @@
+//! The web dashboard at `/ui`: its files, compiled into the binary, and the
+//! session routes that trade an API token for a cookie (see `session`).
+//!
+//! The files are plain ES modules and one stylesheet with no build step,
+//! so what is in `ui/` is what the browser runs (docs/dashboard.md says
+//! why). They are embedded with `include_bytes!` through the table below:
+//! the service works with no network and nothing to install, and a file
+//! that exists in `ui/` but not in the table is caught by a test.
+
+use std::sync::LazyLock;
+
+use axum::Extension;
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::Utc;
+use orchestrator_engine::access::Principal;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::session::{self, Session};
+use crate::{ApiError, AppState};
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(index))
+        .route("/ui/", get(index))
+        .route("/ui/{*path}", get(file))
+        .route("/ui/session", get(current_session).post(create_session))
+        .route("/ui/logout", post(logout))
+}
+
+/// One embedded file.
+pub(crate) struct Asset {
+    /// Under `/ui/`.
+    pub path: &'static str,
+    content_type: &'static str,
+    bytes: &'static [u8],
+}
+
+macro_rules! asset {
+    ($path:literal, $content_type:literal) => {
+        Asset {
+            path: $path,
+            content_type: $content_type,
+            bytes: include_bytes!(concat!("../ui/", $path)),
+        }
+    };
+}
+
+/// Every file of `ui/`.
+pub(crate) const ASSETS: &[Asset] = &[
+    asset!("index.html", "text/html; charset=utf-8"),
+    asset!("style.css", "text/css; charset=utf-8"),
+    asset!("favicon.svg", "image/svg+xml"),
+    asset!("app.js", "text/javascript; charset=utf-8"),
+    asset!("api.js", "text/javascript; charset=utf-8"),
+    asset!("live.js", "text/javascript; charset=utf-8"),
+    asset!("dom.js", "text/javascript; charset=utf-8"),
+    asset!("dag.js", "text/javascript; charset=utf-8"),
+    asset!("gantt.js", "text/javascript; charset=utf-8"),
+    asset!("page-workflows.js", "text/javascript; charset=utf-8"),
+    asset!("page-workflow.js", "text/javascript; charset=utf-8"),
+    asset!("page-submit.js", "text/javascript; charset=utf-8"),
+    asset!("page-nodes.js", "text/javascript; charset=utf-8"),
+    asset!("page-audit.js", "text/javascript; charset=utf-8"),
+];
+
+/// Each asset's ETag (a digest of its bytes), so a browser revalidates
+/// with a cheap 304 instead of downloading again.
+static ETAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|a| {
+            let digest = orchestrator_core::access::hex(&Sha256::digest(a.bytes));
+            format!("\"{}\"", &digest[..20])
+        })
+        .collect()
+});
+
+/// The page may load its own files and call its own origin, nothing else:
+/// no inline script or style, no other site, no framing. What an injected
+/// string could run, it cannot.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+async fn index(headers: HeaderMap) -> Response {
+    serve(0, &headers)
+}
+
+/// A file, or the page itself for any path without an extension, so that
+/// a link to a page under `/ui/` opens the dashboard.
+async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    if let Some(index) = ASSETS.iter().position(|a| a.path == path) {
+        return serve(index, &headers);
+    }
+    let last = path.rsplit('/').next().unwrap_or_default();
+    if last.contains('.') {
+        return ApiError::not_found(format!("no dashboard file {path}")).into_response();
+    }
+    serve(0, &headers)
+}
+
+fn serve(index: usize, request: &HeaderMap) -> Response {
+    let asset = &ASSETS[index];
+    let etag = &ETAGS[index];
+    let fresh = request
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|tag| tag.trim() == etag));
+    let mut response = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        asset.bytes.into_response()
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(asset.content_type),
+    );
+    if let Ok(etag) = HeaderValue::from_str(etag) {
+        headers.insert(header::ETAG, etag);
+    }
+    // Always revalidate: a new binary serves new files at the same URLs.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
+}
+
+/// Who the page speaks for: the answer of both session routes.
+fn whoami(principal: &Principal, session: Option<&Session>, auth: bool) -> serde_json::Value {
+    json!({
+        "name": principal.actor,
+        "role": principal.role,
+        "auth": auth,
+        "expires_at": session.map(|s| s.expires_at),
+        "csrf_token": session.map(|s| s.csrf.as_str()),
+    })
+}
+
+fn no_store(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `POST /ui/session`: the token comes in the `Authorization` header (the
+/// guard has checked it, and it is never in a URL or a body that might be
+/// logged); the answer sets the cookie and gives the page its CSRF token.
+async fn create_session(
+    State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
+) -> Result<Response, ApiError> {
+    let Some(Extension(principal)) = principal else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send the API token as `Authorization: Bearer <token>`",
+        ));
+    };
+    let auth = state.engine.access().config().auth;
+    let Some(token_id) = principal.token_id.as_deref().filter(|_| auth) else {
+        // Auth is off: there is no token to stand for, and none is needed.
+        return Ok(no_store(Json(whoami(&principal, None, auth)).into_response()));
+    };
+    let (session, cookie) = state.sessions.issue(token_id, Utc::now());
+    let mut response = Json(whoami(&principal, Some(&session), auth)).into_response();
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, session::set_cookie(&cookie));
+    Ok(no_store(response))
+}
+
+/// `GET /ui/session`: who the cookie (or bearer token) is, and, for a
+/// cookie, its CSRF token again: the page keeps it in memory only, so it
+/// asks after a reload. Another site cannot read this answer (no CORS) and
+/// its pages never send the cookie (`SameSite=Strict`).
+async fn current_session(
+    State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
+    session: Option<Extension<Session>>,
+) -> Result<Response, ApiError> {
+    let Some(Extension(principal)) = principal else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "not signed in",
+        ));
+    };
+    let auth = state.engine.access().config().auth;
+    let session = session.map(|Extension(s)| s);
+    Ok(no_store(
+        Json(whoami(&principal, session.as_ref(), auth)).into_response(),
+    ))
+}
+
+/// `POST /ui/logout`: removes the cookie. The cookie itself is not
+/// recorded anywhere, so there is nothing else to undo; revoking the token
+/// ends every session made with it.
+async fn logout() -> Response {
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, session::clear_cookie());
+    no_store(response)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn every_file_of_the_ui_directory_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ui");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = ASSETS.iter().map(|a| a.path.to_owned()).collect();
+        embedded.sort();
+        assert_eq!(on_disk, embedded);
+        assert_eq!(ASSETS[0].path, "index.html");
+    }
+
+    #[test]
+    fn the_page_refers_only_to_embedded_files() {
+        // Every `/ui/<file>` and `./<file>.js` the files name is in the table.
+        for asset in ASSETS {
+            let text = std::str::from_utf8(asset.bytes).unwrap();
+            for piece in text.split(['"', '\'']) {
+                let named = piece
+                    .strip_prefix("/ui/")
+                    .or_else(|| piece.strip_prefix("./"))
+                    .filter(|p| p.ends_with(".js") || p.ends_with(".css") || p.ends_with(".svg"));
+                if let Some(name) = named {
+                    assert!(
+                        ASSETS.iter().any(|a| a.path == name),
+                        "{} refers to {name}, which is not embedded",
+                        asset.path
+                    );
+                }
+            }
+        }
+    }
+}

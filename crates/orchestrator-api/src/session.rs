@@ -1,0 +1,248 @@
+//! The dashboard's session: a cookie that stands for an API token, so the
+//! page never holds the token after signing in.
+//!
+//! The cookie is stateless: `<payload>.<tag>`, both base64url, where the
+//! payload names the token record (its id, never the token), the expiry
+//! and a random CSRF nonce, and the tag is HMAC-SHA256 of the payload under
+//! a key derived from the service's secret key. Nothing is stored per
+//! session, so a session works on every node that shares the secret key,
+//! and a restart keeps it. What a signature cannot say, whether the token
+//! is still active and what its role is now, the guard asks on every
+//! request (see `auth::guard`), so revoking the token ends its sessions.
+//!
+//! Pure functions of their inputs (the time comes in as `now`), so the
+//! rules are unit-tested below without a server.
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+/// The cookie's name.
+pub(crate) const COOKIE: &str = "orch_session";
+
+/// The header that must repeat the session's CSRF token on every request
+/// that changes something.
+pub(crate) const CSRF_HEADER: &str = "x-csrf-token";
+
+/// How long a session lasts: a working day, then the user pastes the token
+/// again. Long enough not to annoy, short enough that a forgotten browser
+/// does not stay signed in for days.
+pub(crate) const LIFETIME: chrono::Duration = chrono::Duration::hours(12);
+
+/// Separates this key's use from every other use of the secret key (which
+/// seals secrets): the session key is HMAC(secret key, this label).
+const KEY_LABEL: &[u8] = b"orchestrator dashboard session v1";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Issues and checks session cookies. Cloned into the guard and the
+/// handlers; the key never changes after start.
+#[derive(Clone)]
+pub(crate) struct Sessions {
+    key: [u8; 32],
+}
+
+/// What a valid cookie says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// The API token record it stands for.
+    pub token_id: String,
+    pub expires_at: DateTime<Utc>,
+    /// Returned to the page once, which repeats it in [`CSRF_HEADER`].
+    pub csrf: String,
+}
+
+/// The signed part of the cookie. Short field names: it travels with every
+/// request.
+#[derive(Serialize, Deserialize)]
+struct Payload {
+    /// Token record id.
+    t: String,
+    /// Expiry, Unix seconds.
+    e: i64,
+    /// CSRF nonce, hex.
+    n: String,
+}
+
+impl Sessions {
+    /// Sessions under a key derived from the service's secret key. Without
+    /// one (tests, embedded use), a key drawn now: sessions then end with
+    /// the process.
+    pub(crate) fn new(secret_key: Option<[u8; 32]>) -> Sessions {
+        let base = secret_key.unwrap_or_else(|| {
+            let mut key = [0u8; 32];
+            rand::rng().fill_bytes(&mut key);
+            key
+        });
+        let mut mac = HmacSha256::new_from_slice(&base).unwrap_or_else(|_| {
+            // HMAC takes keys of any length; this cannot happen.
+            unreachable!("HMAC accepts a 32-byte key")
+        });
+        mac.update(KEY_LABEL);
+        Sessions {
+            key: mac.finalize().into_bytes().into(),
+        }
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        HmacSha256::new_from_slice(&self.key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts a 32-byte key"))
+    }
+
+    /// A new session for a token record, and the cookie's value.
+    pub(crate) fn issue(&self, token_id: &str, now: DateTime<Utc>) -> (Session, String) {
+        let mut nonce = [0u8; 16];
+        rand::rng().fill_bytes(&mut nonce);
+        let session = Session {
+            token_id: token_id.to_owned(),
+            // Whole seconds: the cookie carries Unix seconds.
+            expires_at: DateTime::from_timestamp((now + LIFETIME).timestamp(), 0).unwrap_or(now),
+            csrf: orchestrator_core::access::hex(&nonce),
+        };
+        let payload = serde_json::to_vec(&Payload {
+            t: session.token_id.clone(),
+            e: session.expires_at.timestamp(),
+            n: session.csrf.clone(),
+        })
+        .unwrap_or_default();
+        let payload = B64.encode(payload);
+        let mut mac = self.mac();
+        mac.update(payload.as_bytes());
+        let tag = B64.encode(mac.finalize().into_bytes());
+        (session, format!("{payload}.{tag}"))
+    }
+
+    /// The session a cookie value stands for, if its tag is right and it
+    /// has not expired. Whether its token is still active is the caller's
+    /// question.
+    pub(crate) fn verify(&self, value: &str, now: DateTime<Utc>) -> Option<Session> {
+        let (payload, tag) = value.split_once('.')?;
+        let tag = B64.decode(tag).ok()?;
+        let mut mac = self.mac();
+        mac.update(payload.as_bytes());
+        // Constant-time comparison.
+        mac.verify_slice(&tag).ok()?;
+        let payload: Payload = serde_json::from_slice(&B64.decode(payload).ok()?).ok()?;
+        let expires_at = DateTime::from_timestamp(payload.e, 0)?;
+        (expires_at > now).then_some(Session {
+            token_id: payload.t,
+            expires_at,
+            csrf: payload.n,
+        })
+    }
+}
+
+impl Session {
+    /// Whether a request's CSRF header repeats this session's token, in
+    /// constant time.
+    pub(crate) fn csrf_matches(&self, sent: &str) -> bool {
+        bool::from(self.csrf.as_bytes().ct_eq(sent.as_bytes()))
+    }
+}
+
+/// The session cookie's value in a request, if it sent one.
+pub(crate) fn cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|line| line.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.trim_matches('"'))
+}
+
+/// `Set-Cookie` for a new session. `HttpOnly`: page scripts cannot read it
+/// (an injected script cannot steal it); `SameSite=Strict`: other sites'
+/// pages never send it; `Path=/`: the page calls the API at the root.
+pub(crate) fn set_cookie(value: &str) -> HeaderValue {
+    let text = format!(
+        "{COOKIE}={value}; Max-Age={}; Path=/; HttpOnly; SameSite=Strict",
+        LIFETIME.num_seconds()
+    );
+    // base64url and the fixed attributes are visible ASCII.
+    HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// `Set-Cookie` that removes the session cookie.
+pub(crate) fn clear_cookie() -> HeaderValue {
+    HeaderValue::from_static("orch_session=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-22T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_cookie_verifies_until_it_expires() {
+        let sessions = Sessions::new(Some([7; 32]));
+        let (session, value) = sessions.issue("tok-1", now());
+        assert_eq!(session.expires_at, now() + LIFETIME);
+        assert_eq!(session.csrf.len(), 32);
+        assert_eq!(sessions.verify(&value, now()), Some(session.clone()));
+        let almost = now() + LIFETIME - chrono::Duration::seconds(1);
+        assert_eq!(sessions.verify(&value, almost), Some(session));
+        assert_eq!(sessions.verify(&value, now() + LIFETIME), None);
+    }
+
+    #[test]
+    fn a_changed_or_foreign_cookie_is_refused() {
+        let sessions = Sessions::new(Some([7; 32]));
+        let (_, value) = sessions.issue("tok-1", now());
+        // Another key (another service, or a changed secret key).
+        assert_eq!(Sessions::new(Some([8; 32])).verify(&value, now()), None);
+        // A payload naming another token, or living longer, with the old tag.
+        let (payload, tag) = value.split_once('.').unwrap();
+        let mut decoded: serde_json::Value =
+            serde_json::from_slice(&B64.decode(payload).unwrap()).unwrap();
+        decoded["t"] = "admin-token".into();
+        let forged = format!("{}.{tag}", B64.encode(decoded.to_string()));
+        assert_eq!(sessions.verify(&forged, now()), None);
+        for junk in ["", ".", "x", "x.y", &format!("{payload}."), &format!(".{tag}")] {
+            assert_eq!(sessions.verify(junk, now()), None, "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn keys_are_derived_not_reused() {
+        // The session key is not the secret key itself, which seals secrets.
+        assert_ne!(Sessions::new(Some([7; 32])).key, [7; 32]);
+        // Without a secret key, each process draws its own.
+        assert_ne!(Sessions::new(None).key, Sessions::new(None).key);
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_static("a=1; orch_session=abc.def; b=2"));
+        assert_eq!(cookie(&headers), Some("abc.def"));
+        headers.insert(header::COOKIE, HeaderValue::from_static("orch_sessionx=1"));
+        assert_eq!(cookie(&headers), None);
+        let text = set_cookie("abc.def").to_str().unwrap().to_owned();
+        for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"] {
+            assert!(text.contains(attribute), "{text}");
+        }
+    }
+
+    #[test]
+    fn csrf_tokens_compare_whole() {
+        let (session, _) = Sessions::new(None).issue("t", now());
+        assert!(session.csrf_matches(&session.csrf.clone()));
+        assert!(!session.csrf_matches(""));
+        assert!(!session.csrf_matches(&session.csrf[..31]));
+    }
+}

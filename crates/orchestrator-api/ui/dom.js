@@ -1,0 +1,112 @@
+// Building the page: a tiny element factory, and the formatting every page
+// shares (times, durations, status badges). No framework: the pages are
+// small, and what they build is visible here.
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** Sets attributes, properties and listeners on an element, then appends children. */
+function build(el, attrs, children) {
+  for (const [key, value] of Object.entries(attrs ?? {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === 'text') el.textContent = value;
+    else if (key === 'class') el.setAttribute('class', value);
+    else if (key === 'dataset') Object.assign(el.dataset, value);
+    else if (key === 'on') for (const [type, fn] of Object.entries(value)) el.addEventListener(type, fn);
+    else if (key in el && !(el instanceof SVGElement) && typeof value !== 'string') el[key] = value;
+    else el.setAttribute(key, value === true ? '' : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+/** Appends nodes, strings (as text), arrays of them; skips null and false. */
+export function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+/** `h('a', {href: '#/x', class: 'y'}, 'text', otherNode)` */
+export function h(tag, attrs, ...children) {
+  return build(document.createElement(tag), attrs, children);
+}
+
+/** The same for SVG elements. */
+export function s(tag, attrs, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+/** Replaces an element's children (flattening arrays, skipping null). */
+export function fill(el, ...children) {
+  el.replaceChildren();
+  return append(el, children);
+}
+
+const dateTime = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
+
+/** A timestamp for people, or an em dash when there is none. */
+export function formatTime(iso) {
+  if (!iso) return '—';
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? iso : dateTime.format(date);
+}
+
+/** `1.2 s`, `3 min 4 s`, `2 h 5 min`. */
+export function formatDuration(ms) {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) return '—';
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`;
+  const secs = ms / 1000;
+  if (secs < 60) return `${secs.toFixed(secs < 10 ? 1 : 0)} s`;
+  const mins = Math.floor(secs / 60);
+  if (mins < 60) return `${mins} min ${Math.round(secs % 60)} s`;
+  return `${Math.floor(mins / 60)} h ${mins % 60} min`;
+}
+
+/** `5 s ago`, from an ISO time. */
+export function formatAgo(iso, now = Date.now()) {
+  if (!iso) return '—';
+  return `${formatDuration(now - new Date(iso).getTime())} ago`;
+}
+
+/** A `<time>` element: readable text, the exact value in its attribute. */
+export function time(iso) {
+  return iso ? h('time', { datetime: iso, title: iso, text: formatTime(iso) }) : '—';
+}
+
+/**
+ * A status as text with its colour; `data-status` is what tests and CSS
+ * read. `label` words another state in a status's colour.
+ */
+export function badge(status, label = status.replace('_', ' ')) {
+  return h('span', { class: 'badge', dataset: { status }, text: label });
+}
+
+export const TERMINAL_TASK = new Set(['completed', 'failed', 'cancelled', 'skipped', 'not_started']);
+export const TERMINAL_WORKFLOW = new Set(['completed', 'failed', 'cancelled']);
+
+/** JSON for reading, or a dash for nothing. */
+export function json(value) {
+  return value === null || value === undefined ? '—' : JSON.stringify(value, null, 2);
+}
+
+/**
+ * Calls `fn` once, `ms` after the first of a burst of calls: a stream of
+ * events turns into one refresh per `ms` at most, and never waits longer.
+ */
+export function coalesce(fn, ms) {
+  let timer = null;
+  const call = () => {
+    if (timer !== null) return;
+    timer = setTimeout(() => {
+      timer = null;
+      fn();
+    }, ms);
+  };
+  call.cancel = () => {
+    clearTimeout(timer);
+    timer = null;
+  };
+  return call;
+}
