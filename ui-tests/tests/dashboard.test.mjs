@@ -275,11 +275,12 @@ test('the list filters and counts by status, and the other pages render', async 
   await screenshot(page, 'nodes');
 
   await page.getByRole('link', { name: 'Audit log' }).click();
-  await page.locator('#audit tr[data-action="session.create"]').first().waitFor();
+  await page.locator('#audit tr[data-action="ui.sign_in"]').first().waitFor();
   await page.locator('#audit tr[data-action="workflow.retry"]').first().waitFor();
   await screenshot(page, 'audit');
 
-  // Dark theme, for the docs.
+  // Dark theme, for the docs (the pointer away from the links).
+  await page.mouse.move(0, 800);
   await page.emulateMedia({ colorScheme: 'dark' });
   await page.goto(`${service.base}/ui#/workflows`);
   await page.locator('#workflows tbody tr[data-workflow-id]').first().waitFor();

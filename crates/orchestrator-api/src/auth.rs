@@ -113,8 +113,8 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("DELETE", "/tokens/{id}") => "token.revoke",
         ("PUT", "/secrets/{name}") => "secret.put",
         ("DELETE", "/secrets/{name}") => "secret.delete",
-        ("POST", "/ui/session") => "session.create",
-        ("POST", "/ui/logout") => "session.delete",
+        ("POST", "/ui/session") => "ui.sign_in",
+        ("POST", "/ui/logout") => "ui.sign_out",
         _ => "",
     };
     if named.is_empty() {
@@ -423,6 +423,14 @@ mod tests {
         );
         assert_eq!(need(&Method::DELETE, None), Need::Role(Role::Viewer));
         assert_eq!(need(&get, Some("/metrics")), Need::Metrics);
+        // The dashboard's files and sign-out are open; a session needs a role.
+        assert_eq!(need(&get, Some("/ui/{*path}")), Need::Open);
+        assert_eq!(need(&post, Some("/ui/logout")), Need::Open);
+        assert_eq!(need(&post, Some("/ui/session")), Need::Role(Role::Viewer));
+        assert_eq!(
+            need(&get, Some("/workflows/counts")),
+            Need::Role(Role::Viewer)
+        );
     }
 
     #[test]
@@ -439,14 +447,32 @@ mod tests {
             task: None,
             token_id: Some("t".into()),
         };
-        assert!(check(Need::Metrics, Some(&viewer), &Credential::None, Some(remote), &None).is_none());
+        assert!(
+            check(
+                Need::Metrics,
+                Some(&viewer),
+                &Credential::None,
+                Some(remote),
+                &None
+            )
+            .is_none()
+        );
         // A task token is for its checkpoint, not for metrics.
         let task = Principal {
             role: None,
             task: Some(orchestrator_core::TaskId::new()),
             ..viewer
         };
-        assert!(check(Need::Metrics, Some(&task), &Credential::None, Some(remote), &None).is_some());
+        assert!(
+            check(
+                Need::Metrics,
+                Some(&task),
+                &Credential::None,
+                Some(remote),
+                &None
+            )
+            .is_some()
+        );
     }
 
     #[test]

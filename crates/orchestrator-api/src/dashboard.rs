@@ -135,7 +135,10 @@ fn serve(index: usize, request: &HeaderMap) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
 }
@@ -175,7 +178,9 @@ async fn create_session(
     let auth = state.engine.access().config().auth;
     let Some(token_id) = principal.token_id.as_deref().filter(|_| auth) else {
         // Auth is off: there is no token to stand for, and none is needed.
-        return Ok(no_store(Json(whoami(&principal, None, auth)).into_response()));
+        return Ok(no_store(
+            Json(whoami(&principal, None, auth)).into_response(),
+        ));
     };
     let (session, cookie) = state.sessions.issue(token_id, Utc::now());
     let mut response = Json(whoami(&principal, Some(&session), auth)).into_response();

@@ -50,7 +50,8 @@ pub fn document() -> Value {
         list_templates, get_template,
         list_tasks, get_task, task_logs, cancel_task, get_checkpoint, save_checkpoint,
         events,
-        list_nodes,
+        list_nodes, count_workflows,
+        dashboard, dashboard_slash, dashboard_file, get_session, create_session, logout,
         list_tokens, create_token, revoke_token, list_audit,
         list_secrets, put_secret, delete_secret,
     ),
@@ -62,15 +63,18 @@ pub fn document() -> Value {
         (name = "templates", description = "The registered workflow templates"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
         (name = "admin", description = "API tokens, secrets and the audit log (role admin)"),
+        (name = "dashboard", description = "The web dashboard at /ui: its files, and the session cookie it signs in with"),
     ),
 )]
 struct ApiDoc;
 
-/// Paths that need no token (the others need `Authorization: Bearer`).
-pub(crate) const OPEN_PATHS: &[&str] = &["/health"];
+/// Paths that need no token (the others need `Authorization: Bearer`, or
+/// the dashboard's session cookie).
+pub(crate) const OPEN_PATHS: &[&str] = &["/health", "/ui", "/ui/", "/ui/{path}", "/ui/logout"];
 
-/// Declares the `bearerAuth` scheme, requires it everywhere, and lifts it
-/// from the open paths (an empty `security` list).
+/// Declares the `bearerAuth` and `sessionCookie` schemes, requires either
+/// everywhere, and lifts them from the open paths (an empty `security`
+/// list).
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -85,10 +89,27 @@ impl Modify for BearerAuth {
                     .build(),
             ),
         );
-        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
-            "bearerAuth",
-            Vec::<String>::new(),
-        )]);
+        components.add_security_scheme(
+            "sessionCookie",
+            SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Cookie(
+                utoipa::openapi::security::ApiKeyValue::with_description(
+                    crate::session::COOKIE,
+                    "The dashboard's session, from `POST /ui/session`. A request that changes \
+                     something must also send `X-CSRF-Token` with the session's `csrf_token`.",
+                ),
+            )),
+        );
+        openapi.security = Some(
+            ["bearerAuth", "sessionCookie"]
+                .into_iter()
+                .map(|scheme| {
+                    utoipa::openapi::security::SecurityRequirement::new(
+                        scheme,
+                        Vec::<String>::new(),
+                    )
+                })
+                .collect(),
+        );
         for path in OPEN_PATHS {
             if let Some(item) = openapi.paths.paths.get_mut(*path) {
                 for operation in [
@@ -769,6 +790,88 @@ fn get_template() {}
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
 fn list_nodes() {}
+
+/// Workflows by status.
+#[derive(ToSchema)]
+struct WorkflowCounts {
+    /// Every status, with how many workflows are in it.
+    counts: BTreeMap<String, u64>,
+    /// The sum of `counts`.
+    total: u64,
+}
+
+/// How many workflows are in each status, with the listing's filters.
+#[utoipa::path(get, path = "/workflows/counts", tag = "workflows",
+    params(
+        ("template" = Option<String>, Query, description = "Only workflows of this template ref_name"),
+        ("ref" = Option<String>, Query, description = "Only revisions of this meta.ref"),
+        ("trace_id" = Option<String>, Query, description = "Only workflows with this meta.trace_id"),
+    ),
+    responses(
+        (status = 200, description = "The counts", body = WorkflowCounts),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn count_workflows() {}
+
+// ---- the dashboard ------------------------------------------------------------
+
+/// Who the dashboard speaks for.
+#[derive(ToSchema)]
+struct SessionView {
+    /// The token's name (`local` without auth).
+    name: String,
+    role: Role,
+    /// Whether the service requires tokens; `false` with `--no-auth`.
+    auth: bool,
+    /// When the session ends; `null` without a session cookie.
+    expires_at: Option<DateTime<Utc>>,
+    /// To send as `X-CSRF-Token` with every change made with the cookie;
+    /// `null` without a session cookie.
+    csrf_token: Option<String>,
+}
+
+/// The dashboard's page. Needs no token; the page signs in itself.
+#[utoipa::path(get, path = "/ui", tag = "dashboard", responses(
+    (status = 200, description = "The page (revalidate with its ETag: 304 when unchanged)", content_type = "text/html; charset=utf-8", body = String),
+))]
+fn dashboard() {}
+
+/// The dashboard's page, as at `/ui`.
+#[utoipa::path(get, path = "/ui/", tag = "dashboard", responses(
+    (status = 200, description = "The page", content_type = "text/html; charset=utf-8", body = String),
+))]
+fn dashboard_slash() {}
+
+/// A file of the dashboard (script, stylesheet, icon), or the page itself
+/// for a path without an extension.
+#[utoipa::path(get, path = "/ui/{path}", tag = "dashboard",
+    params(("path" = String, Path, description = "A file under /ui/, e.g. app.js")),
+    responses(
+        (status = 200, description = "The file", content_type = "text/javascript; charset=utf-8", body = String),
+        (status = 404, description = "No such file", body = ErrorBody),
+    ))]
+fn dashboard_file() {}
+
+/// Who the session cookie (or bearer token) is; for a cookie, its CSRF token again.
+#[utoipa::path(get, path = "/ui/session", tag = "dashboard", responses(
+    (status = 200, description = "Signed in", body = SessionView),
+))]
+fn get_session() {}
+
+/// Trades the bearer token for a session cookie (`HttpOnly; SameSite=Strict`, 12 h).
+#[utoipa::path(post, path = "/ui/session", tag = "dashboard", responses(
+    (status = 200, description = "Signed in; the cookie is in `Set-Cookie`", body = SessionView,
+        headers(("set-cookie" = String, description = "orch_session=...; Max-Age=43200; Path=/; HttpOnly; SameSite=Strict"))),
+))]
+fn create_session() {}
+
+/// Clears the session cookie. Needs no token.
+#[utoipa::path(post, path = "/ui/logout", tag = "dashboard", responses(
+    (status = 204, description = "The cookie is cleared",
+        headers(("set-cookie" = String, description = "orch_session=; Max-Age=0; ..."))),
+))]
+fn logout() {}
 
 // ---- admin: tokens and the audit log --------------------------------------
 

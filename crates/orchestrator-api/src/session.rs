@@ -212,7 +212,14 @@ mod tests {
         decoded["t"] = "admin-token".into();
         let forged = format!("{}.{tag}", B64.encode(decoded.to_string()));
         assert_eq!(sessions.verify(&forged, now()), None);
-        for junk in ["", ".", "x", "x.y", &format!("{payload}."), &format!(".{tag}")] {
+        for junk in [
+            "",
+            ".",
+            "x",
+            "x.y",
+            &format!("{payload}."),
+            &format!(".{tag}"),
+        ] {
             assert_eq!(sessions.verify(junk, now()), None, "{junk:?}");
         }
     }
@@ -228,7 +235,10 @@ mod tests {
     #[test]
     fn the_cookie_is_found_among_others() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::COOKIE, HeaderValue::from_static("a=1; orch_session=abc.def; b=2"));
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; orch_session=abc.def; b=2"),
+        );
         assert_eq!(cookie(&headers), Some("abc.def"));
         headers.insert(header::COOKIE, HeaderValue::from_static("orch_sessionx=1"));
         assert_eq!(cookie(&headers), None);

@@ -101,7 +101,8 @@ fn router_paths() -> BTreeSet<String> {
     let paths: BTreeSet<String> = routes
         .split('"')
         .filter(|s| s.starts_with('/') && !s.contains("__private__"))
-        .map(str::to_owned)
+        // A catch-all (`{*path}`) is a plain parameter in OpenAPI.
+        .map(|s| s.replace("{*", "{"))
         .collect();
     assert!(paths.len() >= 10, "cannot read the routes from {debug}");
     paths
@@ -112,6 +113,7 @@ fn concrete(path: &str) -> String {
     path.replace("{id}", "0190f0a0-0000-7000-8000-000000000000")
         .replace("{ref_name}", "servers-create")
         .replace("{name}", "probe")
+        .replace("{path}", "app.js")
 }
 
 /// Each route with the methods it answers, found by asking the router
@@ -279,13 +281,22 @@ async fn the_openapi_document_is_valid_and_covers_every_route() {
             }
         }
     }
-    // Bearer tokens everywhere but /health.
+    // Bearer tokens (or the dashboard's cookie) everywhere but /health and
+    // the dashboard's files.
     assert_eq!(
         doc["components"]["securitySchemes"]["bearerAuth"],
         json!({"type": "http", "scheme": "bearer", "description": "An API token: `Authorization: Bearer <token>`."})
     );
-    assert_eq!(doc["security"], json!([{"bearerAuth": []}]));
+    assert_eq!(
+        doc["components"]["securitySchemes"]["sessionCookie"]["in"],
+        "cookie"
+    );
+    assert_eq!(
+        doc["security"],
+        json!([{"bearerAuth": []}, {"sessionCookie": []}])
+    );
     assert_eq!(doc["paths"]["/health"]["get"]["security"], json!([]));
+    assert_eq!(doc["paths"]["/ui"]["get"]["security"], json!([]));
 
     // Every route of the router, with its methods, and nothing else.
     let served = router_routes(AppState::new(engine.clone())).await;
@@ -527,6 +538,8 @@ mod fuzz {
             Just("application/json".to_owned()),
             Just("text/plain; charset=latin1".to_owned()),
             Just("Bearer x".to_owned()),
+            Just("orch_session=eyJ0IjoieCJ9.AAAA".to_owned()),
+            Just("orch_session=..; orch_session=".to_owned()),
             Just("x".repeat(300)),
             "[ -~]{0,40}",
         ];
@@ -540,6 +553,8 @@ mod fuzz {
                     "accept",
                     "content-encoding",
                     "origin",
+                    "cookie",
+                    "x-csrf-token",
                 ]),
                 value,
             ),

@@ -5,7 +5,7 @@
 
 import { fill, s } from './dom.js';
 
-const NODE_W = 200;
+const NODE_W = 230;
 const NODE_H = 54;
 const GAP_X = 64;
 const GAP_Y = 18;
@@ -126,7 +126,7 @@ export function renderDag(container, view, { hrefFor, selected }) {
     },
     title,
     s('rect', { width: NODE_W, height: NODE_H, rx: 8 }),
-    s('text', { class: 'name', x: 12, y: 21, text: shorten(task.name, 26) }),
+    s('text', { class: 'name', x: 12, y: 21, text: shorten(task.name, 30) }),
     label);
     nodes.set(task.id, { node, label });
     svg.append(node);

@@ -196,7 +196,10 @@ impl Access {
 
     /// A token record from the cache; one it does not know reloads the
     /// cache first (at most every [`MISS_RELOAD`]).
-    async fn find_cached(&self, find: impl Fn(&TokenCache) -> Option<ApiToken>) -> Option<ApiToken> {
+    async fn find_cached(
+        &self,
+        find: impl Fn(&TokenCache) -> Option<ApiToken>,
+    ) -> Option<ApiToken> {
         let found = find(&crate::lock(&self.cache));
         if found.is_some() {
             return found;

@@ -250,6 +250,33 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Min::Admin,
         ),
         ("GET", "/audit", "/audit".into(), None, Min::Admin),
+        (
+            "GET",
+            "/workflows/counts",
+            "/workflows/counts".into(),
+            None,
+            Min::Viewer,
+        ),
+        // The dashboard: its files load before signing in; a session is
+        // made from the caller's own bearer token.
+        ("GET", "/ui", "/ui".into(), None, Min::Anyone),
+        ("GET", "/ui/", "/ui/".into(), None, Min::Anyone),
+        ("GET", "/ui/{path}", "/ui/app.js".into(), None, Min::Anyone),
+        (
+            "GET",
+            "/ui/session",
+            "/ui/session".into(),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/ui/session",
+            "/ui/session".into(),
+            None,
+            Min::Viewer,
+        ),
+        ("POST", "/ui/logout", "/ui/logout".into(), None, Min::Anyone),
         ("GET", "/secrets", "/secrets".into(), None, Min::Admin),
         (
             "PUT",

@@ -6,6 +6,7 @@
 mod auth;
 mod backends;
 mod cli;
+mod dashboard;
 mod errors;
 mod fakes;
 mod faults;
