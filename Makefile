@@ -1,6 +1,7 @@
 # A thin front door to cargo. `make run` starts the service on the
 # filesystem default (no SurrealDB compiled); `make test` runs every test on
-# every backend; `make surreal` starts a SurrealDB server on 127.0.0.1:8000.
+# every backend, then the dashboard's browser tests; `make surreal` starts a
+# SurrealDB server on 127.0.0.1:8000.
 
 CARGO ?= cargo
 # The SurrealDB backends and the dev server are built together, in one
@@ -17,7 +18,7 @@ NU_BIN_DIR := $(TOOLS_DIR)/node_modules/@nushell/linux-x64/bin
 # Scripts run with the project's pinned nu unless one is already on PATH.
 export PATH := $(if $(shell command -v nu 2>/dev/null),$(PATH),$(NU_BIN_DIR):$(PATH))
 
-.PHONY: run test soak surreal bench fmt lint tools clean
+.PHONY: run test ui-test ui-test-run soak surreal bench fmt lint tools clean
 
 run: tools
 	$(CARGO) run --release -p orchestrator -- serve --data-dir ./data --port 8080
@@ -25,6 +26,26 @@ run: tools
 test: tools
 	$(DEV_BUILD)
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+	$(MAKE) ui-test-run
+
+# The dashboard in a real browser (ui-tests/, about 30 s): Debian's
+# chromium (never a downloaded browser) driven by playwright-core from the
+# lockfile, against the debug binary. `make test` runs them with the binary
+# it built; `make ui-test` builds the default one first.
+CHROMIUM ?= /usr/bin/chromium
+UI_BIN := $(TARGET_DIR)/debug/orchestrator
+
+ui-test: tools
+	$(CARGO) build -p orchestrator
+	$(MAKE) ui-test-run
+
+ui-test-run: ui-tests/node_modules/.package-lock.json
+	@test -x $(CHROMIUM) || { echo "the browser tests need chromium: apt-get install chromium (or set CHROMIUM)" >&2; exit 1; }
+	cd ui-tests && ORCHESTRATOR_BIN=$(UI_BIN) CHROMIUM=$(CHROMIUM) npm test
+
+# `npm ci` installs exactly the lockfile, and leaves this file as its stamp.
+ui-tests/node_modules/.package-lock.json: ui-tests/package-lock.json
+	cd ui-tests && npm ci --no-audit --no-fund
 
 # The crash drill at length: SIGKILL at seeded random moments, many times.
 # Set ORCHESTRATOR_FAULT_SEED to replay a run (the seed is printed).
@@ -73,4 +94,4 @@ tools:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(TOOLS_DIR)
+	rm -rf $(TOOLS_DIR) ui-tests/node_modules ui-tests/artifacts

@@ -77,6 +77,10 @@ pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
         Some("/health" | "/openapi.json" | "/ui" | "/ui/" | "/ui/{*path}" | "/ui/logout") => {
             Need::Open
         }
+        // The page asks who it is on every load, signed in or not: the
+        // handler answers 401 itself, so that a visit before signing in is
+        // not an audited refusal.
+        Some("/ui/session") if *method == Method::GET => Need::Open,
         Some("/metrics") => Need::Metrics,
         Some("/tasks/{id}/checkpoint") => Need::Checkpoint,
         Some(p) if p.starts_with("/tokens") || p.starts_with("/secrets") || p == "/audit" => {
@@ -427,6 +431,7 @@ mod tests {
         assert_eq!(need(&get, Some("/ui/{*path}")), Need::Open);
         assert_eq!(need(&post, Some("/ui/logout")), Need::Open);
         assert_eq!(need(&post, Some("/ui/session")), Need::Role(Role::Viewer));
+        assert_eq!(need(&get, Some("/ui/session")), Need::Open);
         assert_eq!(
             need(&get, Some("/workflows/counts")),
             Need::Role(Role::Viewer)

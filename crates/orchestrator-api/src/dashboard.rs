@@ -199,11 +199,14 @@ async fn current_session(
     principal: Option<Extension<Principal>>,
     session: Option<Extension<Session>>,
 ) -> Result<Response, ApiError> {
-    let Some(Extension(principal)) = principal else {
+    // The guard lets this route through without a credential (see
+    // `auth::need`), and has put the caller's principal here if there is
+    // one. A script's task token has no role, and no session either.
+    let Some(Extension(principal)) = principal.filter(|p| p.0.role.is_some()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "not signed in",
+            "not signed in: sign in with POST /ui/session",
         ));
     };
     let auth = state.engine.access().config().auth;
