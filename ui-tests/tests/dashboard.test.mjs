@@ -126,12 +126,20 @@ test('a cluster workflow submitted from the form runs to completion without a re
   await page.waitForFunction(() => document.querySelectorAll('svg.dag .node[data-status="completed"]').length === 5);
   await page.waitForFunction(() => document.querySelectorAll('#timeline .bar').length === 5);
   assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was reloaded');
+  // The page follows the event stream (one per page), not a timer.
+  assert.equal(await page.evaluate(() => document.body.dataset.live), 'live');
   const seen = await page.evaluate(() => window.seenStatuses);
   for (const statuses of Object.values(seen)) assert.equal(statuses.at(-1), 'completed');
-  if (await page.evaluate(() => document.body.dataset.live === 'live')) {
-    // With the event stream, the slow servers are seen running first.
-    assert.ok(Object.values(seen).some((s) => s.includes('running')), JSON.stringify(seen));
+  // The servers sleep a second: each was seen running, then completed.
+  const servers = await page.locator('svg.dag .node', { hasText: 'create server' }).evaluateAll(
+    (nodes) => nodes.map((n) => n.dataset.taskId),
+  );
+  assert.equal(servers.length, 2);
+  for (const id of servers) {
+    assert.ok(seen[id].indexOf('running') >= 0 && seen[id].indexOf('running') < seen[id].indexOf('completed'), JSON.stringify(seen[id]));
   }
+  // The steps after them were seen waiting before they ran.
+  assert.ok(Object.values(seen).some((s) => s[0] === 'pending' && s.at(-1) === 'completed'), JSON.stringify(seen));
   // The join step's panel: input (with the servers' outputs), output, attempts and log.
   await page.locator('svg.dag .node', { hasText: 'join cluster k3s' }).click();
   await page.locator('#step-attempts tr[data-outcome="completed"]').waitFor();
@@ -252,6 +260,13 @@ test('a forged change with the session cookie but no CSRF token is refused', asy
 test('the list filters and counts by status, and the other pages render', async () => {
   const page = await signedInPage(browser, service, ADMIN);
   await page.locator('#workflows tbody tr[data-workflow-id]').first().waitFor();
+  // A workflow submitted elsewhere appears, and ends, without a reload.
+  await page.evaluate(() => { window.notReloaded = true; });
+  const submitted = await call(service, operator, 'POST', '/workflows/servers/create', { infra: 'list', servers: ['slow-09'] });
+  const row = page.locator(`#workflows tbody tr[data-workflow-id="${submitted.body.workflow_id}"]`);
+  await row.waitFor();
+  await page.locator(`#workflows tbody tr[data-workflow-id="${submitted.body.workflow_id}"][data-status="completed"]`).waitFor();
+  assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was reloaded');
   const total = Number((await page.locator('.count[data-status="all"] .count-n').textContent()).replace(/\D/g, ''));
   const listed = await call(service, ADMIN, 'GET', '/workflows?limit=0');
   assert.equal(total, listed.body.total);
