@@ -25,15 +25,19 @@ run: tools
 
 test: tools
 	$(DEV_BUILD)
+	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT)
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
-	$(MAKE) ui-test-run
+	$(MAKE) ui-test-run UI_BIN=$(UI_BIN_KEPT)
 
 # The dashboard in a real browser (ui-tests/, about 30 s): Debian's
 # chromium (never a downloaded browser) driven by playwright-core from the
 # lockfile, against the debug binary. `make test` runs them with the binary
 # it built; `make ui-test` builds the default one first.
 CHROMIUM ?= /usr/bin/chromium
-UI_BIN := $(TARGET_DIR)/debug/orchestrator
+UI_BIN ?= $(TARGET_DIR)/debug/orchestrator
+# The binary this `make test` built, held by a hard link: a build in another
+# checkout sharing CARGO_TARGET_DIR may replace debug/orchestrator meanwhile.
+UI_BIN_KEPT := $(TARGET_DIR)/ui-tests/orchestrator-$(notdir $(CURDIR))
 
 ui-test: tools
 	$(CARGO) build -p orchestrator

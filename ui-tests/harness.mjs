@@ -68,6 +68,13 @@ export async function startService() {
     child.on('exit', (code) => fail(new Error(`the service exited with ${code}:\n${log}`)));
     child.on('error', fail);
   });
+  // A binary built from another checkout (a shared CARGO_TARGET_DIR) would
+  // fail every test in a puzzling way; say so once instead.
+  const page = await fetch(`${base}/ui`);
+  if (page.status !== 200) {
+    child.kill('SIGKILL');
+    throw new Error(`${binary()} does not serve the dashboard (GET /ui: ${page.status}); rebuild it from this checkout, or set ORCHESTRATOR_BIN`);
+  }
   return {
     base,
     dataDir,

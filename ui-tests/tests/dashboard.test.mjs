@@ -283,6 +283,7 @@ test('the list filters and counts by status, and the other pages render', async 
   });
   await page.goto(`${service.base}/ui#/workflows`);
   await page.locator('#workflows tbody tr[data-workflow-id]').first().waitFor();
+  await page.mouse.move(0, 800);
   await screenshot(page, 'workflows');
 
   await page.getByRole('link', { name: 'Nodes' }).click();

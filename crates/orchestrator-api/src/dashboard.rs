@@ -51,7 +51,7 @@ macro_rules! asset {
     };
 }
 
-/// Every file of `ui/`.
+/// Every file of `ui/`; the page first ([`INDEX`]).
 pub(crate) const ASSETS: &[Asset] = &[
     asset!("index.html", "text/html; charset=utf-8"),
     asset!("style.css", "text/css; charset=utf-8"),
@@ -68,6 +68,9 @@ pub(crate) const ASSETS: &[Asset] = &[
     asset!("page-nodes.js", "text/javascript; charset=utf-8"),
     asset!("page-audit.js", "text/javascript; charset=utf-8"),
 ];
+
+/// The page itself, in [`ASSETS`].
+const INDEX: usize = 0;
 
 /// Each asset's ETag (a digest of its bytes), so a browser revalidates
 /// with a cheap 304 instead of downloading again.
@@ -89,7 +92,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
      frame-ancestors 'none'";
 
 async fn index(headers: HeaderMap) -> Response {
-    serve(0, &headers)
+    serve(INDEX, &headers)
 }
 
 /// A file, or the page itself for any path without an extension, so that
@@ -102,7 +105,7 @@ async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
     if last.contains('.') {
         return ApiError::not_found(format!("no dashboard file {path}")).into_response();
     }
-    serve(0, &headers)
+    serve(INDEX, &headers)
 }
 
 fn serve(index: usize, request: &HeaderMap) -> Response {
@@ -144,7 +147,7 @@ fn serve(index: usize, request: &HeaderMap) -> Response {
 }
 
 /// Who the page speaks for: the answer of both session routes.
-fn whoami(principal: &Principal, session: Option<&Session>, auth: bool) -> serde_json::Value {
+fn session_view(principal: &Principal, session: Option<&Session>, auth: bool) -> serde_json::Value {
     json!({
         "name": principal.actor,
         "role": principal.role,
@@ -179,11 +182,11 @@ async fn create_session(
     let Some(token_id) = principal.token_id.as_deref().filter(|_| auth) else {
         // Auth is off: there is no token to stand for, and none is needed.
         return Ok(no_store(
-            Json(whoami(&principal, None, auth)).into_response(),
+            Json(session_view(&principal, None, auth)).into_response(),
         ));
     };
     let (session, cookie) = state.sessions.issue(token_id, Utc::now());
-    let mut response = Json(whoami(&principal, Some(&session), auth)).into_response();
+    let mut response = Json(session_view(&principal, Some(&session), auth)).into_response();
     response
         .headers_mut()
         .insert(header::SET_COOKIE, session::set_cookie(&cookie));
@@ -212,7 +215,7 @@ async fn current_session(
     let auth = state.engine.access().config().auth;
     let session = session.map(|Extension(s)| s);
     Ok(no_store(
-        Json(whoami(&principal, session.as_ref(), auth)).into_response(),
+        Json(session_view(&principal, session.as_ref(), auth)).into_response(),
     ))
 }
 
@@ -244,7 +247,7 @@ mod tests {
         let mut embedded: Vec<String> = ASSETS.iter().map(|a| a.path.to_owned()).collect();
         embedded.sort();
         assert_eq!(on_disk, embedded);
-        assert_eq!(ASSETS[0].path, "index.html");
+        assert_eq!(ASSETS[INDEX].path, "index.html");
     }
 
     #[test]
