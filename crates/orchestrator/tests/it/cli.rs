@@ -498,3 +498,29 @@ fn checkpoints_are_saved_for_running_tasks_only() {
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
 }
+
+/// `workflow status --watch` draws the DAG, draws it again as the event
+/// stream announces changes, and returns once the workflow has ended.
+#[test]
+fn workflow_status_watch_redraws_until_the_workflow_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&dir.path().join("data"), &[]);
+    let submitted = daemon.cli_json(&["workflow", "submit", "chain", "-i", "sleep=0.5", "--json"]);
+    let id = submitted["id"].as_str().unwrap().to_owned();
+    let watched = daemon.cli(&["workflow", "status", &id, "--watch"]);
+    let stdout = String::from_utf8_lossy(&watched.stdout);
+    assert!(
+        watched.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&watched.stderr)
+    );
+    // Drawn more than once, and last as completed.
+    let drawings: Vec<&str> = stdout.split(&format!("workflow {id}")).skip(1).collect();
+    assert!(
+        drawings.len() >= 2,
+        "drawn {} times:\n{stdout}",
+        drawings.len()
+    );
+    assert!(drawings.last().unwrap().contains("[completed]"), "{stdout}");
+    assert!(!drawings[0].contains("[completed]"), "{stdout}");
+}
