@@ -1,4 +1,4 @@
-//! Time-sortable identifiers (UUIDv7) for tasks and workflows.
+//! Time-sortable identifiers (UUIDv7) for tasks, workflows and schedules.
 //!
 //! UUIDv7 ids sort by creation time, so "newest first" is simply "largest id
 //! first" and storage backends need no separate creation-time index.
@@ -61,6 +61,10 @@ time_sortable_id!(
 time_sortable_id!(
     /// Identifies one workflow (a submission that created one or more tasks).
     WorkflowId
+);
+time_sortable_id!(
+    /// Identifies one recurring schedule.
+    ScheduleId
 );
 
 #[cfg(test)]

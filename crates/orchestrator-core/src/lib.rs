@@ -16,6 +16,7 @@ mod queue;
 pub mod refs;
 pub mod release;
 mod retry;
+pub mod schedule;
 pub mod submission;
 mod task;
 pub mod template;
@@ -23,7 +24,7 @@ pub mod view;
 mod workflow;
 
 pub use error::{Error, Result};
-pub use ids::{TaskId, WorkflowId};
+pub use ids::{ScheduleId, TaskId, WorkflowId};
 pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
