@@ -18,6 +18,10 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
+    /// A record other than a task or workflow (a schedule, a claim) that
+    /// does not exist.
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
     #[error("{what} {id} already exists")]
     AlreadyExists { what: &'static str, id: String },
     #[error(

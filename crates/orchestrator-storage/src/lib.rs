@@ -1,5 +1,6 @@
 //! Storage: traits by concern ([`Backend`], [`TaskStore`], [`NodeStore`],
-//! [`AccessStore`], [`BulkTransfer`]) and the backends behind them.
+//! [`AccessStore`], [`ScheduleStore`], [`BulkTransfer`]) and the backends
+//! behind them.
 //!
 //! Callers hold a [`Storage`], a cheap clonable handle with one trait
 //! object per concern, and never name a concrete backend. [`StorageType`] lists every
@@ -26,7 +27,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::{Node, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::{Node, ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 pub use changes::{Change, ChangeFeed, ChangeSink};
 pub use error::{Error, Result};
@@ -138,6 +140,41 @@ pub trait AccessStore: Send + Sync {
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
 }
 
+/// Recurring schedules, and the claims on their due times. Few schedules;
+/// claims accumulate (one per due time that came due while a node ran).
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
+    /// Stores a new schedule. Refused with [`Error::AlreadyExists`] if its
+    /// id is taken.
+    async fn insert_schedule(&self, schedule: &Schedule) -> Result<()>;
+
+    /// Replaces a schedule if, and only if, the stored `version` equals
+    /// `schedule.version` (compare-and-set), as [`TaskStore::update_task`]
+    /// does; returns the stored schedule, one version higher.
+    async fn update_schedule(&self, schedule: &Schedule) -> Result<Schedule>;
+
+    /// Deletes a schedule; whether there was one. Its claims stay, as the
+    /// history of its runs.
+    async fn delete_schedule(&self, id: ScheduleId) -> Result<bool>;
+
+    async fn get_schedule(&self, id: ScheduleId) -> Result<Option<Schedule>>;
+
+    /// Every schedule, oldest first.
+    async fn schedules(&self) -> Result<Vec<Schedule>>;
+
+    /// Creates the claim on (`claim.schedule_id`, `claim.due`) unless one
+    /// exists: `true` if this call created it. Atomic in the store, so of
+    /// nodes racing for one due time, exactly one gets `true`, and only it
+    /// acts on that due time.
+    async fn claim(&self, claim: &ScheduleClaim) -> Result<bool>;
+
+    /// Replaces a claim by compare-and-set on `version`; returns it stored.
+    async fn update_claim(&self, claim: &ScheduleClaim) -> Result<ScheduleClaim>;
+
+    /// A schedule's claims, newest due time first, at most `limit`.
+    async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>>;
+}
+
 /// Bulk transfer, for `orchestrator migrate`: records move as they are
 /// stored, ids, versions and timestamps included, never through the state
 /// machine's update paths.
@@ -229,7 +266,9 @@ impl AuditQuery {
 /// them: a task's workflow is in place before the task. A task's log and
 /// checkpoint travel with the task; heartbeats of nodes do not move (they
 /// describe live processes, which re-register on the new store). Secrets
-/// move encrypted, as they are stored.
+/// move encrypted, as they are stored. Schedules move with their claims,
+/// so a moved schedule neither starts a due run twice nor catches up on
+/// runs it already made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordKind {
@@ -238,15 +277,19 @@ pub enum RecordKind {
     Token,
     Secret,
     Audit,
+    Schedule,
+    ScheduleClaim,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 5] = [
+    pub const ALL: [RecordKind; 7] = [
         RecordKind::Workflow,
         RecordKind::Task,
         RecordKind::Token,
         RecordKind::Secret,
         RecordKind::Audit,
+        RecordKind::Schedule,
+        RecordKind::ScheduleClaim,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -256,6 +299,8 @@ impl RecordKind {
             RecordKind::Token => "token",
             RecordKind::Secret => "secret",
             RecordKind::Audit => "audit",
+            RecordKind::Schedule => "schedule",
+            RecordKind::ScheduleClaim => "schedule_claim",
         }
     }
 
@@ -266,6 +311,8 @@ impl RecordKind {
             RecordKind::Token => "tokens",
             RecordKind::Secret => "secrets",
             RecordKind::Audit => "audit",
+            RecordKind::Schedule => "schedules",
+            RecordKind::ScheduleClaim => "claims",
         }
     }
 }
@@ -284,6 +331,8 @@ pub enum Record {
     Token(ApiToken),
     Secret(SecretRecord),
     Audit(AuditRecord),
+    Schedule(Schedule),
+    ScheduleClaim(ScheduleClaim),
 }
 
 impl Record {
@@ -294,10 +343,13 @@ impl Record {
             Record::Token(_) => RecordKind::Token,
             Record::Secret(_) => RecordKind::Secret,
             Record::Audit(_) => RecordKind::Audit,
+            Record::Schedule(_) => RecordKind::Schedule,
+            Record::ScheduleClaim(_) => RecordKind::ScheduleClaim,
         }
     }
 
-    /// The key it is stored under: its id (a secret's name) as text.
+    /// The key it is stored under: its id (a secret's name, a claim's
+    /// schedule and due time) as text.
     pub fn key(&self) -> String {
         match self {
             Record::Workflow(w) => w.id.to_string(),
@@ -305,6 +357,8 @@ impl Record {
             Record::Token(t) => t.id.clone(),
             Record::Secret(s) => s.name.clone(),
             Record::Audit(a) => a.id.clone(),
+            Record::Schedule(s) => s.id.to_string(),
+            Record::ScheduleClaim(c) => c.key(),
         }
     }
 
@@ -317,6 +371,8 @@ impl Record {
             Record::Token(t) => t.version,
             Record::Secret(s) => s.version,
             Record::Audit(_) => 0,
+            Record::Schedule(s) => s.version,
+            Record::ScheduleClaim(c) => c.version,
         }
     }
 
@@ -329,6 +385,8 @@ impl Record {
             Record::Token(t) => serde_json::to_vec(t),
             Record::Secret(s) => serde_json::to_vec(s),
             Record::Audit(a) => serde_json::to_vec(a),
+            Record::Schedule(s) => serde_json::to_vec(s),
+            Record::ScheduleClaim(c) => serde_json::to_vec(c),
         };
         // Plain data with string keys: serialization cannot fail.
         json.unwrap_or_default()
@@ -342,6 +400,8 @@ impl Record {
             RecordKind::Token => serde_json::from_slice(json).map(Record::Token),
             RecordKind::Secret => serde_json::from_slice(json).map(Record::Secret),
             RecordKind::Audit => serde_json::from_slice(json).map(Record::Audit),
+            RecordKind::Schedule => serde_json::from_slice(json).map(Record::Schedule),
+            RecordKind::ScheduleClaim => serde_json::from_slice(json).map(Record::ScheduleClaim),
         };
         record.map_err(|e| format!("unreadable {kind}: {e}"))
     }
@@ -402,13 +462,14 @@ pub struct Storage {
     tasks: Arc<dyn TaskStore>,
     nodes: Arc<dyn NodeStore>,
     access: Arc<dyn AccessStore>,
+    schedules: Arc<dyn ScheduleStore>,
     transfer: Arc<dyn BulkTransfer>,
 }
 
 impl Storage {
     pub fn new<B>(backend: B) -> Storage
     where
-        B: Backend + TaskStore + NodeStore + AccessStore + BulkTransfer + 'static,
+        B: Backend + TaskStore + NodeStore + AccessStore + ScheduleStore + BulkTransfer + 'static,
     {
         let backend = Arc::new(backend);
         Storage {
@@ -416,6 +477,7 @@ impl Storage {
             tasks: backend.clone(),
             nodes: backend.clone(),
             access: backend.clone(),
+            schedules: backend.clone(),
             transfer: backend,
         }
     }
@@ -445,6 +507,10 @@ impl Storage {
 
     pub fn access(&self) -> &dyn AccessStore {
         &*self.access
+    }
+
+    pub fn schedules(&self) -> &dyn ScheduleStore {
+        &*self.schedules
     }
 
     pub fn transfer(&self) -> &dyn BulkTransfer {
@@ -482,6 +548,17 @@ impl Storage {
     ) -> Storage {
         Storage {
             access: wrap(self.access),
+            ..self
+        }
+    }
+
+    /// The same store with its [`ScheduleStore`] side wrapped.
+    pub fn map_schedules(
+        self,
+        wrap: impl FnOnce(Arc<dyn ScheduleStore>) -> Arc<dyn ScheduleStore>,
+    ) -> Storage {
+        Storage {
+            schedules: wrap(self.schedules),
             ..self
         }
     }

@@ -17,12 +17,13 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Record, RecordKind, Result, Scanned, Storage, TaskQuery, TaskStore,
-    WorkflowQuery,
+    NodeStore, Page, Record, RecordKind, Result, Scanned, ScheduleStore, Storage, TaskQuery,
+    TaskStore, WorkflowQuery,
 };
 
 /// Wraps every concern of a store and times each of its calls.
@@ -36,6 +37,7 @@ impl TimedBackend {
             .map_tasks(|inner| Arc::new(Timed { inner, backend }))
             .map_nodes(|inner| Arc::new(Timed { inner, backend }))
             .map_access(|inner| Arc::new(Timed { inner, backend }))
+            .map_schedules(|inner| Arc::new(Timed { inner, backend }))
             .map_transfer(|inner| Arc::new(Timed { inner, backend }))
     }
 }
@@ -202,6 +204,46 @@ impl AccessStore for Timed<dyn AccessStore> {
 
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         self.timed("list_audit", self.inner.list_audit(query)).await
+    }
+}
+
+#[async_trait]
+impl ScheduleStore for Timed<dyn ScheduleStore> {
+    async fn insert_schedule(&self, schedule: &Schedule) -> Result<()> {
+        self.timed("insert_schedule", self.inner.insert_schedule(schedule))
+            .await
+    }
+
+    async fn update_schedule(&self, schedule: &Schedule) -> Result<Schedule> {
+        self.timed("update_schedule", self.inner.update_schedule(schedule))
+            .await
+    }
+
+    async fn delete_schedule(&self, id: ScheduleId) -> Result<bool> {
+        self.timed("delete_schedule", self.inner.delete_schedule(id))
+            .await
+    }
+
+    async fn get_schedule(&self, id: ScheduleId) -> Result<Option<Schedule>> {
+        self.timed("get_schedule", self.inner.get_schedule(id)).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        self.timed("schedules", self.inner.schedules()).await
+    }
+
+    async fn claim(&self, claim: &ScheduleClaim) -> Result<bool> {
+        self.timed("claim", self.inner.claim(claim)).await
+    }
+
+    async fn update_claim(&self, claim: &ScheduleClaim) -> Result<ScheduleClaim> {
+        self.timed("update_claim", self.inner.update_claim(claim))
+            .await
+    }
+
+    async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>> {
+        self.timed("claims", self.inner.claims(schedule, limit))
+            .await
     }
 }
 

@@ -298,6 +298,9 @@ impl Line {
             Line::Secret(s) => vec![Record::Secret(s)],
             Line::SecretDeleted { .. } => Vec::new(),
             Line::Audit(a) => vec![Record::Audit(a)],
+            Line::Schedule(s) => vec![Record::Schedule(s)],
+            Line::ScheduleDeleted { .. } => Vec::new(),
+            Line::ScheduleClaim(c) => vec![Record::ScheduleClaim(c)],
         }
     }
 }
@@ -322,6 +325,10 @@ fn index_line(
                 }
                 if let Line::SecretDeleted { name } = &parsed {
                     index.remove(&(RecordKind::Secret, name.clone()));
+                    return;
+                }
+                if let Line::ScheduleDeleted { id } = &parsed {
+                    index.remove(&(RecordKind::Schedule, id.clone()));
                     return;
                 }
                 for record in parsed.into_records() {

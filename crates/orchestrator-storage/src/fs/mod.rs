@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::{Node, Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
 use self::journal::{JournalWriter, decode_line, encode_line};
@@ -43,7 +44,8 @@ use self::logs::{
 use self::state::State;
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Record, RecordKind, Result, Scanned, TaskQuery, TaskStore, WorkflowQuery,
+    NodeStore, Page, Record, RecordKind, Result, Scanned, ScheduleStore, TaskQuery, TaskStore,
+    WorkflowQuery,
 };
 
 const SNAPSHOT_FILE: &str = "snapshot.jsonl";
@@ -85,6 +87,11 @@ enum Line {
         name: String,
     },
     Audit(AuditRecord),
+    Schedule(Schedule),
+    ScheduleDeleted {
+        id: String,
+    },
+    ScheduleClaim(ScheduleClaim),
 }
 
 impl Line {
@@ -102,6 +109,11 @@ impl Line {
                 state.delete_secret(&name);
             }
             Line::Audit(a) => state.put_audit(a),
+            Line::Schedule(s) => state.put_schedule(s),
+            Line::ScheduleDeleted { id } => {
+                state.delete_schedule(&id);
+            }
+            Line::ScheduleClaim(c) => state.put_claim(c),
         }
     }
 
@@ -113,6 +125,8 @@ impl Line {
             Record::Token(t) => Line::Token(t),
             Record::Secret(s) => Line::Secret(s),
             Record::Audit(a) => Line::Audit(a),
+            Record::Schedule(s) => Line::Schedule(s),
+            Record::ScheduleClaim(c) => Line::ScheduleClaim(c),
         }
     }
 }
@@ -132,6 +146,9 @@ impl Line {
             Line::Secret(s) => vec![(RecordKind::Secret, s.name.clone())],
             Line::SecretDeleted { name } => vec![(RecordKind::Secret, name.clone())],
             Line::Audit(a) => vec![(RecordKind::Audit, a.id.clone())],
+            Line::Schedule(s) => vec![(RecordKind::Schedule, s.id.to_string())],
+            Line::ScheduleDeleted { id } => vec![(RecordKind::Schedule, id.clone())],
+            Line::ScheduleClaim(c) => vec![(RecordKind::ScheduleClaim, c.key())],
         }
     }
 
@@ -154,6 +171,14 @@ impl Line {
             }
             Some("token") => keys.extend(id(data).map(|k| (RecordKind::Token, k))),
             Some("audit") => keys.extend(id(data).map(|k| (RecordKind::Audit, k))),
+            Some("schedule" | "schedule_deleted") => {
+                keys.extend(id(data).map(|k| (RecordKind::Schedule, k)));
+            }
+            Some("schedule_claim") => keys.extend(
+                serde_json::from_value::<ScheduleClaim>(data.clone())
+                    .ok()
+                    .map(|c| (RecordKind::ScheduleClaim, c.key())),
+            ),
             Some("secret" | "secret_deleted") => keys.extend(
                 data.get("name")
                     .and_then(|n| n.as_str())
@@ -281,7 +306,9 @@ impl FsBackend {
             .chain(state.tasks().map(|t| Line::Task(t.clone())))
             .chain(state.tokens().map(|t| Line::Token(t.clone())))
             .chain(state.secrets().map(|s| Line::Secret(s.clone())))
-            .chain(state.audit().map(|a| Line::Audit(a.clone())));
+            .chain(state.audit().map(|a| Line::Audit(a.clone())))
+            .chain(state.schedules().map(|s| Line::Schedule(s.clone())))
+            .chain(state.all_claims().map(|c| Line::ScheduleClaim(c.clone())));
         for line in lines {
             let json = serde_json::to_vec(&line)
                 .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
@@ -600,6 +627,117 @@ impl AccessStore for FsBackend {
 
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.lock_state().list_audit(query))
+    }
+}
+
+#[async_trait]
+impl ScheduleStore for FsBackend {
+    async fn insert_schedule(&self, schedule: &Schedule) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            let id = schedule.id.to_string();
+            if state.schedule(&id).is_some() {
+                return Err(Error::AlreadyExists {
+                    what: "schedule",
+                    id,
+                });
+            }
+            self.commit(&mut state, Line::Schedule(schedule.clone()))?
+        };
+        pending.durable().await
+    }
+
+    async fn update_schedule(&self, schedule: &Schedule) -> Result<Schedule> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let id = schedule.id.to_string();
+            let current = state.schedule(&id).ok_or_else(|| Error::NotFound {
+                what: "schedule",
+                id: id.clone(),
+            })?;
+            if current.version != schedule.version {
+                return Err(Error::Conflict {
+                    what: "schedule",
+                    id,
+                    expected: schedule.version,
+                    found: current.version,
+                });
+            }
+            let mut stored = schedule.clone();
+            stored.version += 1;
+            (
+                self.commit(&mut state, Line::Schedule(stored.clone()))?,
+                stored,
+            )
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn delete_schedule(&self, id: ScheduleId) -> Result<bool> {
+        let pending = {
+            let mut state = self.lock_state();
+            let id = id.to_string();
+            if state.schedule(&id).is_none() {
+                return Ok(false);
+            }
+            self.commit(&mut state, Line::ScheduleDeleted { id })?
+        };
+        pending.durable().await?;
+        Ok(true)
+    }
+
+    async fn get_schedule(&self, id: ScheduleId) -> Result<Option<Schedule>> {
+        Ok(self.lock_state().schedule(&id.to_string()).cloned())
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        Ok(self.lock_state().schedules().cloned().collect())
+    }
+
+    async fn claim(&self, claim: &ScheduleClaim) -> Result<bool> {
+        let pending = {
+            // The check and the insert happen under one lock: one process
+            // has the store, so of racing claims exactly one inserts.
+            let mut state = self.lock_state();
+            if state.claim(&claim.key()).is_some() {
+                return Ok(false);
+            }
+            self.commit(&mut state, Line::ScheduleClaim(claim.clone()))?
+        };
+        pending.durable().await?;
+        Ok(true)
+    }
+
+    async fn update_claim(&self, claim: &ScheduleClaim) -> Result<ScheduleClaim> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let key = claim.key();
+            let current = state.claim(&key).ok_or_else(|| Error::NotFound {
+                what: "schedule claim",
+                id: key.clone(),
+            })?;
+            if current.version != claim.version {
+                return Err(Error::Conflict {
+                    what: "schedule claim",
+                    id: key,
+                    expected: claim.version,
+                    found: current.version,
+                });
+            }
+            let mut stored = claim.clone();
+            stored.version += 1;
+            (
+                self.commit(&mut state, Line::ScheduleClaim(stored.clone()))?,
+                stored,
+            )
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>> {
+        Ok(self.lock_state().claims_of(&schedule.to_string(), limit))
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 
 use crate::{AuditQuery, Page, Record, RecordKind, TaskQuery, WorkflowQuery};
 
@@ -23,6 +24,10 @@ pub(super) struct State {
     secrets: BTreeMap<String, SecretRecord>,
     /// By id: UUIDv7, so in time order.
     audit: BTreeMap<String, AuditRecord>,
+    /// By id as text (UUIDv7, so in creation order).
+    schedules: BTreeMap<String, Schedule>,
+    /// By claim key: a schedule's claims are together, in due order.
+    claims: BTreeMap<String, ScheduleClaim>,
     /// Bytes appended to the journal since the last compaction.
     pub(super) journal_bytes: u64,
 }
@@ -43,7 +48,66 @@ impl State {
             RecordKind::Token => self.tokens.len(),
             RecordKind::Secret => self.secrets.len(),
             RecordKind::Audit => self.audit.len(),
+            RecordKind::Schedule => self.schedules.len(),
+            RecordKind::ScheduleClaim => self.claims.len(),
         }
+    }
+
+    /// Replaying an older version over a newer one changes nothing, as for
+    /// tasks.
+    pub(super) fn put_schedule(&mut self, schedule: Schedule) {
+        let key = schedule.id.to_string();
+        if self
+            .schedules
+            .get(&key)
+            .is_none_or(|old| old.version <= schedule.version)
+        {
+            self.schedules.insert(key, schedule);
+        }
+    }
+
+    pub(super) fn delete_schedule(&mut self, id: &str) -> bool {
+        self.schedules.remove(id).is_some()
+    }
+
+    pub(super) fn schedule(&self, id: &str) -> Option<&Schedule> {
+        self.schedules.get(id)
+    }
+
+    pub(super) fn schedules(&self) -> impl Iterator<Item = &Schedule> {
+        self.schedules.values()
+    }
+
+    pub(super) fn put_claim(&mut self, claim: ScheduleClaim) {
+        let key = claim.key();
+        if self
+            .claims
+            .get(&key)
+            .is_none_or(|old| old.version <= claim.version)
+        {
+            self.claims.insert(key, claim);
+        }
+    }
+
+    pub(super) fn claim(&self, key: &str) -> Option<&ScheduleClaim> {
+        self.claims.get(key)
+    }
+
+    pub(super) fn all_claims(&self) -> impl Iterator<Item = &ScheduleClaim> {
+        self.claims.values()
+    }
+
+    /// A schedule's claims, newest due first: its keys share the prefix
+    /// `<schedule>_` and sort by due time after it; `` ` `` is the
+    /// character after `_`, so the range ends where the prefix does.
+    pub(super) fn claims_of(&self, schedule: &str, limit: usize) -> Vec<ScheduleClaim> {
+        self.claims
+            .range(format!("{schedule}_")..format!("{schedule}`"))
+            .map(|(_, claim)| claim)
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect()
     }
 
     /// Replaying an older version over a newer one changes nothing, as for
@@ -106,6 +170,10 @@ impl State {
             RecordKind::Token => return self.tokens.get(key).cloned().map(Record::Token),
             RecordKind::Secret => return self.secrets.get(key).cloned().map(Record::Secret),
             RecordKind::Audit => return self.audit.get(key).cloned().map(Record::Audit),
+            RecordKind::Schedule => return self.schedules.get(key).cloned().map(Record::Schedule),
+            RecordKind::ScheduleClaim => {
+                return self.claims.get(key).cloned().map(Record::ScheduleClaim);
+            }
             RecordKind::Workflow | RecordKind::Task => {}
         }
         let id: uuid::Uuid = key.parse().ok()?;
@@ -157,6 +225,20 @@ impl State {
                     self.audit
                         .range(by_text(after))
                         .map(|(_, a)| Record::Audit(a.clone())),
+                );
+            }
+            RecordKind::Schedule => {
+                return Box::new(
+                    self.schedules
+                        .range(by_text(after))
+                        .map(|(_, s)| Record::Schedule(s.clone())),
+                );
+            }
+            RecordKind::ScheduleClaim => {
+                return Box::new(
+                    self.claims
+                        .range(by_text(after))
+                        .map(|(_, c)| Record::ScheduleClaim(c.clone())),
                 );
             }
             RecordKind::Workflow | RecordKind::Task => {}

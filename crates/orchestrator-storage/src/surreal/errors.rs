@@ -65,6 +65,18 @@ pub(super) fn classify(context: &str, e: surrealdb::Error) -> Error {
                     id: key,
                 };
             }
+            "schedule" => {
+                return Error::AlreadyExists {
+                    what: "schedule",
+                    id: key,
+                };
+            }
+            "schedule_claim" => {
+                return Error::AlreadyExists {
+                    what: "schedule claim",
+                    id: key,
+                };
+            }
             _ => {}
         }
     }

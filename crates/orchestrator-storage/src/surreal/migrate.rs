@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "access",
         sql: include_str!("../../../../migrations/0004_access.surql"),
     },
+    Migration {
+        version: 5,
+        name: "schedules",
+        sql: include_str!("../../../../migrations/0005_schedules.surql"),
+    },
 ];
 
 /// How long a start waits for another process's migration lock.

@@ -21,7 +21,8 @@
 //! The rest is by concern: `connection` (targets, connecting, the probe),
 //! `errors` (classification), `rows` (records as rows), `tasks`
 //! ([`crate::TaskStore`]), `nodes` ([`crate::NodeStore`] and the change
-//! feed), `access` ([`crate::AccessStore`]), `transfer`
+//! feed), `access` ([`crate::AccessStore`]), `schedules`
+//! ([`crate::ScheduleStore`]), `transfer`
 //! ([`crate::BulkTransfer`] and the read-only [`SurrealSource`]) and
 //! `migrate` (the schema).
 
@@ -31,6 +32,7 @@ mod errors;
 pub mod migrate;
 mod nodes;
 mod rows;
+mod schedules;
 mod tasks;
 mod transfer;
 

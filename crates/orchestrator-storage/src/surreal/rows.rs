@@ -31,6 +31,8 @@ pub(super) fn table_of(kind: RecordKind) -> &'static str {
         RecordKind::Token => "api_token",
         RecordKind::Secret => "secret",
         RecordKind::Audit => "audit",
+        RecordKind::Schedule => "schedule",
+        RecordKind::ScheduleClaim => "schedule_claim",
     }
 }
 
@@ -63,6 +65,13 @@ pub(super) fn row_of(record: &Record) -> Result<serde_json::Value> {
             }
             Ok(row)
         }
+        Record::Schedule(s) => Ok(serde_json::json!({"doc": to_doc(s)?, "version": s.version})),
+        Record::ScheduleClaim(c) => Ok(serde_json::json!({
+            "doc": to_doc(c)?,
+            "version": c.version,
+            "schedule": c.schedule_id.to_string(),
+            "due_ms": c.due.timestamp_millis(),
+        })),
     }
 }
 

@@ -10,15 +10,17 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{Timelike, Utc};
 use futures_util::future::join_all;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
+use orchestrator_core::ScheduleId;
+use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
 use orchestrator_storage::{
-    AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind, Storage,
-    TaskQuery, TaskStore, WorkflowQuery,
+    AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
+    ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
 use serde_json::json;
 
@@ -32,6 +34,7 @@ pub async fn suite(harness: &impl Harness) {
     task_store_suite(harness).await;
     node_store_suite(harness.open().await.nodes()).await;
     access_store_suite(harness.open().await.access()).await;
+    schedule_store_suite(harness.open().await.schedules()).await;
     bulk_transfer_suite(harness.open().await.transfer()).await;
 }
 
@@ -60,6 +63,113 @@ pub async fn node_store_suite(store: &dyn NodeStore) {
 /// What [`AccessStore`] promises, on an empty store.
 pub async fn access_store_suite(store: &dyn AccessStore) {
     tokens_secrets_and_audit_records(store).await;
+}
+
+/// What [`ScheduleStore`] promises, on an empty store: schedules by
+/// compare-and-set, and claims that exactly one of racing callers creates.
+pub async fn schedule_store_suite(store: &dyn ScheduleStore) {
+    schedules_are_stored_and_changed_by_compare_and_set(store).await;
+    one_of_racing_claims_wins_and_claims_list_newest_first(store).await;
+}
+
+pub fn schedule(name: &str) -> Schedule {
+    let now = Utc::now();
+    Schedule {
+        id: ScheduleId::new(),
+        name: name.into(),
+        template: "chain".into(),
+        template_version: Some(1),
+        vars: json!({"env": "nightly", "ünïcode": "✓"}).as_object().unwrap().clone(),
+        cron: "0 2 * * *".into(),
+        timezone: "Europe/Berlin".into(),
+        overlap: Default::default(),
+        catch_up: Default::default(),
+        catch_up_window_secs: 3600,
+        start_at: None,
+        end_at: Some(now + chrono::TimeDelta::days(30)),
+        paused: false,
+        active_since: now,
+        created_at: now,
+        updated_at: now,
+        version: 0,
+    }
+}
+
+async fn schedules_are_stored_and_changed_by_compare_and_set(store: &dyn ScheduleStore) {
+    let first = schedule("first");
+    let second = schedule("second");
+    store.insert_schedule(&first).await.unwrap();
+    store.insert_schedule(&second).await.unwrap();
+    let again = store.insert_schedule(&first).await;
+    assert!(matches!(again, Err(Error::AlreadyExists { .. })), "{again:?}");
+    assert_eq!(store.get_schedule(first.id).await.unwrap(), Some(first.clone()));
+    assert_eq!(store.schedules().await.unwrap(), vec![first.clone(), second.clone()]);
+
+    let mut paused = first.clone();
+    paused.paused = true;
+    let stored = store.update_schedule(&paused).await.unwrap();
+    assert_eq!(stored.version, first.version + 1);
+    assert_eq!(store.get_schedule(first.id).await.unwrap(), Some(stored.clone()));
+    // The same change again is stale: its version is no longer stored.
+    let stale = store.update_schedule(&paused).await;
+    assert!(matches!(stale, Err(Error::Conflict { .. })), "{stale:?}");
+    let unknown = store.update_schedule(&schedule("ghost")).await;
+    assert!(matches!(unknown, Err(Error::NotFound { .. })), "{unknown:?}");
+
+    assert!(store.delete_schedule(first.id).await.unwrap());
+    assert!(!store.delete_schedule(first.id).await.unwrap());
+    assert_eq!(store.get_schedule(first.id).await.unwrap(), None);
+    assert_eq!(store.schedules().await.unwrap(), vec![second.clone()]);
+    assert!(store.delete_schedule(second.id).await.unwrap());
+}
+
+async fn one_of_racing_claims_wins_and_claims_list_newest_first(store: &dyn ScheduleStore) {
+    let id = ScheduleId::new();
+    let other = ScheduleId::new();
+    let due = Utc::now().with_nanosecond(0).unwrap();
+    // Eight nodes claim the same due time at once: one creates the claim.
+    let racers: Vec<ScheduleClaim> = (0..8)
+        .map(|n| ScheduleClaim::new(id, due, ClaimState::Claimed, format!("node-{n}"), due))
+        .collect();
+    let won = join_all(racers.iter().map(|c| store.claim(c))).await;
+    let winners: Vec<usize> = won
+        .into_iter()
+        .enumerate()
+        .filter_map(|(n, r)| r.unwrap().then_some(n))
+        .collect();
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let stored = store.claims(id, 10).await.unwrap();
+    assert_eq!(stored, vec![racers[winners[0]].clone()]);
+    assert!(!store.claim(&racers[0]).await.unwrap(), "claimed already");
+
+    for hours in 1..=3 {
+        let later = ScheduleClaim::new(
+            id,
+            due + chrono::TimeDelta::hours(hours),
+            ClaimState::Missed,
+            "node-0",
+            due,
+        );
+        assert!(store.claim(&later).await.unwrap());
+    }
+    let elsewhere = ScheduleClaim::new(other, due, ClaimState::Claimed, "node-0", due);
+    assert!(store.claim(&elsewhere).await.unwrap());
+    let newest: Vec<_> = store.claims(id, 2).await.unwrap().iter().map(|c| c.due).collect();
+    assert_eq!(newest, [due + chrono::TimeDelta::hours(3), due + chrono::TimeDelta::hours(2)]);
+    assert_eq!(store.claims(id, 100).await.unwrap().len(), 4);
+    assert_eq!(store.claims(other, 100).await.unwrap(), vec![elsewhere]);
+
+    let mut started = stored[0].clone();
+    started.state = ClaimState::Started;
+    started.workflow_id = Some(WorkflowId::new());
+    let stored = store.update_claim(&started).await.unwrap();
+    assert_eq!(stored.version, started.version + 1);
+    let stale = store.update_claim(&started).await;
+    assert!(matches!(stale, Err(Error::Conflict { .. })), "{stale:?}");
+    assert_eq!(store.claims(id, 100).await.unwrap().last(), Some(&stored));
+    let unknown = ScheduleClaim::new(ScheduleId::new(), due, ClaimState::Claimed, "n", due);
+    let missing = store.update_claim(&unknown).await;
+    assert!(matches!(missing, Err(Error::NotFound { .. })), "{missing:?}");
 }
 
 /// What [`BulkTransfer`] promises, on an empty writable store: records and
@@ -721,7 +831,8 @@ async fn workflows_filter_by_every_field(store: &dyn TaskStore) {
 
 /// Records of every kind, and task logs in pieces, for the bulk suites.
 pub struct BulkFixture {
-    /// Workflows, then tasks, tokens, secrets and audit records.
+    /// Workflows, then tasks, tokens, secrets, audit records, schedule
+    /// claims and schedules.
     pub records: Vec<Record>,
     /// Log pieces, two of them for one task.
     pub logs: Vec<LogPiece>,
@@ -761,6 +872,14 @@ impl BulkFixture {
         for action in ["workflow.submit", "task.cancel", "token.create"] {
             records.push(Record::Audit(audit_record("ci", action, Some("w1"), now)));
         }
+        let nightly = schedule("nightly");
+        for hour in 0..2 {
+            let due = now.with_nanosecond(0).unwrap() + chrono::TimeDelta::hours(hour);
+            let claim = ScheduleClaim::new(nightly.id, due, ClaimState::Skipped, "node-1", now);
+            records.push(Record::ScheduleClaim(claim));
+        }
+        records.push(Record::Schedule(nightly));
+        records.push(Record::Schedule(schedule("hourly")));
         let piece = |task: &Task, offset: u64, data: &str| LogPiece {
             task: task.id,
             offset,
