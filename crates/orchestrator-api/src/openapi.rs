@@ -289,6 +289,8 @@ struct Task {
     not_before: Option<DateTime<Utc>>,
     step: Option<StepSettings>,
     reruns: u32,
+    /// In a re-run revision: the task of the previous revision whose output it keeps (it did not run).
+    kept_from: Option<Uuid>,
     cancel_requested: bool,
     created_at: DateTime<Utc>,
     started_at: Option<DateTime<Utc>>,

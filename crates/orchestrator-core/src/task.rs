@@ -244,6 +244,11 @@ pub struct Task {
     /// How many times the workflow was retried over this task.
     #[serde(default)]
     pub reruns: u32,
+    /// In a workflow re-run from a later step (a new revision): the task of
+    /// the previous revision whose input and output this one keeps. It
+    /// did not run in this revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_from: Option<TaskId>,
     /// Set, and persisted, before a running script is signalled, so that a
     /// crash between the request and the kill still ends in `cancelled`.
     #[serde(default)]
@@ -338,6 +343,7 @@ impl Task {
             step: spec.step,
             reruns: 0,
             interruptions: 0,
+            kept_from: None,
             cancel_requested: false,
             created_at: now,
             started_at: None,

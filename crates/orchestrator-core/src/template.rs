@@ -318,7 +318,8 @@ impl Template {
         }
     }
 
-    fn step(&self, ref_name: &str) -> Option<&StepTemplate> {
+    /// The step named `ref_name`, if the template has one.
+    pub fn step(&self, ref_name: &str) -> Option<&StepTemplate> {
         self.steps.iter().find(|s| s.ref_name == ref_name)
     }
 

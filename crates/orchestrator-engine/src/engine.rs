@@ -8,6 +8,7 @@
 //!     │        │            │            └──────▶ events ──▶ subscribers
 //!     ├──▶ cluster ─────────┤
 //!     │        └─ change feed (shared store) ───▶ events
+//!     ├──▶ scheduler ───────┘ (due runs submitted back through the engine)
 //!     └── queue, attempts, steps, access, secrets (leaves)
 //! ```
 
@@ -27,6 +28,7 @@ use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
 use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
+use crate::scheduler::Scheduler;
 use crate::secrets::Secrets;
 use crate::steps::Steps;
 use crate::templates::Templates;
@@ -94,6 +96,7 @@ pub(crate) struct Inner {
     pub(crate) lifecycle: Arc<Lifecycle>,
     dispatcher: Arc<Dispatcher>,
     cluster: Arc<Cluster>,
+    pub(crate) scheduler: Arc<Scheduler>,
     /// Set when shutdown begins: nothing new is dispatched or accepted.
     pub(crate) stopping: CancellationToken,
     /// Set when shutdown is over: heartbeats and lease renewal stop.
@@ -164,6 +167,11 @@ impl Engine {
             config.address.clone(),
             config.lease,
         ));
+        let scheduler = Arc::new(Scheduler::new(
+            store.clone(),
+            lifecycle.clone(),
+            config.node_id.clone(),
+        ));
         let inner = Arc::new(Inner {
             store,
             config,
@@ -178,6 +186,7 @@ impl Engine {
             lifecycle: lifecycle.clone(),
             dispatcher: dispatcher.clone(),
             cluster: cluster.clone(),
+            scheduler: scheduler.clone(),
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
         });
@@ -190,7 +199,11 @@ impl Engine {
         lifecycle.recover().await?;
         tokio::spawn(dispatcher.run(inner.stopping.clone()));
         tokio::spawn(cluster.run(inner.stopping.clone(), inner.closed.clone()));
-        Ok(Engine { inner })
+        let stopping = inner.stopping.clone();
+        let engine = Engine { inner };
+        // Due runs are submitted like `POST /workflows`, through the engine.
+        tokio::spawn(scheduler.run(Arc::new(engine.clone()), stopping));
+        Ok(engine)
     }
 
     pub fn store(&self) -> &Storage {

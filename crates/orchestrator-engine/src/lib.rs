@@ -13,6 +13,9 @@
 //! that the module graph has no cycle): `engine` and `submit` wire and
 //! use `dispatch` and `cluster`, which use `lifecycle`, which uses
 //! `records`, `queue`, `attempts` and `steps`; `records` uses `events`.
+//! `scheduler` starts the due runs of schedules through a `RunStarter`,
+//! which `schedules` (the engine's schedule calls) implements with
+//! `submit`; `rerun` builds a new revision through `submit`.
 //! `access`, `secrets` and `templates` stand alone.
 
 pub mod access;
@@ -26,6 +29,9 @@ pub mod events;
 mod lifecycle;
 mod queue;
 mod records;
+mod rerun;
+mod scheduler;
+mod schedules;
 pub mod secrets;
 pub mod steps;
 mod submit;
@@ -34,6 +40,8 @@ pub mod templates;
 pub use engine::{Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use orchestrator_core::{StepView, WorkflowView};
+pub use rerun::RerunRequest;
+pub use schedules::{DEFAULT_CATCH_UP_WINDOW_SECS, SchedulePatch, ScheduleRequest, ScheduleView};
 pub use submit::{Meta, SubmitRequest, TemplateSource};
 
 /// Locks a std mutex of the engine's. Every critical section in this crate

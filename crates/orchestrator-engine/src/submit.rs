@@ -105,7 +105,7 @@ impl Engine {
         Ok(WorkflowView::new(workflow, tasks))
     }
 
-    fn plan(&self, request: &SubmitRequest) -> Result<(Workflow, Vec<Task>)> {
+    pub(crate) fn plan(&self, request: &SubmitRequest) -> Result<(Workflow, Vec<Task>)> {
         if request.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
@@ -227,15 +227,22 @@ impl Engine {
             }
         }
         tracing::info!(workflow = %workflow.id, template = %workflow.kind, tasks = tasks.len(), "workflow submitted");
-        inner.queue.register_limit(&workflow);
+        self.start_stored(&workflow, &tasks).await?;
+        Ok((self.workflow(workflow.id).await?, false))
+    }
+
+    /// Starts a workflow that is stored (durably) with its tasks: queues
+    /// the ready ones and settles the rest.
+    pub(crate) async fn start_stored(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        let inner = &self.inner;
+        inner.queue.register_limit(workflow);
         for task in tasks
             .iter()
             .filter(|t| t.status == orchestrator_core::TaskStatus::Queued)
         {
             inner.queue.push(task);
         }
-        inner.lifecycle.advance(workflow.id).await?;
-        Ok((self.workflow(workflow.id).await?, false))
+        inner.lifecycle.advance(workflow.id).await
     }
 
     /// The workflow this submission repeats, if any; sets the revision of

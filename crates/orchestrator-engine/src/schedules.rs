@@ -1,0 +1,306 @@
+//! Schedules as the engine's callers see them: create, list, show, change
+//! and delete, each checked like a submission, and the submission of a
+//! due run (the [`RunStarter`] the scheduler calls), which goes the same
+//! way as `POST /workflows`.
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use orchestrator_core::schedule::{CatchUp, Overlap, Schedule, ScheduleClaim};
+use orchestrator_core::{Priority, ScheduleId, WorkflowId};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::engine::Engine;
+use crate::scheduler::RunStarter;
+use crate::submit::{Meta, SubmitRequest, TemplateSource};
+use crate::{Error, Result};
+
+/// How old a late due time may be and still start under `catch_up`, when
+/// the schedule does not say.
+pub const DEFAULT_CATCH_UP_WINDOW_SECS: u64 = 24 * 3600;
+
+/// How many of its newest runs a schedule is shown with.
+const SHOWN_RUNS: usize = 20;
+
+/// What `POST /schedules` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleRequest {
+    pub name: Option<String>,
+    pub template: String,
+    pub version: Option<u32>,
+    pub vars: Map<String, Value>,
+    pub cron: String,
+    /// `UTC` when absent.
+    pub timezone: Option<String>,
+    pub overlap: Overlap,
+    pub catch_up: CatchUp,
+    pub catch_up_window_secs: Option<u64>,
+    pub start_at: Option<DateTime<Utc>>,
+    pub end_at: Option<DateTime<Utc>>,
+    pub paused: bool,
+}
+
+/// What `PATCH /schedules/{id}` changes: each field that is set. The
+/// optional times take `Some(None)` to be cleared.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulePatch {
+    pub name: Option<String>,
+    pub template: Option<String>,
+    pub version: Option<Option<u32>>,
+    pub vars: Option<Map<String, Value>>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    pub overlap: Option<Overlap>,
+    pub catch_up: Option<CatchUp>,
+    pub catch_up_window_secs: Option<u64>,
+    pub start_at: Option<Option<DateTime<Utc>>>,
+    pub end_at: Option<Option<DateTime<Utc>>>,
+    pub paused: Option<bool>,
+}
+
+/// A schedule with when it is next due and its newest runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleView {
+    #[serde(flatten)]
+    pub schedule: Schedule,
+    /// `None` while paused, and once past `end_at`.
+    pub next_due: Option<DateTime<Utc>>,
+    /// The newest claims on its due times, newest first: what became of
+    /// each due run.
+    pub runs: Vec<ScheduleClaim>,
+}
+
+impl Engine {
+    pub async fn create_schedule(&self, request: ScheduleRequest) -> Result<ScheduleView> {
+        let now = Utc::now();
+        let schedule = Schedule {
+            id: ScheduleId::new(),
+            name: request
+                .name
+                .unwrap_or_else(|| request.template.clone()),
+            template: request.template,
+            template_version: request.version,
+            vars: request.vars,
+            cron: request.cron,
+            timezone: request.timezone.unwrap_or_else(|| "UTC".to_owned()),
+            overlap: request.overlap,
+            catch_up: request.catch_up,
+            catch_up_window_secs: request
+                .catch_up_window_secs
+                .unwrap_or(DEFAULT_CATCH_UP_WINDOW_SECS),
+            start_at: request.start_at,
+            end_at: request.end_at,
+            paused: request.paused,
+            active_since: now,
+            created_at: now,
+            updated_at: now,
+            version: 0,
+        };
+        self.check_schedule(&schedule).await?;
+        self.store().schedules().insert_schedule(&schedule).await?;
+        tracing::info!(schedule = %schedule.id, cron = %schedule.cron, timezone = %schedule.timezone, "schedule created");
+        self.inner.scheduler.wake();
+        self.view(schedule, Vec::new())
+    }
+
+    /// Every schedule, oldest first, with when it is next due.
+    pub async fn list_schedules(&self) -> Result<Vec<ScheduleView>> {
+        self.store()
+            .schedules()
+            .schedules()
+            .await?
+            .into_iter()
+            .map(|s| self.view(s, Vec::new()))
+            .collect()
+    }
+
+    pub async fn schedule(&self, id: ScheduleId) -> Result<ScheduleView> {
+        let schedule = self.load_schedule(id).await?;
+        let runs = self.store().schedules().claims(id, SHOWN_RUNS).await?;
+        self.view(schedule, runs)
+    }
+
+    /// Applies a change, checked like a new schedule. Resuming, or a new
+    /// cron expression or zone, starts counting due times from now: the
+    /// schedule does not catch up on what it was not meant to run.
+    pub async fn update_schedule(&self, id: ScheduleId, patch: SchedulePatch) -> Result<ScheduleView> {
+        loop {
+            let old = self.load_schedule(id).await?;
+            let now = Utc::now();
+            let mut schedule = old.clone();
+            apply(&mut schedule, patch.clone());
+            let resumed = old.paused && !schedule.paused;
+            if resumed || old.cron != schedule.cron || old.timezone != schedule.timezone {
+                schedule.active_since = now;
+            }
+            schedule.updated_at = now;
+            self.check_schedule(&schedule).await?;
+            match self.store().schedules().update_schedule(&schedule).await {
+                Ok(stored) => {
+                    tracing::info!(schedule = %id, paused = stored.paused, "schedule changed");
+                    self.inner.scheduler.wake();
+                    let runs = self.store().schedules().claims(id, SHOWN_RUNS).await?;
+                    return self.view(stored, runs);
+                }
+                // Changed meanwhile (another request, another node): apply
+                // the patch to what is stored now.
+                Err(orchestrator_storage::Error::Conflict { .. }) => continue,
+                Err(orchestrator_storage::Error::NotFound { .. }) => return Err(not_found(id)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Deletes a schedule: no further run starts. Runs already started go
+    /// on; its claims stay as history.
+    pub async fn delete_schedule(&self, id: ScheduleId) -> Result<()> {
+        if !self.store().schedules().delete_schedule(id).await? {
+            return Err(not_found(id));
+        }
+        tracing::info!(schedule = %id, "schedule deleted");
+        Ok(())
+    }
+
+    async fn load_schedule(&self, id: ScheduleId) -> Result<Schedule> {
+        self.store()
+            .schedules()
+            .get_schedule(id)
+            .await?
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// The schedule's own fields, then its template and vars as a
+    /// submission would be checked.
+    async fn check_schedule(&self, schedule: &Schedule) -> Result<()> {
+        schedule
+            .check()
+            .map_err(|e| Error::validation(e.field, e.message))?;
+        self.validate(&run_request(schedule, None)).await?;
+        Ok(())
+    }
+
+    fn view(&self, schedule: Schedule, runs: Vec<ScheduleClaim>) -> Result<ScheduleView> {
+        let next_due = schedule
+            .check()
+            .ok()
+            .and_then(|spec| schedule.next_due(&spec, Utc::now()));
+        Ok(ScheduleView {
+            schedule,
+            next_due,
+            runs,
+        })
+    }
+}
+
+fn not_found(id: ScheduleId) -> Error {
+    Error::NotFound {
+        what: "schedule",
+        id: id.to_string(),
+    }
+}
+
+fn apply(schedule: &mut Schedule, patch: SchedulePatch) {
+    let SchedulePatch {
+        name,
+        template,
+        version,
+        vars,
+        cron,
+        timezone,
+        overlap,
+        catch_up,
+        catch_up_window_secs,
+        start_at,
+        end_at,
+        paused,
+    } = patch;
+    if let Some(v) = name {
+        schedule.name = v;
+    }
+    if let Some(v) = template {
+        schedule.template = v;
+    }
+    if let Some(v) = version {
+        schedule.template_version = v;
+    }
+    if let Some(v) = vars {
+        schedule.vars = v;
+    }
+    if let Some(v) = cron {
+        schedule.cron = v;
+    }
+    if let Some(v) = timezone {
+        schedule.timezone = v;
+    }
+    if let Some(v) = overlap {
+        schedule.overlap = v;
+    }
+    if let Some(v) = catch_up {
+        schedule.catch_up = v;
+    }
+    if let Some(v) = catch_up_window_secs {
+        schedule.catch_up_window_secs = v;
+    }
+    if let Some(v) = start_at {
+        schedule.start_at = v;
+    }
+    if let Some(v) = end_at {
+        schedule.end_at = v;
+    }
+    if let Some(v) = paused {
+        schedule.paused = v;
+    }
+}
+
+/// The submission of one due run (or, without a claim, the one that
+/// checks a schedule): the schedule's template and vars, traced to the
+/// schedule, under the claim's idempotency key.
+fn run_request(schedule: &Schedule, claim: Option<&ScheduleClaim>) -> SubmitRequest {
+    let trace_id = format!("schedule:{}", schedule.id);
+    let name = claim.map(|c| format!("{} @ {}", schedule.name, c.due.to_rfc3339()));
+    let mut body = json!({
+        "template": schedule.template,
+        "vars": schedule.vars,
+        "meta": {"trace_id": trace_id},
+    });
+    if let Some(version) = schedule.template_version {
+        body["version"] = version.into();
+    }
+    if let Some(name) = &name {
+        body["meta"]["name"] = name.clone().into();
+    }
+    SubmitRequest {
+        template: TemplateSource::Named {
+            ref_name: schedule.template.clone(),
+            version: schedule.template_version,
+        },
+        vars: schedule.vars.clone(),
+        meta: Meta {
+            reference: None,
+            trace_id: Some(trace_id),
+            name,
+            description: None,
+        },
+        start_at: None,
+        check_mode: false,
+        priority: Priority::Normal,
+        max_attempts: None,
+        timeout: None,
+        parallel_limit: None,
+        idempotency_key: claim.map(ScheduleClaim::idempotency_key),
+        body,
+    }
+}
+
+impl RunStarter for Engine {
+    fn start<'a>(
+        &'a self,
+        schedule: &'a Schedule,
+        claim: &'a ScheduleClaim,
+    ) -> BoxFuture<'a, Result<WorkflowId>> {
+        Box::pin(async move {
+            let (view, _) = self.submit(run_request(schedule, Some(claim))).await?;
+            Ok(view.workflow.id)
+        })
+    }
+}
