@@ -11,6 +11,7 @@ mod live;
 pub mod openapi;
 pub mod prometheus;
 mod routes;
+mod schedules;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -67,6 +68,7 @@ pub(crate) fn all_routes() -> Router<AppState> {
     routes::router()
         .merge(admin::router())
         .merge(dashboard::router())
+        .merge(schedules::router())
         .merge(
             Router::new()
                 .route("/metrics", get(prometheus::metrics))

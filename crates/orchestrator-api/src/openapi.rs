@@ -46,6 +46,10 @@ pub fn document() -> Value {
     paths(
         health, metrics, openapi,
         list_workflows, submit_workflow, validate_workflow, get_workflow, cancel_workflow, retry_workflow,
+        rerun_workflow,
+        crate::schedules::doc::list_schedules, crate::schedules::doc::create_schedule,
+        crate::schedules::doc::get_schedule, crate::schedules::doc::update_schedule,
+        crate::schedules::doc::delete_schedule,
         create_servers, create_taskservs, create_cluster,
         list_templates, get_template,
         list_tasks, get_task, task_logs, cancel_task, get_checkpoint, save_checkpoint,
@@ -61,6 +65,7 @@ pub fn document() -> Value {
         (name = "workflows", description = "Submitting, watching, cancelling and retrying workflows"),
         (name = "tasks", description = "Tasks, their logs and checkpoints"),
         (name = "templates", description = "The registered workflow templates"),
+        (name = "schedules", description = "Recurring runs of a template on a cron expression"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
         (name = "admin", description = "API tokens, secrets and the audit log (role admin)"),
         (name = "dashboard", description = "The web dashboard at /ui: its files, and the session cookie it signs in with"),
@@ -651,6 +656,31 @@ fn cancel_workflow() {}
         (status = 503, description = "Storage unavailable", body = ErrorBody),
     ))]
 fn retry_workflow() {}
+
+/// `POST /workflows/{id}/rerun`.
+#[derive(ToSchema)]
+struct Rerun {
+    /// The `ref_name` of the first step to run again.
+    from: String,
+    /// Whether the steps after `from` run again too; default true.
+    include_downstream: Option<bool>,
+    /// New inputs for the steps that run again, checked like a submission's.
+    vars: Option<BTreeMap<String, Value>>,
+}
+
+/// Re-runs a finished workflow from a step, as a new revision.
+#[utoipa::path(post, path = "/workflows/{id}/rerun", tag = "workflows",
+    params(("id" = Uuid, Path, description = "Workflow id")),
+    request_body = Rerun,
+    responses(
+        (status = 202, description = "The new revision, running; steps before `from` keep their outputs", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow has not finished", body = ErrorBody),
+        (status = 422, description = "An unknown step, or bad `vars`; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+fn rerun_workflow() {}
 
 // ---- built-in submissions --------------------------------------------------
 

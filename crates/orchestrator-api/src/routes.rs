@@ -40,6 +40,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/workflows/{id}", get(get_workflow))
         .route("/workflows/{id}/cancel", post(cancel_workflow))
         .route("/workflows/{id}/retry", post(retry_workflow))
+        .route("/workflows/{id}/rerun", post(rerun_workflow))
         .route("/cluster/nodes", get(list_nodes))
         .route("/templates", get(list_templates))
         .route("/templates/{ref_name}", get(get_template))
@@ -397,6 +398,39 @@ async fn retry_workflow(
     Ok(Json(
         state.engine.retry_workflow(parse_workflow_id(&id)?).await?,
     ))
+}
+
+/// `POST /workflows/{id}/rerun`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rerun {
+    from: String,
+    #[serde(default = "yes")]
+    include_downstream: bool,
+    #[serde(default)]
+    vars: serde_json::Map<String, serde_json::Value>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A new revision of a finished workflow, run again from a step.
+async fn rerun_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(rerun): JsonBody<Rerun>,
+) -> Result<Response, ApiError> {
+    let request = orchestrator_engine::RerunRequest {
+        from: rerun.from,
+        include_downstream: rerun.include_downstream,
+        vars: rerun.vars,
+    };
+    let view = state
+        .engine
+        .rerun_workflow(parse_workflow_id(&id)?, request)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(view)).into_response())
 }
 
 /// `POST /workflows`: a template by name or inline, with inputs.

@@ -1,0 +1,369 @@
+//! `/schedules`: recurring runs of a template (create, list, show, change,
+//! delete), and their OpenAPI declarations.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use chrono::{DateTime, Utc};
+use orchestrator_core::ScheduleId;
+use orchestrator_core::schedule::{CatchUp, Overlap};
+use orchestrator_engine::{SchedulePatch, ScheduleRequest, ScheduleView};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value, json};
+
+use crate::extract::JsonBody;
+use crate::{ApiError, AppState};
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/schedules", get(list_schedules).post(create_schedule))
+        .route(
+            "/schedules/{id}",
+            get(get_schedule)
+                .patch(update_schedule)
+                .delete(delete_schedule),
+        )
+}
+
+fn parse_schedule_id(raw: &str) -> Result<ScheduleId, ApiError> {
+    raw.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "`{raw}` is not a valid schedule id (expected a UUID)"
+        ))
+    })
+}
+
+/// `POST /schedules`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSchedule {
+    name: Option<String>,
+    template: TemplateName,
+    version: Option<u32>,
+    #[serde(default)]
+    vars: Map<String, Value>,
+    cron: String,
+    timezone: Option<String>,
+    #[serde(default)]
+    overlap: Overlap,
+    #[serde(default)]
+    catch_up: CatchUp,
+    catch_up_window_secs: Option<u64>,
+    start_at: Option<DateTime<Utc>>,
+    end_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    paused: bool,
+}
+
+/// A registered template's `ref_name`: a schedule runs what the service
+/// knows, so that a changed file is what its next run uses.
+struct TemplateName(String);
+
+impl<'de> Deserialize<'de> for TemplateName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(name) => Ok(TemplateName(name)),
+            _ => Err(serde::de::Error::custom(
+                "a schedule runs a registered template: give its ref_name",
+            )),
+        }
+    }
+}
+
+/// `PATCH /schedules/{id}`: the fields to change; `null` clears `version`,
+/// `start_at` and `end_at`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleChange {
+    name: Option<String>,
+    template: Option<TemplateName>,
+    #[serde(default, deserialize_with = "nullable")]
+    version: Option<Option<u32>>,
+    vars: Option<Map<String, Value>>,
+    cron: Option<String>,
+    timezone: Option<String>,
+    overlap: Option<Overlap>,
+    catch_up: Option<CatchUp>,
+    catch_up_window_secs: Option<u64>,
+    #[serde(default, deserialize_with = "nullable")]
+    start_at: Option<Option<DateTime<Utc>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    end_at: Option<Option<DateTime<Utc>>>,
+    paused: Option<bool>,
+}
+
+/// A field that is present (`Some`), possibly `null` (`Some(None)`); an
+/// absent one is `None` through `#[serde(default)]`.
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+async fn create_schedule(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<NewSchedule>,
+) -> Result<Response, ApiError> {
+    let view = state
+        .engine
+        .create_schedule(ScheduleRequest {
+            name: body.name,
+            template: body.template.0,
+            version: body.version,
+            vars: body.vars,
+            cron: body.cron,
+            timezone: body.timezone,
+            overlap: body.overlap,
+            catch_up: body.catch_up,
+            catch_up_window_secs: body.catch_up_window_secs,
+            start_at: body.start_at,
+            end_at: body.end_at,
+            paused: body.paused,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn list_schedules(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let schedules = state.engine.list_schedules().await?;
+    Ok(Json(json!({"schedules": schedules})))
+}
+
+async fn get_schedule(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    Ok(Json(state.engine.schedule(parse_schedule_id(&id)?).await?))
+}
+
+async fn update_schedule(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(change): JsonBody<ScheduleChange>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    let id = parse_schedule_id(&id)?;
+    let patch = SchedulePatch {
+        name: change.name,
+        template: change.template.map(|t| t.0),
+        version: change.version,
+        vars: change.vars,
+        cron: change.cron,
+        timezone: change.timezone,
+        overlap: change.overlap,
+        catch_up: change.catch_up,
+        catch_up_window_secs: change.catch_up_window_secs,
+        start_at: change.start_at,
+        end_at: change.end_at,
+        paused: change.paused,
+    };
+    Ok(Json(state.engine.update_schedule(id, patch).await?))
+}
+
+async fn delete_schedule(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .engine
+        .delete_schedule(parse_schedule_id(&id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The OpenAPI declarations of `/schedules`, merged into the document by
+/// `openapi.rs`; mirrors of the wire shapes, as there.
+pub(crate) mod doc {
+    #![allow(dead_code)] // the mirrors and stubs exist for the document only
+
+    use std::collections::BTreeMap;
+
+    use chrono::{DateTime, Utc};
+    use serde_json::Value;
+    use utoipa::ToSchema;
+    use uuid::Uuid;
+
+    use crate::openapi::ErrorBody;
+
+    #[derive(ToSchema)]
+    #[schema(rename_all = "snake_case")]
+    enum Overlap {
+        Skip,
+        Queue,
+        CancelPrevious,
+    }
+
+    #[derive(ToSchema)]
+    #[schema(rename_all = "snake_case")]
+    enum CatchUp {
+        None,
+        Latest,
+        All,
+    }
+
+    #[derive(ToSchema)]
+    #[schema(rename_all = "snake_case")]
+    enum ClaimState {
+        Claimed,
+        Waiting,
+        Started,
+        Skipped,
+        Missed,
+        Failed,
+    }
+
+    /// What became of one due time of a schedule.
+    #[derive(ToSchema)]
+    struct ScheduleRun {
+        schedule_id: Uuid,
+        due: DateTime<Utc>,
+        state: ClaimState,
+        /// The node that claimed it, or last moved it on.
+        node: String,
+        claimed_at: DateTime<Utc>,
+        updated_at: DateTime<Utc>,
+        /// The workflow it started.
+        workflow_id: Option<Uuid>,
+        /// How many earlier due times were missed (no node ran the schedule then).
+        missed: Option<u64>,
+        reason: Option<String>,
+        version: u64,
+    }
+
+    /// A schedule, when it is next due, and its newest runs.
+    #[derive(ToSchema)]
+    struct Schedule {
+        id: Uuid,
+        name: String,
+        /// A registered template's `ref_name`.
+        template: String,
+        /// Its `schema_version`; the newest at each run when absent.
+        template_version: Option<u32>,
+        vars: BTreeMap<String, Value>,
+        /// Five fields, or six with seconds first.
+        #[schema(example = "0 2 * * *")]
+        cron: String,
+        /// An IANA time zone.
+        #[schema(example = "Europe/Berlin")]
+        timezone: String,
+        overlap: Overlap,
+        catch_up: CatchUp,
+        catch_up_window_secs: u64,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        paused: bool,
+        /// Due times up to this one are neither run nor counted missed.
+        active_since: DateTime<Utc>,
+        created_at: DateTime<Utc>,
+        updated_at: DateTime<Utc>,
+        version: u64,
+        /// Absent while paused and once past `end_at`.
+        next_due: Option<DateTime<Utc>>,
+        /// Newest first; empty in listings.
+        runs: Vec<ScheduleRun>,
+    }
+
+    #[derive(ToSchema)]
+    struct ScheduleList {
+        schedules: Vec<Schedule>,
+    }
+
+    /// `POST /schedules`.
+    #[derive(ToSchema)]
+    struct NewSchedule {
+        /// Default: the template's `ref_name`.
+        name: Option<String>,
+        template: String,
+        version: Option<u32>,
+        vars: Option<BTreeMap<String, Value>>,
+        cron: String,
+        /// Default `UTC`.
+        timezone: Option<String>,
+        /// Default `skip`.
+        overlap: Option<Overlap>,
+        /// Default `none`.
+        catch_up: Option<CatchUp>,
+        /// Default 86400.
+        #[schema(minimum = 1)]
+        catch_up_window_secs: Option<u64>,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        paused: Option<bool>,
+    }
+
+    /// `PATCH /schedules/{id}`: only the fields to change.
+    #[derive(ToSchema)]
+    struct ScheduleChange {
+        name: Option<String>,
+        template: Option<String>,
+        version: Option<u32>,
+        vars: Option<BTreeMap<String, Value>>,
+        cron: Option<String>,
+        timezone: Option<String>,
+        overlap: Option<Overlap>,
+        catch_up: Option<CatchUp>,
+        #[schema(minimum = 1)]
+        catch_up_window_secs: Option<u64>,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        paused: Option<bool>,
+    }
+
+    /// Every schedule, oldest first.
+    #[utoipa::path(get, path = "/schedules", tag = "schedules",
+        responses(
+            (status = 200, description = "The schedules", body = ScheduleList),
+            (status = 503, description = "Storage unavailable", body = ErrorBody),
+        ))]
+    pub(crate) fn list_schedules() {}
+
+    /// Creates a schedule.
+    #[utoipa::path(post, path = "/schedules", tag = "schedules",
+        request_body = NewSchedule,
+        responses(
+            (status = 201, description = "Stored; its first run comes at `next_due`", body = Schedule),
+            (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+            (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+            (status = 422, description = "A bad cron expression, time zone, template or input; the message names the field", body = ErrorBody),
+            (status = 503, description = "Storage unavailable", body = ErrorBody),
+        ))]
+    pub(crate) fn create_schedule() {}
+
+    /// One schedule with its newest runs.
+    #[utoipa::path(get, path = "/schedules/{id}", tag = "schedules",
+        params(("id" = Uuid, Path, description = "Schedule id")),
+        responses(
+            (status = 200, description = "The schedule", body = Schedule),
+            (status = 400, description = "The id is not a UUID", body = ErrorBody),
+            (status = 404, description = "No such schedule", body = ErrorBody),
+            (status = 503, description = "Storage unavailable", body = ErrorBody),
+        ))]
+    pub(crate) fn get_schedule() {}
+
+    /// Changes a schedule: pause, resume, a new cron expression, ...
+    #[utoipa::path(patch, path = "/schedules/{id}", tag = "schedules",
+        params(("id" = Uuid, Path, description = "Schedule id")),
+        request_body = ScheduleChange,
+        responses(
+            (status = 200, description = "The schedule after the change", body = Schedule),
+            (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
+            (status = 404, description = "No such schedule", body = ErrorBody),
+            (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+            (status = 422, description = "The change is invalid; the message names the field", body = ErrorBody),
+            (status = 503, description = "Storage unavailable", body = ErrorBody),
+        ))]
+    pub(crate) fn update_schedule() {}
+
+    /// Deletes a schedule; runs already started go on.
+    #[utoipa::path(delete, path = "/schedules/{id}", tag = "schedules",
+        params(("id" = Uuid, Path, description = "Schedule id")),
+        responses(
+            (status = 204, description = "Deleted"),
+            (status = 400, description = "The id is not a UUID", body = ErrorBody),
+            (status = 404, description = "No such schedule", body = ErrorBody),
+            (status = 503, description = "Storage unavailable", body = ErrorBody),
+        ))]
+    pub(crate) fn delete_schedule() {}
+}
