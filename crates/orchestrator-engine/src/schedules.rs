@@ -161,6 +161,13 @@ impl Engine {
         Ok(())
     }
 
+    /// One scheduler round at `now`: the due runs of every schedule, and
+    /// the waiting and abandoned ones. The engine's own loop does this
+    /// every second; tests call it with a clock of their own.
+    pub async fn tick_schedules(&self, now: DateTime<Utc>) -> Result<()> {
+        self.inner.scheduler.tick(self, now).await
+    }
+
     async fn load_schedule(&self, id: ScheduleId) -> Result<Schedule> {
         self.store()
             .schedules()

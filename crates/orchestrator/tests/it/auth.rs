@@ -105,6 +105,17 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
     let workflow = submitted["workflow_id"].as_str().unwrap().to_owned();
     let task = submitted["task_ids"][0].as_str().unwrap().to_owned();
 
+    let (status, created) = call(
+        &service,
+        "POST",
+        "/schedules",
+        Some(&operator),
+        Some(json!({"template": "chain", "cron": "0 3 * * *", "timezone": "Europe/Berlin"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let schedule = created["id"].as_str().unwrap().to_owned();
+
     let servers = json!({"infra": "t", "servers": ["ok-2"]});
     let template = json!({"template": "chain", "vars": {}});
     // (method, template, concrete path, body, who may call it)
@@ -195,6 +206,42 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             "POST",
             "/workflows/{id}/retry",
             format!("/workflows/{workflow}/retry"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/{id}/rerun",
+            format!("/workflows/{workflow}/rerun"),
+            Some(json!({"from": "server"})),
+            Min::Operator,
+        ),
+        ("GET", "/schedules", "/schedules".into(), None, Min::Viewer),
+        (
+            "POST",
+            "/schedules",
+            "/schedules".into(),
+            Some(json!({"template": "chain", "cron": "0 4 * * *", "paused": true})),
+            Min::Operator,
+        ),
+        (
+            "GET",
+            "/schedules/{id}",
+            format!("/schedules/{schedule}"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "PATCH",
+            "/schedules/{id}",
+            format!("/schedules/{schedule}"),
+            Some(json!({"paused": true})),
+            Min::Operator,
+        ),
+        (
+            "DELETE",
+            "/schedules/{id}",
+            format!("/schedules/{schedule}"),
             None,
             Min::Operator,
         ),

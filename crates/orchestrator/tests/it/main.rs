@@ -16,6 +16,8 @@ mod live;
 mod migrate;
 mod operations;
 mod provisioning;
+mod reruns;
 mod restart;
+mod schedules;
 mod tasks;
 mod workflows;
