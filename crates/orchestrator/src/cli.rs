@@ -36,6 +36,9 @@ pub enum Command {
     /// Check and list workflow templates.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Recurring runs of a template on a cron expression.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Look at the store itself.
     #[command(subcommand)]
     Db(DbCommand),
@@ -190,6 +193,99 @@ pub enum WorkflowCommand {
     Cancel(WorkflowArgs),
     /// Re-run what did not complete in a finished workflow.
     Retry(WorkflowArgs),
+    /// Re-run a finished workflow from a step, as a new revision: the
+    /// steps before it keep their outputs.
+    Rerun(RerunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RerunArgs {
+    pub id: String,
+    /// The ref_name of the first step to run again.
+    #[arg(long)]
+    pub from: String,
+    /// Run only that step again; the steps after it keep their outputs.
+    #[arg(long)]
+    pub no_downstream: bool,
+    /// A new input for the steps that run again: `key=value`, as for
+    /// `workflow submit`. Repeatable.
+    #[arg(short = 'i', long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// Follow the new revision until it finishes; exit non-zero unless it completed.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Create a schedule: a registered template run on a cron expression.
+    Create(ScheduleCreateArgs),
+    /// List the schedules with when each is next due.
+    List(ScheduleListArgs),
+    /// Show a schedule and what became of its newest due runs.
+    Show(ScheduleArgs),
+    /// Pause a schedule: nothing starts until it is resumed.
+    Pause(ScheduleArgs),
+    /// Resume a paused schedule (it does not catch up on the pause).
+    Resume(ScheduleArgs),
+    /// Delete a schedule; runs already started go on.
+    Delete(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleCreateArgs {
+    /// The template's ref_name (see `orchestrator template list`).
+    pub template: String,
+    /// Five fields (minute hour day month weekday), or six with seconds first.
+    #[arg(long)]
+    pub cron: String,
+    /// The IANA time zone the cron expression is read in [default: UTC].
+    #[arg(long)]
+    pub timezone: Option<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A workflow input: `key=value`, as for `workflow submit`. Repeatable.
+    #[arg(short = 'i', long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// While the previous run still goes: skip, queue or cancel_previous [default: skip].
+    #[arg(long)]
+    pub overlap: Option<String>,
+    /// Due times missed while no node ran: none, latest or all [default: none].
+    #[arg(long)]
+    pub catch_up: Option<String>,
+    /// How old a missed due time may be and still start [default: 86400].
+    #[arg(long)]
+    pub catch_up_window_secs: Option<u64>,
+    /// No due time before this (RFC 3339).
+    #[arg(long)]
+    pub start_at: Option<String>,
+    /// No due time after this (RFC 3339).
+    #[arg(long)]
+    pub end_at: Option<String>,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

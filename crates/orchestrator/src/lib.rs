@@ -6,6 +6,7 @@ mod client;
 mod db;
 mod migrate;
 mod recovery;
+mod schedules;
 pub mod service;
 pub mod settings;
 mod workflows;
@@ -36,6 +37,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Cancel(args) => client::cancel(&cli.client, args).await,
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
+            Command::Schedule(command) => schedules::run(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Token(command) => client::token(&cli.client, command).await,

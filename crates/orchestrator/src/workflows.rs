@@ -8,7 +8,9 @@ use orchestrator_core::template::Template;
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
-use crate::cli::{ClientArgs, SubmitArgs, TemplateCommand, WorkflowCommand, WorkflowListArgs};
+use crate::cli::{
+    ClientArgs, RerunArgs, SubmitArgs, TemplateCommand, WorkflowCommand, WorkflowListArgs,
+};
 use crate::client::{Api, print_table};
 
 pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Result<()> {
@@ -31,7 +33,30 @@ pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Resul
             let view = post(&api, &format!("/workflows/{}/retry", args.id), None).await?;
             print_view(&view, args.json)
         }
+        WorkflowCommand::Rerun(args) => rerun(&api, args).await,
     }
+}
+
+async fn rerun(api: &Api, args: RerunArgs) -> anyhow::Result<()> {
+    let body = json!({
+        "from": args.from,
+        "include_downstream": !args.no_downstream,
+        "vars": parse_inputs(&args.inputs)?,
+    });
+    let view = post(api, &format!("/workflows/{}/rerun", args.id), Some(&body)).await?;
+    let id = view["id"].as_str().unwrap_or_default().to_owned();
+    if args.wait {
+        return follow(api, &id, args.json).await;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        println!(
+            "workflow {id} (revision {} of {}) re-runs from {}",
+            view["revision"], args.id, args.from
+        );
+    }
+    Ok(())
 }
 
 /// Draws the workflow, then draws it again whenever the event stream says
@@ -111,12 +136,18 @@ fn parse_input(raw: &str) -> anyhow::Result<(String, Value)> {
     Ok((key.to_owned(), value))
 }
 
-async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
+/// Every `-i key=value` as an object of inputs.
+pub(crate) fn parse_inputs(inputs: &[String]) -> anyhow::Result<Map<String, Value>> {
     let mut vars = Map::new();
-    for raw in &args.inputs {
+    for raw in inputs {
         let (key, value) = parse_input(raw)?;
         vars.insert(key, value);
     }
+    Ok(vars)
+}
+
+async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
+    let vars = parse_inputs(&args.inputs)?;
     let mut body = json!({"template": args.template, "vars": vars, "check_mode": args.check_mode});
     let mut meta = Map::new();
     if let Some(reference) = args.reference {
@@ -145,12 +176,18 @@ async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    follow(api, &id, args.json).await
+}
+
+/// Prints each status change of a workflow's tasks on stderr until it
+/// ends, then the workflow; an error unless it completed.
+async fn follow(api: &Api, id: &str, json: bool) -> anyhow::Result<()> {
     let mut last_seen: HashMap<String, String> = HashMap::new();
     let view = loop {
         let view: Value = api
             .json(Method::GET, &format!("/workflows/{id}"), &[])
             .await?;
-        if !args.json {
+        if !json {
             for task in view["tasks"].as_array().into_iter().flatten() {
                 let (tid, status) = (
                     task["id"].as_str().unwrap_or_default(),
@@ -174,7 +211,7 @@ async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    print_view(&view, args.json)?;
+    print_view(&view, json)?;
     if view["status"] != "completed" {
         bail!(
             "workflow {id} ended {}",
