@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use chrono::DurationRound;
 use serde_json::{Value, json};
 
 use crate::harness::{TestService, fixture_settings};
@@ -57,6 +58,21 @@ async fn seed(dir: &Path) -> Vec<String> {
         }
         workflows.push(workflow);
     }
+    // A schedule with one claim: the three due times a (pretend) outage
+    // missed, in ten days.
+    let start = (chrono::Utc::now() + chrono::TimeDelta::days(10))
+        .duration_trunc(chrono::TimeDelta::hours(1))
+        .unwrap();
+    let (status, schedule) = service
+        .post(
+            "/schedules",
+            json!({"template": "chain", "cron": "0 * * * *", "start_at": start}),
+        )
+        .await;
+    assert_eq!(status, 201, "{schedule}");
+    let engine = service.handle.as_ref().unwrap().engine.clone();
+    let later = start + chrono::TimeDelta::minutes(130);
+    engine.tick_schedules(later).await.unwrap();
     service.stop().await;
     workflows
 }
@@ -82,6 +98,8 @@ async fn a_dry_run_counts_everything_and_writes_nothing() {
     assert_eq!(kind(&summary, "task")["read"], 4, "{summary}");
     assert_eq!(kind(&summary, "task")["written"], 0, "{summary}");
     assert_eq!(summary["copy"]["logs"], 4, "{summary}");
+    assert_eq!(kind(&summary, "schedule")["read"], 1, "{summary}");
+    assert_eq!(kind(&summary, "schedule_claim")["read"], 1, "{summary}");
     assert!(!target.exists(), "a dry run created the target");
 }
 
@@ -500,6 +518,12 @@ mod surrealdb {
             let (status, body) = service.get(&format!("/workflows/{workflow}")).await;
             assert_eq!(status, 200, "{body}");
         }
+        // The schedule moved with its claim: it knows what it missed.
+        let (_, schedules) = service.get("/schedules").await;
+        let id = schedules["schedules"][0]["id"].as_str().unwrap();
+        let (_, schedule) = service.get(&format!("/schedules/{id}")).await;
+        assert_eq!(schedule["runs"][0]["state"], "missed", "{schedule}");
+        assert_eq!(schedule["runs"][0]["missed"], 3, "{schedule}");
         service.stop().await;
     }
 
