@@ -116,6 +116,10 @@ fn describe() {
         "orchestrator_storage_errors_total",
         "Storage calls that failed (a lost compare-and-set is not a failure), by backend and operation."
     );
+    describe_counter!(
+        "orchestrator_schedule_runs_total",
+        "Due runs of schedules this node claimed, by outcome: started, skipped (overlap), missed (no node ran the schedule then), failed (could not be submitted)."
+    );
 }
 
 /// Counts and times every request by its route template (`/tasks/{id}`,
