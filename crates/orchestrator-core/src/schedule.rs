@@ -324,7 +324,10 @@ pub fn plan_due(
     // skip a gap too long to walk.
     let horizon = now - window.max(on_time);
     let mut walked = 0;
-    while let Some(due) = spec.next_after(floor).filter(|d| *d <= last && *d < horizon) {
+    while let Some(due) = spec
+        .next_after(floor)
+        .filter(|d| *d <= last && *d < horizon)
+    {
         plan.missed += 1;
         plan.newest = Some(due);
         floor = due;
@@ -343,12 +346,18 @@ pub fn plan_due(
         recent.iter().partition(|due| now - **due < on_time);
     let catch_up: Vec<DateTime<Utc>> = match schedule.catch_up {
         CatchUp::None => Vec::new(),
-        CatchUp::Latest if on_time_dues.is_empty() => {
-            late.last().filter(|due| now - **due <= window).into_iter().copied().collect()
-        }
+        CatchUp::Latest if on_time_dues.is_empty() => late
+            .last()
+            .filter(|due| now - **due <= window)
+            .into_iter()
+            .copied()
+            .collect(),
         CatchUp::Latest => Vec::new(),
         CatchUp::All => {
-            let within: Vec<_> = late.into_iter().filter(|due| now - *due <= window).collect();
+            let within: Vec<_> = late
+                .into_iter()
+                .filter(|due| now - *due <= window)
+                .collect();
             let keep = within.len().saturating_sub(MAX_CATCH_UP);
             within[keep..].to_vec()
         }
@@ -573,7 +582,10 @@ mod tests {
         // Within a two-hour window only 04:00 and 05:00 may still run.
         s.catch_up_window_secs = 2 * 3600;
         let p = plan(&s, after, now);
-        assert_eq!((times(&p.start), p.missed), (vec!["04:00".into(), "05:00".into()], 2));
+        assert_eq!(
+            (times(&p.start), p.missed),
+            (vec!["04:00".into(), "05:00".into()], 2)
+        );
         s.catch_up = CatchUp::Latest;
         let p = plan(&s, after, now);
         assert_eq!((times(&p.start), p.missed), (vec!["05:00".into()], 3));
@@ -610,17 +622,31 @@ mod tests {
             plan(&s, "2026-01-01T01:00:00Z", "2026-01-01T05:00:01Z"),
             DuePlan::default()
         );
-        assert_eq!(s.next_due(&s.check().unwrap(), at("2026-01-01T05:00:01Z")), None);
+        assert_eq!(
+            s.next_due(&s.check().unwrap(), at("2026-01-01T05:00:01Z")),
+            None
+        );
 
         s.paused = false;
         s.start_at = Some(at("2026-01-01T03:00:00Z"));
         s.end_at = Some(at("2026-01-01T04:00:00Z"));
         s.catch_up = CatchUp::All;
         let p = plan(&s, "2026-01-01T01:00:00Z", "2026-01-01T05:00:01Z");
-        assert_eq!(times(&p.start), ["03:00", "04:00"], "start_at and end_at are due");
+        assert_eq!(
+            times(&p.start),
+            ["03:00", "04:00"],
+            "start_at and end_at are due"
+        );
         let spec = s.check().unwrap();
-        assert_eq!(s.next_due(&spec, at("2026-01-01T02:00:00Z")), Some(at("2026-01-01T03:00:00Z")));
-        assert_eq!(s.next_due(&spec, at("2026-01-01T04:00:00Z")), None, "past end_at");
+        assert_eq!(
+            s.next_due(&spec, at("2026-01-01T02:00:00Z")),
+            Some(at("2026-01-01T03:00:00Z"))
+        );
+        assert_eq!(
+            s.next_due(&spec, at("2026-01-01T04:00:00Z")),
+            None,
+            "past end_at"
+        );
     }
 
     #[test]
@@ -644,8 +670,16 @@ mod tests {
             overlap_action(Overlap::CancelPrevious, true),
             CancelPreviousThenStart
         );
-        assert_eq!("cancel_previous".parse::<Overlap>(), Ok(Overlap::CancelPrevious));
-        assert!("later".parse::<Overlap>().unwrap_err().contains("skip, queue, cancel_previous"));
+        assert_eq!(
+            "cancel_previous".parse::<Overlap>(),
+            Ok(Overlap::CancelPrevious)
+        );
+        assert!(
+            "later"
+                .parse::<Overlap>()
+                .unwrap_err()
+                .contains("skip, queue, cancel_previous")
+        );
     }
 
     #[test]
@@ -727,7 +761,10 @@ mod tests {
         let e = check("0 0 0 * * * 2030", "UTC");
         assert_eq!(e.field, "cron", "{e}");
         let e = check("0 0 30 2 *", "UTC");
-        assert_eq!(e, ScheduleError::new("cron", "`0 0 30 2 *` never comes due"));
+        assert_eq!(
+            e,
+            ScheduleError::new("cron", "`0 0 30 2 *` never comes due")
+        );
         let e = check("0 * * * *", "Mars/Olympus_Mons");
         assert_eq!(e.field, "timezone");
         assert!(e.message.contains("Mars/Olympus_Mons"), "{e}");
@@ -747,6 +784,10 @@ mod tests {
         let a = claim_key(id, Utc.with_ymd_and_hms(2026, 1, 1, 9, 0, 0).unwrap());
         let b = claim_key(id, Utc.with_ymd_and_hms(2026, 1, 1, 10, 0, 0).unwrap());
         assert!(a < b);
-        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{a}");
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "{a}"
+        );
     }
 }

@@ -110,7 +110,15 @@ impl Engine {
         if let Some(inline @ Value::Object(_)) = workflow.input.get("template") {
             return serde_json::from_value(inline.clone())
                 .map(Arc::new)
-                .map_err(|e| Error::validation("template", format!("the inline template of workflow {} no longer reads: {e}", workflow.id)));
+                .map_err(|e| {
+                    Error::validation(
+                        "template",
+                        format!(
+                            "the inline template of workflow {} no longer reads: {e}",
+                            workflow.id
+                        ),
+                    )
+                });
         }
         Err(Error::validation(
             "template",
@@ -145,7 +153,11 @@ impl Engine {
 
 /// The submission of the re-run: the old workflow's, with the new vars
 /// over its inputs (per-step inputs merged step by step).
-fn rerun_submission(old: &Workflow, template: Arc<Template>, request: &RerunRequest) -> SubmitRequest {
+fn rerun_submission(
+    old: &Workflow,
+    template: Arc<Template>,
+    request: &RerunRequest,
+) -> SubmitRequest {
     let mut vars = old.vars.as_object().cloned().unwrap_or_default();
     let mut per_step = old
         .input

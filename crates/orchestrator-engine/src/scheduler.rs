@@ -285,7 +285,9 @@ impl Scheduler {
         for claim in claims.iter().filter(|c| c.key() != this.key()) {
             match claim.state {
                 ClaimState::Started => {
-                    let Some(id) = claim.workflow_id else { continue };
+                    let Some(id) = claim.workflow_id else {
+                        continue;
+                    };
                     let running = match self.store.tasks().get_workflow(id).await? {
                         Some(w) => !w.status.is_terminal(),
                         None => false,

@@ -75,9 +75,7 @@ impl Engine {
         let now = Utc::now();
         let schedule = Schedule {
             id: ScheduleId::new(),
-            name: request
-                .name
-                .unwrap_or_else(|| request.template.clone()),
+            name: request.name.unwrap_or_else(|| request.template.clone()),
             template: request.template,
             template_version: request.version,
             vars: request.vars,
@@ -123,7 +121,11 @@ impl Engine {
     /// Applies a change, checked like a new schedule. Resuming, or a new
     /// cron expression or zone, starts counting due times from now: the
     /// schedule does not catch up on what it was not meant to run.
-    pub async fn update_schedule(&self, id: ScheduleId, patch: SchedulePatch) -> Result<ScheduleView> {
+    pub async fn update_schedule(
+        &self,
+        id: ScheduleId,
+        patch: SchedulePatch,
+    ) -> Result<ScheduleView> {
         loop {
             let old = self.load_schedule(id).await?;
             let now = Utc::now();

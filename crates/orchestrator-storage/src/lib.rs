@@ -28,7 +28,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
-use orchestrator_core::{Node, ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use orchestrator_core::{
+    Node, ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
+};
 
 pub use changes::{Change, ChangeFeed, ChangeSink};
 pub use error::{Error, Result};

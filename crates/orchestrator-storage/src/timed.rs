@@ -225,7 +225,8 @@ impl ScheduleStore for Timed<dyn ScheduleStore> {
     }
 
     async fn get_schedule(&self, id: ScheduleId) -> Result<Option<Schedule>> {
-        self.timed("get_schedule", self.inner.get_schedule(id)).await
+        self.timed("get_schedule", self.inner.get_schedule(id))
+            .await
     }
 
     async fn schedules(&self) -> Result<Vec<Schedule>> {

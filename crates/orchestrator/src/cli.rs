@@ -222,7 +222,7 @@ pub struct RerunArgs {
 #[derive(Debug, Subcommand)]
 pub enum ScheduleCommand {
     /// Create a schedule: a registered template run on a cron expression.
-    Create(ScheduleCreateArgs),
+    Create(Box<ScheduleCreateArgs>),
     /// List the schedules with when each is next due.
     List(ScheduleListArgs),
     /// Show a schedule and what became of its newest due runs.

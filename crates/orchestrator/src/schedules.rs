@@ -13,7 +13,7 @@ pub async fn run(client: &ClientArgs, command: ScheduleCommand) -> anyhow::Resul
     match command {
         ScheduleCommand::Create(args) => {
             let json = args.json;
-            let body = create_body(args)?;
+            let body = create_body(*args)?;
             let schedule = send(&api, Method::POST, "/schedules", Some(&body)).await?;
             print_schedule(&schedule, json)
         }
@@ -71,7 +71,12 @@ async fn set_paused(api: &Api, id: &str, paused: bool, json: bool) -> anyhow::Re
     print_schedule(&schedule, json)
 }
 
-async fn send(api: &Api, method: Method, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+async fn send(
+    api: &Api,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> anyhow::Result<Value> {
     Ok(api.send_body(method, path, &[], body).await?.json().await?)
 }
 
@@ -118,7 +123,11 @@ fn print_schedule(schedule: &Value, json: bool) -> anyhow::Result<()> {
         "schedule {}  {}  [{}]  template {}",
         text(&schedule["id"]),
         text(&schedule["name"]),
-        if schedule["paused"] == true { "paused" } else { "active" },
+        if schedule["paused"] == true {
+            "paused"
+        } else {
+            "active"
+        },
         text(&schedule["template"]),
     );
     println!(

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use chrono::{Timelike, Utc};
 use futures_util::future::join_all;
+use orchestrator_core::ScheduleId;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord};
+use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
-use orchestrator_core::ScheduleId;
-use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
 use orchestrator_storage::{
     AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
     ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
@@ -79,7 +79,10 @@ pub fn schedule(name: &str) -> Schedule {
         name: name.into(),
         template: "chain".into(),
         template_version: Some(1),
-        vars: json!({"env": "nightly", "ünïcode": "✓"}).as_object().unwrap().clone(),
+        vars: json!({"env": "nightly", "ünïcode": "✓"})
+            .as_object()
+            .unwrap()
+            .clone(),
         cron: "0 2 * * *".into(),
         timezone: "Europe/Berlin".into(),
         overlap: Default::default(),
@@ -101,20 +104,35 @@ async fn schedules_are_stored_and_changed_by_compare_and_set(store: &dyn Schedul
     store.insert_schedule(&first).await.unwrap();
     store.insert_schedule(&second).await.unwrap();
     let again = store.insert_schedule(&first).await;
-    assert!(matches!(again, Err(Error::AlreadyExists { .. })), "{again:?}");
-    assert_eq!(store.get_schedule(first.id).await.unwrap(), Some(first.clone()));
-    assert_eq!(store.schedules().await.unwrap(), vec![first.clone(), second.clone()]);
+    assert!(
+        matches!(again, Err(Error::AlreadyExists { .. })),
+        "{again:?}"
+    );
+    assert_eq!(
+        store.get_schedule(first.id).await.unwrap(),
+        Some(first.clone())
+    );
+    assert_eq!(
+        store.schedules().await.unwrap(),
+        vec![first.clone(), second.clone()]
+    );
 
     let mut paused = first.clone();
     paused.paused = true;
     let stored = store.update_schedule(&paused).await.unwrap();
     assert_eq!(stored.version, first.version + 1);
-    assert_eq!(store.get_schedule(first.id).await.unwrap(), Some(stored.clone()));
+    assert_eq!(
+        store.get_schedule(first.id).await.unwrap(),
+        Some(stored.clone())
+    );
     // The same change again is stale: its version is no longer stored.
     let stale = store.update_schedule(&paused).await;
     assert!(matches!(stale, Err(Error::Conflict { .. })), "{stale:?}");
     let unknown = store.update_schedule(&schedule("ghost")).await;
-    assert!(matches!(unknown, Err(Error::NotFound { .. })), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(Error::NotFound { .. })),
+        "{unknown:?}"
+    );
 
     assert!(store.delete_schedule(first.id).await.unwrap());
     assert!(!store.delete_schedule(first.id).await.unwrap());
@@ -154,8 +172,20 @@ async fn one_of_racing_claims_wins_and_claims_list_newest_first(store: &dyn Sche
     }
     let elsewhere = ScheduleClaim::new(other, due, ClaimState::Claimed, "node-0", due);
     assert!(store.claim(&elsewhere).await.unwrap());
-    let newest: Vec<_> = store.claims(id, 2).await.unwrap().iter().map(|c| c.due).collect();
-    assert_eq!(newest, [due + chrono::TimeDelta::hours(3), due + chrono::TimeDelta::hours(2)]);
+    let newest: Vec<_> = store
+        .claims(id, 2)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.due)
+        .collect();
+    assert_eq!(
+        newest,
+        [
+            due + chrono::TimeDelta::hours(3),
+            due + chrono::TimeDelta::hours(2)
+        ]
+    );
     assert_eq!(store.claims(id, 100).await.unwrap().len(), 4);
     assert_eq!(store.claims(other, 100).await.unwrap(), vec![elsewhere]);
 
@@ -169,7 +199,10 @@ async fn one_of_racing_claims_wins_and_claims_list_newest_first(store: &dyn Sche
     assert_eq!(store.claims(id, 100).await.unwrap().last(), Some(&stored));
     let unknown = ScheduleClaim::new(ScheduleId::new(), due, ClaimState::Claimed, "n", due);
     let missing = store.update_claim(&unknown).await;
-    assert!(matches!(missing, Err(Error::NotFound { .. })), "{missing:?}");
+    assert!(
+        matches!(missing, Err(Error::NotFound { .. })),
+        "{missing:?}"
+    );
 }
 
 /// What [`BulkTransfer`] promises, on an empty writable store: records and

@@ -529,40 +529,98 @@ fn workflow_status_watch_redraws_until_the_workflow_ends() {
 fn rerun_and_schedule_commands() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(&dir.path().join("data"), &[]);
-    let first = daemon.cli(&["workflow", "submit", "chain", "--ref", "cli-rerun", "--wait"]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let first = daemon.cli(&[
+        "workflow",
+        "submit",
+        "chain",
+        "--ref",
+        "cli-rerun",
+        "--wait",
+    ]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     let list = daemon.cli_json(&["workflow", "list", "--ref", "cli-rerun", "--json"]);
     let id = list["workflows"][0]["id"].as_str().unwrap().to_owned();
     let rerun = daemon.cli(&["workflow", "rerun", &id, "--from", "c", "--wait"]);
     let stdout = String::from_utf8_lossy(&rerun.stdout);
-    assert!(rerun.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&rerun.stderr));
+    assert!(
+        rerun.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
     assert!(stdout.contains("[completed]"), "{stdout}");
     let list = daemon.cli_json(&["workflow", "list", "--ref", "cli-rerun", "--json"]);
     assert_eq!(list["total"], 2);
     let unknown = daemon.cli(&["workflow", "rerun", &id, "--from", "zz"]);
     assert!(!unknown.status.success());
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("from: template `chain` has no step `zz`"));
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr)
+            .contains("from: template `chain` has no step `zz`")
+    );
 
     let created = daemon.cli_json(&[
-        "schedule", "create", "chain", "--cron", "0 3 * * *", "--timezone", "Europe/Berlin",
-        "--name", "nightly", "-i", "sleep=0", "--overlap", "queue", "--json",
+        "schedule",
+        "create",
+        "chain",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--name",
+        "nightly",
+        "-i",
+        "sleep=0",
+        "--overlap",
+        "queue",
+        "--json",
     ]);
     let schedule = created["id"].as_str().unwrap().to_owned();
     assert_eq!(created["overlap"], "queue");
     assert_eq!(created["vars"]["sleep"], 0);
     let listed = String::from_utf8_lossy(&daemon.cli(&["schedule", "list"]).stdout).into_owned();
-    assert!(listed.contains("nightly") && listed.contains("Europe/Berlin"), "{listed}");
+    assert!(
+        listed.contains("nightly") && listed.contains("Europe/Berlin"),
+        "{listed}"
+    );
     let paused = daemon.cli_json(&["schedule", "pause", &schedule, "--json"]);
     assert_eq!(paused["paused"], true);
-    let shown = String::from_utf8_lossy(&daemon.cli(&["schedule", "show", &schedule]).stdout).into_owned();
-    assert!(shown.contains("[paused]") && shown.contains("next due: -"), "{shown}");
+    let shown =
+        String::from_utf8_lossy(&daemon.cli(&["schedule", "show", &schedule]).stdout).into_owned();
+    assert!(
+        shown.contains("[paused]") && shown.contains("next due: -"),
+        "{shown}"
+    );
     let resumed = daemon.cli_json(&["schedule", "resume", &schedule, "--json"]);
     assert!(resumed["next_due"].is_string(), "{resumed}");
-    let bad = daemon.cli(&["schedule", "create", "chain", "--cron", "0 3 * * *", "--timezone", "Atlantis"]);
+    let bad = daemon.cli(&[
+        "schedule",
+        "create",
+        "chain",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Atlantis",
+    ]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("timezone: `Atlantis` is not an IANA time zone"));
-    assert!(daemon.cli(&["schedule", "delete", &schedule]).status.success());
-    assert!(!daemon.cli(&["schedule", "show", &schedule]).status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("timezone: `Atlantis` is not an IANA time zone")
+    );
+    assert!(
+        daemon
+            .cli(&["schedule", "delete", &schedule])
+            .status
+            .success()
+    );
+    assert!(
+        !daemon
+            .cli(&["schedule", "show", &schedule])
+            .status
+            .success()
+    );
 
     daemon.signal("-TERM");
     assert!(daemon.wait().success());

@@ -26,9 +26,7 @@ fn task<'a>(view: &'a Value, step: &str) -> &'a Value {
 }
 
 async fn rerun(service: &TestService, id: &str, body: Value) -> Value {
-    let (status, view) = service
-        .post(&format!("/workflows/{id}/rerun"), body)
-        .await;
+    let (status, view) = service.post(&format!("/workflows/{id}/rerun"), body).await;
     assert_eq!(status, 202, "{view}");
     service.wait_workflow(view["id"].as_str().unwrap()).await
 }
@@ -67,7 +65,10 @@ async fn a_rerun_runs_the_step_and_its_downstream_again_and_keeps_upstream_outpu
         assert!(task(&second, step).get("kept_from").is_none());
     }
     // b read a's kept output.
-    assert_eq!(task(&second, "b")["input"]["ips"], json!(["10.0.0.1", "10.0.0.2"]));
+    assert_eq!(
+        task(&second, "b")["input"]["ips"],
+        json!(["10.0.0.1", "10.0.0.2"])
+    );
     let second_id = second["id"].as_str().unwrap().to_owned();
 
     // Without its downstream, only b runs; c keeps what it had.
@@ -85,7 +86,7 @@ async fn a_rerun_runs_the_step_and_its_downstream_again_and_keeps_upstream_outpu
     // submission's: c fails on purpose this time.
     let fourth = rerun(
         &service,
-        &third["id"].as_str().unwrap().to_owned(),
+        third["id"].as_str().unwrap(),
         json!({"from": "c", "vars": {"fail_c": true}}),
     )
     .await;
@@ -104,7 +105,10 @@ async fn a_rerun_runs_the_step_and_its_downstream_again_and_keeps_upstream_outpu
     assert_eq!(revisions, [4, 3, 2, 1]);
     let (_, first_again) = service.get(&format!("/workflows/{first_id}")).await;
     assert_eq!(first_again["status"], "completed");
-    assert_eq!(first_again["tasks"], first["tasks"], "the first revision is untouched");
+    assert_eq!(
+        first_again["tasks"], first["tasks"],
+        "the first revision is untouched"
+    );
     service.stop().await;
 }
 
@@ -113,7 +117,10 @@ async fn a_rerun_is_refused_while_running_and_names_a_bad_field() {
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(fixture_settings(dir.path())).await;
     let (status, running) = service
-        .post("/workflows", json!({"template": "chain", "vars": {"sleep": 2}}))
+        .post(
+            "/workflows",
+            json!({"template": "chain", "vars": {"sleep": 2}}),
+        )
         .await;
     assert_eq!(status, 202, "{running}");
     let id = running["id"].as_str().unwrap().to_owned();
@@ -132,9 +139,15 @@ async fn a_rerun_is_refused_while_running_and_names_a_bad_field() {
     service.wait_workflow(&id).await;
 
     for (body, field) in [
-        (json!({"from": "zz"}), "from: template `chain` has no step `zz`"),
+        (
+            json!({"from": "zz"}),
+            "from: template `chain` has no step `zz`",
+        ),
         (json!({"from": "b", "vars": {"colour": 1}}), "vars.colour:"),
-        (json!({"from": "b", "vars": {"sleep": "long"}}), "vars.sleep:"),
+        (
+            json!({"from": "b", "vars": {"sleep": "long"}}),
+            "vars.sleep:",
+        ),
         (
             json!({"from": "b", "vars": {"steps": {"a": {"x": 1}}}}),
             "vars.steps.a: step `a` is not re-run",

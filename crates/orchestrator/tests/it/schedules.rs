@@ -105,16 +105,43 @@ async fn bad_schedules_get_422_naming_the_field() {
         body
     };
     for (body, start) in [
-        (with("cron", json!("61 * * * *")), "cron: `61 * * * *` is not valid"),
+        (
+            with("cron", json!("61 * * * *")),
+            "cron: `61 * * * *` is not valid",
+        ),
         (with("cron", json!("* * *")), "cron: `* * *` has 3 fields"),
-        (with("cron", json!("0 0 30 2 *")), "cron: `0 0 30 2 *` never comes due"),
-        (with("timezone", json!("Mars/Olympus")), "timezone: `Mars/Olympus` is not an IANA time zone"),
-        (with("template", json!("nope")), "template: unknown template `nope`"),
-        (with("template", json!({"name": "t"})), "template: a schedule runs a registered template"),
-        (with("vars", json!({"sleep": "long"})), "vars.sleep: expected a number"),
-        (with("overlap", json!("later")), "overlap: unknown variant `later`"),
-        (with("catch_up", json!("some")), "catch_up: unknown variant `some`"),
-        (with("catch_up_window_secs", json!(0)), "catch_up_window_secs: must be at least 1"),
+        (
+            with("cron", json!("0 0 30 2 *")),
+            "cron: `0 0 30 2 *` never comes due",
+        ),
+        (
+            with("timezone", json!("Mars/Olympus")),
+            "timezone: `Mars/Olympus` is not an IANA time zone",
+        ),
+        (
+            with("template", json!("nope")),
+            "template: unknown template `nope`",
+        ),
+        (
+            with("template", json!({"name": "t"})),
+            "template: a schedule runs a registered template",
+        ),
+        (
+            with("vars", json!({"sleep": "long"})),
+            "vars.sleep: expected a number",
+        ),
+        (
+            with("overlap", json!("later")),
+            "overlap: unknown variant `later`",
+        ),
+        (
+            with("catch_up", json!("some")),
+            "catch_up: unknown variant `some`",
+        ),
+        (
+            with("catch_up_window_secs", json!(0)),
+            "catch_up_window_secs: must be at least 1",
+        ),
         (
             with("end_at", json!("2020-01-01T00:00:00Z")),
             "end_at: 2020-01-01 00:00:00 UTC is not after start_at",
@@ -132,10 +159,18 @@ async fn bad_schedules_get_422_naming_the_field() {
     }
     let id = create(&service, good).await;
     let (status, answer) = service
-        .patch(&format!("/schedules/{id}"), json!({"timezone": "Nowhere/Land"}))
+        .patch(
+            &format!("/schedules/{id}"),
+            json!({"timezone": "Nowhere/Land"}),
+        )
         .await;
     assert_eq!(status, 422, "{answer}");
-    assert!(answer["error"]["message"].as_str().unwrap().starts_with("timezone:"));
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("timezone:")
+    );
     let (status, _) = service.get("/schedules/not-a-uuid").await;
     assert_eq!(status, 400);
     service.stop().await;
@@ -301,10 +336,7 @@ mod surrealdb {
         let (on_a, on_b) = (engine(&a), engine(&b));
         for hours in 0..4 {
             let at = start + TimeDelta::hours(hours) + TimeDelta::seconds(1);
-            let (x, y) = tokio::join!(
-                on_a.tick_schedules(at),
-                on_b.tick_schedules(at)
-            );
+            let (x, y) = tokio::join!(on_a.tick_schedules(at), on_b.tick_schedules(at));
             x.unwrap();
             y.unwrap();
         }
