@@ -193,23 +193,18 @@ impl Scheduler {
     ) -> Result<()> {
         let previous = self.previous_runs(schedule, &claim, now).await?;
         match overlap_action(schedule.overlap, !previous.is_empty()) {
-            OverlapAction::Skip => {
-                claim.state = ClaimState::Skipped;
-                claim.reason = Some(format!(
-                    "the previous run is still going ({})",
-                    describe(&previous)
-                ));
+            action @ (OverlapAction::Skip | OverlapAction::Wait) => {
+                let (state, reason) = if action == OverlapAction::Skip {
+                    (ClaimState::Skipped, "the previous run is still going")
+                } else {
+                    (ClaimState::Waiting, "waits for the previous run")
+                };
+                claim.state = state;
+                claim.reason = Some(format!("{reason} ({})", describe(&previous)));
                 self.move_claim(claim, now).await?;
-                count("skipped", 1);
-                Ok(())
-            }
-            OverlapAction::Wait => {
-                claim.state = ClaimState::Waiting;
-                claim.reason = Some(format!(
-                    "waits for the previous run ({})",
-                    describe(&previous)
-                ));
-                self.move_claim(claim, now).await?;
+                if state == ClaimState::Skipped {
+                    count("skipped", 1);
+                }
                 Ok(())
             }
             OverlapAction::CancelPreviousThenStart => {

@@ -298,6 +298,35 @@ impl FsBackend {
         pending.durable().await
     }
 
+    /// Commits `line` if the record under `key` is stored at version
+    /// `expected` (compare-and-set, checked and applied under the state
+    /// lock), and waits until it is durable.
+    async fn compare_and_set(
+        &self,
+        what: &'static str,
+        key: String,
+        expected: u64,
+        stored_version: impl Fn(&State, &str) -> Option<u64>,
+        line: Line,
+    ) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            match stored_version(&state, &key) {
+                None => return Err(Error::NotFound { what, id: key }),
+                Some(found) if found != expected => {
+                    return Err(Error::Conflict {
+                        what,
+                        id: key,
+                        expected,
+                        found,
+                    });
+                }
+                Some(_) => self.commit(&mut state, line)?,
+            }
+        };
+        pending.durable().await
+    }
+
     fn queue_compaction(&self, state: &mut State) -> Result<()> {
         let mut bytes = Vec::new();
         let lines = state
@@ -648,29 +677,12 @@ impl ScheduleStore for FsBackend {
     }
 
     async fn update_schedule(&self, schedule: &Schedule) -> Result<Schedule> {
-        let (pending, stored) = {
-            let mut state = self.lock_state();
-            let id = schedule.id.to_string();
-            let current = state.schedule(&id).ok_or_else(|| Error::NotFound {
-                what: "schedule",
-                id: id.clone(),
-            })?;
-            if current.version != schedule.version {
-                return Err(Error::Conflict {
-                    what: "schedule",
-                    id,
-                    expected: schedule.version,
-                    found: current.version,
-                });
-            }
-            let mut stored = schedule.clone();
-            stored.version += 1;
-            (
-                self.commit(&mut state, Line::Schedule(stored.clone()))?,
-                stored,
-            )
-        };
-        pending.durable().await?;
+        let mut stored = schedule.clone();
+        stored.version += 1;
+        let version = |state: &State, key: &str| state.schedule(key).map(|s| s.version);
+        let (key, line) = (schedule.id.to_string(), Line::Schedule(stored.clone()));
+        self.compare_and_set("schedule", key, schedule.version, version, line)
+            .await?;
         Ok(stored)
     }
 
@@ -710,29 +722,12 @@ impl ScheduleStore for FsBackend {
     }
 
     async fn update_claim(&self, claim: &ScheduleClaim) -> Result<ScheduleClaim> {
-        let (pending, stored) = {
-            let mut state = self.lock_state();
-            let key = claim.key();
-            let current = state.claim(&key).ok_or_else(|| Error::NotFound {
-                what: "schedule claim",
-                id: key.clone(),
-            })?;
-            if current.version != claim.version {
-                return Err(Error::Conflict {
-                    what: "schedule claim",
-                    id: key,
-                    expected: claim.version,
-                    found: current.version,
-                });
-            }
-            let mut stored = claim.clone();
-            stored.version += 1;
-            (
-                self.commit(&mut state, Line::ScheduleClaim(stored.clone()))?,
-                stored,
-            )
-        };
-        pending.durable().await?;
+        let mut stored = claim.clone();
+        stored.version += 1;
+        let version = |state: &State, key: &str| state.claim(key).map(|c| c.version);
+        let line = Line::ScheduleClaim(stored.clone());
+        self.compare_and_set("schedule claim", claim.key(), claim.version, version, line)
+            .await?;
         Ok(stored)
     }
 
