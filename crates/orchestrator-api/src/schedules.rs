@@ -286,7 +286,7 @@ pub(crate) mod doc {
         /// Default `none`.
         catch_up: Option<CatchUp>,
         /// Default 86400.
-        #[schema(minimum = 1)]
+        #[schema(minimum = 1, maximum = 31_622_400)]
         catch_up_window_secs: Option<u64>,
         start_at: Option<DateTime<Utc>>,
         end_at: Option<DateTime<Utc>>,
@@ -304,7 +304,7 @@ pub(crate) mod doc {
         timezone: Option<String>,
         overlap: Option<Overlap>,
         catch_up: Option<CatchUp>,
-        #[schema(minimum = 1)]
+        #[schema(minimum = 1, maximum = 31_622_400)]
         catch_up_window_secs: Option<u64>,
         start_at: Option<DateTime<Utc>>,
         end_at: Option<DateTime<Utc>>,

@@ -72,6 +72,9 @@ pub const ON_TIME: Duration = Duration::from_secs(60);
 /// not flood the queue.
 pub const MAX_CATCH_UP: usize = 100;
 
+/// The longest catch-up window: a year.
+pub const MAX_CATCH_UP_WINDOW_SECS: u64 = 366 * 24 * 3600;
+
 /// The most due times one plan walks through one by one; before them, a
 /// long gap is counted in one step (its count then is a lower bound).
 const MAX_WALK: usize = 10_000;
@@ -245,6 +248,12 @@ impl Schedule {
                 "must be at least 1",
             ));
         }
+        if self.catch_up_window_secs > MAX_CATCH_UP_WINDOW_SECS {
+            return Err(ScheduleError::new(
+                "catch_up_window_secs",
+                format!("must be at most {MAX_CATCH_UP_WINDOW_SECS} (a year)"),
+            ));
+        }
         if let (Some(start), Some(end)) = (self.start_at, self.end_at)
             && end <= start
         {
@@ -313,9 +322,13 @@ pub fn plan_due(
     if schedule.paused {
         return DuePlan::default();
     }
-    let on_time = TimeDelta::from_std(on_time).unwrap_or(TimeDelta::MAX);
-    let window = TimeDelta::try_seconds(i64::try_from(schedule.catch_up_window_secs).unwrap_or(0))
-        .unwrap_or(TimeDelta::MAX);
+    // Both bounded (a year at most, by `check`), so the subtractions
+    // below cannot leave chrono's range.
+    let on_time = TimeDelta::from_std(on_time.min(Duration::from_secs(MAX_CATCH_UP_WINDOW_SECS)))
+        .unwrap_or(TimeDelta::zero());
+    let window_secs = schedule.catch_up_window_secs.min(MAX_CATCH_UP_WINDOW_SECS);
+    let window = TimeDelta::try_seconds(i64::try_from(window_secs).unwrap_or(0))
+        .unwrap_or(TimeDelta::zero());
     let last = schedule.end_at.map_or(now, |end| end.min(now));
     let mut floor = schedule.floor(after);
     let mut plan = DuePlan::default();
@@ -775,6 +788,18 @@ mod tests {
         let mut s = schedule("0 * * * *", "UTC");
         s.catch_up_window_secs = 0;
         assert_eq!(s.check().unwrap_err().field, "catch_up_window_secs");
+        s.catch_up_window_secs = u64::MAX;
+        assert_eq!(s.check().unwrap_err().field, "catch_up_window_secs");
+        // Unchecked, a plan still does not overflow.
+        s.catch_up = CatchUp::All;
+        let spec = CronSpec::parse("0 * * * *", "UTC").unwrap();
+        plan_due(
+            &s,
+            &spec,
+            at("2026-01-01T00:00:00Z"),
+            at("2026-01-01T05:00:00Z"),
+            Duration::MAX,
+        );
         assert!(CronSpec::parse("@daily", "UTC").is_ok());
     }
 
