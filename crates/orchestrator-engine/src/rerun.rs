@@ -279,6 +279,7 @@ fn keep_upstream(tasks: &mut [Task], old_tasks: &[Arc<Task>], rerun: &BTreeSet<S
             task.output = old.output.clone();
             task.exit_code = old.exit_code;
             task.attempts = old.attempts;
+            task.interruptions = old.interruptions;
             task.history = old.history.clone();
             task.node = old.node.clone();
             task.started_at = old.started_at;
