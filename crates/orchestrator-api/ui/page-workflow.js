@@ -91,6 +91,26 @@ export function mount(main, ctx) {
     return button;
   }
 
+  // A finished workflow can be re-run from one of its steps: a new
+  // revision in which the steps before it keep their outputs.
+  function rerunButton(task) {
+    const from = task.step?.ref_name;
+    if (!ctx.can('operator') || !from || task.step?.rollback_of || !TERMINAL_WORKFLOW.has(view.status)) return '';
+    const button = h('button', { type: 'button', class: 'primary', dataset: { action: 'rerun-from' }, text: 'Re-run from here' });
+    button.addEventListener('click', async () => {
+      button.disabled = true;
+      try {
+        const answer = await api(`/workflows/${id}/rerun`, { method: 'POST', body: { from } });
+        ctx.toast(`Revision ${answer.revision} re-runs from ${from}`);
+        ctx.navigate(`#/workflows/${answer.id}`);
+      } catch (e) {
+        ctx.toast(e.message, 'error');
+        button.disabled = false;
+      }
+    });
+    return button;
+  }
+
   function renderPanel() {
     const task = view.tasks.find((t) => t.id === selected);
     if (!task) {
@@ -104,7 +124,7 @@ export function mount(main, ctx) {
     }
     if (!panel || panel.taskId !== task.id) {
       if (panel) panel.stop();
-      panel = stepPanel(task, panelBox, ctx, actionButton);
+      panel = stepPanel(task, panelBox, ctx, actionButton, rerunButton);
     }
     panel.show(task);
   }
@@ -182,7 +202,7 @@ export function mount(main, ctx) {
 }
 
 /** The panel of one step, kept while the step stays selected. */
-function stepPanel(task, box, ctx, actionButton) {
+function stepPanel(task, box, ctx, actionButton, rerunButton) {
   const heading = h('h2', { id: 'step-title', text: task.name });
   const state = h('span');
   const facts = h('dl', { class: 'facts-grid' });
@@ -267,11 +287,12 @@ function stepPanel(task, box, ctx, actionButton) {
       fact('Exit code', t.exit_code ?? '—'),
       t.retry_at ? fact('Next attempt', time(t.retry_at)) : null,
       t.cancel_requested ? fact('Cancel', 'requested') : null,
+      t.kept_from ? fact('Kept from', 'the previous revision (it did not run in this one)') : null,
     );
     const cancellable = !TERMINAL_TASK.has(t.status) && !t.cancel_requested;
     fill(buttons, ctx.can('operator') && cancellable
       ? actionButton('Cancel step', 'cancel-task', `/tasks/${t.id}/cancel`, 'Cancel requested', 'danger')
-      : '');
+      : '', rerunButton(t));
     // The stored input keeps `${secrets.x}` as written; values never reach it.
     const unresolved = t.input === null && t.step?.input_template;
     inputNote.hidden = !unresolved;
