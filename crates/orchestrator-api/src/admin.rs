@@ -1,4 +1,4 @@
-//! Admin routes: API tokens and the audit log. Only admins reach them (see
+//! Admin routes: API tokens, secrets, the audit log and backups. Only admins reach them (see
 //! `auth::need`).
 
 use axum::Json;
@@ -6,7 +6,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, put};
+use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, Role};
 use orchestrator_storage::AuditQuery;
@@ -23,6 +23,7 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/audit", get(list_audit))
         .route("/secrets", get(list_secrets))
         .route("/secrets/{name}", put(put_secret).delete(delete_secret))
+        .route("/backup", post(crate::backup::create_backup))
 }
 
 #[derive(Deserialize)]

@@ -83,7 +83,12 @@ pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
         Some("/ui/session") if *method == Method::GET => Need::Open,
         Some("/metrics") => Need::Metrics,
         Some("/tasks/{id}/checkpoint") => Need::Checkpoint,
-        Some(p) if p.starts_with("/tokens") || p.starts_with("/secrets") || p == "/audit" => {
+        Some(p)
+            if p.starts_with("/tokens")
+                || p.starts_with("/secrets")
+                || p == "/audit"
+                || p == "/backup" =>
+        {
             Need::Role(Role::Admin)
         }
         // Checking a template changes nothing; any role may open a
@@ -123,6 +128,7 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("DELETE", "/secrets/{name}") => "secret.delete",
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",
+        ("POST", "/backup") => "store.backup",
         _ => "",
     };
     if named.is_empty() {

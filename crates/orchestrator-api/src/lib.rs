@@ -3,6 +3,7 @@
 
 mod admin;
 mod auth;
+mod backup;
 mod dashboard;
 mod error;
 mod extract;

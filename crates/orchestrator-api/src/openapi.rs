@@ -58,6 +58,7 @@ pub fn document() -> Value {
         dashboard, dashboard_slash, dashboard_file, get_session, create_session, logout,
         list_tokens, create_token, revoke_token, list_audit,
         list_secrets, put_secret, delete_secret,
+        create_backup,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -67,7 +68,7 @@ pub fn document() -> Value {
         (name = "templates", description = "The registered workflow templates"),
         (name = "schedules", description = "Recurring runs of a template on a cron expression"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
-        (name = "admin", description = "API tokens, secrets and the audit log (role admin)"),
+        (name = "admin", description = "API tokens, secrets, the audit log and backups (role admin)"),
         (name = "dashboard", description = "The web dashboard at /ui: its files, and the session cookie it signs in with"),
     ),
 )]
@@ -1047,3 +1048,13 @@ fn put_secret() {}
         (status = 503, description = "Storage unavailable", body = ErrorBody),
     ))]
 fn delete_secret() {}
+
+/// A backup archive of the store (a zstd-compressed tar with a manifest and
+/// checksums; see docs/deployment.md), for `orchestrator backup` when the
+/// store cannot be read from outside the service (embedded SurrealDB).
+#[utoipa::path(post, path = "/backup", tag = "admin",
+    responses(
+        (status = 200, description = "The archive", content_type = "application/zstd", body = Vec<u8>),
+        (status = 503, description = "The backup failed; the message says why", body = ErrorBody),
+    ))]
+fn create_backup() {}

@@ -7,6 +7,7 @@
 //! backend whether or not its cargo feature is compiled in, so a request for a
 //! missing one is answered with the feature to enable instead of "unknown".
 
+pub mod backup;
 mod changes;
 mod error;
 pub mod faults;
@@ -863,6 +864,26 @@ pub async fn open_for_import(config: &StorageConfig) -> Result<TransferStore> {
         )),
         _ => Ok(open(config).await?.into()),
     }
+}
+
+/// Whether a running process holds the store: the filesystem backend's
+/// `LOCK`, or embedded SurrealKV's. Read without taking either. A
+/// SurrealDB server is never held, and RocksDB's lock (`fcntl`) is not seen
+/// here: opening such a store says so instead.
+pub fn in_use(config: &StorageConfig) -> bool {
+    let lock = match config.storage_type {
+        StorageType::Filesystem => config.data_dir.join("LOCK"),
+        StorageType::SurrealdbEmbedded => config
+            .data_dir
+            .join(config.surrealdb.engine.dir_name())
+            .join("LOCK"),
+        StorageType::SurrealdbServer => return false,
+    };
+    let Ok(file) = std::fs::File::open(lock) else {
+        return false;
+    };
+    // A lock taken here is ours only until `file` is dropped at once.
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
 }
 
 /// What the store's schema looks like against this build, without changing

@@ -54,6 +54,57 @@ pub enum Command {
     /// task id and service URL come from ORCHESTRATOR_TASK_ID and ORCHESTRATOR_URL).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// Back the store up into one compressed archive, consistently, while
+    /// the service runs; see docs/deployment.md.
+    Backup(BackupArgs),
+    /// Restore a backup archive into an empty store of any backend, and
+    /// verify it record by record.
+    Restore(RestoreArgs),
+    /// Check this host before the first start (interpreters, data dir,
+    /// disk, clock, port, namespaces, SurrealDB); exits non-zero if a check
+    /// fails. Takes the settings of `serve`.
+    Doctor(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The archive to write (`.tar.zst`); refused if it exists.
+    #[arg(long, value_name = "FILE")]
+    pub to: PathBuf,
+    /// Copy passes before giving up on a store that never stops changing.
+    #[arg(long, default_value_t = 10)]
+    pub max_passes: u32,
+    /// The store to back up: the settings of `serve` (flags,
+    /// ORCHESTRATOR_* variables, --config). An embedded SurrealDB store
+    /// that a service holds is backed up through that service, with an
+    /// admin token (--token or ORCHESTRATOR_TOKEN).
+    #[command(flatten)]
+    pub store: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The archive written by `orchestrator backup`.
+    #[arg(long, value_name = "FILE")]
+    pub from: PathBuf,
+    /// The empty store to restore into, a spec as for `migrate --to`:
+    /// `filesystem:DIR`, `surrealdb-embedded:DIR` or
+    /// `surrealdb-server:ws://HOST:PORT/<namespace>/<database>`.
+    #[arg(long, value_name = "SPEC")]
+    pub to: String,
+    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_USERNAME")]
+    pub to_username: Option<String>,
+    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_PASSWORD", hide_env_values = true)]
+    pub to_password: Option<orchestrator_storage::Secret>,
+    /// TOML config file: its surrealdb_* settings are the target's defaults.
+    #[arg(long, env = "ORCHESTRATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Records per read and write.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: usize,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]

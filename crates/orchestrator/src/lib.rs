@@ -1,14 +1,17 @@
 //! The `orchestrator` command: `serve` runs the daemon, the other
 //! subcommands are clients of a running daemon's HTTP API.
 
+mod backup;
 pub mod cli;
 mod client;
 mod db;
+mod doctor;
 mod migrate;
 mod recovery;
 mod schedules;
 pub mod service;
 pub mod settings;
+mod systemd;
 mod workflows;
 
 use std::process::ExitCode;
@@ -43,6 +46,9 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Token(command) => client::token(&cli.client, command).await,
             Command::Audit(args) => client::audit(&cli.client, args).await,
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
+            Command::Backup(args) => backup::backup(&cli.client, args).await,
+            Command::Restore(args) => backup::restore(args).await,
+            Command::Doctor(args) => doctor::run(args).await,
         }
     });
     match result {

@@ -177,51 +177,27 @@ fn check_verified(report: &VerifyReport) -> anyhow::Result<()> {
 }
 
 /// A parsed `--from` or `--to`.
-struct Store {
+pub(crate) struct Store {
     /// As given, for messages (a spec holds no credentials).
-    spec: String,
-    config: StorageConfig,
+    pub(crate) spec: String,
+    pub(crate) config: StorageConfig,
 }
 
 fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
-    // The config file's settings, then ORCHESTRATOR_SURREALDB_USERNAME and
-    // _PASSWORD, are both stores' defaults; the per-side flags beat them.
-    let defaults = ServeSettings::resolve(ServeArgs {
-        config: args.config.clone(),
-        surrealdb_username: std::env::var("ORCHESTRATOR_SURREALDB_USERNAME").ok(),
-        surrealdb_password: std::env::var("ORCHESTRATOR_SURREALDB_PASSWORD")
-            .ok()
-            .map(orchestrator_storage::Secret::new),
-        ..Default::default()
-    })?
-    .surrealdb;
-    let side = |flag: &str, spec: &Option<String>, username: &Option<String>, password| {
-        let spec = spec
-            .as_deref()
-            .with_context(|| format!("{flag} is required"))?;
-        let mut config = parse_spec(spec, defaults.clone()).with_context(|| flag.to_owned())?;
-        if let Some(username) = username {
-            config.surrealdb.username.clone_from(username);
-        }
-        if let Some(password) = password {
-            config.surrealdb.password = password;
-        }
-        anyhow::Ok(Store {
-            spec: spec.to_owned(),
-            config,
-        })
-    };
-    let from = side(
+    let defaults = spec_defaults(&args.config)?;
+    let from = resolve_store(
         "--from",
         &args.from,
         &args.from_username,
         args.from_password.clone(),
+        &defaults,
     )?;
-    let to = side(
+    let to = resolve_store(
         "--to",
         &args.to,
         &args.to_username,
         args.to_password.clone(),
+        &defaults,
     )?;
     if same_store(&from.config, &to.config) {
         bail!(
@@ -230,6 +206,45 @@ fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
         );
     }
     Ok((from, to))
+}
+
+/// The SurrealDB settings every spec starts from: the config file's, then
+/// ORCHESTRATOR_SURREALDB_USERNAME and _PASSWORD; a side's own flags beat
+/// them.
+pub(crate) fn spec_defaults(config: &Option<PathBuf>) -> anyhow::Result<SurrealdbConfig> {
+    Ok(ServeSettings::resolve(ServeArgs {
+        config: config.clone(),
+        surrealdb_username: std::env::var("ORCHESTRATOR_SURREALDB_USERNAME").ok(),
+        surrealdb_password: std::env::var("ORCHESTRATOR_SURREALDB_PASSWORD")
+            .ok()
+            .map(orchestrator_storage::Secret::new),
+        ..Default::default()
+    })?
+    .surrealdb)
+}
+
+/// One side's spec with its credentials.
+pub(crate) fn resolve_store(
+    flag: &str,
+    spec: &Option<String>,
+    username: &Option<String>,
+    password: Option<orchestrator_storage::Secret>,
+    defaults: &SurrealdbConfig,
+) -> anyhow::Result<Store> {
+    let spec = spec
+        .as_deref()
+        .with_context(|| format!("{flag} is required"))?;
+    let mut config = parse_spec(spec, defaults.clone()).with_context(|| flag.to_owned())?;
+    if let Some(username) = username {
+        config.surrealdb.username.clone_from(username);
+    }
+    if let Some(password) = password {
+        config.surrealdb.password = password;
+    }
+    Ok(Store {
+        spec: spec.to_owned(),
+        config,
+    })
 }
 
 /// Reads `<backend>:<location>`.
@@ -310,7 +325,7 @@ async fn open_source(store: &Store) -> anyhow::Result<TransferStore> {
 
 /// Awaits the opening of one side, saying which side failed and, for
 /// refused credentials, which settings hold them.
-async fn open(
+pub(crate) async fn open(
     store: &Store,
     side: &str,
     opening: impl Future<Output = orchestrator_storage::Result<TransferStore>>,

@@ -217,9 +217,11 @@ pub async fn serve_from_args(args: ServeArgs) -> anyhow::Result<()> {
     // service is still starting is not lost.
     let signal = tokio::spawn(wait_for_signal());
     let service = start(settings).await?;
+    tokio::spawn(crate::systemd::notify_ready(reachable(service.addr)));
     let stop = service.stop.clone();
     tokio::spawn(async move {
         let _ = signal.await;
+        crate::systemd::notify_stopping();
         stop.cancel();
     });
     service.wait().await
@@ -281,6 +283,13 @@ async fn announce_access(engine: &Engine, settings: &ServeSettings) -> anyhow::R
         Some(_) if supplied.is_some() => {
             tracing::info!("bootstrap admin token taken from ORCHESTRATOR_BOOTSTRAP_TOKEN");
         }
+        // Under systemd stderr is the journal, one entry per line: one line
+        // there, so that `journalctl -u orchestrator | grep` finds it whole.
+        Some(issued) if crate::systemd::stderr_is_journal() => eprintln!(
+            "bootstrap admin token (shown once, keep it safe): {} (use it as ORCHESTRATOR_TOKEN; \
+             create others with `orchestrator token create`)",
+            issued.token
+        ),
         // Printed to the terminal, not logged: log files travel further.
         Some(issued) => eprintln!(
             "\n  bootstrap admin token (shown once, keep it safe):\n\n    {}\n\n  \

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use orchestrator_core::TaskId;
 
 use super::journal::{decode_line, encode_line};
-use super::layout::{LAYOUT_FILE, check_layout};
+use super::layout::{Access, LAYOUT_FILE, check_layout};
 use super::logs::{import_log_files, log_file_lengths, read_log_files};
 use super::{JOURNAL_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, file_identity};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
@@ -90,7 +90,7 @@ impl IndexedStore {
                 dir.display()
             )));
         }
-        check_layout(&dir)?;
+        check_layout(&dir, Access::ReadOnly)?;
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let journal_path = dir.join(JOURNAL_FILE);
         // A running service may compact meanwhile: it renames a new
@@ -164,7 +164,7 @@ impl IndexedStore {
                 return Err(Error::io(format!("lock {}", lock_path.display()), e));
             }
         }
-        check_layout(&dir)?;
+        check_layout(&dir, Access::Upgrade)?;
         let logs_dir = dir.join(LOGS_DIR);
         std::fs::create_dir_all(&logs_dir)
             .map_err(|e| Error::io(format!("create {}", logs_dir.display()), e))?;

@@ -3,7 +3,7 @@
 //! Layout of `--data-dir` (see `docs/storage.md`):
 //!
 //! ```text
-//! layout.json      {"layout_version": 1}; refused if newer than this build
+//! layout.json      {"layout_version": 1}; upgraded if older, refused if newer than this build
 //! LOCK             held (flock) while a service has the dir open
 //! snapshot.jsonl   every record as of the last compaction, one checksummed line each
 //! journal.jsonl    every change since, appended with group commit
@@ -22,7 +22,7 @@ mod logs;
 mod state;
 
 pub use self::indexed::IndexedStore;
-pub use self::layout::LAYOUT_VERSION;
+pub use self::layout::{LAYOUT_VERSION, layout_version};
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
@@ -36,8 +36,8 @@ use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
 use self::journal::{JournalWriter, decode_line, encode_line};
-use self::layout::check_layout;
 pub(crate) use self::layout::layout_status;
+use self::layout::{Access, check_layout};
 use self::logs::{
     import_log_files, log_file_length, log_file_lengths, log_path, read_log_file, read_log_files,
 };
@@ -232,7 +232,7 @@ impl FsBackend {
                 return Err(Error::io(format!("lock {}", dir.join("LOCK").display()), e));
             }
         }
-        check_layout(&dir)?;
+        check_layout(&dir, Access::Upgrade)?;
         let logs_dir = dir.join(LOGS_DIR);
         std::fs::create_dir_all(&logs_dir)
             .map_err(|e| Error::io(format!("create {}", logs_dir.display()), e))?;
