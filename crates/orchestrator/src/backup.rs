@@ -83,6 +83,14 @@ pub async fn backup(client: &ClientArgs, args: BackupArgs) -> anyhow::Result<()>
         }
     );
     print!("{}", render_manifest(&manifest));
+    if secrets(&manifest) > 0 {
+        println!(
+            "  its {} secrets are sealed with the store's secret key, which no archive holds: \
+             keep {} (or ORCHESTRATOR_SECRET_KEY) safe, apart from the backups",
+            secrets(&manifest),
+            settings.data_dir.join("secret.key").display()
+        );
+    }
     Ok(())
 }
 
@@ -126,14 +134,6 @@ async fn through_the_service(
         ip => ip.to_string(),
     };
     let url = format!("http://{host}:{}", settings.port);
-    if client.token.is_none() {
-        bail!(
-            "the embedded SurrealDB store in {} is held by a running service, so the backup has \
-             to come from that service ({url}), which needs an admin token: pass --token or set \
-             ORCHESTRATOR_TOKEN",
-            settings.data_dir.display()
-        );
-    }
     let api = Api::new(&ClientArgs {
         url: url.clone(),
         token: client.token.clone(),
@@ -143,8 +143,9 @@ async fn through_the_service(
         .await
         .with_context(|| {
             format!(
-                "the embedded SurrealDB store in {} is held by a running service; asking it \
-                 for the backup failed",
+                "the embedded SurrealDB store in {} is held by a running service, so the \
+                 backup has to come from it (with an admin token: --token or \
+                 ORCHESTRATOR_TOKEN), and asking it failed",
                 settings.data_dir.display()
             )
         })?;
@@ -213,7 +214,18 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         target.spec
     );
     print!("{}", render_manifest(&report.manifest));
+    if secrets(&report.manifest) > 0 {
+        println!(
+            "  its {} secrets open only with the old store's secret key: put it in \
+             <data-dir>/secret.key (mode 600) or ORCHESTRATOR_SECRET_KEY before the service starts",
+            secrets(&report.manifest)
+        );
+    }
     Ok(())
+}
+
+fn secrets(manifest: &Manifest) -> u64 {
+    manifest.records.get("secret").copied().unwrap_or(0)
 }
 
 /// Where a store is, for messages: never a password.

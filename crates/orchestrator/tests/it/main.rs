@@ -5,6 +5,7 @@
 
 mod auth;
 mod backends;
+mod backup;
 mod cli;
 mod dashboard;
 mod errors;
@@ -20,4 +21,5 @@ mod reruns;
 mod restart;
 mod schedules;
 mod tasks;
+mod upgrades;
 mod workflows;
