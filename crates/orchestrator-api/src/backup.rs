@@ -26,12 +26,14 @@ pub(crate) async fn create_backup(State(state): State<AppState>) -> Result<Respo
     // sandbox.
     let work_dir = engine.executor().config().data_dir.clone();
     let path = work_dir.join(format!(".backup-{}.tar.zst", uuid::Uuid::now_v7().simple()));
+    // Details go to the service log; the admin gets what to do. A store
+    // that never settles is not a fault of the service: that is said.
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!(error = %e, path = %path.display(), "backup failed: {what}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "backup_failed",
-            format!("the backup failed: {what}: {e}"),
+            format!("the backup failed ({what}); the service log has the details"),
         )
     };
     let file = std::fs::OpenOptions::new()
@@ -50,9 +52,17 @@ pub(crate) async fn create_backup(State(state): State<AppState>) -> Result<Respo
         format!("{} (through the running service)", store.name()),
         &work_dir,
     );
-    let manifest = backup::create(store.transfer(), &options, &Silent, writer)
-        .await
-        .map_err(|e| failed("cannot back the store up", &e))?;
+    let manifest = match backup::create(store.transfer(), &options, &Silent, writer).await {
+        Ok(manifest) => manifest,
+        Err(e @ backup::BackupError::KeptChanging { .. }) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backup_failed",
+                e.to_string(),
+            ));
+        }
+        Err(e) => return Err(failed("cannot copy the store", &e)),
+    };
     tracing::info!(
         passes = manifest.passes,
         records = ?manifest.records,

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# `make deb-test`: checks the Debian package that `make deb` built.
+#
+#   1. its control data and file list (dpkg-deb -I / -c);
+#   2. lintian, failing on errors, when lintian is installed;
+#   3. a real install into a throwaway Debian root made by debootstrap
+#      (cached in ~/.cache/orchestrator-deb-test): the unit checked with
+#      systemd-analyze verify, the system user, the files and their owners,
+#      `orchestrator doctor` and a start of the service as that user, a
+#      reinstall, a remove, a purge that keeps the data, a reinstall that
+#      adopts it, and a purge asked to delete it.
+#
+# Step 3 needs root (chroot) and, the first time, the Debian mirror; it is
+# skipped with a message when either is missing.
+#
+#   check-deb.sh <package.deb>
+set -euo pipefail
+
+deb=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+fail() { echo "deb-test: FAIL: $*" >&2; exit 1; }
+ok() { echo "deb-test: ok: $*"; }
+
+# 1. Control data and contents.
+[ "$(dpkg-deb -f "$deb" Package)" = orchestrator ] || fail "package name"
+dpkg-deb -f "$deb" Depends | grep -q adduser || fail "Depends lacks adduser"
+# Read whole before grep looks: `grep -q` stops reading early, which
+# pipefail would count as a failure of the writer.
+conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
+grep -qx /etc/orchestrator/config.toml <<<"$conffiles" \
+    || fail "/etc/orchestrator/config.toml is not a conffile"
+control=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t)
+for script in postinst postrm prerm; do
+    grep -qx "./$script" <<<"$control" || fail "no $script"
+done
+ok "control: $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version), Depends: $(dpkg-deb -f "$deb" Depends)"
+contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
+expect() {
+    grep -qx "$1" <<<"$contents" || fail "the package lacks $1"
+}
+expect ./usr/bin/orchestrator
+expect ./etc/orchestrator/config.toml
+expect ./usr/lib/systemd/system/orchestrator.service
+expect ./usr/share/orchestrator/systemd/test-environments.conf
+expect ./usr/share/doc/orchestrator/deployment.md
+expect ./usr/share/doc/orchestrator/copyright
+# Every shipped script and template, and no state: /var/lib/orchestrator
+# is made by postinst, so that removing the package never takes it along.
+(cd "$repo" && find scripts templates -type f) | while read -r file; do
+    expect "./usr/share/orchestrator/$file"
+done
+! grep -q '^\./var/' <<<"$contents" || fail "the package ships files under /var"
+ok "contents: $(grep -vc '/$' <<<"$contents") files"
+
+# 2. lintian.
+if command -v lintian >/dev/null; then
+    status=0
+    report=$(lintian --fail-on error --suppress-tags initial-upload-closes-no-bugs "$deb" 2>&1) \
+        || status=$?
+    grep -v 'running with root privileges' <<<"$report" || true
+    [ "$status" = 0 ] || fail "lintian reports errors (above)"
+    ok "lintian: no errors"
+else
+    echo "deb-test: SKIP lintian: not installed (apt-get install lintian)"
+fi
+
+# 3. A throwaway Debian root.
+if [ "$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null; then
+    echo "deb-test: SKIP the install test: it needs root and debootstrap (apt-get install debootstrap)"
+    exit 0
+fi
+suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+cache=${ORCHESTRATOR_DEB_TEST_CACHE:-$HOME/.cache/orchestrator-deb-test}
+base="$cache/$suite-minbase.tar"
+root=$(mktemp -d /tmp/orchestrator-deb-root.XXXXXX)
+serve_pid=
+cleanup() {
+    [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null || true
+    rm -rf "$root"
+}
+trap cleanup EXIT
+if [ ! -f "$base" ]; then
+    mkdir -p "$cache"
+    echo "deb-test: making a $suite root with debootstrap (cached in $base)"
+    # systemd for systemd-analyze; adduser for the maintainer scripts.
+    debootstrap --variant=minbase --include=adduser,systemd "$suite" "$root" \
+        http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
+        || { tail "$cache/debootstrap.log" >&2; fail "debootstrap $suite"; }
+    tar -C "$root" -cf "$base.tmp" . && mv "$base.tmp" "$base"
+else
+    tar -C "$root" -xf "$base"
+fi
+# The root of a system (mktemp made it 0700, and the archive keeps that):
+# the service's user must be able to enter it.
+chmod 755 "$root"
+in_root() { chroot "$root" "$@"; }
+cp "$deb" "$root/tmp/orchestrator.deb"
+
+in_root dpkg -i /tmp/orchestrator.deb >/dev/null
+verify() {
+    local out
+    out=$(in_root systemd-analyze verify /usr/lib/systemd/system/orchestrator.service 2>&1) \
+        || { echo "$out" >&2; fail "systemd-analyze verify $*"; }
+    [ -z "$out" ] || { echo "$out" >&2; fail "systemd-analyze verify $* has warnings"; }
+}
+verify "of the unit"
+# Once more with the test-environments drop-in in place, as documented.
+dropins="$root/etc/systemd/system/orchestrator.service.d"
+mkdir -p "$dropins"
+cp "$root/usr/share/orchestrator/systemd/test-environments.conf" "$dropins/"
+verify "with the test-environments drop-in"
+rm -r "$dropins"
+ok "systemd-analyze verify: the unit, alone and with the test-environments drop-in"
+exposure=$(in_root systemd-analyze security --offline=true \
+    /usr/lib/systemd/system/orchestrator.service 2>/dev/null | tail -1 || true)
+[ -z "$exposure" ] || ok "systemd-analyze security: ${exposure#→ }"
+
+user=$(in_root getent passwd orchestrator) || fail "no orchestrator user after the install"
+IFS=: read -r _ _ uid _ _ home shell <<<"$user"
+[ "$uid" -lt 1000 ] || fail "orchestrator is not a system user (uid $uid)"
+[ "$home" = /var/lib/orchestrator ] && [ "$shell" = /usr/sbin/nologin ] || fail "user: $user"
+owner() { in_root stat -c '%U:%G %a' "$1"; }
+[ "$(owner /var/lib/orchestrator)" = "orchestrator:orchestrator 750" ] \
+    || fail "/var/lib/orchestrator is $(owner /var/lib/orchestrator)"
+[ "$(owner /etc/orchestrator/config.toml)" = "root:orchestrator 640" ] \
+    || fail "config.toml is $(owner /etc/orchestrator/config.toml)"
+[ -L "$root/etc/systemd/system/multi-user.target.wants/orchestrator.service" ] \
+    || fail "the unit is not enabled"
+ok "install: user $user, state dir and config owned as they should be, unit enabled"
+
+as_service() { chroot --userspec=orchestrator:orchestrator "$root" "$@"; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+doctor=$(as_service /usr/bin/orchestrator doctor --config /etc/orchestrator/config.toml \
+    --port "$port" 2>&1 || true)
+grep -q '^ok    data dir .*/var/lib/orchestrator' <<<"$doctor" \
+    || { echo "$doctor" >&2; fail "doctor: the data dir"; }
+grep -q '^ok    scripts dir' <<<"$doctor" || { echo "$doctor" >&2; fail "doctor: the scripts dir"; }
+# Nushell is not a Debian package: the root has none, and doctor says so.
+grep -q '^FAIL  interpreter nu' <<<"$doctor" || { echo "$doctor" >&2; fail "doctor: nu"; }
+ok "doctor as the service's user: data dir and scripts ok, nu reported missing"
+
+log="$root/tmp/serve.log"
+# chroot itself, not a function, in the background: $! must be the
+# process that becomes the service, for the SIGTERM below.
+chroot --userspec=orchestrator:orchestrator "$root" /usr/bin/orchestrator serve \
+    --config /etc/orchestrator/config.toml --port "$port" >"$log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.1
+done
+health=$(curl -sf "http://127.0.0.1:$port/health") || { cat "$log" >&2; fail "the service did not start"; }
+kill -TERM "$serve_pid"
+wait "$serve_pid" || fail "the service did not stop cleanly"
+serve_pid=
+grep -q 'bootstrap admin token' "$log" || fail "no bootstrap token printed"
+[ -f "$root/var/lib/orchestrator/journal.jsonl" ] || fail "no store in /var/lib/orchestrator"
+[ "$(owner /var/lib/orchestrator/secret.key)" = "orchestrator:orchestrator 600" ] \
+    || fail "secret.key is $(owner /var/lib/orchestrator/secret.key)"
+ok "serve as the service's user: $health"
+
+in_root dpkg -i /tmp/orchestrator.deb >/dev/null
+[ -f "$root/var/lib/orchestrator/journal.jsonl" ] || fail "a reinstall lost the store"
+in_root dpkg -r orchestrator >/dev/null
+[ ! -e "$root/usr/bin/orchestrator" ] || fail "remove left the binary"
+[ -f "$root/etc/orchestrator/config.toml" ] || fail "remove took the conffile"
+in_root getent passwd orchestrator >/dev/null || fail "remove took the user"
+in_root dpkg --purge orchestrator >/dev/null 2>&1
+! in_root getent passwd orchestrator >/dev/null || fail "purge left the user"
+! in_root getent group orchestrator >/dev/null || fail "purge left the group"
+[ ! -e "$root/etc/orchestrator/config.toml" ] || fail "purge left the conffile"
+[ -f "$root/var/lib/orchestrator/journal.jsonl" ] || fail "purge deleted the data unasked"
+ok "reinstall keeps the store; remove keeps config, data and user; purge removes the user, keeps the data"
+
+# The next user may get another uid than the one that owned the data.
+chown -R 4242:4242 "$root/var/lib/orchestrator"
+in_root dpkg -i /tmp/orchestrator.deb >/dev/null
+owned=$(in_root stat -c '%U:%G' /var/lib/orchestrator/journal.jsonl)
+[ "$owned" = orchestrator:orchestrator ] || fail "a reinstall did not adopt the kept data: $owned"
+ORCHESTRATOR_PURGE_DATA=yes in_root dpkg --purge orchestrator >/dev/null 2>&1
+[ ! -e "$root/var/lib/orchestrator" ] || fail "ORCHESTRATOR_PURGE_DATA=yes kept the data"
+ok "a reinstall adopts the kept data; ORCHESTRATOR_PURGE_DATA=yes purges it"
+echo "deb-test: all checks passed"
