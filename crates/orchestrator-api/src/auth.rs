@@ -427,6 +427,8 @@ mod tests {
         );
         assert_eq!(need(&post, Some("/tokens")), Need::Role(Role::Admin));
         assert_eq!(need(&get, Some("/audit")), Need::Role(Role::Admin));
+        // A backup holds every record: token hashes and sealed secrets too.
+        assert_eq!(need(&post, Some("/backup")), Need::Role(Role::Admin));
         assert_eq!(
             need(&Method::PUT, Some("/secrets/{name}")),
             Need::Role(Role::Admin)
@@ -500,6 +502,7 @@ mod tests {
             action(&Method::DELETE, Some("/tokens/{id}")),
             "token.revoke"
         );
+        assert_eq!(action(&Method::POST, Some("/backup")), "store.backup");
         assert_eq!(
             action(&Method::PATCH, Some("/tasks/{id}")),
             "patch /tasks/{id}"

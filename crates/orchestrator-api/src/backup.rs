@@ -27,7 +27,8 @@ pub(crate) async fn create_backup(State(state): State<AppState>) -> Result<Respo
     let work_dir = engine.executor().config().data_dir.clone();
     let path = work_dir.join(format!(".backup-{}.tar.zst", uuid::Uuid::now_v7().simple()));
     // Details go to the service log; the admin gets what to do. A store
-    // that never settles is not a fault of the service: that is said.
+    // that never settles is not a fault of the service: that is said, as a
+    // conflict.
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!(error = %e, path = %path.display(), "backup failed: {what}");
         ApiError::new(
@@ -54,10 +55,11 @@ pub(crate) async fn create_backup(State(state): State<AppState>) -> Result<Respo
     );
     let manifest = match backup::create(store.transfer(), &options, &Silent, writer).await {
         Ok(manifest) => manifest,
+        // The request is fine; the store's state forbids it for now.
         Err(e @ backup::BackupError::KeptChanging { .. }) => {
             return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "backup_failed",
+                StatusCode::CONFLICT,
+                "conflict",
                 e.to_string(),
             ));
         }

@@ -1055,6 +1055,7 @@ fn delete_secret() {}
 #[utoipa::path(post, path = "/backup", tag = "admin",
     responses(
         (status = 200, description = "The archive", content_type = "application/zstd", body = Vec<u8>),
-        (status = 503, description = "The backup failed; the message says why", body = ErrorBody),
+        (status = 409, description = "The store kept changing; try again later", body = ErrorBody),
+        (status = 503, description = "The backup failed; the service log says why", body = ErrorBody),
     ))]
 fn create_backup() {}

@@ -130,7 +130,7 @@ pub enum BackupError {
     #[error(
         "the store kept changing: each of {passes} copy passes found records changed since the \
          one before, so no moment's state could be pinned down; try again when the service is \
-         less busy, or raise --max-passes"
+         less busy (or with more passes: `orchestrator backup --max-passes`)"
     )]
     KeptChanging { passes: u32 },
     #[error("{0}")]

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod backup;
 #[cfg(feature = "surrealdb")]
 mod changes;
 mod conformance;

@@ -23,13 +23,13 @@ use crate::conformance::workflow_with_tasks;
 /// Everything a store holds, as it would be compared byte for byte:
 /// each record's JSON by kind and key, and each task's log.
 #[derive(Debug, PartialEq)]
-struct Dump {
+pub(crate) struct Dump {
     records: BTreeMap<(RecordKind, String), Vec<u8>>,
     logs: BTreeMap<String, Vec<u8>>,
 }
 
 /// The bulk side of an open store, whichever way it was opened.
-trait Bulk {
+pub(crate) trait Bulk {
     fn bulk(&self) -> &dyn BulkTransfer;
 }
 
@@ -51,7 +51,7 @@ impl Bulk for &dyn BulkTransfer {
     }
 }
 
-async fn dump(store: &impl Bulk) -> Dump {
+pub(crate) async fn dump(store: &impl Bulk) -> Dump {
     let store = store.bulk();
     let mut records = BTreeMap::new();
     let mut logs = BTreeMap::new();
@@ -92,7 +92,7 @@ async fn read_whole_log(store: &dyn BulkTransfer, task: TaskId) -> Vec<u8> {
 /// A store with what real use leaves behind: finished and failed tasks
 /// with attempts, checkpoints and outputs; idempotency keys and revisions;
 /// logs in several chunks, one larger than a transfer chunk.
-async fn fill(store: &Storage) {
+pub(crate) async fn fill(store: &Storage) {
     let now = Utc::now();
     for round in 0..3u32 {
         let (mut workflow, tasks) = workflow_with_tasks(4);
@@ -165,15 +165,15 @@ async fn fill(store: &Storage) {
     store.tasks().append_log(tasks[0].id, &big).await.unwrap();
 }
 
-async fn open_fs(dir: &Path) -> Storage {
+pub(crate) async fn open_fs(dir: &Path) -> Storage {
     Storage::new(FsBackend::open(dir, FsOptions::default()).await.unwrap())
 }
 
-async fn read_only(config: &StorageConfig) -> TransferStore {
+pub(crate) async fn read_only(config: &StorageConfig) -> TransferStore {
     orchestrator_storage::open_read_only(config).await.unwrap()
 }
 
-fn fs_config(dir: &Path) -> StorageConfig {
+pub(crate) fn fs_config(dir: &Path) -> StorageConfig {
     StorageConfig {
         storage_type: StorageType::Filesystem,
         data_dir: dir.to_path_buf(),
