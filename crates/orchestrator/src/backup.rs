@@ -116,7 +116,7 @@ async fn directly(
     options.max_passes = max_passes;
     let result = backup::create(&*source, &options, &Silent, file).await;
     source.close().await.ok();
-    Ok(result.with_context(|| format!("cannot back up {location}"))?)
+    result.with_context(|| format!("cannot back up {location}"))
 }
 
 /// Asks the service that holds the store for the archive (`POST /backup`),

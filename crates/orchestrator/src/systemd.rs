@@ -1,4 +1,4 @@
-//! Life under systemd (`Type=notify`, see `packaging/orchestrator.service`):
+//! Life under systemd (`Type=notify`, see `debian/orchestrator.service`):
 //! readiness once the API answers, and whether stderr is the journal.
 //! Outside systemd (no `NOTIFY_SOCKET`, no `JOURNAL_STREAM`) nothing here
 //! does anything.

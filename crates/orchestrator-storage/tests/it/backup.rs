@@ -106,8 +106,14 @@ async fn an_archive_restores_into_another_backend() {
     target.close().await.unwrap();
 }
 
+/// An archive's entries: name and content, in order.
+type Entries = Vec<(String, Vec<u8>)>;
+
+/// A change made to a good archive, to see it refused.
+type Alteration = Box<dyn Fn(&mut Entries)>;
+
 /// Every entry of an archive, in order.
-fn entries(archive: &Path) -> Vec<(String, Vec<u8>)> {
+fn entries(archive: &Path) -> Entries {
     let decoder = zstd::Decoder::new(std::fs::File::open(archive).unwrap()).unwrap();
     let mut tar = tar::Archive::new(decoder);
     tar.entries()
@@ -124,7 +130,7 @@ fn entries(archive: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// Writes entries as an archive; names go into the header as they are, so
 /// that even ones the `tar` crate would refuse to write can be tried.
-fn pack(entries: &[(String, Vec<u8>)], archive: &Path) {
+fn pack(entries: &Entries, archive: &Path) {
     let encoder = zstd::Encoder::new(std::fs::File::create(archive).unwrap(), 3).unwrap();
     let mut tar = tar::Builder::new(encoder);
     for (name, data) in entries {
@@ -161,7 +167,7 @@ async fn a_damaged_altered_foreign_or_newer_archive_is_refused_by_name() {
         .unwrap();
     let mut newer: serde_json::Value = serde_json::from_slice(&good[0].1).unwrap();
     newer["format_version"] = 99.into();
-    let cases: [(&str, Box<dyn Fn(&mut Vec<(String, Vec<u8>)>)>, &str); 6] = [
+    let cases: [(&str, Alteration, &str); 6] = [
         (
             "flipped",
             Box::new(move |e| e[journal].1[40] ^= 1),
