@@ -173,12 +173,12 @@ async fn through_the_service(
 }
 
 pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
-    let defaults = migrate::spec_defaults(&args.config)?;
+    let defaults = migrate::spec_defaults(&args.target.config)?;
     let target = migrate::resolve_store(
         "--to",
         &Some(args.to.clone()),
-        &args.to_username,
-        args.to_password.clone(),
+        &args.target.to_username,
+        args.target.to_password.clone(),
         &defaults,
     )?;
     let archive = std::fs::File::open(&args.from)
@@ -194,7 +194,9 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         orchestrator_storage::open_for_import(&target.config),
     )
     .await?;
-    let result = unpacked.restore(&*store, args.batch_size, &Silent).await;
+    let result = unpacked
+        .restore(&*store, args.target.batch_size, &Silent)
+        .await;
     let closed = store.close().await;
     let report = result.with_context(|| {
         format!(
@@ -204,7 +206,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         )
     })?;
     closed.with_context(|| format!("cannot close {}", target.spec))?;
-    if args.json {
+    if args.target.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }

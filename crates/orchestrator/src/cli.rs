@@ -92,19 +92,8 @@ pub struct RestoreArgs {
     /// `surrealdb-server:ws://HOST:PORT/<namespace>/<database>`.
     #[arg(long, value_name = "SPEC")]
     pub to: String,
-    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_USERNAME")]
-    pub to_username: Option<String>,
-    #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_PASSWORD", hide_env_values = true)]
-    pub to_password: Option<orchestrator_storage::Secret>,
-    /// TOML config file: its surrealdb_* settings are the target's defaults.
-    #[arg(long, env = "ORCHESTRATOR_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Records per read and write.
-    #[arg(long, default_value_t = 500)]
-    pub batch_size: usize,
-    /// Print a JSON summary on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -208,12 +197,22 @@ pub struct StoreArgs {
         hide_env_values = true
     )]
     pub from_password: Option<orchestrator_storage::Secret>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+/// What `migrate` and `restore` take beside the specs: the target's
+/// credentials, the config file whose `surrealdb_*` settings are the
+/// defaults of every store named (credentials included), and how to copy
+/// and report.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
     #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_USERNAME")]
     pub to_username: Option<String>,
     #[arg(long, env = "ORCHESTRATOR_MIGRATE_TO_PASSWORD", hide_env_values = true)]
     pub to_password: Option<orchestrator_storage::Secret>,
-    /// TOML config file: its surrealdb_* settings are the defaults of both
-    /// stores (credentials included).
+    /// TOML config file: its surrealdb_* settings are the defaults of every
+    /// store (credentials included).
     #[arg(long, env = "ORCHESTRATOR_CONFIG")]
     pub config: Option<PathBuf>,
     /// Records per read and write.

@@ -35,7 +35,7 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let source = open_source(&from).await?;
     let options = CopyOptions {
-        batch_size: stores.batch_size,
+        batch_size: stores.target.batch_size,
         dry_run: args.dry_run,
         skip_unreadable: args.skip_unreadable,
         resume: args.resume,
@@ -69,7 +69,9 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     let result = match copied {
         Ok(report) => {
             let verified = if args.verify {
-                Some(transfer::verify(&*source, &*target, stores.batch_size, &progress).await)
+                Some(
+                    transfer::verify(&*source, &*target, stores.target.batch_size, &progress).await,
+                )
             } else {
                 None
             };
@@ -115,7 +117,7 @@ fn finish_copy(
     started: Instant,
 ) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
-    if stores.json {
+    if stores.target.json {
         let summary = serde_json::json!({
             "from": from.spec,
             "to": to.spec,
@@ -146,12 +148,12 @@ async fn verify_only(stores: StoreArgs) -> anyhow::Result<()> {
     )
     .await?;
     let progress = Reporter::new();
-    let report = transfer::verify(&*source, &*target, stores.batch_size, &progress).await;
+    let report = transfer::verify(&*source, &*target, stores.target.batch_size, &progress).await;
     progress.clear();
     source.close().await.ok();
     target.close().await.ok();
     let report = report.context("verify failed")?;
-    if stores.json {
+    if stores.target.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render_verify(&report));
@@ -184,7 +186,7 @@ pub(crate) struct Store {
 }
 
 fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
-    let defaults = spec_defaults(&args.config)?;
+    let defaults = spec_defaults(&args.target.config)?;
     let from = resolve_store(
         "--from",
         &args.from,
@@ -195,8 +197,8 @@ fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
     let to = resolve_store(
         "--to",
         &args.to,
-        &args.to_username,
-        args.to_password.clone(),
+        &args.target.to_username,
+        args.target.to_password.clone(),
         &defaults,
     )?;
     if same_store(&from.config, &to.config) {

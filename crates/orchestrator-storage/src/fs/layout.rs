@@ -69,24 +69,14 @@ pub(super) fn check_layout(dir: &Path, access: Access) -> Result<()> {
 
 fn open_layout(dir: &Path, access: Access, current: u32, upgrades: &[Upgrade]) -> Result<()> {
     let path = dir.join(LAYOUT_FILE);
-    let layout = match read_layout(&path) {
-        Ok(layout) => layout,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
-                return Err(Error::Layout(format!(
-                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
-                    dir.display()
-                )));
-            }
-            if access == Access::ReadOnly {
-                return Err(Error::Layout(format!(
-                    "{} holds no filesystem store (no {LAYOUT_FILE})",
-                    dir.display()
-                )));
-            }
-            return write_layout(&path, current);
+    let Some(layout) = layout_in(dir)? else {
+        if access == Access::ReadOnly {
+            return Err(Error::Layout(format!(
+                "{} holds no filesystem store (no {LAYOUT_FILE})",
+                dir.display()
+            )));
         }
-        Err(e) => return Err(e),
+        return write_layout(&path, current);
     };
     let found = layout.layout_version;
     if found > current {
@@ -151,12 +141,24 @@ fn write_layout(path: &Path, version: u32) -> Result<()> {
     write_atomically(path, &json).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// Reads and parses `layout.json`; a missing file is an `Io` error of kind
-/// `NotFound`.
-fn read_layout(path: &Path) -> Result<Layout> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+/// The dir's `layout.json`, `None` for a new dir (no layout and no
+/// records); records without a layout are refused.
+fn layout_in(dir: &Path) -> Result<Option<Layout>> {
+    let path = dir.join(LAYOUT_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
+                return Err(Error::Layout(format!(
+                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
+                    dir.display()
+                )));
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
         Error::Layout(format!(
             "{} is not a valid layout file: {e}",
             path.display()
@@ -167,19 +169,7 @@ fn read_layout(path: &Path) -> Result<Layout> {
 /// The layout version of a data dir's store, `None` for a dir without one;
 /// read without the lock and without changing anything.
 pub fn layout_version(dir: &Path) -> Result<Option<u32>> {
-    match read_layout(&dir.join(LAYOUT_FILE)) {
-        Ok(layout) => Ok(Some(layout.layout_version)),
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            if dir.join(JOURNAL_FILE).exists() || dir.join(SNAPSHOT_FILE).exists() {
-                return Err(Error::Layout(format!(
-                    "data dir {} holds records but no {LAYOUT_FILE}; refusing to guess its layout",
-                    dir.display()
-                )));
-            }
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
+    Ok(layout_in(dir)?.map(|layout| layout.layout_version))
 }
 
 /// The data dir's layout against this build, read without the lock and

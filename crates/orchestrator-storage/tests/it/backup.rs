@@ -6,13 +6,9 @@
 use std::io::Read;
 use std::path::Path;
 
-use async_trait::async_trait;
-use orchestrator_core::TaskId;
+use orchestrator_storage::BulkTransfer;
 use orchestrator_storage::backup::{self, BackupError, BackupOptions, Manifest};
 use orchestrator_storage::transfer::Silent;
-use orchestrator_storage::{
-    BulkTransfer, LogChunk, LogPiece, Record, RecordKind, Result, Scanned, Storage,
-};
 
 use crate::transfer::{dump, fill, fs_config, open_fs, read_only};
 
@@ -218,75 +214,35 @@ async fn a_damaged_altered_foreign_or_newer_archive_is_refused_by_name() {
     }
 }
 
-/// A store that some writer changes before every pass can read it.
-struct Churning(Storage);
-
-#[async_trait]
-impl BulkTransfer for Churning {
-    fn name(&self) -> &'static str {
-        "churning"
-    }
-
-    async fn scan(
-        &self,
-        kind: RecordKind,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Scanned>> {
-        self.0.transfer().scan(kind, after, limit).await
-    }
-
-    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
-        self.0.transfer().fetch(kind, keys).await
-    }
-
-    /// Each pass starts by counting workflows: a task changes then.
-    async fn count(&self, kind: RecordKind) -> Result<u64> {
-        if kind == RecordKind::Workflow {
-            let query = orchestrator_storage::TaskQuery {
-                limit: 1,
-                ..Default::default()
-            };
-            let page = self.0.tasks().list_tasks(&query).await?;
-            let mut task = page.items[0].clone();
-            task.updated_at = chrono::Utc::now();
-            self.0.tasks().update_task(&task).await?;
-        }
-        self.0.transfer().count(kind).await
-    }
-
-    async fn import(&self, records: &[Record]) -> Result<()> {
-        self.0.transfer().import(records).await
-    }
-
-    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        self.0.transfer().log_lengths(ids).await
-    }
-
-    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        self.0.transfer().read_logs(asks).await
-    }
-
-    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
-        self.0.transfer().import_logs(pieces).await
-    }
-
-    async fn close(&self) -> Result<()> {
-        self.0.transfer().close().await
-    }
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_never_settles_is_refused_after_the_passes_allowed() {
     let root = tempfile::tempdir().unwrap();
     let live = open_fs(&root.path().join("live")).await;
     fill(&live).await;
+    // A writer that changes a task all the time, as a busy service would:
+    // every pass of the live store's own bulk side sees a change.
+    let writer = {
+        let live = live.clone();
+        tokio::spawn(async move {
+            let query = orchestrator_storage::TaskQuery {
+                limit: 1,
+                ..Default::default()
+            };
+            loop {
+                let mut task = live.tasks().list_tasks(&query).await.unwrap().items[0].clone();
+                task.updated_at = chrono::Utc::now();
+                live.tasks().update_task(&task).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
     let work = root.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let archive = root.path().join("never.tar.zst");
-    let err = back_up(&Churning(live), &work, &archive, 3)
+    let err = back_up(live.transfer(), &work, &archive, 3)
         .await
         .unwrap_err();
+    writer.abort();
     assert!(
         matches!(err, BackupError::KeptChanging { passes: 3 }),
         "{err}"

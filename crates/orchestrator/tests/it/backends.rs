@@ -73,11 +73,7 @@ fn db_status(args: &[&str], data_dir: &Path) -> (bool, String) {
         .args(args)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = crate::harness::output_text(&output);
     (output.status.success(), text)
 }
 

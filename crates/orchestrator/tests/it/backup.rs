@@ -22,11 +22,7 @@ async fn orchestrator(args: &[String]) -> (bool, String) {
         .output()
         .await
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = crate::harness::output_text(&output);
     (output.status.success(), text)
 }
 

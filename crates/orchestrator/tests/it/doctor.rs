@@ -18,11 +18,7 @@ fn doctor(config: &std::path::Path, data: &std::path::Path, port: u16) -> (bool,
         .env_remove("ORCHESTRATOR_CONFIG")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = crate::harness::output_text(&output);
     (output.status.success(), text)
 }
 

@@ -199,6 +199,15 @@ impl TestService {
     }
 }
 
+/// What a run of the binary printed: stdout, then stderr.
+pub fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 pub fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))

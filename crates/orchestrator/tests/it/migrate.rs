@@ -24,11 +24,7 @@ fn migrate(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    crate::harness::output_text(output)
 }
 
 /// Runs a migration that must succeed, with `--json`; returns the summary.

@@ -150,11 +150,7 @@ fn refused(args: &[&str]) -> String {
         std::thread::sleep(Duration::from_millis(50));
     }
     let output = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let text = crate::harness::output_text(&output);
     assert!(!output.status.success(), "{text}");
     text
 }
