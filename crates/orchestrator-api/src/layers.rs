@@ -24,12 +24,14 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// that hangs.
 pub const SUBMISSION_TIMEOUT: Duration = MAX_WAIT.saturating_add(REQUEST_TIMEOUT);
 
-/// The routes that accept `wait` (by route template).
+/// The routes that accept `wait` (by route template), and `/backup`, which
+/// copies the whole store before it answers: they get the longer deadline.
 const WAITING_ROUTES: &[&str] = &[
     "/workflows",
     "/workflows/servers/create",
     "/workflows/taskserv/create",
     "/workflows/cluster/create",
+    "/backup",
 ];
 
 /// The deadlines; a value so tests can shorten them.
