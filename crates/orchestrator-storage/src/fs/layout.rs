@@ -17,7 +17,7 @@ use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Error, Result};
 
 /// The on-disk layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 pub(super) const LAYOUT_FILE: &str = "layout.json";
 
@@ -27,18 +27,28 @@ pub(super) const LAYOUT_FILE: &str = "layout.json";
 /// next open: a step must be safe to repeat.
 pub(super) struct Upgrade {
     pub from: u32,
-    /// What the step changes, for the log and for errors.
+    /// What the new layout is, for the log and for errors.
     pub name: &'static str,
-    pub apply: fn(&Path) -> std::io::Result<()>,
+    /// What the step does to the files already there; `None` when it
+    /// converts nothing: the new layout only lets this build write what an
+    /// older one would misread. A store of the older layout then reads as
+    /// it is, so a store opened to be read only need not be upgraded.
+    pub convert: Option<fn(&Path) -> std::io::Result<()>>,
 }
 
 /// Every upgrade this build applies, oldest first (`UPGRADES[i].from ==
-/// i + 1`). Layout 1 is the first there was, so there is none yet. A change
-/// to the files that an older build would misread bumps
+/// i + 1`). A change to the files that an older build would misread bumps
 /// [`LAYOUT_VERSION`], adds its step here, and keeps a store of the old
 /// layout in `crates/orchestrator/tests/fixtures/stores/`, whose test
 /// proves that the new build still opens it.
-pub(super) const UPGRADES: &[Upgrade] = &[];
+pub(super) const UPGRADES: &[Upgrade] = &[Upgrade {
+    from: 1,
+    // A build of layout 1 would take these lines for damage in the middle
+    // of the journal ("restore the data dir from a backup"); with the
+    // version raised, it refuses the store for what it is: newer.
+    name: "journal lines for schedules (schedule, schedule_deleted, schedule_claim)",
+    convert: None,
+}];
 
 /// How an open treats an older layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +105,21 @@ fn open_layout(dir: &Path, access: Access, current: u32, upgrades: &[Upgrade]) -
     if found == current {
         return Ok(());
     }
+    let mut steps = Vec::new();
+    for version in found..current {
+        steps.push(upgrades.iter().find(|u| u.from == version).ok_or_else(|| {
+            Error::Layout(format!(
+                "data dir {} has layout version {version}, which this build cannot upgrade \
+                 (it knows no step from it); upgrade through an intermediate release",
+                dir.display()
+            ))
+        })?);
+    }
     if access == Access::ReadOnly {
+        // Never written: readable as it is, or refused.
+        if steps.iter().all(|step| step.convert.is_none()) {
+            return Ok(());
+        }
         return Err(Error::Layout(format!(
             "data dir {} has layout version {found}, older than this build's ({current}); a \
              store opened to be read is never upgraded: start this build's `orchestrator \
@@ -103,15 +127,10 @@ fn open_layout(dir: &Path, access: Access, current: u32, upgrades: &[Upgrade]) -
             dir.display()
         )));
     }
-    for version in found..current {
-        let step = upgrades.iter().find(|u| u.from == version).ok_or_else(|| {
-            Error::Layout(format!(
-                "data dir {} has layout version {version}, which this build cannot upgrade \
-                 (it knows no step from it); upgrade through an intermediate release",
-                dir.display()
-            ))
-        })?;
-        (step.apply)(dir).map_err(|e| {
+    for step in steps {
+        let version = step.from;
+        let convert = step.convert.unwrap_or(|_| Ok(()));
+        convert(dir).map_err(|e| {
             Error::Layout(format!(
                 "cannot upgrade data dir {} from layout version {version} to {} ({}): {e}; \
                  the dir is left at version {version}, and the next start tries again",
@@ -210,12 +229,12 @@ mod tests {
         Upgrade {
             from: 1,
             name: "add two",
-            apply: |dir| std::fs::write(dir.join("two"), "2"),
+            convert: Some(|dir| std::fs::write(dir.join("two"), "2")),
         },
         Upgrade {
             from: 2,
             name: "add three",
-            apply: |dir| std::fs::write(dir.join("three"), "3"),
+            convert: Some(|dir| std::fs::write(dir.join("three"), "3")),
         },
     ];
 
@@ -244,7 +263,7 @@ mod tests {
             Upgrade {
                 from: 2,
                 name: "break",
-                apply: |_| Err(std::io::Error::other("disk on fire")),
+                convert: Some(|_| Err(std::io::Error::other("disk on fire"))),
             },
         ];
         let message = open_layout(dir.path(), Access::Upgrade, 3, &failing)
@@ -280,6 +299,21 @@ mod tests {
             message.contains("layout version 7 (written by orchestrator 9.9.9), newer than"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_reader_reads_an_older_layout_that_nothing_converts() {
+        let dir = tempfile::tempdir().unwrap();
+        open_layout(dir.path(), Access::Upgrade, 1, STEPS).unwrap();
+        let additive = [Upgrade {
+            from: 1,
+            name: "new lines only",
+            convert: None,
+        }];
+        open_layout(dir.path(), Access::ReadOnly, 2, &additive).unwrap();
+        assert_eq!(version_on_disk(dir.path()), 1, "a reader never writes");
+        open_layout(dir.path(), Access::Upgrade, 2, &additive).unwrap();
+        assert_eq!(version_on_disk(dir.path()), 2);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Layout of `--data-dir` (see `docs/storage.md`):
 //!
 //! ```text
-//! layout.json      {"layout_version": 1}; upgraded if older, refused if newer than this build
+//! layout.json      {"layout_version": 2}; upgraded if older, refused if newer than this build
 //! LOCK             held (flock) while a service has the dir open
 //! snapshot.jsonl   every record as of the last compaction, one checksummed line each
 //! journal.jsonl    every change since, appended with group commit

@@ -3,8 +3,9 @@
 //! every command, with what to do, and left as it is.
 //!
 //! `tests/fixtures/stores/layout-1` is a filesystem store as orchestrator
-//! 0.1.0 wrote it (see `make-layout-1.sh` beside it): two finished
-//! workflows with their logs, tokens, a secret and the audit log.
+//! 0.1.0 wrote it before schedules, in layout 1 (see `make-layout-1.sh`
+//! beside it): two finished workflows with their logs, tokens, a secret and
+//! the audit log.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -60,6 +61,21 @@ async fn a_store_of_the_previous_release_opens_with_everything_in_it() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("data");
     copy_of("layout-1", &data);
+    // Read as it is, never upgraded by a reader: nothing converts from 1.
+    let archive = root.path().join("before-upgrade.tar.zst");
+    let output = Command::new(BIN)
+        .args(["backup", "--to", archive.to_str().unwrap(), "--data-dir"])
+        .arg(&data)
+        .env_remove("ORCHESTRATOR_CONFIG")
+        .output()
+        .unwrap();
+    let text = crate::harness::output_text(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("2 workflows, 3 tasks, 3 logs"), "{text}");
+    assert_eq!(
+        orchestrator_storage::fs::layout_version(&data).unwrap(),
+        Some(1)
+    );
     let mut settings = fixture_settings(&data);
     settings.auth = true;
     let service = TestService::start(settings.clone()).await;
