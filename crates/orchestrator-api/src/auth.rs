@@ -128,7 +128,7 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("DELETE", "/secrets/{name}") => "secret.delete",
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",
-        ("POST", "/backup") => "store.backup",
+        ("POST", "/backup") => "backup.create",
         _ => "",
     };
     if named.is_empty() {
@@ -502,7 +502,7 @@ mod tests {
             action(&Method::DELETE, Some("/tokens/{id}")),
             "token.revoke"
         );
-        assert_eq!(action(&Method::POST, Some("/backup")), "store.backup");
+        assert_eq!(action(&Method::POST, Some("/backup")), "backup.create");
         assert_eq!(
             action(&Method::PATCH, Some("/tasks/{id}")),
             "patch /tasks/{id}"
