@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use orchestrator_storage::backup::{self, BackupOptions, Manifest};
 use orchestrator_storage::transfer::Silent;
-use orchestrator_storage::{StorageConfig, StorageType};
+use orchestrator_storage::{RecordKind, StorageConfig, StorageType};
 use reqwest::Method;
 
 use crate::cli::{BackupArgs, ClientArgs, RestoreArgs};
@@ -242,20 +242,24 @@ fn location(config: &StorageConfig) -> String {
 }
 
 fn render_manifest(manifest: &Manifest) -> String {
-    let count = |kind: &str| manifest.records.get(kind).copied().unwrap_or(0);
+    // Every kind the archive counts, in the order they move: a kind added
+    // to the store shows up here without a change.
+    let records: Vec<String> = RecordKind::ALL
+        .into_iter()
+        .map(|kind| {
+            let n = manifest.records.get(kind.as_str()).copied().unwrap_or(0);
+            format!("{n} {}", kind.plural())
+        })
+        .collect();
     format!(
-        "  taken {} by orchestrator {} from {}\n  {} workflows, {} tasks, {} logs ({}), {} \
-         tokens, {} secrets, {} audit records\n  consistent: pass {} found nothing changed\n",
+        "  taken {} by orchestrator {} from {}\n  records: {}\n  logs: {} tasks' logs, {}\n  \
+         consistent: pass {} found nothing changed\n",
         manifest.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
         manifest.orchestrator_version,
         manifest.source,
-        count("workflow"),
-        count("task"),
+        records.join(", "),
         manifest.logs,
         bytes(manifest.log_bytes),
-        count("token"),
-        count("secret"),
-        count("audit"),
         manifest.passes,
     )
 }

@@ -71,7 +71,8 @@ async fn a_store_of_the_previous_release_opens_with_everything_in_it() {
         .unwrap();
     let text = crate::harness::output_text(&output);
     assert!(output.status.success(), "{text}");
-    assert!(text.contains("2 workflows, 3 tasks, 3 logs"), "{text}");
+    assert!(text.contains("records: 2 workflows, 3 tasks,"), "{text}");
+    assert!(text.contains("logs: 3 tasks' logs"), "{text}");
     assert_eq!(
         orchestrator_storage::fs::layout_version(&data).unwrap(),
         Some(1)
