@@ -72,7 +72,7 @@ if [ "$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null; then
 fi
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 cache=${ORCHESTRATOR_DEB_TEST_CACHE:-$HOME/.cache/orchestrator-deb-test}
-base="$cache/$suite-minbase.tar"
+base="$cache/$suite-minbase.tar.gz"
 root=$(mktemp -d /tmp/orchestrator-deb-root.XXXXXX)
 serve_pid=
 cleanup() {
@@ -87,9 +87,9 @@ if [ ! -f "$base" ]; then
     debootstrap --variant=minbase --include=adduser,systemd "$suite" "$root" \
         http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
         || { tail "$cache/debootstrap.log" >&2; fail "debootstrap $suite"; }
-    tar -C "$root" -cf "$base.tmp" . && mv "$base.tmp" "$base"
+    tar -C "$root" -czf "$base.tmp" . && mv "$base.tmp" "$base"
 else
-    tar -C "$root" -xf "$base"
+    tar -C "$root" -xzf "$base"
 fi
 # The root of a system (mktemp made it 0700, and the archive keeps that):
 # the service's user must be able to enter it.
