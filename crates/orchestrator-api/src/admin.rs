@@ -1,4 +1,4 @@
-//! Admin routes: API tokens, secrets, the audit log and backups. Only admins reach them (see
+//! Admin routes: API tokens, secrets, the audit log, backups and prunes. Only admins reach them (see
 //! `auth::need`).
 
 use axum::Json;
@@ -9,6 +9,8 @@ use axum::response::IntoResponse;
 use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, Role};
+use orchestrator_core::retention::Keep;
+use orchestrator_engine::{PruneReport, PruneRequest};
 use orchestrator_storage::AuditQuery;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -24,6 +26,32 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/secrets", get(list_secrets))
         .route("/secrets/{name}", put(put_secret).delete(delete_secret))
         .route("/backup", post(crate::backup::create_backup))
+        .route("/prune", post(prune))
+}
+
+/// `POST /prune`: one retention pass now, as `orchestrator prune`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PruneBody {
+    /// Finished workflows older than this go (their own `meta.retain`
+    /// still wins); absent: none.
+    older_than: Option<Keep>,
+    /// Audit records older than this go; absent: none.
+    audit_older_than: Option<Keep>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn prune(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<PruneBody>,
+) -> Result<Json<PruneReport>, ApiError> {
+    let request = PruneRequest {
+        finished: body.older_than.unwrap_or(Keep::Forever),
+        audit: body.audit_older_than.unwrap_or(Keep::Forever),
+        dry_run: body.dry_run,
+    };
+    Ok(Json(state.engine.prune(request).await?))
 }
 
 #[derive(Deserialize)]

@@ -87,7 +87,8 @@ pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
             if p.starts_with("/tokens")
                 || p.starts_with("/secrets")
                 || p == "/audit"
-                || p == "/backup" =>
+                || p == "/backup"
+                || p == "/prune" =>
         {
             Need::Role(Role::Admin)
         }
@@ -129,6 +130,7 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",
         ("POST", "/backup") => "backup.create",
+        ("POST", "/prune") => "retention.prune",
         _ => "",
     };
     if named.is_empty() {
@@ -429,6 +431,7 @@ mod tests {
         assert_eq!(need(&get, Some("/audit")), Need::Role(Role::Admin));
         // A backup holds every record: token hashes and sealed secrets too.
         assert_eq!(need(&post, Some("/backup")), Need::Role(Role::Admin));
+        assert_eq!(need(&post, Some("/prune")), Need::Role(Role::Admin));
         assert_eq!(
             need(&Method::PUT, Some("/secrets/{name}")),
             Need::Role(Role::Admin)
@@ -503,6 +506,7 @@ mod tests {
             "token.revoke"
         );
         assert_eq!(action(&Method::POST, Some("/backup")), "backup.create");
+        assert_eq!(action(&Method::POST, Some("/prune")), "retention.prune");
         assert_eq!(
             action(&Method::PATCH, Some("/tasks/{id}")),
             "patch /tasks/{id}"

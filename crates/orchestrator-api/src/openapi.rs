@@ -58,7 +58,7 @@ pub fn document() -> Value {
         dashboard, dashboard_slash, dashboard_file, get_session, create_session, logout,
         list_tokens, create_token, revoke_token, list_audit,
         list_secrets, put_secret, delete_secret,
-        create_backup,
+        create_backup, prune,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&BearerAuth),
@@ -541,6 +541,10 @@ struct SubmissionMeta {
     trace_id: Option<String>,
     name: Option<String>,
     description: Option<String>,
+    /// How long to keep the workflow once finished, instead of the
+    /// service's `--retain-finished`: `30d`, `12h`, or `forever`.
+    #[schema(example = "30d")]
+    retain: Option<String>,
 }
 
 /// `{"when": "now"}` or `{"when": "at", "start": "<RFC 3339>"}`.
@@ -1059,3 +1063,39 @@ fn delete_secret() {}
         (status = 503, description = "The backup failed; the service log says why", body = ErrorBody),
     ))]
 fn create_backup() {}
+
+/// `POST /prune`.
+#[derive(ToSchema)]
+struct PruneBody {
+    /// Finished workflows that ended longer ago than this go, with their
+    /// tasks and logs (a workflow's own `meta.retain` still wins; the
+    /// newest revision of a `meta.ref` stays): `7d`, `12h`. Absent: none.
+    #[schema(example = "7d")]
+    older_than: Option<String>,
+    /// Audit records older than this go. Absent: none.
+    #[schema(example = "90d")]
+    audit_older_than: Option<String>,
+    /// Count what would go; delete nothing.
+    #[schema(default = false)]
+    dry_run: Option<bool>,
+}
+
+/// What a prune deleted, or would delete.
+#[derive(ToSchema)]
+struct PruneReport {
+    dry_run: bool,
+    workflows: u64,
+    tasks: u64,
+    audit_records: u64,
+}
+
+/// Deletes finished workflows and audit records past keeping, now (the
+/// service also does it in the background under `--retain-finished` and
+/// `--retain-audit`).
+#[utoipa::path(post, path = "/prune", tag = "admin", request_body = PruneBody,
+    responses(
+        (status = 200, description = "What went (or would go)", body = PruneReport),
+        (status = 422, description = "A period is not valid", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+fn prune() {}

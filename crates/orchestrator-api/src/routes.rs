@@ -492,6 +492,8 @@ struct MetaField {
     trace_id: Option<String>,
     name: Option<String>,
     description: Option<String>,
+    /// How long to keep the workflow once finished: `30d`, `forever`.
+    retain: Option<orchestrator_core::retention::Keep>,
 }
 
 #[derive(Deserialize)]
@@ -518,6 +520,7 @@ impl WorkflowSubmission {
                 trace_id: self.meta.trace_id,
                 name: self.meta.name,
                 description: self.meta.description,
+                retain: self.meta.retain,
             },
             start_at: match self.schedule {
                 Some(Schedule::At { start }) => Some(start),

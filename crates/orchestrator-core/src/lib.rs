@@ -15,6 +15,7 @@ mod node;
 mod queue;
 pub mod refs;
 pub mod release;
+pub mod retention;
 mod retry;
 pub mod schedule;
 pub mod submission;

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::retention::Keep;
 use crate::{FailurePolicy, Priority, Task, TaskId, TaskStatus, WorkflowId};
 
 /// A submitted workflow: one run of a template (or of a built-in plan)
@@ -53,6 +54,10 @@ pub struct Workflow {
     /// Digest of the submission body, to tell a repeat from a revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_digest: Option<String>,
+    /// How long to keep it once finished (`meta.retain`), instead of the
+    /// service's `--retain-finished`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain: Option<Keep>,
     /// Scheduled start; nothing runs before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
@@ -113,6 +118,7 @@ impl Workflow {
             previous_revision: None,
             idempotency_key: None,
             request_digest: None,
+            retain: None,
             start_at: None,
             vars: Value::Null,
             halt: None,

@@ -28,6 +28,7 @@ use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
 use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
+use crate::retention::{self, PruneReport, PruneRequest, RetentionConfig};
 use crate::scheduler::Scheduler;
 use crate::secrets::Secrets;
 use crate::steps::Steps;
@@ -56,6 +57,8 @@ pub struct EngineConfig {
     /// How far an event subscriber may fall behind before it must resync,
     /// and how many events are kept for resumption.
     pub event_capacity: usize,
+    /// How long finished workflows and audit records are kept.
+    pub retention: RetentionConfig,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             lease: Duration::from_secs(15),
             access: AccessConfig::default(),
             event_capacity: DEFAULT_CAPACITY,
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -202,7 +206,12 @@ impl Engine {
         let stopping = inner.stopping.clone();
         let engine = Engine { inner };
         // Due runs are submitted like `POST /workflows`, through the engine.
-        tokio::spawn(scheduler.run(Arc::new(engine.clone()), stopping));
+        tokio::spawn(scheduler.run(Arc::new(engine.clone()), stopping.clone()));
+        tokio::spawn(retention::run(
+            engine.inner.store.clone(),
+            engine.inner.config.retention,
+            stopping,
+        ));
         Ok(engine)
     }
 
@@ -315,6 +324,14 @@ impl Engine {
     pub async fn retry_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
         self.inner.lifecycle.retry_workflow(id).await?;
         self.workflow(id).await
+    }
+
+    /// Deletes (or, dry, counts) the finished workflows and audit records
+    /// older than the request keeps; see [`crate::retention`].
+    pub async fn prune(&self, request: PruneRequest) -> Result<PruneReport> {
+        let report = retention::prune(&self.inner.store, request, chrono::Utc::now()).await?;
+        retention::record(&report);
+        Ok(report)
     }
 
     /// Saves checkpoint entries of a running task, durably.

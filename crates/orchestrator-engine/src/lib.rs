@@ -16,7 +16,8 @@
 //! `scheduler` starts the due runs of schedules through a `RunStarter`,
 //! which `schedules` (the engine's schedule calls) implements with
 //! `submit`; `rerun` builds a new revision through `submit`.
-//! `access`, `secrets` and `templates` stand alone.
+//! `retention` sweeps the store on its own. `access`, `secrets` and
+//! `templates` stand alone.
 
 pub mod access;
 mod attempts;
@@ -30,6 +31,7 @@ mod lifecycle;
 mod queue;
 mod records;
 mod rerun;
+mod retention;
 mod scheduler;
 mod schedules;
 pub mod secrets;
@@ -41,6 +43,7 @@ pub use engine::{Engine, EngineConfig};
 pub use error::{Error, Result};
 pub use orchestrator_core::{StepView, WorkflowView};
 pub use rerun::RerunRequest;
+pub use retention::{PruneReport, PruneRequest, RetentionConfig};
 pub use schedules::{DEFAULT_CATCH_UP_WINDOW_SECS, SchedulePatch, ScheduleRequest, ScheduleView};
 pub use submit::{Meta, SubmitRequest, TemplateSource};
 

@@ -156,7 +156,11 @@ impl Lifecycle {
     /// `None` if someone else moved it first.
     pub(crate) async fn take_over(&self, mut task: Task, error: String) -> Result<Option<Task>> {
         if let Ok(runner) = self.steps.runner(task.step.kind) {
-            let leftovers = runner.stop_leftovers(&task.id.to_string());
+            // A scan of /proc for scripts: blocking I/O, off the async workers.
+            let (runner, id) = (runner.clone(), task.id.to_string());
+            let leftovers = tokio::task::spawn_blocking(move || runner.stop_leftovers(&id))
+                .await
+                .unwrap_or(0);
             if leftovers > 0 {
                 tracing::warn!(task = %task.id, processes = leftovers, "killed a script left running by a stopped service");
             }

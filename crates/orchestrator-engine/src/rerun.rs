@@ -196,6 +196,7 @@ fn rerun_submission(
             trace_id: old.trace_id.clone(),
             name: Some(old.name.clone()),
             description: old.description.clone(),
+            retain: old.retain,
         },
         start_at: None,
         check_mode: old.check_mode,

@@ -289,6 +289,7 @@ fn run_request(schedule: &Schedule, claim: Option<&ScheduleClaim>) -> SubmitRequ
             trace_id: Some(trace_id),
             name,
             description: None,
+            retain: None,
         },
         start_at: None,
         check_mode: false,

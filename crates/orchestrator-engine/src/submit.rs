@@ -37,6 +37,8 @@ pub struct Meta {
     pub trace_id: Option<String>,
     pub name: Option<String>,
     pub description: Option<String>,
+    /// How long to keep the workflow once finished (`meta.retain`).
+    pub retain: Option<orchestrator_core::retention::Keep>,
 }
 
 /// Everything a workflow submission says.
@@ -153,6 +155,7 @@ impl Engine {
         workflow.parallel_limit = request.parallel_limit.or(template.parallel_limit);
         workflow.reference = request.meta.reference.clone();
         workflow.trace_id = request.meta.trace_id.clone();
+        workflow.retain = request.meta.retain;
         workflow.idempotency_key = request.idempotency_key.clone();
         workflow.request_digest = Some(submission_digest(&request.body));
         workflow.start_at = request.start_at.filter(|at| *at > now);

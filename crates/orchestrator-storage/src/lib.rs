@@ -178,6 +178,29 @@ pub trait ScheduleStore: Send + Sync {
     async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>>;
 }
 
+/// Retention: deleting what is old enough. Which records are old enough is
+/// the engine's decision (`orchestrator_core::retention`); a store deletes
+/// only what still matches that decision when it writes.
+#[async_trait]
+pub trait RetentionStore: Send + Sync {
+    /// Deletes each named workflow, with its tasks and their logs, if it is
+    /// still finished and still at the given version: a workflow that was
+    /// retried or changed since the decision stays. Each workflow goes with
+    /// its tasks in one write, so a crash keeps all of it or none.
+    async fn prune_workflows(&self, workflows: &[(WorkflowId, u64)]) -> Result<Pruned>;
+
+    /// Deletes the audit records older than `before`; returns how many.
+    async fn prune_audit(&self, before: DateTime<Utc>) -> Result<u64>;
+}
+
+/// What [`RetentionStore::prune_workflows`] deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub workflows: Vec<WorkflowId>,
+    /// Tasks deleted with them.
+    pub tasks: u64,
+}
+
 /// Bulk transfer, for `orchestrator migrate`: records move as they are
 /// stored, ids, versions and timestamps included, never through the state
 /// machine's update paths.
@@ -466,13 +489,21 @@ pub struct Storage {
     nodes: Arc<dyn NodeStore>,
     access: Arc<dyn AccessStore>,
     schedules: Arc<dyn ScheduleStore>,
+    retention: Arc<dyn RetentionStore>,
     transfer: Arc<dyn BulkTransfer>,
 }
 
 impl Storage {
     pub fn new<B>(backend: B) -> Storage
     where
-        B: Backend + TaskStore + NodeStore + AccessStore + ScheduleStore + BulkTransfer + 'static,
+        B: Backend
+            + TaskStore
+            + NodeStore
+            + AccessStore
+            + ScheduleStore
+            + RetentionStore
+            + BulkTransfer
+            + 'static,
     {
         let backend = Arc::new(backend);
         Storage {
@@ -481,6 +512,7 @@ impl Storage {
             nodes: backend.clone(),
             access: backend.clone(),
             schedules: backend.clone(),
+            retention: backend.clone(),
             transfer: backend,
         }
     }
@@ -514,6 +546,10 @@ impl Storage {
 
     pub fn schedules(&self) -> &dyn ScheduleStore {
         &*self.schedules
+    }
+
+    pub fn retention(&self) -> &dyn RetentionStore {
+        &*self.retention
     }
 
     pub fn transfer(&self) -> &dyn BulkTransfer {
@@ -562,6 +598,17 @@ impl Storage {
     ) -> Storage {
         Storage {
             schedules: wrap(self.schedules),
+            ..self
+        }
+    }
+
+    /// The same store with its [`RetentionStore`] side wrapped.
+    pub fn map_retention(
+        self,
+        wrap: impl FnOnce(Arc<dyn RetentionStore>) -> Arc<dyn RetentionStore>,
+    ) -> Storage {
+        Storage {
+            retention: wrap(self.retention),
             ..self
         }
     }

@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Record, RecordKind, Result, Scanned, ScheduleStore, Storage, TaskQuery,
+    NodeStore, Page, Record, RecordKind, Result, Pruned, RetentionStore, Scanned, ScheduleStore, Storage, TaskQuery,
     TaskStore, WorkflowQuery,
 };
 
@@ -38,6 +39,7 @@ impl TimedBackend {
             .map_nodes(|inner| Arc::new(Timed { inner, backend }))
             .map_access(|inner| Arc::new(Timed { inner, backend }))
             .map_schedules(|inner| Arc::new(Timed { inner, backend }))
+            .map_retention(|inner| Arc::new(Timed { inner, backend }))
             .map_transfer(|inner| Arc::new(Timed { inner, backend }))
     }
 }
@@ -244,6 +246,19 @@ impl ScheduleStore for Timed<dyn ScheduleStore> {
 
     async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>> {
         self.timed("claims", self.inner.claims(schedule, limit))
+            .await
+    }
+}
+
+#[async_trait]
+impl RetentionStore for Timed<dyn RetentionStore> {
+    async fn prune_workflows(&self, workflows: &[(WorkflowId, u64)]) -> Result<Pruned> {
+        self.timed("prune_workflows", self.inner.prune_workflows(workflows))
+            .await
+    }
+
+    async fn prune_audit(&self, before: DateTime<Utc>) -> Result<u64> {
+        self.timed("prune_audit", self.inner.prune_audit(before))
             .await
     }
 }

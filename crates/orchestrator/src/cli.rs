@@ -4,6 +4,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use orchestrator_core::retention::Keep;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -60,10 +61,37 @@ pub enum Command {
     /// Restore a backup archive into an empty store of any backend, and
     /// verify it record by record.
     Restore(RestoreArgs),
+    /// Delete finished workflows (with their tasks and logs) and audit
+    /// records older than given, now, through the running service (needs an
+    /// admin token). The service also prunes by itself under
+    /// `--retain-finished` and `--retain-audit`.
+    Prune(PruneArgs),
     /// Check this host before the first start (interpreters, data dir,
     /// disk, clock, port, namespaces, SurrealDB); exits non-zero if a check
     /// fails. Takes the settings of `serve`.
     Doctor(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Finished workflows that ended longer ago than this: `7d`, `12h`.
+    /// A workflow's own `meta.retain` still wins, and the newest revision
+    /// of each `meta.ref` stays.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_keep)]
+    pub older_than: Option<Keep>,
+    /// Audit records older than this.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_keep)]
+    pub audit_older_than: Option<Keep>,
+    /// Count what would go; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A retention period: `30d`, `12h`, `forever`.
+pub fn parse_keep(text: &str) -> Result<Keep, String> {
+    text.parse()
 }
 
 #[derive(Debug, Args)]
@@ -524,6 +552,14 @@ pub struct ServeArgs {
     /// on a loopback address.
     #[arg(long, env = "ORCHESTRATOR_NO_AUTH")]
     pub no_auth: bool,
+    /// Delete finished workflows, with their tasks and logs, this long
+    /// after they end (`30d`, `12h`; a workflow's `meta.retain` wins; the
+    /// newest revision of a `meta.ref` stays) [default: forever].
+    #[arg(long, env = "ORCHESTRATOR_RETAIN_FINISHED", value_name = "PERIOD", value_parser = parse_keep)]
+    pub retain_finished: Option<Keep>,
+    /// Delete audit records this long after they are written [default: forever].
+    #[arg(long, env = "ORCHESTRATOR_RETAIN_AUDIT", value_name = "PERIOD", value_parser = parse_keep)]
+    pub retain_audit: Option<Keep>,
     /// Requests per second per token (or per address without one) before
     /// 429; 0 for no limit [default: 50].
     #[arg(long, env = "ORCHESTRATOR_RATE_LIMIT")]

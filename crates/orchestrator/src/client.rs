@@ -9,7 +9,9 @@ use reqwest::{Client, Method, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{AuditArgs, ClientArgs, LogsArgs, TaskArgs, TasksArgs, TokenCommand};
+use crate::cli::{
+    AuditArgs, ClientArgs, LogsArgs, PruneArgs, TaskArgs, TasksArgs, TokenCommand,
+};
 
 pub(crate) struct Api {
     http: Client,
@@ -443,6 +445,34 @@ pub async fn audit(client: &ClientArgs, args: AuditArgs) -> anyhow::Result<()> {
         "{} of {} records",
         page["records"].as_array().map_or(0, Vec::len),
         page["total"]
+    );
+    Ok(())
+}
+
+pub async fn prune(client: &ClientArgs, args: PruneArgs) -> anyhow::Result<()> {
+    if args.older_than.is_none() && args.audit_older_than.is_none() {
+        anyhow::bail!("say what to prune: --older-than PERIOD and/or --audit-older-than PERIOD");
+    }
+    let api = Api::new(client)?;
+    let body = serde_json::json!({
+        "older_than": args.older_than.map(|k| k.to_string()),
+        "audit_older_than": args.audit_older_than.map(|k| k.to_string()),
+        "dry_run": args.dry_run,
+    });
+    let report: Value = api
+        .send_body(Method::POST, "/prune", &[], Some(&body))
+        .await?
+        .json()
+        .await
+        .context("the service answered with unexpected JSON")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let verb = if args.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{verb} {} finished workflows ({} tasks) and {} audit records",
+        report["workflows"], report["tasks"], report["audit_records"]
     );
     Ok(())
 }

@@ -48,6 +48,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
             Command::Backup(args) => backup::backup(&cli.client, args).await,
             Command::Restore(args) => backup::restore(args).await,
+            Command::Prune(args) => client::prune(&cli.client, args).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

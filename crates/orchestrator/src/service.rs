@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use orchestrator_core::StepKind;
 use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
-use orchestrator_engine::{Engine, EngineConfig};
+use orchestrator_engine::{Engine, EngineConfig, RetentionConfig};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
 use orchestrator_storage::StorageConfig;
 use tokio::net::TcpListener;
@@ -102,6 +102,11 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 auth: settings.auth,
                 rate_limit: settings.rate_limit,
                 secret_key: Some(secret_key(&data_dir)?),
+            },
+            retention: RetentionConfig {
+                finished: settings.retain_finished,
+                audit: settings.retain_audit,
+                every: settings.retention_every,
             },
             ..EngineConfig::default()
         },

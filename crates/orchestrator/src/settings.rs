@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use orchestrator_core::RetryPolicy;
+use orchestrator_core::retention::Keep;
 use orchestrator_storage::{StorageType, SurrealdbConfig};
 use serde::Deserialize;
 
@@ -37,6 +38,8 @@ pub struct FileConfig {
     pub log_format: Option<String>,
     pub no_auth: Option<bool>,
     pub rate_limit: Option<u32>,
+    pub retain_finished: Option<Keep>,
+    pub retain_audit: Option<Keep>,
     pub surrealdb_url: Option<String>,
     pub surrealdb_username: Option<String>,
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
@@ -86,6 +89,11 @@ pub struct ServeSettings {
     pub auth: bool,
     /// Requests per second per caller; 0 for no limit.
     pub rate_limit: u32,
+    /// How long finished workflows and audit records are kept.
+    pub retain_finished: Keep,
+    pub retain_audit: Keep,
+    /// Between background retention sweeps (a setting for tests).
+    pub retention_every: Duration,
     /// `ORCHESTRATOR_BOOTSTRAP_TOKEN`: the first admin token, instead of
     /// one made and printed at the first start.
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
@@ -117,6 +125,9 @@ impl ServeSettings {
             interpreters: HashMap::new(),
             auth: true,
             rate_limit: 50,
+            retain_finished: Keep::Forever,
+            retain_audit: Keep::Forever,
+            retention_every: Duration::from_secs(600),
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
         }
@@ -222,6 +233,15 @@ impl ServeSettings {
                 .rate_limit
                 .or(file.rate_limit)
                 .unwrap_or(defaults.rate_limit),
+            retain_finished: args
+                .retain_finished
+                .or(file.retain_finished)
+                .unwrap_or(defaults.retain_finished),
+            retain_audit: args
+                .retain_audit
+                .or(file.retain_audit)
+                .unwrap_or(defaults.retain_audit),
+            retention_every: defaults.retention_every,
             bootstrap_token: std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
                 .ok()
                 .filter(|t| !t.is_empty())

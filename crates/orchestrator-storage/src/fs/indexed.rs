@@ -299,7 +299,7 @@ impl Line {
             Line::SecretDeleted { .. } => Vec::new(),
             Line::Audit(a) => vec![Record::Audit(a)],
             Line::Schedule(s) => vec![Record::Schedule(s)],
-            Line::ScheduleDeleted { .. } => Vec::new(),
+            Line::ScheduleDeleted { .. } | Line::Pruned { .. } => Vec::new(),
             Line::ScheduleClaim(c) => vec![Record::ScheduleClaim(c)],
         }
     }
@@ -329,6 +329,12 @@ fn index_line(
                 }
                 if let Line::ScheduleDeleted { id } = &parsed {
                     index.remove(&(RecordKind::Schedule, id.clone()));
+                    return;
+                }
+                if let Line::Pruned { .. } = &parsed {
+                    for key in parsed.keys() {
+                        index.remove(&key);
+                    }
                     return;
                 }
                 for record in parsed.into_records() {

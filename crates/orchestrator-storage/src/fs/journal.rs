@@ -55,14 +55,20 @@ enum Command {
         bytes: Vec<u8>,
         done: Done,
     },
-    /// Replace the snapshot with `bytes`, then empty the journal. Queued
-    /// behind every append issued before it, so the snapshot (built from
-    /// memory that already contains those appends) covers them all.
+    /// Replace the snapshot with what `build` makes, then empty the
+    /// journal. Queued behind every append issued before it, so the
+    /// snapshot (of records taken from memory that already contains those
+    /// appends) covers them all. `build` runs on the writer thread: the
+    /// records were copied under the state lock, their encoding happens
+    /// here, outside it and off the async workers.
     Snapshot {
-        bytes: Vec<u8>,
+        build: SnapshotBuilder,
         done: Done,
     },
 }
+
+/// Encodes a snapshot's lines from records already taken.
+pub(crate) type SnapshotBuilder = Box<dyn FnOnce() -> io::Result<Vec<u8>> + Send>;
 
 /// Handle to the writer thread.
 pub(crate) struct JournalWriter {
@@ -146,8 +152,11 @@ impl JournalWriter {
         self.send(|done| Command::Append { bytes, done })
     }
 
-    pub(crate) fn snapshot(&self, bytes: Vec<u8>) -> Result<Pending> {
-        self.send(|done| Command::Snapshot { bytes, done })
+    /// Queues a compaction. Call it while holding the lock that ordered
+    /// the in-memory changes, with the records `build` encodes taken under
+    /// it.
+    pub(crate) fn snapshot(&self, build: SnapshotBuilder) -> Result<Pending> {
+        self.send(|done| Command::Snapshot { build, done })
     }
 
     /// Stops the thread after it has written everything queued.
@@ -203,9 +212,9 @@ fn writer_loop(
                     buffer.extend_from_slice(&bytes);
                     waiting.push(done);
                 }
-                Command::Snapshot { bytes, done } => {
+                Command::Snapshot { build, done } => {
                     result = flush(&mut file, &mut buffer).and_then(|()| {
-                        write_atomically(snapshot_path, &bytes)?;
+                        write_atomically(snapshot_path, &build()?)?;
                         // The snapshot now holds everything; start the journal afresh.
                         file.set_len(0)?;
                         file.sync_all()

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
@@ -44,7 +45,7 @@ use self::logs::{
 use self::state::State;
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Record, RecordKind, Result, Scanned, ScheduleStore, TaskQuery, TaskStore,
+    NodeStore, Page, Pruned, Record, RecordKind, Result, RetentionStore, Scanned, ScheduleStore, TaskQuery, TaskStore,
     WorkflowQuery,
 };
 
@@ -92,6 +93,16 @@ enum Line {
         id: String,
     },
     ScheduleClaim(ScheduleClaim),
+    /// Records deleted by retention: workflows with their tasks (listed,
+    /// so that a reader of lines alone knows them), and audit records.
+    Pruned {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        workflows: Vec<WorkflowId>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tasks: Vec<TaskId>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        audit: Vec<String>,
+    },
 }
 
 impl Line {
@@ -114,6 +125,14 @@ impl Line {
                 state.delete_schedule(&id);
             }
             Line::ScheduleClaim(c) => state.put_claim(c),
+            Line::Pruned {
+                workflows, audit, ..
+            } => {
+                for id in workflows {
+                    state.remove_workflow(id);
+                }
+                state.remove_audit(&audit);
+            }
         }
     }
 
@@ -149,6 +168,14 @@ impl Line {
             Line::Schedule(s) => vec![(RecordKind::Schedule, s.id.to_string())],
             Line::ScheduleDeleted { id } => vec![(RecordKind::Schedule, id.clone())],
             Line::ScheduleClaim(c) => vec![(RecordKind::ScheduleClaim, c.key())],
+            Line::Pruned {
+                workflows,
+                tasks,
+                audit,
+            } => (workflows.iter().map(|w| (RecordKind::Workflow, w.to_string())))
+                .chain(tasks.iter().map(|t| (RecordKind::Task, t.to_string())))
+                .chain(audit.iter().map(|a| (RecordKind::Audit, a.clone())))
+                .collect(),
         }
     }
 
@@ -179,6 +206,19 @@ impl Line {
                     .ok()
                     .map(|c| (RecordKind::ScheduleClaim, c.key())),
             ),
+            Some("pruned") => {
+                let listed = |field: &str| {
+                    data[field]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect::<Vec<_>>()
+                };
+                keys.extend(listed("workflows").into_iter().map(|k| (RecordKind::Workflow, k)));
+                keys.extend(listed("tasks").into_iter().map(|k| (RecordKind::Task, k)));
+                keys.extend(listed("audit").into_iter().map(|k| (RecordKind::Audit, k)));
+            }
             Some("secret" | "secret_deleted") => keys.extend(
                 data.get("name")
                     .and_then(|n| n.as_str())
@@ -327,26 +367,35 @@ impl FsBackend {
         pending.durable().await
     }
 
+    /// Queues a compaction of everything in `state`. Only copies are made
+    /// under the state lock (tasks are shared, so those are pointer copies);
+    /// the journal writer encodes them, outside the lock.
     fn queue_compaction(&self, state: &mut State) -> Result<()> {
-        let mut bytes = Vec::new();
-        let lines = state
-            .workflows()
-            .map(|w| Line::Workflow(w.clone()))
-            .chain(state.tasks().map(|t| Line::Task(t.clone())))
-            .chain(state.tokens().map(|t| Line::Token(t.clone())))
-            .chain(state.secrets().map(|s| Line::Secret(s.clone())))
-            .chain(state.audit().map(|a| Line::Audit(a.clone())))
-            .chain(state.schedules().map(|s| Line::Schedule(s.clone())))
-            .chain(state.all_claims().map(|c| Line::ScheduleClaim(c.clone())));
-        for line in lines {
-            let json = serde_json::to_vec(&line)
-                .map_err(|e| Error::io("serialize snapshot", std::io::Error::other(e)))?;
-            encode_line(&json, &mut bytes);
-        }
+        let workflows: Vec<Workflow> = state.workflows().cloned().collect();
+        let tasks: Vec<Arc<Task>> = state.shared_tasks().cloned().collect();
+        let tokens: Vec<ApiToken> = state.tokens().cloned().collect();
+        let secrets: Vec<SecretRecord> = state.secrets().cloned().collect();
+        let audit: Vec<AuditRecord> = state.audit().cloned().collect();
+        let schedules: Vec<Schedule> = state.schedules().cloned().collect();
+        let claims: Vec<ScheduleClaim> = state.all_claims().cloned().collect();
         state.journal_bytes = 0;
+        let build = move || -> std::io::Result<Vec<u8>> {
+            let mut bytes = Vec::new();
+            let lines = (workflows.into_iter().map(Line::Workflow))
+                .chain(tasks.into_iter().map(|t| Line::Task(Arc::unwrap_or_clone(t))))
+                .chain(tokens.into_iter().map(Line::Token))
+                .chain(secrets.into_iter().map(Line::Secret))
+                .chain(audit.into_iter().map(Line::Audit))
+                .chain(schedules.into_iter().map(Line::Schedule))
+                .chain(claims.into_iter().map(Line::ScheduleClaim));
+            for line in lines {
+                encode_line(&serde_json::to_vec(&line)?, &mut bytes);
+            }
+            Ok(bytes)
+        };
         // Nobody awaits the snapshot itself: a failure poisons the journal,
         // and every later write reports it.
-        drop(self.writer()?.snapshot(bytes)?);
+        drop(self.writer()?.snapshot(Box::new(build))?);
         Ok(())
     }
 }
@@ -562,28 +611,40 @@ impl TaskStore for FsBackend {
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         self.writer()?.check_usable()?;
-        if chunk.is_empty() {
-            return log_file_length(&self.log_path(id));
-        }
         let path = self.log_path(id);
-        // Page-cache writes of a few bytes: cheaper inline than a hop to the
-        // blocking pool. Logs are not fsynced per chunk; see docs/storage.md.
+        if chunk.is_empty() {
+            return blocking(move || log_file_length(&path)).await;
+        }
+        // Off the async workers: a write can stall on a slow or full disk.
+        // The pump batches a task's output, so this is one hop per batch.
         // An append-mode write leaves this handle's position at the end of
         // what it wrote, even with other appends racing it.
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut file| {
-                file.write_all(chunk)?;
-                file.stream_position()
-            })
-            .map_err(|e| Error::io(format!("append to {}", path.display()), e))
+        let chunk = chunk.to_vec();
+        blocking(move || {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut file| {
+                    file.write_all(&chunk)?;
+                    file.stream_position()
+                })
+                .map_err(|e| Error::io(format!("append to {}", path.display()), e))
+        })
+        .await
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-        read_log_file(&self.log_path(id), offset, max_bytes)
+        let path = self.log_path(id);
+        blocking(move || read_log_file(&path, offset, max_bytes)).await
     }
+}
+
+/// Runs file I/O on the blocking pool, not on an async worker.
+async fn blocking<T: Send + 'static>(io: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .map_err(|e| Error::io("file I/O", std::io::Error::other(e)))?
 }
 
 #[async_trait]
@@ -657,6 +718,129 @@ impl AccessStore for FsBackend {
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.lock_state().list_audit(query))
     }
+}
+
+/// Audit records deleted per journal line: bounds the line, not the prune.
+const AUDIT_PRUNED_PER_LINE: usize = 1000;
+
+#[async_trait]
+impl RetentionStore for FsBackend {
+    async fn prune_workflows(&self, workflows: &[(WorkflowId, u64)]) -> Result<Pruned> {
+        let mut pruned = Pruned::default();
+        let mut task_ids = Vec::new();
+        let pending = {
+            let mut state = self.lock_state();
+            let mut pending = None;
+            for &(id, version) in workflows {
+                // Checked under the lock that orders every write: a retry
+                // that revived it, or any change, has bumped its version.
+                let still_finished = state
+                    .workflow(id)
+                    .is_some_and(|w| w.version == version && w.status.is_terminal());
+                if !still_finished {
+                    continue;
+                }
+                let tasks = state.workflow_task_ids(id);
+                let line = Line::Pruned {
+                    workflows: vec![id],
+                    tasks: tasks.clone(),
+                    audit: Vec::new(),
+                };
+                pending = Some(self.commit(&mut state, line)?);
+                pruned.workflows.push(id);
+                pruned.tasks += tasks.len() as u64;
+                task_ids.extend(tasks);
+            }
+            if pending.is_some() {
+                // Compact now, so that the deleted records leave the disk
+                // too, not only memory.
+                self.queue_compaction(&mut state)?;
+            }
+            pending
+        };
+        if let Some(pending) = pending {
+            // Lines are durable in order: the last one covers the others.
+            pending.durable().await?;
+        }
+        // The records are gone for good; their logs go after them. A crash
+        // in between leaves log files that no task names, which the next
+        // prune removes.
+        let logs_dir = self.logs_dir.clone();
+        let live: std::collections::HashSet<TaskId> = if pruned.workflows.is_empty() {
+            Default::default()
+        } else {
+            self.lock_state().tasks().map(|t| t.id).collect()
+        };
+        let removed = pruned.workflows.len();
+        tokio::task::spawn_blocking(move || remove_logs(&logs_dir, &task_ids, removed > 0, &live))
+            .await
+            .map_err(|e| Error::io("remove logs", std::io::Error::other(e)))??;
+        Ok(pruned)
+    }
+
+    async fn prune_audit(&self, before: DateTime<Utc>) -> Result<u64> {
+        let (pending, count) = {
+            let mut state = self.lock_state();
+            let old: Vec<String> = state
+                .audit()
+                .take_while(|a| a.time < before)
+                .map(|a| a.id.clone())
+                .collect();
+            let mut pending = None;
+            for ids in old.chunks(AUDIT_PRUNED_PER_LINE) {
+                let line = Line::Pruned {
+                    workflows: Vec::new(),
+                    tasks: Vec::new(),
+                    audit: ids.to_vec(),
+                };
+                pending = Some(self.commit(&mut state, line)?);
+            }
+            if pending.is_some() {
+                self.queue_compaction(&mut state)?;
+            }
+            (pending, old.len() as u64)
+        };
+        if let Some(pending) = pending {
+            pending.durable().await?;
+        }
+        Ok(count)
+    }
+}
+
+/// Removes the logs of pruned tasks; after a prune that deleted something,
+/// also any log that no stored task names (left by a crash mid-prune).
+fn remove_logs(
+    logs_dir: &Path,
+    pruned: &[TaskId],
+    sweep: bool,
+    live: &std::collections::HashSet<TaskId>,
+) -> Result<()> {
+    let remove = |path: &Path| match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}", path.display()), e))
+        }
+        _ => Ok(()),
+    };
+    for id in pruned {
+        remove(&log_path(logs_dir, *id))?;
+    }
+    if !sweep {
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(logs_dir)
+        .map_err(|e| Error::io(format!("read {}", logs_dir.display()), e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let orphan = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|id| id.parse::<uuid::Uuid>().ok())
+            .is_some_and(|id| !live.contains(&TaskId::from_uuid(id)));
+        if orphan {
+            remove(&entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]

@@ -272,6 +272,11 @@ impl State {
         self.workflows.get(&id)
     }
 
+    /// The tasks as shared: a copy is a pointer copy.
+    pub(super) fn shared_tasks(&self) -> impl Iterator<Item = &Arc<Task>> {
+        self.tasks.values()
+    }
+
     pub(super) fn tasks(&self) -> impl Iterator<Item = &Task> {
         self.tasks.values().map(|t| &**t)
     }
@@ -322,6 +327,53 @@ impl State {
                 .insert(workflow.revision, workflow.id);
         }
         self.workflows.insert(workflow.id, workflow);
+    }
+
+    /// Removes a workflow with its tasks and every index entry naming them;
+    /// returns the ids of the tasks removed.
+    pub(super) fn remove_workflow(&mut self, id: WorkflowId) -> Vec<TaskId> {
+        let Some(workflow) = self.workflows.remove(&id) else {
+            return Vec::new();
+        };
+        if let Some(key) = &workflow.idempotency_key
+            && self.by_idempotency_key.get(key) == Some(&id)
+        {
+            self.by_idempotency_key.remove(key);
+        }
+        if let Some(reference) = &workflow.reference
+            && let Some(revisions) = self.by_reference.get_mut(reference)
+        {
+            revisions.remove(&workflow.revision);
+            if revisions.is_empty() {
+                self.by_reference.remove(reference);
+            }
+        }
+        let task_ids: Vec<TaskId> = self
+            .by_workflow
+            .remove(&id)
+            .map(|ids| ids.into_iter().collect())
+            .unwrap_or_default();
+        for task_id in &task_ids {
+            if let Some(task) = self.tasks.remove(task_id)
+                && let Some(set) = self.by_status.get_mut(&task.status)
+            {
+                set.remove(task_id);
+            }
+        }
+        task_ids
+    }
+
+    pub(super) fn remove_audit(&mut self, ids: &[String]) {
+        for id in ids {
+            self.audit.remove(id);
+        }
+    }
+
+    pub(super) fn workflow_task_ids(&self, id: WorkflowId) -> Vec<TaskId> {
+        self.by_workflow
+            .get(&id)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     pub(super) fn workflow_by_idempotency_key(&self, key: &str) -> Option<&Workflow> {
@@ -433,9 +485,31 @@ impl State {
                     .as_ref()
                     .is_none_or(|k| w.idempotency_key.as_ref() == Some(k))
         };
+        // A key or a reference names few workflows: read them through their
+        // index instead of scanning every workflow.
+        let keyed: Option<Vec<&Workflow>> = if let Some(key) = &query.idempotency_key {
+            Some(self.workflow_by_idempotency_key(key).into_iter().collect())
+        } else {
+            query.reference.as_ref().map(|reference| {
+                self.by_reference
+                    .get(reference)
+                    .into_iter()
+                    .flat_map(|revisions| revisions.values())
+                    .filter_map(|id| self.workflows.get(id))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let candidates: Box<dyn Iterator<Item = &Workflow>> = match keyed {
+            // Newest first, as ids sort by creation.
+            Some(mut few) => {
+                few.sort_by_key(|w| std::cmp::Reverse(w.id));
+                Box::new(few.into_iter())
+            }
+            None => Box::new(self.workflows.values().rev()),
+        };
         let mut total = 0;
         let mut items = Vec::new();
-        for workflow in self.workflows.values().rev().filter(matches) {
+        for workflow in candidates.filter(matches) {
             if total >= query.offset && items.len() < query.limit {
                 items.push(workflow.clone());
             }

@@ -31,6 +31,7 @@ mod connection;
 mod errors;
 pub mod migrate;
 mod nodes;
+mod retention;
 mod rows;
 mod schedules;
 mod tasks;

@@ -20,7 +20,7 @@ use orchestrator_core::{
 };
 use orchestrator_storage::{
     AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
-    ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
+    RetentionStore, ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
 use serde_json::json;
 
@@ -35,6 +35,7 @@ pub async fn suite(harness: &impl Harness) {
     node_store_suite(harness.open().await.nodes()).await;
     access_store_suite(harness.open().await.access()).await;
     schedule_store_suite(harness.open().await.schedules()).await;
+    retention_store_suite(&harness.open().await).await;
     bulk_transfer_suite(harness.open().await.transfer()).await;
 }
 
@@ -70,6 +71,93 @@ pub async fn access_store_suite(store: &dyn AccessStore) {
 pub async fn schedule_store_suite(store: &dyn ScheduleStore) {
     schedules_are_stored_and_changed_by_compare_and_set(store).await;
     one_of_racing_claims_wins_and_claims_list_newest_first(store).await;
+}
+
+/// What [`RetentionStore`] promises, on an empty store: a workflow goes
+/// with its tasks and logs only while finished at the version given, and
+/// audit records go by time.
+pub async fn retention_store_suite(storage: &Storage) {
+    let (tasks, retention) = (storage.tasks(), storage.retention());
+    let finish = |mut workflow: Workflow| {
+        workflow.status = WorkflowStatus::Completed;
+        workflow.finished_at = Some(Utc::now());
+        workflow
+    };
+    let (done, done_tasks) = workflow_with_tasks(3);
+    let (kept, kept_tasks) = workflow_with_tasks(2);
+    let (running, running_tasks) = workflow_with_tasks(1);
+    tasks.insert_workflow(&finish(done.clone()), &done_tasks).await.unwrap();
+    tasks.insert_workflow(&finish(kept.clone()), &kept_tasks).await.unwrap();
+    tasks.insert_workflow(&running, &running_tasks).await.unwrap();
+    for task in done_tasks.iter().chain(&kept_tasks) {
+        tasks.append_log(task.id, b"output\n").await.unwrap();
+    }
+    // `kept` changed after the decision (a retry): its version moved on.
+    let stored = tasks.get_workflow(kept.id).await.unwrap().unwrap();
+    tasks.update_workflow(&stored, &[]).await.unwrap();
+    let pruned = retention
+        .prune_workflows(&[
+            (done.id, 0),
+            (kept.id, stored.version),
+            (running.id, 0),
+            (WorkflowId::new(), 0),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(pruned.workflows, vec![done.id], "only the finished, unchanged one");
+    assert_eq!(pruned.tasks, 3);
+    assert!(tasks.get_workflow(done.id).await.unwrap().is_none());
+    for task in &done_tasks {
+        assert!(tasks.get_task(task.id).await.unwrap().is_none());
+        let log = tasks.read_log(task.id, 0, 1024).await.unwrap();
+        assert!(log.data.is_empty(), "the log went with its task");
+    }
+    assert_eq!(
+        tasks.workflow_tasks(done.id).await.unwrap().len(),
+        0,
+        "no task is left under the pruned workflow"
+    );
+    for (id, n) in [(kept.id, 2), (running.id, 1)] {
+        assert!(tasks.get_workflow(id).await.unwrap().is_some());
+        assert_eq!(tasks.workflow_tasks(id).await.unwrap().len(), n);
+    }
+    let log = tasks.read_log(kept_tasks[0].id, 0, 1024).await.unwrap();
+    assert_eq!(log.data, b"output\n");
+    let listed = tasks
+        .list_workflows(&WorkflowQuery {
+            limit: 10,
+            ..WorkflowQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.total, 2);
+    // Pruning again is harmless.
+    let again = retention.prune_workflows(&[(done.id, 0)]).await.unwrap();
+    assert!(again.workflows.is_empty());
+
+    let now = Utc::now();
+    let access = storage.access();
+    for age in [3, 2, 1, 0] {
+        let at = now - chrono::TimeDelta::days(age);
+        access
+            .append_audit(&audit_record("ci", "workflow.submit", None, at))
+            .await
+            .unwrap();
+    }
+    let gone = retention
+        .prune_audit(now - chrono::TimeDelta::hours(36))
+        .await
+        .unwrap();
+    assert_eq!(gone, 2, "the records of 3 and 2 days ago");
+    let left = access
+        .list_audit(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(left.total, 2);
+    assert!(left.items.iter().all(|r| r.time >= now - chrono::TimeDelta::days(1)));
 }
 
 pub fn schedule(name: &str) -> Schedule {

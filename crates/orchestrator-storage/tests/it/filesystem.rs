@@ -261,3 +261,48 @@ async fn health_is_ok_until_closed() {
     store.close().await.unwrap();
     assert!(matches!(store.health().await, Err(Error::Closed)));
 }
+
+/// Log files are read and written on the blocking pool: a log file that
+/// stalls (here a FIFO that no one opens from the other end) stalls only its
+/// own call, never the runtime thread that serves everything else.
+#[test]
+fn a_stalled_log_file_does_not_stall_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (report, verdict) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let outcome = runtime.block_on(async {
+            let storage = open(&path, FsOptions::default()).await;
+            let (workflow, tasks) = workflow_with_tasks(1);
+            storage
+                .tasks()
+                .insert_workflow(&workflow, &tasks)
+                .await
+                .unwrap();
+            let id = tasks[0].id;
+            let fifo = path.join("logs").join(format!("{id}.log"));
+            nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+            let stall = std::time::Duration::from_millis(200);
+            // Opening a FIFO blocks until its other end is opened.
+            let read = tokio::time::timeout(stall, storage.tasks().read_log(id, 0, 16)).await;
+            let append = tokio::time::timeout(stall, storage.tasks().append_log(id, b"x")).await;
+            // Both ends at once never block: this frees the stalled calls.
+            let _both_ends = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fifo)
+                .unwrap();
+            (read.is_err(), append.is_err())
+        });
+        runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+        let _ = report.send(outcome);
+    });
+    let outcome = verdict
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the runtime stalled on a log file's I/O");
+    assert_eq!(outcome, (true, true), "both calls waited, the runtime did not");
+}

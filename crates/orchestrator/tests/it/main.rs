@@ -20,6 +20,7 @@ mod operations;
 mod provisioning;
 mod reruns;
 mod restart;
+mod retention;
 mod schedules;
 mod systemd;
 mod tasks;

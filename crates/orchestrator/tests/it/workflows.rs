@@ -449,6 +449,53 @@ async fn resubmissions_are_idempotent_and_changes_make_revisions() {
     service.stop().await;
 }
 
+/// The exact rule of docs/api.md: a key seen before decides alone; an
+/// unseen key falls through to `meta.ref`, which compares with the newest
+/// revision only.
+#[tokio::test]
+async fn a_key_decides_first_and_a_ref_compares_with_its_newest_revision_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let body = |sleep: f64| json!({"template": "chain", "vars": {"sleep": sleep}, "meta": {"ref": "r-1"}});
+    let post = |key: Option<&'static str>, body: Value| {
+        let service = &service;
+        async move {
+            let mut request = service.http.post(format!("{}/workflows", service.base));
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            let response = request.json(&body).send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, a) = post(Some("k-a"), body(0.0)).await;
+    assert_eq!(status, 202, "{a}");
+    let (status, b) = post(None, body(0.01)).await;
+    assert_eq!((status, b["revision"].as_u64()), (202, Some(2)), "{b}");
+    // A's body again, under A's key: the key decides, and names A,
+    // although A is no longer the newest revision.
+    let (status, replay) = post(Some("k-a"), body(0.0)).await;
+    assert_eq!((status, &replay["id"]), (200, &a["id"]), "{replay}");
+    // A's body again without a key: compared with the newest revision (B)
+    // only, so it is a change: revision 3.
+    let (status, c) = post(None, body(0.0)).await;
+    assert_eq!((status, c["revision"].as_u64()), (202, Some(3)), "{c}");
+    assert_eq!(c["previous_revision"], b["id"]);
+    // A new key with the newest revision's body: no key matches, the ref
+    // does, so it repeats revision 3; the new key is not recorded.
+    let (status, same) = post(Some("k-new"), body(0.0)).await;
+    assert_eq!((status, &same["id"]), (200, &c["id"]), "{same}");
+    let (_, by_key) = service.get("/workflows?limit=10").await;
+    assert_eq!(by_key["total"], 3, "{by_key}");
+    // A known key with another body is a conflict, whatever the ref says.
+    let (status, clash) = post(Some("k-a"), body(0.02)).await;
+    assert_eq!(status, 409, "{clash}");
+    for id in [&a["id"], &b["id"], &c["id"]] {
+        service.wait_workflow(id.as_str().unwrap()).await;
+    }
+    service.stop().await;
+}
+
 #[tokio::test]
 async fn invalid_submissions_are_422_naming_the_step_and_field() {
     let dir = tempfile::tempdir().unwrap();

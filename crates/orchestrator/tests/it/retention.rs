@@ -1,0 +1,214 @@
+//! Retention: `POST /prune` (and `orchestrator prune`) and the background
+//! sweep under `--retain-finished` delete finished workflows with their
+//! tasks and logs, never an unfinished one or the newest revision of a
+//! `meta.ref`, and the filesystem store shrinks on disk and reopens.
+
+use std::process::Command;
+use std::time::Duration;
+
+use orchestrator_core::retention::Keep;
+use serde_json::{Value, json};
+
+use crate::harness::{TestService, fixture_settings, output_text};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+
+async fn submit(service: &TestService, body: Value) -> String {
+    let (status, view) = service.post("/workflows", body).await;
+    assert_eq!(status, 202, "{view}");
+    view["id"].as_str().unwrap().to_owned()
+}
+
+async fn finished(service: &TestService, body: Value) -> (String, Vec<String>) {
+    let id = submit(service, body).await;
+    let view = service.wait_workflow(&id).await;
+    assert_eq!(view["status"], "completed", "{view}");
+    let tasks = view["tasks"].as_array().unwrap();
+    (id, tasks.iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect())
+}
+
+async fn status_of(service: &TestService, path: &str) -> u16 {
+    service.get(path).await.0
+}
+
+fn store_bytes(dir: &std::path::Path, file: &str) -> u64 {
+    std::fs::metadata(dir.join(file)).map_or(0, |m| m.len())
+}
+
+fn log_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("logs")).map_or(0, |d| d.count())
+}
+
+#[tokio::test]
+async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+
+    let (plain, plain_tasks) = finished(&service, json!({"template": "chain"})).await;
+    let (old_revision, _) =
+        finished(&service, json!({"template": "chain", "meta": {"ref": "nightly"}})).await;
+    let (newest_revision, _) = finished(
+        &service,
+        json!({"template": "chain", "meta": {"ref": "nightly"}, "vars": {"sleep": 0.01}}),
+    )
+    .await;
+    let (kept_forever, kept_tasks) = finished(
+        &service,
+        json!({"template": "chain", "meta": {"retain": "forever"}}),
+    )
+    .await;
+    // Not finished: it waits for a start a year away.
+    let start = (chrono::Utc::now() + chrono::Duration::days(365)).to_rfc3339();
+    let unfinished = submit(
+        &service,
+        json!({"template": "chain", "schedule": {"when": "at", "start": start}}),
+    )
+    .await;
+    let logs_before = log_files(dir.path());
+    assert!(logs_before >= 16, "every finished step left a log: {logs_before}");
+
+    // A dry run counts and deletes nothing.
+    let (status, report) = service
+        .post("/prune", json!({"older_than": "0s", "dry_run": true}))
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(report["workflows"], 2, "{report}");
+    assert_eq!(report["tasks"], 8, "{report}");
+    assert_eq!(status_of(&service, &format!("/workflows/{plain}")).await, 200);
+
+    // Drop the audit records first: that compacts the store, so the
+    // snapshot then holds every workflow.
+    let (status, report) = service
+        .post("/prune", json!({"audit_older_than": "0s"}))
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["workflows"], 0, "{report}");
+    let snapshot_full = store_bytes(dir.path(), "snapshot.jsonl");
+    assert!(snapshot_full > 0, "the audit prune compacted the store");
+
+    let (status, report) = service.post("/prune", json!({"older_than": "0s"})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["dry_run"], false);
+    assert_eq!(report["workflows"], 2, "{report}");
+    assert_eq!(report["tasks"], 8, "{report}");
+    let snapshot_pruned = store_bytes(dir.path(), "snapshot.jsonl");
+    assert!(
+        snapshot_pruned < snapshot_full,
+        "the snapshot shrank: {snapshot_full} -> {snapshot_pruned}"
+    );
+    assert!(
+        store_bytes(dir.path(), "journal.jsonl") < 4096,
+        "the journal was compacted away"
+    );
+    assert_eq!(log_files(dir.path()), logs_before - 8, "the pruned tasks' logs went");
+
+    let check = |service: &TestService| {
+        let (plain, old_revision, plain_task) =
+            (plain.clone(), old_revision.clone(), plain_tasks[0].clone());
+        let kept = [newest_revision.clone(), kept_forever.clone(), unfinished.clone()];
+        let kept_task = kept_tasks[0].clone();
+        async move {
+            for gone in [&plain, &old_revision] {
+                assert_eq!(status_of(service, &format!("/workflows/{gone}")).await, 404);
+            }
+            assert_eq!(status_of(service, &format!("/tasks/{plain_task}")).await, 404);
+            for id in &kept {
+                assert_eq!(status_of(service, &format!("/workflows/{id}")).await, 200, "{id}");
+            }
+            let (status, log) = service.get_text(&format!("/tasks/{kept_task}/logs")).await;
+            assert_eq!(status, 200);
+            assert!(log.contains("running"), "a kept task keeps its log: {log}");
+            let (_, listed) = service.get("/workflows?limit=100").await;
+            assert_eq!(listed["total"], 3, "{listed}");
+        }
+    };
+    check(&service).await;
+
+    // The pruned store reopens cleanly, without what was pruned.
+    service.stop().await;
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    check(&service).await;
+
+    // The newest revision still answers a resubmission of the same body.
+    let (status, again) = service
+        .post(
+            "/workflows",
+            json!({"template": "chain", "meta": {"ref": "nightly"}, "vars": {"sleep": 0.01}}),
+        )
+        .await;
+    assert!(status == 200 || status == 202, "{again}");
+    assert_eq!(again["id"], newest_revision.as_str(), "{again}");
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let (status, body) = service.post("/prune", json!({"older_than": "soon"})).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("older_than") && message.contains("soon"), "{message}");
+    let (status, body) = service
+        .post("/workflows", json!({"template": "chain", "meta": {"retain": "7x"}}))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("meta.retain"),
+        "{body}"
+    );
+
+    finished(&service, json!({"template": "chain"})).await;
+    let prune = |args: &[&str]| {
+        Command::new(BIN)
+            .args(["prune", "--url", &service.base])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = prune(&["--older-than", "0s", "--dry-run"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("would delete 1 finished workflows (4 tasks)"),
+        "{}",
+        output_text(&output)
+    );
+    let output = prune(&["--older-than", "0s"]);
+    assert!(output.status.success(), "{}", output_text(&output));
+    assert!(output_text(&output).contains("deleted 1 finished workflows (4 tasks)"));
+    let output = prune(&[]);
+    assert!(!output.status.success());
+    assert!(output_text(&output).contains("--older-than"), "{}", output_text(&output));
+    let output = prune(&["--older-than", "tomorrow"]);
+    assert!(!output.status.success());
+    assert!(output_text(&output).contains("tomorrow"), "{}", output_text(&output));
+
+    let (_, audit) = service.get("/audit?action=retention.prune").await;
+    assert!(audit["total"].as_u64().unwrap() >= 2, "prunes are audited: {audit}");
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn the_background_sweep_applies_retain_finished_and_reports_it_in_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = fixture_settings(dir.path());
+    settings.retain_finished = Keep::For(Duration::ZERO);
+    settings.retention_every = Duration::from_millis(100);
+    let service = TestService::start(settings).await;
+    let (id, _) = finished(&service, json!({"template": "chain"})).await;
+    // The sweep runs on its own; wait for it to take the workflow.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while status_of(&service, &format!("/workflows/{id}")).await != 404 {
+        assert!(tokio::time::Instant::now() < deadline, "never pruned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, metrics) = service.get_text("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("orchestrator_pruned_workflows_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    service.stop().await;
+}
