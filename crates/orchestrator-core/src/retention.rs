@@ -31,9 +31,8 @@ impl FromStr for Keep {
         if s.eq_ignore_ascii_case("forever") {
             return Ok(Keep::Forever);
         }
-        let period = humantime::parse_duration(s).map_err(|e| {
-            format!("{s:?} is not a period: {e} (write e.g. 30d, 12h, or forever)")
-        })?;
+        let period = humantime::parse_duration(s)
+            .map_err(|e| format!("{s:?} is not a period: {e} (write e.g. 30d, 12h, or forever)"))?;
         if period > MAX_KEEP {
             return Err(format!("{s:?} is longer than 100 years; use forever"));
         }
@@ -125,7 +124,10 @@ mod tests {
 
     #[test]
     fn periods_and_forever_parse_and_print_back() {
-        assert_eq!("30d".parse(), Ok(Keep::For(Duration::from_secs(30 * 86400))));
+        assert_eq!(
+            "30d".parse(),
+            Ok(Keep::For(Duration::from_secs(30 * 86400)))
+        );
         assert_eq!(" forever ".parse(), Ok(Keep::Forever));
         let keep: Keep = "1h 30m".parse().unwrap();
         assert_eq!(keep.to_string().parse(), Ok(keep));
@@ -158,7 +160,10 @@ mod tests {
         ] {
             let mut w = finished(1);
             w.status = status;
-            assert!(!prunable(&w, Keep::For(Duration::ZERO), false, at(30)), "{status:?}");
+            assert!(
+                !prunable(&w, Keep::For(Duration::ZERO), false, at(30)),
+                "{status:?}"
+            );
         }
     }
 

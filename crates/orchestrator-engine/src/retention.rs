@@ -181,7 +181,9 @@ pub(crate) async fn run(store: Storage, config: RetentionConfig, stopping: Cance
         };
         match prune(&store, request, Utc::now()).await {
             Ok(report) => record(&report),
-            Err(e) => tracing::warn!(error = %e, "retention sweep failed; next one in {:?}", config.every),
+            Err(e) => {
+                tracing::warn!(error = %e, "retention sweep failed; next one in {:?}", config.every)
+            }
         }
         tokio::select! {
             () = stopping.cancelled() => return,

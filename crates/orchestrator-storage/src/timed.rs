@@ -23,8 +23,8 @@ use orchestrator_core::{Node, ScheduleId, Task, TaskId, Workflow, WorkflowId};
 
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Record, RecordKind, Result, Pruned, RetentionStore, Scanned, ScheduleStore, Storage, TaskQuery,
-    TaskStore, WorkflowQuery,
+    NodeStore, Page, Pruned, Record, RecordKind, Result, RetentionStore, Scanned, ScheduleStore,
+    Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
 
 /// Wraps every concern of a store and times each of its calls.

@@ -9,9 +9,7 @@ use reqwest::{Client, Method, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{
-    AuditArgs, ClientArgs, LogsArgs, PruneArgs, TaskArgs, TasksArgs, TokenCommand,
-};
+use crate::cli::{AuditArgs, ClientArgs, LogsArgs, PruneArgs, TaskArgs, TasksArgs, TokenCommand};
 
 pub(crate) struct Api {
     http: Client,
@@ -469,7 +467,11 @@ pub async fn prune(client: &ClientArgs, args: PruneArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let verb = if args.dry_run { "would delete" } else { "deleted" };
+    let verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
     println!(
         "{verb} {} finished workflows ({} tasks) and {} audit records",
         report["workflows"], report["tasks"], report["audit_records"]

@@ -45,8 +45,8 @@ use self::logs::{
 use self::state::State;
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
-    NodeStore, Page, Pruned, Record, RecordKind, Result, RetentionStore, Scanned, ScheduleStore, TaskQuery, TaskStore,
-    WorkflowQuery,
+    NodeStore, Page, Pruned, Record, RecordKind, Result, RetentionStore, Scanned, ScheduleStore,
+    TaskQuery, TaskStore, WorkflowQuery,
 };
 
 const SNAPSHOT_FILE: &str = "snapshot.jsonl";
@@ -172,10 +172,12 @@ impl Line {
                 workflows,
                 tasks,
                 audit,
-            } => (workflows.iter().map(|w| (RecordKind::Workflow, w.to_string())))
-                .chain(tasks.iter().map(|t| (RecordKind::Task, t.to_string())))
-                .chain(audit.iter().map(|a| (RecordKind::Audit, a.clone())))
-                .collect(),
+            } => (workflows
+                .iter()
+                .map(|w| (RecordKind::Workflow, w.to_string())))
+            .chain(tasks.iter().map(|t| (RecordKind::Task, t.to_string())))
+            .chain(audit.iter().map(|a| (RecordKind::Audit, a.clone())))
+            .collect(),
         }
     }
 
@@ -215,7 +217,11 @@ impl Line {
                         .filter_map(|v| v.as_str().map(str::to_owned))
                         .collect::<Vec<_>>()
                 };
-                keys.extend(listed("workflows").into_iter().map(|k| (RecordKind::Workflow, k)));
+                keys.extend(
+                    listed("workflows")
+                        .into_iter()
+                        .map(|k| (RecordKind::Workflow, k)),
+                );
                 keys.extend(listed("tasks").into_iter().map(|k| (RecordKind::Task, k)));
                 keys.extend(listed("audit").into_iter().map(|k| (RecordKind::Audit, k)));
             }
@@ -382,7 +388,11 @@ impl FsBackend {
         let build = move || -> std::io::Result<Vec<u8>> {
             let mut bytes = Vec::new();
             let lines = (workflows.into_iter().map(Line::Workflow))
-                .chain(tasks.into_iter().map(|t| Line::Task(Arc::unwrap_or_clone(t))))
+                .chain(
+                    tasks
+                        .into_iter()
+                        .map(|t| Line::Task(Arc::unwrap_or_clone(t))),
+                )
                 .chain(tokens.into_iter().map(Line::Token))
                 .chain(secrets.into_iter().map(Line::Secret))
                 .chain(audit.into_iter().map(Line::Audit))

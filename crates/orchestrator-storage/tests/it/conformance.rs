@@ -20,7 +20,7 @@ use orchestrator_core::{
 };
 use orchestrator_storage::{
     AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
-    RetentionStore, ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
+    ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
 use serde_json::json;
 
@@ -73,7 +73,7 @@ pub async fn schedule_store_suite(store: &dyn ScheduleStore) {
     one_of_racing_claims_wins_and_claims_list_newest_first(store).await;
 }
 
-/// What [`RetentionStore`] promises, on an empty store: a workflow goes
+/// What `RetentionStore` promises, on an empty store: a workflow goes
 /// with its tasks and logs only while finished at the version given, and
 /// audit records go by time.
 pub async fn retention_store_suite(storage: &Storage) {
@@ -86,9 +86,18 @@ pub async fn retention_store_suite(storage: &Storage) {
     let (done, done_tasks) = workflow_with_tasks(3);
     let (kept, kept_tasks) = workflow_with_tasks(2);
     let (running, running_tasks) = workflow_with_tasks(1);
-    tasks.insert_workflow(&finish(done.clone()), &done_tasks).await.unwrap();
-    tasks.insert_workflow(&finish(kept.clone()), &kept_tasks).await.unwrap();
-    tasks.insert_workflow(&running, &running_tasks).await.unwrap();
+    tasks
+        .insert_workflow(&finish(done.clone()), &done_tasks)
+        .await
+        .unwrap();
+    tasks
+        .insert_workflow(&finish(kept.clone()), &kept_tasks)
+        .await
+        .unwrap();
+    tasks
+        .insert_workflow(&running, &running_tasks)
+        .await
+        .unwrap();
     for task in done_tasks.iter().chain(&kept_tasks) {
         tasks.append_log(task.id, b"output\n").await.unwrap();
     }
@@ -104,7 +113,11 @@ pub async fn retention_store_suite(storage: &Storage) {
         ])
         .await
         .unwrap();
-    assert_eq!(pruned.workflows, vec![done.id], "only the finished, unchanged one");
+    assert_eq!(
+        pruned.workflows,
+        vec![done.id],
+        "only the finished, unchanged one"
+    );
     assert_eq!(pruned.tasks, 3);
     assert!(tasks.get_workflow(done.id).await.unwrap().is_none());
     for task in &done_tasks {
@@ -157,7 +170,11 @@ pub async fn retention_store_suite(storage: &Storage) {
         .await
         .unwrap();
     assert_eq!(left.total, 2);
-    assert!(left.items.iter().all(|r| r.time >= now - chrono::TimeDelta::days(1)));
+    assert!(
+        left.items
+            .iter()
+            .all(|r| r.time >= now - chrono::TimeDelta::days(1))
+    );
 }
 
 pub fn schedule(name: &str) -> Schedule {

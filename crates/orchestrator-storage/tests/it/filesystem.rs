@@ -304,5 +304,9 @@ fn a_stalled_log_file_does_not_stall_the_runtime() {
     let outcome = verdict
         .recv_timeout(std::time::Duration::from_secs(20))
         .expect("the runtime stalled on a log file's I/O");
-    assert_eq!(outcome, (true, true), "both calls waited, the runtime did not");
+    assert_eq!(
+        outcome,
+        (true, true),
+        "both calls waited, the runtime did not"
+    );
 }

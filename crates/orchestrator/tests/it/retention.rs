@@ -24,7 +24,13 @@ async fn finished(service: &TestService, body: Value) -> (String, Vec<String>) {
     let view = service.wait_workflow(&id).await;
     assert_eq!(view["status"], "completed", "{view}");
     let tasks = view["tasks"].as_array().unwrap();
-    (id, tasks.iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect())
+    (
+        id,
+        tasks
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_owned())
+            .collect(),
+    )
 }
 
 async fn status_of(service: &TestService, path: &str) -> u16 {
@@ -45,8 +51,11 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     let service = TestService::start(fixture_settings(dir.path())).await;
 
     let (plain, plain_tasks) = finished(&service, json!({"template": "chain"})).await;
-    let (old_revision, _) =
-        finished(&service, json!({"template": "chain", "meta": {"ref": "nightly"}})).await;
+    let (old_revision, _) = finished(
+        &service,
+        json!({"template": "chain", "meta": {"ref": "nightly"}}),
+    )
+    .await;
     let (newest_revision, _) = finished(
         &service,
         json!({"template": "chain", "meta": {"ref": "nightly"}, "vars": {"sleep": 0.01}}),
@@ -65,7 +74,10 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     )
     .await;
     let logs_before = log_files(dir.path());
-    assert!(logs_before >= 16, "every finished step left a log: {logs_before}");
+    assert!(
+        logs_before >= 16,
+        "every finished step left a log: {logs_before}"
+    );
 
     // A dry run counts and deletes nothing.
     let (status, report) = service
@@ -75,7 +87,10 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     assert_eq!(report["dry_run"], true);
     assert_eq!(report["workflows"], 2, "{report}");
     assert_eq!(report["tasks"], 8, "{report}");
-    assert_eq!(status_of(&service, &format!("/workflows/{plain}")).await, 200);
+    assert_eq!(
+        status_of(&service, &format!("/workflows/{plain}")).await,
+        200
+    );
 
     // Drop the audit records first: that compacts the store, so the
     // snapshot then holds every workflow.
@@ -101,34 +116,25 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
         store_bytes(dir.path(), "journal.jsonl") < 4096,
         "the journal was compacted away"
     );
-    assert_eq!(log_files(dir.path()), logs_before - 8, "the pruned tasks' logs went");
+    assert_eq!(
+        log_files(dir.path()),
+        logs_before - 8,
+        "the pruned tasks' logs went"
+    );
 
-    let check = |service: &TestService| {
-        let (plain, old_revision, plain_task) =
-            (plain.clone(), old_revision.clone(), plain_tasks[0].clone());
-        let kept = [newest_revision.clone(), kept_forever.clone(), unfinished.clone()];
-        let kept_task = kept_tasks[0].clone();
-        async move {
-            for gone in [&plain, &old_revision] {
-                assert_eq!(status_of(service, &format!("/workflows/{gone}")).await, 404);
-            }
-            assert_eq!(status_of(service, &format!("/tasks/{plain_task}")).await, 404);
-            for id in &kept {
-                assert_eq!(status_of(service, &format!("/workflows/{id}")).await, 200, "{id}");
-            }
-            let (status, log) = service.get_text(&format!("/tasks/{kept_task}/logs")).await;
-            assert_eq!(status, 200);
-            assert!(log.contains("running"), "a kept task keeps its log: {log}");
-            let (_, listed) = service.get("/workflows?limit=100").await;
-            assert_eq!(listed["total"], 3, "{listed}");
-        }
-    };
-    check(&service).await;
+    let gone = [plain.as_str(), old_revision.as_str()];
+    let kept = [
+        newest_revision.as_str(),
+        kept_forever.as_str(),
+        unfinished.as_str(),
+    ];
+    let (gone_task, kept_task) = (plain_tasks[0].as_str(), kept_tasks[0].as_str());
+    check(&service, &gone, gone_task, &kept, kept_task).await;
 
     // The pruned store reopens cleanly, without what was pruned.
     service.stop().await;
     let service = TestService::start(fixture_settings(dir.path())).await;
-    check(&service).await;
+    check(&service, &gone, gone_task, &kept, kept_task).await;
 
     // The newest revision still answers a resubmission of the same body.
     let (status, again) = service
@@ -142,6 +148,39 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     service.stop().await;
 }
 
+/// What a prune of `gone` (and not of `kept`) leaves visible.
+async fn check(
+    service: &TestService,
+    gone: &[&str],
+    gone_task: &str,
+    kept: &[&str],
+    kept_task: &str,
+) {
+    for id in gone {
+        assert_eq!(
+            status_of(service, &format!("/workflows/{id}")).await,
+            404,
+            "{id}"
+        );
+    }
+    assert_eq!(
+        status_of(service, &format!("/tasks/{gone_task}")).await,
+        404
+    );
+    for id in kept {
+        assert_eq!(
+            status_of(service, &format!("/workflows/{id}")).await,
+            200,
+            "{id}"
+        );
+    }
+    let (status, log) = service.get_text(&format!("/tasks/{kept_task}/logs")).await;
+    assert_eq!(status, 200);
+    assert!(log.contains("running"), "a kept task keeps its log: {log}");
+    let (_, listed) = service.get("/workflows?limit=100").await;
+    assert_eq!(listed["total"], kept.len(), "{listed}");
+}
+
 #[tokio::test]
 async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,13 +188,22 @@ async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
     let (status, body) = service.post("/prune", json!({"older_than": "soon"})).await;
     assert_eq!(status, 422, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("older_than") && message.contains("soon"), "{message}");
+    assert!(
+        message.contains("older_than") && message.contains("soon"),
+        "{message}"
+    );
     let (status, body) = service
-        .post("/workflows", json!({"template": "chain", "meta": {"retain": "7x"}}))
+        .post(
+            "/workflows",
+            json!({"template": "chain", "meta": {"retain": "7x"}}),
+        )
         .await;
     assert_eq!(status, 422, "{body}");
     assert!(
-        body["error"]["message"].as_str().unwrap().contains("meta.retain"),
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("meta.retain"),
         "{body}"
     );
 
@@ -179,13 +227,24 @@ async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
     assert!(output_text(&output).contains("deleted 1 finished workflows (4 tasks)"));
     let output = prune(&[]);
     assert!(!output.status.success());
-    assert!(output_text(&output).contains("--older-than"), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("--older-than"),
+        "{}",
+        output_text(&output)
+    );
     let output = prune(&["--older-than", "tomorrow"]);
     assert!(!output.status.success());
-    assert!(output_text(&output).contains("tomorrow"), "{}", output_text(&output));
+    assert!(
+        output_text(&output).contains("tomorrow"),
+        "{}",
+        output_text(&output)
+    );
 
     let (_, audit) = service.get("/audit?action=retention.prune").await;
-    assert!(audit["total"].as_u64().unwrap() >= 2, "prunes are audited: {audit}");
+    assert!(
+        audit["total"].as_u64().unwrap() >= 2,
+        "prunes are audited: {audit}"
+    );
     service.stop().await;
 }
 
