@@ -130,7 +130,7 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",
         ("POST", "/backup") => "backup.create",
-        ("POST", "/prune") => "retention.prune",
+        ("POST", "/prune") => "prune.run",
         _ => "",
     };
     if named.is_empty() {
@@ -506,7 +506,7 @@ mod tests {
             "token.revoke"
         );
         assert_eq!(action(&Method::POST, Some("/backup")), "backup.create");
-        assert_eq!(action(&Method::POST, Some("/prune")), "retention.prune");
+        assert_eq!(action(&Method::POST, Some("/prune")), "prune.run");
         assert_eq!(
             action(&Method::PATCH, Some("/tasks/{id}")),
             "patch /tasks/{id}"

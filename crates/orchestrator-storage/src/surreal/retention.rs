@@ -26,32 +26,31 @@ impl RetentionStore for SurrealBackend {
             // The version and status are checked by the DELETE itself, in
             // the transaction that removes the tasks: a workflow revived by
             // a retry since the decision has another version and stays.
+            // One statement, so one transaction: the workflow, its tasks
+            // and their logs go together or not at all.
             let mut response = self
                 .query(
                     "prune a workflow",
-                    "BEGIN;
-                     LET $gone = (DELETE type::record('workflow', $id)
-                         WHERE version = $expected AND status IN $finished RETURN BEFORE);
-                     LET $tasks = IF array::len($gone) > 0 {
-                         (SELECT VALUE record::id(id) FROM task WHERE workflow = $id)
-                     } ELSE { [] };
-                     FOR $task IN $tasks {
-                         DELETE type::record('task', $task);
-                         DELETE type::record('log_length', $task);
-                         DELETE log_chunk WHERE task = $task;
-                     };
-                     [array::len($gone), array::len($tasks)];
-                     COMMIT;",
+                    "{
+                         LET $gone = (DELETE type::record('workflow', $id)
+                             WHERE version = $expected AND status IN $finished RETURN BEFORE);
+                         IF array::len($gone) == 0 { RETURN [0, 0]; };
+                         LET $tasks = (SELECT VALUE record::id(id) FROM task WHERE workflow = $id);
+                         FOR $task IN $tasks {
+                             DELETE type::record('task', $task);
+                             DELETE type::record('log_length', $task);
+                             DELETE log_chunk WHERE task = $task;
+                         };
+                         RETURN [1, array::len($tasks)];
+                     };",
                     &vars,
                 )
                 .await?;
-            let last = response.num_statements().saturating_sub(1);
-            let counts: Option<(u64, u64)> = response
-                .take(last)
+            // `[workflows deleted, tasks deleted]`.
+            let counts: Vec<u64> = response
+                .take(0)
                 .map_err(|e| db_error("prune a workflow", &e))?;
-            if let Some((workflows, tasks)) = counts
-                && workflows > 0
-            {
+            if let [1, tasks] = counts[..] {
                 pruned.workflows.push(id);
                 pruned.tasks += tasks;
             }

@@ -182,7 +182,7 @@ async fn damage_in_the_middle_of_the_journal_is_refused_with_its_line() {
     {
         let store = open(&dir, FsOptions::default()).await;
         for _ in 0..3 {
-            let (workflow, tasks) = workflow_with_tasks(1);
+            let (workflow, tasks) = workflow_with_tasks(2);
             store
                 .tasks()
                 .insert_workflow(&workflow, &tasks)
@@ -277,25 +277,37 @@ fn a_stalled_log_file_does_not_stall_the_runtime() {
             .unwrap();
         let outcome = runtime.block_on(async {
             let storage = open(&path, FsOptions::default()).await;
-            let (workflow, tasks) = workflow_with_tasks(1);
+            let (workflow, tasks) = workflow_with_tasks(2);
             storage
                 .tasks()
                 .insert_workflow(&workflow, &tasks)
                 .await
                 .unwrap();
-            let id = tasks[0].id;
-            let fifo = path.join("logs").join(format!("{id}.log"));
-            nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+            // One FIFO per call: opening one blocks until its other end is
+            // opened.
+            let fifos: Vec<_> = tasks
+                .iter()
+                .map(|t| {
+                    let fifo = path.join("logs").join(format!("{}.log", t.id));
+                    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+                    fifo
+                })
+                .collect();
             let stall = std::time::Duration::from_millis(200);
-            // Opening a FIFO blocks until its other end is opened.
-            let read = tokio::time::timeout(stall, storage.tasks().read_log(id, 0, 16)).await;
-            let append = tokio::time::timeout(stall, storage.tasks().append_log(id, b"x")).await;
+            let store = storage.tasks();
+            let read = tokio::time::timeout(stall, store.read_log(tasks[0].id, 0, 16)).await;
+            let append = tokio::time::timeout(stall, store.append_log(tasks[1].id, b"x")).await;
             // Both ends at once never block: this frees the stalled calls.
-            let _both_ends = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&fifo)
-                .unwrap();
+            let _both_ends: Vec<_> = fifos
+                .iter()
+                .map(|fifo| {
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(fifo)
+                        .unwrap()
+                })
+                .collect();
             (read.is_err(), append.is_err())
         });
         runtime.shutdown_timeout(std::time::Duration::from_secs(5));

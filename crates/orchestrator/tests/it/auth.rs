@@ -341,6 +341,14 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
         ),
         // A backup holds every record, token hashes and sealed secrets too.
         ("POST", "/backup", "/backup".into(), None, Min::Admin),
+        // A prune deletes history, the audit log included.
+        (
+            "POST",
+            "/prune",
+            "/prune".into(),
+            Some(json!({"older_than": "3650d", "dry_run": true})),
+            Min::Admin,
+        ),
     ];
 
     // Every route the service documents is in the table.

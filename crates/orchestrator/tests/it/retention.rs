@@ -3,11 +3,11 @@
 //! tasks and logs, never an unfinished one or the newest revision of a
 //! `meta.ref`, and the filesystem store shrinks on disk and reopens.
 
-use std::process::Command;
 use std::time::Duration;
 
 use orchestrator_core::retention::Keep;
 use serde_json::{Value, json};
+use tokio::process::Command;
 
 use crate::harness::{TestService, fixture_settings, output_text};
 
@@ -208,31 +208,31 @@ async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
     );
 
     finished(&service, json!({"template": "chain"})).await;
+    // The service answers on this test's runtime: the CLI runs beside it.
     let prune = |args: &[&str]| {
         Command::new(BIN)
             .args(["prune", "--url", &service.base])
             .args(args)
             .output()
-            .unwrap()
     };
-    let output = prune(&["--older-than", "0s", "--dry-run"]);
+    let output = prune(&["--older-than", "0s", "--dry-run"]).await.unwrap();
     assert!(output.status.success(), "{}", output_text(&output));
     assert!(
         output_text(&output).contains("would delete 1 finished workflows (4 tasks)"),
         "{}",
         output_text(&output)
     );
-    let output = prune(&["--older-than", "0s"]);
+    let output = prune(&["--older-than", "0s"]).await.unwrap();
     assert!(output.status.success(), "{}", output_text(&output));
     assert!(output_text(&output).contains("deleted 1 finished workflows (4 tasks)"));
-    let output = prune(&[]);
+    let output = prune(&[]).await.unwrap();
     assert!(!output.status.success());
     assert!(
         output_text(&output).contains("--older-than"),
         "{}",
         output_text(&output)
     );
-    let output = prune(&["--older-than", "tomorrow"]);
+    let output = prune(&["--older-than", "tomorrow"]).await.unwrap();
     assert!(!output.status.success());
     assert!(
         output_text(&output).contains("tomorrow"),
@@ -240,7 +240,7 @@ async fn prune_refuses_bad_periods_and_the_cli_reports_what_went() {
         output_text(&output)
     );
 
-    let (_, audit) = service.get("/audit?action=retention.prune").await;
+    let (_, audit) = service.get("/audit?action=prune.run").await;
     assert!(
         audit["total"].as_u64().unwrap() >= 2,
         "prunes are audited: {audit}"
@@ -255,12 +255,22 @@ async fn the_background_sweep_applies_retain_finished_and_reports_it_in_metrics(
     settings.retain_finished = Keep::For(Duration::ZERO);
     settings.retention_every = Duration::from_millis(100);
     let service = TestService::start(settings).await;
-    let (id, _) = finished(&service, json!({"template": "chain"})).await;
-    // The sweep runs on its own; wait for it to take the workflow.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let id = submit(&service, json!({"template": "chain"})).await;
+    // The sweep runs on its own, every 100 ms: the workflow may be gone as
+    // soon as it has finished, so wait for it to go, then check it ran.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while status_of(&service, &format!("/workflows/{id}")).await != 404 {
         assert!(tokio::time::Instant::now() < deadline, "never pruned");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let trace = service.trace();
+    for step in ["a", "b", "c", "d"] {
+        assert!(
+            trace
+                .iter()
+                .any(|line| line.starts_with(&format!("{step} end"))),
+            "{step} ran to its end before its workflow went: {trace:?}"
+        );
     }
     let (_, metrics) = service.get_text("/metrics").await;
     assert!(
