@@ -129,6 +129,9 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",
         ("POST", "/backup") => "backup.create",
+        ("POST", "/test/environments/create") => "testenv.create",
+        ("POST", "/test/environments/{id}/run") => "testenv.run",
+        ("DELETE", "/test/environments/{id}") => "testenv.delete",
         _ => "",
     };
     if named.is_empty() {

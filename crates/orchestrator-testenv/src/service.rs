@@ -1,7 +1,7 @@
 //! `TestEnvs`: environments as workflows of the engine. An environment's
-//! durable record is its `testenv/create` workflow (the plan is its input,
-//! stored before any step runs); each `run` is a `testenv/run` workflow and
-//! the teardown a `testenv/delete` workflow, both naming the environment.
+//! durable record is its `testenv-create` workflow (the plan is its input,
+//! stored before any step runs); each `run` is a `testenv-run` workflow and
+//! the teardown a `testenv-delete` workflow, both naming the environment.
 //! Retries, logs, events, audit and crash recovery are the engine's. This
 //! module adds the bounds, the ttl and auto-cleanup loop, and the sweep at
 //! start that removes what this service made for environments it no
@@ -30,9 +30,9 @@ use crate::{Error, Result};
 /// Most environments that may exist at once (not yet deleted).
 pub const MAX_ENVIRONMENTS: usize = 8;
 /// The template names of an environment's workflows.
-pub const CREATE: &str = "testenv/create";
-pub const RUN: &str = "testenv/run";
-pub const DELETE: &str = "testenv/delete";
+pub const CREATE: &str = "testenv-create";
+pub const RUN: &str = "testenv-run";
+pub const DELETE: &str = "testenv-delete";
 /// How often expired and auto-cleaned environments are looked for.
 const REAP_EVERY: Duration = Duration::from_secs(1);
 /// The most of one step's log that `logs` returns.
