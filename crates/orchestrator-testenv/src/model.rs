@@ -357,7 +357,7 @@ fn shape(request: &CreateRequest, catalog: &Catalog) -> Result<(Topology, Option
                 .taskserv
                 .as_deref()
                 .ok_or_else(|| invalid("taskserv", "is required for type `single_taskserv`"))?;
-            check_name("taskserv", taskserv)?;
+            check_taskserv("taskserv", taskserv, catalog)?;
             Ok((
                 Topology {
                     name: taskserv.to_owned(),
@@ -382,6 +382,9 @@ fn shape(request: &CreateRequest, catalog: &Catalog) -> Result<(Topology, Option
             check_name("server", server)?;
             if request.taskservs.is_empty() {
                 return Err(invalid("taskservs", "a server needs at least one taskserv"));
+            }
+            for (i, taskserv) in request.taskservs.iter().enumerate() {
+                check_taskserv(&format!("taskservs[{i}]"), taskserv, catalog)?;
             }
             Ok((
                 Topology {

@@ -23,5 +23,6 @@ mod restart;
 mod schedules;
 mod systemd;
 mod tasks;
+mod testenv;
 mod upgrades;
 mod workflows;
