@@ -627,3 +627,45 @@ async fn without_the_capabilities_create_is_refused_and_nothing_is_made() {
     assert_eq!(tagged.leftovers(), Leftovers::none());
     daemon.stop();
 }
+
+#[tokio::test]
+async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
+    if !privileged("the_cli_runs_a_quick_test_and_prints_a_pass_fail_table") {
+        return;
+    }
+    let tagged = Tagged::new("cli");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let cli = |args: &[&str]| {
+        let base = service.base.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Command::new(BIN).arg("--url").arg(base).args(args).output().unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let listed = cli(&["test", "topology", "list"]).await;
+    assert!(listed.status.success());
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains("kubernetes_3node") && listed.contains("postgres (port 5432)"), "{listed}");
+
+    let quick = cli(&["test", "quick", "etcd_cluster"]).await;
+    let stdout = String::from_utf8_lossy(&quick.stdout).into_owned();
+    assert!(quick.status.success(), "{stdout}{}", String::from_utf8_lossy(&quick.stderr));
+    assert!(stdout.contains("members-from-etcd1") && stdout.contains("PASS"), "{stdout}");
+    assert!(stdout.contains("passed: 6 passed, 0 failed"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    // Cleaned up.
+    let (_, listed) = service.get("/test/environments").await;
+    assert!(listed["environments"].as_array().unwrap().iter().all(|e| e["status"] == "deleted"), "{listed}");
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    let unknown = cli(&["test", "quick", "mysql"]).await;
+    assert!(!unknown.status.success());
+    let stderr = String::from_utf8_lossy(&unknown.stderr).into_owned();
+    assert!(stderr.contains("`mysql` is neither a topology nor a taskserv"), "{stderr}");
+    service.stop().await;
+}
