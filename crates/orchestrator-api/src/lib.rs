@@ -14,9 +14,9 @@ pub mod prometheus;
 mod routes;
 mod schedules;
 mod session;
+mod testenv;
 #[cfg(test)]
 mod tests;
-mod testenv;
 
 use std::future::Future;
 use std::time::Duration;
@@ -67,7 +67,10 @@ pub fn app(engine: Engine) -> Router {
 }
 
 /// [`app`], with the test environment service behind `/test/...`.
-pub fn app_with_testenvs(engine: Engine, testenvs: Option<orchestrator_testenv::TestEnvs>) -> Router {
+pub fn app_with_testenvs(
+    engine: Engine,
+    testenvs: Option<orchestrator_testenv::TestEnvs>,
+) -> Router {
     let mut state = AppState::new(engine);
     state.testenvs = testenvs;
     with_layers(all_routes(), state, layers::Deadlines::default())

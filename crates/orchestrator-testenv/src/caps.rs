@@ -20,11 +20,14 @@ pub fn missing_in(status: &str) -> Vec<&'static str> {
         .find_map(|line| line.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .unwrap_or(0);
-    [(CAP_SYS_ADMIN, "CAP_SYS_ADMIN"), (CAP_NET_ADMIN, "CAP_NET_ADMIN")]
-        .into_iter()
-        .filter(|(bit, _)| effective & (1 << bit) == 0)
-        .map(|(_, name)| name)
-        .collect()
+    [
+        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| effective & (1 << bit) == 0)
+    .map(|(_, name)| name)
+    .collect()
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@
 //! - `service`: `TestEnvs`, the environments as workflows: create, run,
 //!   delete, show, logs, the ttl and auto-cleanup loop, and recovery.
 
-pub mod catalog;
 pub mod caps;
+pub mod catalog;
 pub mod model;
 pub mod netns;
 pub mod provider;

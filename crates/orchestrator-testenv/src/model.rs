@@ -476,7 +476,10 @@ pub fn validate_topology(topology: &Topology, catalog: &Catalog, at: &str) -> Re
             if !on_node.insert(taskserv.as_str()) {
                 return Err(invalid(
                     tfield,
-                    format!("taskserv `{taskserv}` appears twice on node `{}`", node.name),
+                    format!(
+                        "taskserv `{taskserv}` appears twice on node `{}`",
+                        node.name
+                    ),
                 ));
             }
         }
@@ -569,9 +572,15 @@ pub fn parse_ttl(ttl: &Ttl) -> Result<Duration> {
         Ttl::Seconds(secs) => Duration::from_secs(*secs),
         Ttl::Text(text) => {
             let text = text.trim();
-            let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+            let (digits, unit) = text.split_at(
+                text.find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(text.len()),
+            );
             let n: u64 = digits.parse().map_err(|_| {
-                invalid("ttl", format!("{text:?} is not a duration (seconds, or like `90s`, `15m`, `2h`)"))
+                invalid(
+                    "ttl",
+                    format!("{text:?} is not a duration (seconds, or like `90s`, `15m`, `2h`)"),
+                )
             })?;
             let unit_secs = match unit {
                 "" | "s" => 1,
@@ -624,7 +633,16 @@ mod tests {
         for good in ["pg1", "control-plane", "a", "etcd_1"] {
             assert!(check_name("f", good).is_ok(), "{good}");
         }
-        for bad in ["", "-x", "x-", "Upper", "a b", "a/b", "../x", &"x".repeat(33)] {
+        for bad in [
+            "",
+            "-x",
+            "x-",
+            "Upper",
+            "a b",
+            "a/b",
+            "../x",
+            &"x".repeat(33),
+        ] {
             let err = check_name("nodes[0].name", bad).unwrap_err().to_string();
             assert!(err.starts_with("nodes[0].name: "), "{err}");
         }
@@ -635,7 +653,12 @@ mod tests {
         assert_eq!(parse_ttl(&Ttl::Seconds(60)).unwrap().as_secs(), 60);
         assert_eq!(parse_ttl(&Ttl::Text("15m".into())).unwrap().as_secs(), 900);
         assert_eq!(parse_ttl(&Ttl::Text("2h".into())).unwrap().as_secs(), 7200);
-        for bad in [Ttl::Seconds(1), Ttl::Seconds(100_000), Ttl::Text("5d".into()), Ttl::Text("m".into())] {
+        for bad in [
+            Ttl::Seconds(1),
+            Ttl::Seconds(100_000),
+            Ttl::Text("5d".into()),
+            Ttl::Text("m".into()),
+        ] {
             let err = parse_ttl(&bad).unwrap_err().to_string();
             assert!(err.starts_with("ttl: "), "{err}");
         }

@@ -105,7 +105,9 @@ fn is_namespace_init(pid: i32) -> bool {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix("NSpid:"))
-                .map(|ids| ids.split_whitespace().collect::<Vec<_>>() == [pid.to_string().as_str(), "1"])
+                .map(|ids| {
+                    ids.split_whitespace().collect::<Vec<_>>() == [pid.to_string().as_str(), "1"]
+                })
         })
         .unwrap_or(false)
 }
@@ -175,15 +177,23 @@ impl NamespaceProvider {
 
         let node_dir = names.dir(root).join(&node.name);
         let mut init = Command::new("ip");
-        init.args(["netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--fork"])
-            .args(["--mount-proc", "--propagation", "private", "sleep", "infinity"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .current_dir(&node_dir)
-            // Its own group: a signal to the service's group (Ctrl-C in a
-            // terminal) does not reach the node.
-            .process_group(0);
+        init.args([
+            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--fork",
+        ])
+        .args([
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sleep",
+            "infinity",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .current_dir(&node_dir)
+        // Its own group: a signal to the service's group (Ctrl-C in a
+        // terminal) does not reach the node.
+        .process_group(0);
         node_env(&mut init, ns, &node_dir);
         let mut child = init
             .spawn()
@@ -210,7 +220,11 @@ impl NamespaceProvider {
         run("nsenter", &["-t", &pid, "-u", "hostname", &node.name]).await?;
         let hosts = node_dir.join("hosts");
         let hosts = hosts.to_string_lossy();
-        run("nsenter", &["-t", &pid, "-m", "mount", "--bind", &hosts, "/etc/hosts"]).await?;
+        run(
+            "nsenter",
+            &["-t", &pid, "-m", "mount", "--bind", &hosts, "/etc/hosts"],
+        )
+        .await?;
         Ok(())
     }
 }

@@ -97,7 +97,10 @@ impl NodeRunner {
         script: &str,
         input: &Value,
     ) -> Result<Value, Outcome> {
-        let resolved = self.scripts.resolve(script).map_err(|e| failed(e.to_string()))?;
+        let resolved = self
+            .scripts
+            .resolve(script)
+            .map_err(|e| failed(e.to_string()))?;
         let (program, args) = match &resolved.launcher {
             Launcher::Interpreter(interpreter) => (
                 interpreter.clone(),
@@ -187,7 +190,12 @@ impl NodeRunner {
 
     /// Starts each taskserv's service of `node` (stopping any left from an
     /// earlier attempt), and waits until each listens.
-    async fn start(&self, attempt: &Attempt<'_>, plan: &EnvPlan, node: &NodePlan) -> Result<Value, Outcome> {
+    async fn start(
+        &self,
+        attempt: &Attempt<'_>,
+        plan: &EnvPlan,
+        node: &NodePlan,
+    ) -> Result<Value, Outcome> {
         let serve = self
             .scripts
             .resolve("testenv/serve.py")
@@ -240,9 +248,12 @@ impl NodeRunner {
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(log_file.0))
                 .stderr(Stdio::from(log_file.1));
-            let mut child = command
-                .spawn()
-                .map_err(|e| failed(format!("cannot start {taskserv} in node {}: {e}", node.name)))?;
+            let mut child = command.spawn().map_err(|e| {
+                failed(format!(
+                    "cannot start {taskserv} in node {}: {e}",
+                    node.name
+                ))
+            })?;
             let deadline = tokio::time::Instant::now() + START_WAIT;
             loop {
                 if ready.exists() {
@@ -307,7 +318,10 @@ impl NodeRunner {
                 for node in &plan.nodes {
                     Self::say(
                         &attempt.log,
-                        format!("node {} at {} (namespace {})", node.name, node.address, node.netns),
+                        format!(
+                            "node {} at {} (namespace {})",
+                            node.name, node.address, node.netns
+                        ),
                     )
                     .await;
                 }

@@ -150,7 +150,11 @@ struct Record {
     create: Workflow,
     /// Newest first.
     runs: Vec<Workflow>,
+    /// The newest teardown.
     delete: Option<Workflow>,
+    /// How many teardowns were submitted (each retry of a failed one is
+    /// a new workflow, with its own idempotency key).
+    deletes: usize,
 }
 
 impl Record {
@@ -196,7 +200,12 @@ impl TestEnvs {
     /// kind `testenv`). Sweeps what earlier lives left for environments it
     /// no longer keeps, then watches ttls and auto-cleanup until
     /// [`TestEnvs::stop`].
-    pub fn start(engine: Engine, runner: NodeRunner, catalog: Arc<Catalog>, tag: String) -> TestEnvs {
+    pub fn start(
+        engine: Engine,
+        runner: NodeRunner,
+        catalog: Arc<Catalog>,
+        tag: String,
+    ) -> TestEnvs {
         let envs = TestEnvs {
             inner: Arc::new(Inner {
                 engine,
@@ -243,7 +252,13 @@ impl TestEnvs {
     /// create workflow (the durable record) before anything is made.
     pub async fn create(&self, request: CreateRequest, wait: Option<Duration>) -> Result<EnvView> {
         let id = uuid::Uuid::now_v7();
-        let plan = EnvPlan::new(&request, &self.inner.catalog, id, &self.inner.tag, Utc::now())?;
+        let plan = EnvPlan::new(
+            &request,
+            &self.inner.catalog,
+            id,
+            &self.inner.tag,
+            Utc::now(),
+        )?;
         let missing = self.inner.runner.provider().missing_privileges();
         if !missing.is_empty() {
             return Err(Error::Privileges(format!(
@@ -266,8 +281,12 @@ impl TestEnvs {
                      {MAX_ENVIRONMENTS}; delete one first"
                 )));
             }
-            self.submit(create_template(&plan)?, &plan, format!("testenv-create-{}", plan.id))
-                .await?
+            self.submit(
+                create_template(&plan)?,
+                &plan,
+                format!("testenv-create-{}", plan.id),
+            )
+            .await?
         };
         tracing::info!(env = %plan.id, workflow = %workflow, nodes = plan.nodes.len(), "test environment accepted");
         if let Some(limit) = wait {
@@ -283,7 +302,7 @@ impl TestEnvs {
             .into_values()
             .map(|record| self.view(&record, None))
             .collect();
-        views.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        views.sort_by_key(|v| std::cmp::Reverse(v.created_at));
         Ok(views)
     }
 
@@ -389,7 +408,6 @@ impl TestEnvs {
             } else {
                 continue;
             };
-            tracing::info!(env = %record.plan.id, reason, "tearing down a test environment");
             if let Err(e) = self.teardown(record, reason).await {
                 tracing::warn!(env = %record.plan.id, error = %e, "cannot tear down a test environment");
             }
@@ -445,14 +463,17 @@ impl TestEnvs {
             }
             engine.wait_for_workflow(id, CANCEL_WAIT).await?;
         }
-        let attempt = match &record.delete {
-            Some(delete) if delete.status != WorkflowStatus::Failed
-                && delete.status != WorkflowStatus::Cancelled => return Ok(delete.id),
-            Some(_) => 2,
-            None => 1,
-        };
+        if let Some(delete) = &record.delete
+            && !matches!(
+                delete.status,
+                WorkflowStatus::Failed | WorkflowStatus::Cancelled
+            )
+        {
+            return Ok(delete.id);
+        }
+        let attempt = record.deletes + 1;
         let plan = &record.plan;
-        let _ = reason;
+        tracing::info!(env = %plan.id, reason, attempt, "tearing down a test environment");
         self.submit(
             delete_template(plan)?,
             plan,
@@ -465,7 +486,10 @@ impl TestEnvs {
         let mut vars = Map::new();
         vars.insert("env_id".to_owned(), json!(plan.id));
         if template.ref_name == CREATE {
-            vars.insert("env".to_owned(), serde_json::to_value(plan).unwrap_or_default());
+            vars.insert(
+                "env".to_owned(),
+                serde_json::to_value(plan).unwrap_or_default(),
+            );
         }
         let body = json!({"template": template.ref_name, "vars": vars});
         let (view, _) = self
@@ -517,10 +541,16 @@ impl TestEnvs {
                     create,
                     runs: Vec::new(),
                     delete: None,
+                    deletes: 0,
                 },
             );
         }
-        let env_of = |w: &Workflow| w.vars.get("env_id").and_then(Value::as_str).map(str::to_owned);
+        let env_of = |w: &Workflow| {
+            w.vars
+                .get("env_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
         // Listings are newest first: the first delete seen is the newest.
         for run in engine.list_workflows(&list(RUN)).await?.items {
             if let Some(record) = env_of(&run).and_then(|id| records.get_mut(&id)) {
@@ -528,10 +558,11 @@ impl TestEnvs {
             }
         }
         for delete in engine.list_workflows(&list(DELETE)).await?.items {
-            if let Some(record) = env_of(&delete).and_then(|id| records.get_mut(&id))
-                && record.delete.is_none()
-            {
-                record.delete = Some(delete);
+            if let Some(record) = env_of(&delete).and_then(|id| records.get_mut(&id)) {
+                record.deletes += 1;
+                if record.delete.is_none() {
+                    record.delete = Some(delete);
+                }
             }
         }
         Ok(records)
@@ -596,7 +627,12 @@ impl TestEnvs {
                     .find(|t| t.step.ref_name.as_deref() == Some(step.as_str()));
                 let status = match task.map(|t| t.status) {
                     Some(TaskStatus::Completed) => "passed",
-                    Some(TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped | TaskStatus::NotStarted) => "failed",
+                    Some(
+                        TaskStatus::Failed
+                        | TaskStatus::Cancelled
+                        | TaskStatus::Skipped
+                        | TaskStatus::NotStarted,
+                    ) => "failed",
                     _ => "pending",
                 };
                 CheckResult {
@@ -658,7 +694,13 @@ fn step(
     })
 }
 
-fn template(ref_name: &str, name: &str, on_failure: &str, steps: Vec<Value>, create: bool) -> Result<Template> {
+fn template(
+    ref_name: &str,
+    name: &str,
+    on_failure: &str,
+    steps: Vec<Value>,
+    create: bool,
+) -> Result<Template> {
     let mut inputs = json!({"env_id": {"type": "string"}});
     if create {
         inputs["env"] = json!({"type": "object"});
@@ -715,7 +757,9 @@ fn create_template(plan: &EnvPlan) -> Result<Template> {
         ));
     }
     if plan.auto_start {
-        steps.extend(start_steps(plan, |node| vec![format!("install_{}", node.index)]));
+        steps.extend(start_steps(plan, |node| {
+            vec![format!("install_{}", node.index)]
+        }));
     }
     template(CREATE, "test environment", "fail", steps, true)
 }
@@ -727,7 +771,11 @@ fn run_template(plan: &EnvPlan) -> Result<Template> {
     let mut after = Vec::new();
     if !plan.auto_start {
         steps.extend(start_steps(plan, |_| vec![]));
-        after = plan.nodes.iter().map(|n| format!("start_{}", n.index)).collect();
+        after = plan
+            .nodes
+            .iter()
+            .map(|n| format!("start_{}", n.index))
+            .collect();
     }
     for (i, check) in plan.checks.iter().enumerate() {
         steps.push(check_step_value(plan, i, check, after.clone()));

@@ -24,7 +24,14 @@ async fn env(api: &Api, command: TestEnvCommand) -> anyhow::Result<()> {
         TestEnvCommand::Create(args) => {
             let json = args.json;
             let body = create_body(args)?;
-            let env = send(api, Method::POST, "/test/environments/create", &[], Some(&body)).await?;
+            let env = send(
+                api,
+                Method::POST,
+                "/test/environments/create",
+                &[],
+                Some(&body),
+            )
+            .await?;
             print_env(&env, json)
         }
         TestEnvCommand::List(args) => {
@@ -52,7 +59,14 @@ async fn env(api: &Api, command: TestEnvCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TestEnvCommand::Show(args) => {
-            let env = send(api, Method::GET, &format!("/test/environments/{}", args.id), &[], None).await?;
+            let env = send(
+                api,
+                Method::GET,
+                &format!("/test/environments/{}", args.id),
+                &[],
+                None,
+            )
+            .await?;
             print_env(&env, args.json)
         }
         TestEnvCommand::Run(args) => {
@@ -65,7 +79,14 @@ async fn env(api: &Api, command: TestEnvCommand) -> anyhow::Result<()> {
             all_passed(&env)
         }
         TestEnvCommand::Logs(args) => {
-            let logs = send(api, Method::GET, &format!("/test/environments/{}/logs", args.id), &[], None).await?;
+            let logs = send(
+                api,
+                Method::GET,
+                &format!("/test/environments/{}/logs", args.id),
+                &[],
+                None,
+            )
+            .await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&logs)?);
                 return Ok(());
@@ -76,7 +97,10 @@ async fn env(api: &Api, command: TestEnvCommand) -> anyhow::Result<()> {
                     text(&entry["workflow"]),
                     text(&entry["step"]),
                     text(&entry["status"]),
-                    entry["error"].as_str().map(|e| format!(": {e}")).unwrap_or_default()
+                    entry["error"]
+                        .as_str()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
                 );
                 print!("{}", entry["log"].as_str().unwrap_or_default());
             }
@@ -115,7 +139,10 @@ async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
                     ]
                 })
                 .collect();
-            print_table(["TOPOLOGY", "NODES", "CROSS-NODE CHECKS", "DESCRIPTION"], &rows);
+            print_table(
+                ["TOPOLOGY", "NODES", "CROSS-NODE CHECKS", "DESCRIPTION"],
+                &rows,
+            );
             let taskservs: Vec<String> = list["taskservs"]
                 .as_array()
                 .into_iter()
@@ -126,12 +153,23 @@ async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
             Ok(())
         }
         TopologyCommand::Show(args) => {
-            let topology = send(api, Method::GET, &format!("/test/topologies/{}", args.name), &[], None).await?;
+            let topology = send(
+                api,
+                Method::GET,
+                &format!("/test/topologies/{}", args.name),
+                &[],
+                None,
+            )
+            .await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&topology)?);
                 return Ok(());
             }
-            println!("topology {}: {}", text(&topology["name"]), text(&topology["description"]));
+            println!(
+                "topology {}: {}",
+                text(&topology["name"]),
+                text(&topology["description"])
+            );
             let nodes: Vec<[String; 3]> = topology["nodes"]
                 .as_array()
                 .into_iter()
@@ -143,7 +181,14 @@ async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|c| [text(&c["name"]), text(&c["from"]), text(&c["taskserv"]), list(&c["to"])])
+                .map(|c| {
+                    [
+                        text(&c["name"]),
+                        text(&c["from"]),
+                        text(&c["taskserv"]),
+                        list(&c["to"]),
+                    ]
+                })
                 .collect();
             if !checks.is_empty() {
                 println!();
@@ -175,9 +220,23 @@ async fn quick(api: &Api, args: TestQuickArgs) -> anyhow::Result<()> {
         );
     };
     body["wait"] = json!(true);
-    let env = send(api, Method::POST, "/test/environments/create", &[], Some(&body)).await?;
-    let id = env["id"].as_str().context("the service answered without an id")?.to_owned();
-    eprintln!("environment {id}: {} ({} nodes)", text(&env["status"]), env["nodes"].as_array().map_or(0, Vec::len));
+    let env = send(
+        api,
+        Method::POST,
+        "/test/environments/create",
+        &[],
+        Some(&body),
+    )
+    .await?;
+    let id = env["id"]
+        .as_str()
+        .context("the service answered without an id")?
+        .to_owned();
+    eprintln!(
+        "environment {id}: {} ({} nodes)",
+        text(&env["status"]),
+        env["nodes"].as_array().map_or(0, Vec::len)
+    );
     let result = if env["status"] == "ready" {
         run_checks(api, &id).await
     } else {
@@ -276,7 +335,10 @@ fn print_env(env: &Value, json: bool) -> anyhow::Result<()> {
         text(&env["name"]),
         text(&env["status"]),
         text(&env["type"]),
-        env["topology"].as_str().map(|t| format!(" {t}")).unwrap_or_default()
+        env["topology"]
+            .as_str()
+            .map(|t| format!(" {t}"))
+            .unwrap_or_default()
     );
     println!(
         "expires {}; auto_start {}, auto_cleanup {}; workflow {}",
@@ -350,7 +412,11 @@ async fn send(
     query: &[(&str, String)],
     body: Option<&Value>,
 ) -> anyhow::Result<Value> {
-    Ok(api.send_body(method, path, query, body).await?.json().await?)
+    Ok(api
+        .send_body(method, path, query, body)
+        .await?
+        .json()
+        .await?)
 }
 
 fn text(v: &Value) -> String {

@@ -351,7 +351,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Some(json!({"type": "single_taskserv", "taskserv": "no-such-taskserv"})),
             Min::Operator,
         ),
-        ("GET", "/test/environments", "/test/environments".into(), None, Min::Viewer),
+        (
+            "GET",
+            "/test/environments",
+            "/test/environments".into(),
+            None,
+            Min::Viewer,
+        ),
         (
             "GET",
             "/test/environments/{id}",
@@ -380,7 +386,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             None,
             Min::Viewer,
         ),
-        ("GET", "/test/topologies", "/test/topologies".into(), None, Min::Viewer),
+        (
+            "GET",
+            "/test/topologies",
+            "/test/topologies".into(),
+            None,
+            Min::Viewer,
+        ),
         (
             "GET",
             "/test/topologies/{name}",

@@ -64,7 +64,11 @@ impl Tagged {
             .collect();
         let links: Vec<String> = lines("ip", &["-o", "link", "show"])
             .into_iter()
-            .filter_map(|l| l.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n).to_owned()))
+            .filter_map(|l| {
+                l.split(": ")
+                    .nth(1)
+                    .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+            })
             .filter(|n| n.starts_with(&format!("te{}", self.tag)))
             .collect();
         let mark = format!("ORCHESTRATOR_TESTENV={}", self.netns_prefix());
@@ -103,16 +107,25 @@ impl Drop for Tagged {
     fn drop(&mut self) {
         let left = self.leftovers();
         for pid in &left.processes {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).stderr(Stdio::null()).status();
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
         }
         for ns in &left.netns {
             for pid in lines("ip", &["netns", "pids", ns]) {
-                let _ = Command::new("kill").args(["-9", pid.trim()]).stderr(Stdio::null()).status();
+                let _ = Command::new("kill")
+                    .args(["-9", pid.trim()])
+                    .stderr(Stdio::null())
+                    .status();
             }
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
         for link in &left.links {
-            let _ = Command::new("ip").args(["link", "del", link]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["link", "del", link])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
@@ -151,7 +164,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while !done().await {
-        assert!(tokio::time::Instant::now() < deadline, "gave up waiting: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -200,15 +216,27 @@ async fn lifecycle(service: &TestService, body: Value, checks: usize) {
     let (status, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
     assert_eq!(status, 200, "{logs}");
     let entries = logs["entries"].as_array().unwrap();
-    assert!(entries.iter().any(|e| e["workflow"] == "create" && e["step"].as_str().unwrap().starts_with("install")));
+    assert!(
+        entries.iter().any(
+            |e| e["workflow"] == "create" && e["step"].as_str().unwrap().starts_with("install")
+        )
+    );
     let check_logs: Vec<&Value> = entries.iter().filter(|e| e["workflow"] == "run").collect();
     assert_eq!(check_logs.len(), checks, "{logs}");
-    assert!(check_logs.iter().all(|e| e["log"].as_str().unwrap().contains("ok: ")), "{logs}");
+    assert!(
+        check_logs
+            .iter()
+            .all(|e| e["log"].as_str().unwrap().contains("ok: ")),
+        "{logs}"
+    );
 
     // The environment's workflows are workflows like any other (the
     // dashboard lists them).
     let (status, workflow) = service
-        .get(&format!("/workflows/{}", env["create_workflow"].as_str().unwrap()))
+        .get(&format!(
+            "/workflows/{}",
+            env["create_workflow"].as_str().unwrap()
+        ))
         .await;
     assert_eq!(status, 200, "{workflow}");
     assert_eq!(workflow["kind"], "testenv-create", "{workflow}");
@@ -237,14 +265,24 @@ async fn every_type_and_every_topology_is_made_checked_and_torn_down() {
         .collect();
     assert_eq!(
         names,
-        ["containerd_test", "etcd_cluster", "kubernetes_3node", "kubernetes_single", "postgres_redis"]
+        [
+            "containerd_test",
+            "etcd_cluster",
+            "kubernetes_3node",
+            "kubernetes_single",
+            "postgres_redis"
+        ]
     );
 
     // Seven environments at once (the most is eight): checks per
     // taskserv on its node, plus the topology's across nodes.
     let cluster = |topology: &str| json!({"type": "cluster", "topology": topology});
     tokio::join!(
-        lifecycle(&service, json!({"type": "single_taskserv", "taskserv": "postgres"}), 1),
+        lifecycle(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "postgres"}),
+            1
+        ),
         lifecycle(
             &service,
             json!({"type": "server", "server": "web-01", "taskservs": ["containerd", "redis"]}),
@@ -283,7 +321,11 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
     let tagged = Tagged::new("stop");
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(tagged.settings(dir.path())).await;
-    let env = create(&service, json!({"type": "cluster", "topology": "postgres_redis"})).await;
+    let env = create(
+        &service,
+        json!({"type": "cluster", "topology": "postgres_redis"}),
+    )
+    .await;
     let id = env["id"].as_str().unwrap();
     let pg = env["nodes"]
         .as_array()
@@ -291,9 +333,18 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
         .iter()
         .find(|n| n["name"] == "pg")
         .unwrap();
-    let postgres = node_process(pg["netns"].as_str().unwrap(), &["serve.py", "--service postgres"])
-        .expect("postgres runs in node pg");
-    assert!(Command::new("kill").args(["-9", &postgres.to_string()]).status().unwrap().success());
+    let postgres = node_process(
+        pg["netns"].as_str().unwrap(),
+        &["serve.py", "--service postgres"],
+    )
+    .expect("postgres runs in node pg");
+    assert!(
+        Command::new("kill")
+            .args(["-9", &postgres.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
 
     let run = run(&service, id).await;
     assert_eq!(run["status"], "failed", "{run}");
@@ -322,7 +373,10 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(failed_log.contains("postgres on pg does not answer"), "{failed_log}");
+    assert!(
+        failed_log.contains("postgres on pg does not answer"),
+        "{failed_log}"
+    );
 
     delete(&service, id).await;
     assert_eq!(tagged.leftovers(), Leftovers::none());
@@ -361,18 +415,32 @@ async fn two_environments_at_once_cannot_reach_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(tagged.settings(dir.path())).await;
     let (a, b) = tokio::join!(
-        create(&service, json!({"type": "single_taskserv", "taskserv": "redis"})),
-        create(&service, json!({"type": "cluster", "topology": "postgres_redis"})),
+        create(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "redis"})
+        ),
+        create(
+            &service,
+            json!({"type": "cluster", "topology": "postgres_redis"})
+        ),
     );
     let node = |env: &Value, i: usize| {
         let n = &env["nodes"][i];
-        (n["netns"].as_str().unwrap().to_owned(), n["address"].as_str().unwrap().to_owned())
+        (
+            n["netns"].as_str().unwrap().to_owned(),
+            n["address"].as_str().unwrap().to_owned(),
+        )
     };
     let (a_ns, a_addr) = node(&a, 0);
     let (b_pg_ns, b_pg_addr) = node(&b, 0);
     let (b_redis_ns, b_redis_addr) = node(&b, 1);
     // Within an environment, across its bridge: yes.
-    assert!(answers_from(Some(&b_redis_ns), &b_pg_addr, 5432, "postgres"));
+    assert!(answers_from(
+        Some(&b_redis_ns),
+        &b_pg_addr,
+        5432,
+        "postgres"
+    ));
     assert!(answers_from(Some(&b_pg_ns), &b_redis_addr, 6379, "redis"));
     // Between environments: never, either way, though both listen.
     assert!(answers_from(Some(&a_ns), &a_addr, 6379, "redis"));
@@ -399,17 +467,29 @@ async fn an_expired_ttl_and_auto_cleanup_tear_environments_down() {
     let tagged = Tagged::new("ttl");
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(tagged.settings(dir.path())).await;
-    let expiring = create(&service, json!({"type": "single_taskserv", "taskserv": "etcd", "ttl": "5s"})).await;
-    let cleaned = create(
+    let expiring = create(
         &service,
-        json!({"type": "single_taskserv", "taskserv": "redis", "auto_cleanup": true}),
+        json!({"type": "single_taskserv", "taskserv": "etcd", "ttl": "5s"}),
     )
     .await;
+    // Not started by its create: its run starts it, then checks it.
+    let cleaned = create(
+        &service,
+        json!({"type": "server", "server": "app", "taskservs": ["redis", "postgres"],
+               "auto_cleanup": true, "auto_start": false}),
+    )
+    .await;
+    let app_netns = cleaned["nodes"][0]["netns"].as_str().unwrap().to_owned();
+    assert_eq!(node_process(&app_netns, &["serve.py"]), None);
     // Still there before its first run.
-    assert_eq!(env_status(&service, cleaned["id"].as_str().unwrap()).await, "ready");
+    assert_eq!(
+        env_status(&service, cleaned["id"].as_str().unwrap()).await,
+        "ready"
+    );
     assert!(!tagged.leftovers().netns.is_empty());
     let run = run(&service, cleaned["id"].as_str().unwrap()).await;
     assert_eq!(run["status"], "passed", "{run}");
+    assert_eq!(run["passed"], 2, "{run}");
 
     for env in [&expiring, &cleaned] {
         let id = env["id"].as_str().unwrap().to_owned();
@@ -430,14 +510,35 @@ async fn requests_are_checked_and_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(tagged.settings(dir.path())).await;
     for (body, field) in [
-        (json!({"type": "cluster", "topology": "no_such"}), "topology: unknown topology `no_such`"),
+        (
+            json!({"type": "cluster", "topology": "no_such"}),
+            "topology: unknown topology `no_such`",
+        ),
         (json!({"type": "cluster"}), "topology: is required"),
-        (json!({"type": "single_taskserv", "taskserv": "mysql"}), "taskserv: unknown taskserv `mysql`"),
-        (json!({"type": "single_taskserv", "taskserv": "../etc"}), "taskserv: \"../etc\" is not a valid name"),
-        (json!({"type": "single_taskserv", "taskserv": "redis", "server": "x"}), "server: is not taken"),
-        (json!({"type": "server", "server": "web"}), "taskservs: a server needs"),
-        (json!({"type": "single_taskserv", "taskserv": "redis", "ttl": "3d"}), "ttl: "),
-        (json!({"type": "single_taskserv", "taskserv": "redis", "ttl": 1}), "ttl: 1 s is out of bounds"),
+        (
+            json!({"type": "single_taskserv", "taskserv": "mysql"}),
+            "taskserv: unknown taskserv `mysql`",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "../etc"}),
+            "taskserv: \"../etc\" is not a valid name",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "server": "x"}),
+            "server: is not taken",
+        ),
+        (
+            json!({"type": "server", "server": "web"}),
+            "taskservs: a server needs",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "ttl": "3d"}),
+            "ttl: ",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "ttl": 1}),
+            "ttl: 1 s is out of bounds",
+        ),
         (json!({"type": "vm"}), "type"),
         (
             json!({"type": "cluster", "topology": {"name": "big", "nodes": (0..9).map(|i| json!({"name": format!("n{i}"), "taskservs": ["redis"]})).collect::<Vec<_>>()}}),
@@ -452,7 +553,9 @@ async fn requests_are_checked_and_bounded() {
             "topology.checks[0].to: no node `b`",
         ),
     ] {
-        let (status, answer) = service.post("/test/environments/create", body.clone()).await;
+        let (status, answer) = service
+            .post("/test/environments/create", body.clone())
+            .await;
         assert_eq!(status, 422, "{body}: {answer}");
         let message = answer["error"]["message"].as_str().unwrap();
         assert!(message.contains(field), "{body}: {message}");
@@ -462,8 +565,12 @@ async fn requests_are_checked_and_bounded() {
     let unknown = "0190f0a0-0000-7000-8000-000000000000";
     for (status, answer) in [
         service.get(&format!("/test/environments/{unknown}")).await,
-        service.post(&format!("/test/environments/{unknown}/run"), json!({})).await,
-        service.delete(&format!("/test/environments/{unknown}")).await,
+        service
+            .post(&format!("/test/environments/{unknown}/run"), json!({}))
+            .await,
+        service
+            .delete(&format!("/test/environments/{unknown}"))
+            .await,
     ] {
         assert_eq!(status, 404, "{answer}");
     }
@@ -477,13 +584,19 @@ async fn requests_are_checked_and_bounded() {
         let mut ids = Vec::new();
         for _ in 0..8 {
             let (status, env) = service
-                .post("/test/environments/create", json!({"type": "single_taskserv", "taskserv": "redis"}))
+                .post(
+                    "/test/environments/create",
+                    json!({"type": "single_taskserv", "taskserv": "redis"}),
+                )
                 .await;
             assert_eq!(status, 201, "{env}");
             ids.push(env["id"].as_str().unwrap().to_owned());
         }
         let (status, answer) = service
-            .post("/test/environments/create", json!({"type": "single_taskserv", "taskserv": "redis"}))
+            .post(
+                "/test/environments/create",
+                json!({"type": "single_taskserv", "taskserv": "redis"}),
+            )
             .await;
         assert_eq!(status, 409, "{answer}");
         assert_eq!(answer["error"]["code"], "limit_exceeded", "{answer}");
@@ -505,12 +618,26 @@ struct Daemon {
 impl Daemon {
     fn start(data_dir: &Path, node_id: &str, wrapper: &[&str]) -> Daemon {
         let (program, first) = match wrapper.split_first() {
-            Some((program, rest)) => (program.to_string(), rest.iter().map(|s| s.to_string()).chain([BIN.to_owned()]).collect()),
+            Some((program, rest)) => (
+                program.to_string(),
+                rest.iter()
+                    .map(|s| s.to_string())
+                    .chain([BIN.to_owned()])
+                    .collect(),
+            ),
             None => (BIN.to_owned(), Vec::new()),
         };
         let mut child = Command::new(program)
             .args(first)
-            .args(["serve", "--port", "0", "--no-auth", "--node-id", node_id, "--data-dir"])
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--no-auth",
+                "--node-id",
+                node_id,
+                "--data-dir",
+            ])
             .arg(data_dir)
             .arg("--scripts-dir")
             .arg(real_scripts())
@@ -527,13 +654,19 @@ impl Daemon {
             let mut sent = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if !sent && let Some(at) = line.find("listening on http://") {
-                    let url = line[at + "listening on ".len()..].split_whitespace().next().unwrap().to_owned();
+                    let url = line[at + "listening on ".len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_owned();
                     let _ = found.send(url);
                     sent = true;
                 }
             }
         });
-        let base = url.recv_timeout(Duration::from_secs(60)).expect("the service printed its address");
+        let base = url
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the service printed its address");
         Daemon {
             child,
             client: TestService {
@@ -552,7 +685,13 @@ impl Daemon {
 
     fn stop(mut self) {
         let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
         assert!(self.child.wait().unwrap().success());
     }
 }
@@ -569,12 +708,18 @@ async fn a_service_killed_mid_create_cleans_up_after_its_restart() {
     let daemon = Daemon::start(&data, &tagged.node_id, &[]);
     let (status, env) = daemon
         .client
-        .post("/test/environments/create", json!({"type": "cluster", "topology": "kubernetes_3node"}))
+        .post(
+            "/test/environments/create",
+            json!({"type": "cluster", "topology": "kubernetes_3node"}),
+        )
         .await;
     assert_eq!(status, 201, "{env}");
     let id = env["id"].as_str().unwrap().to_owned();
     // SIGKILL once the nodes are being made.
-    wait_until("a namespace exists", || async { !tagged.leftovers().netns.is_empty() }).await;
+    wait_until("a namespace exists", || async {
+        !tagged.leftovers().netns.is_empty()
+    })
+    .await;
     daemon.kill9();
     let left = tagged.leftovers();
     assert!(!left.netns.is_empty(), "{left:?}");
@@ -606,17 +751,27 @@ async fn without_the_capabilities_create_is_refused_and_nothing_is_made() {
     let daemon = Daemon::start(
         &data,
         &tagged.node_id,
-        &["setpriv", "--bounding-set", "-sys_admin,-net_admin", "--inh-caps", "-sys_admin,-net_admin"],
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-sys_admin,-net_admin",
+            "--inh-caps",
+            "-sys_admin,-net_admin",
+        ],
     );
     let client = &daemon.client;
     let (status, answer) = client
-        .post("/test/environments/create", json!({"type": "cluster", "topology": "etcd_cluster"}))
+        .post(
+            "/test/environments/create",
+            json!({"type": "cluster", "topology": "etcd_cluster"}),
+        )
         .await;
     assert_eq!(status, 503, "{answer}");
     assert_eq!(answer["error"]["code"], "missing_capability", "{answer}");
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("lacks CAP_SYS_ADMIN, CAP_NET_ADMIN") && message.contains("nothing was made"),
+        message.contains("lacks CAP_SYS_ADMIN, CAP_NET_ADMIN")
+            && message.contains("nothing was made"),
         "{message}"
     );
     // Nothing half-made: no record, no workflow, no namespace, no link.
@@ -641,7 +796,12 @@ async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         async move {
             tokio::task::spawn_blocking(move || {
-                Command::new(BIN).arg("--url").arg(base).args(args).output().unwrap()
+                Command::new(BIN)
+                    .arg("--url")
+                    .arg(base)
+                    .args(args)
+                    .output()
+                    .unwrap()
             })
             .await
             .unwrap()
@@ -650,22 +810,42 @@ async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
     let listed = cli(&["test", "topology", "list"]).await;
     assert!(listed.status.success());
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    assert!(listed.contains("kubernetes_3node") && listed.contains("postgres (port 5432)"), "{listed}");
+    assert!(
+        listed.contains("kubernetes_3node") && listed.contains("postgres (port 5432)"),
+        "{listed}"
+    );
 
     let quick = cli(&["test", "quick", "etcd_cluster"]).await;
     let stdout = String::from_utf8_lossy(&quick.stdout).into_owned();
-    assert!(quick.status.success(), "{stdout}{}", String::from_utf8_lossy(&quick.stderr));
-    assert!(stdout.contains("members-from-etcd1") && stdout.contains("PASS"), "{stdout}");
+    assert!(
+        quick.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&quick.stderr)
+    );
+    assert!(
+        stdout.contains("members-from-etcd1") && stdout.contains("PASS"),
+        "{stdout}"
+    );
     assert!(stdout.contains("passed: 6 passed, 0 failed"), "{stdout}");
     assert!(!stdout.contains("FAIL"), "{stdout}");
     // Cleaned up.
     let (_, listed) = service.get("/test/environments").await;
-    assert!(listed["environments"].as_array().unwrap().iter().all(|e| e["status"] == "deleted"), "{listed}");
+    assert!(
+        listed["environments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["status"] == "deleted"),
+        "{listed}"
+    );
     assert_eq!(tagged.leftovers(), Leftovers::none());
 
     let unknown = cli(&["test", "quick", "mysql"]).await;
     assert!(!unknown.status.success());
     let stderr = String::from_utf8_lossy(&unknown.stderr).into_owned();
-    assert!(stderr.contains("`mysql` is neither a topology nor a taskserv"), "{stderr}");
+    assert!(
+        stderr.contains("`mysql` is neither a topology nor a taskserv"),
+        "{stderr}"
+    );
     service.stop().await;
 }
