@@ -249,6 +249,77 @@ impl EnvPlan {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// Whether this plan is one the service tagged `tag` could have made
+    /// from a request: every name derived as `new` derives it, every
+    /// taskserv known. A step's input is a plan; this is what keeps a
+    /// workflow submitted by hand from naming something that is not an
+    /// environment's (another namespace, a path outside the scripts).
+    pub fn verify(&self, catalog: &Catalog, tag: &str) -> Result<()> {
+        if self.tag != tag {
+            return Err(invalid(
+                "env.tag",
+                format!("`{}` is not this service's tag", truncate(&self.tag, 16)),
+            ));
+        }
+        let id = uuid::Uuid::parse_str(&self.id).map_err(|_| invalid("env.id", "is not a UUID"))?;
+        let simple = id.simple().to_string();
+        if self.key != simple[simple.len() - 6..] {
+            return Err(invalid("env.key", "is not derived from the id"));
+        }
+        let octets: Vec<&str> = self.subnet.split('.').collect();
+        let subnet_ok = octets.len() == 3
+            && octets[0] == "10"
+            && octets[1..].iter().all(|o| o.parse::<u8>().is_ok());
+        if !subnet_ok {
+            return Err(invalid("env.subnet", "is not a 10.x.y subnet"));
+        }
+        if self.nodes.is_empty() || self.nodes.len() > MAX_NODES {
+            return Err(invalid(
+                "env.nodes",
+                format!("must hold 1 to {MAX_NODES} nodes"),
+            ));
+        }
+        let names = self.names();
+        for (index, node) in self.nodes.iter().enumerate() {
+            let at = format!("env.nodes[{index}]");
+            check_name(&format!("{at}.name"), &node.name)?;
+            if node.index != index
+                || node.netns != names.netns(index)
+                || node.address != format!("{}.{}", self.subnet, 10 + index)
+            {
+                return Err(invalid(
+                    at,
+                    "its index, netns or address is not derived from the plan",
+                ));
+            }
+            if node.taskservs.len() > MAX_TASKSERVS_PER_NODE {
+                return Err(invalid(format!("{at}.taskservs"), "too many taskservs"));
+            }
+            for taskserv in &node.taskservs {
+                check_taskserv(&format!("{at}.taskservs"), taskserv, catalog)?;
+            }
+            if self.nodes[..index].iter().any(|n| n.name == node.name) {
+                return Err(invalid(format!("{at}.name"), "appears twice"));
+            }
+        }
+        if self.checks.len() > MAX_NODES * MAX_TASKSERVS_PER_NODE + MAX_CHECKS {
+            return Err(invalid("env.checks", "too many checks"));
+        }
+        for (i, check) in self.checks.iter().enumerate() {
+            let at = format!("env.checks[{i}]");
+            check_taskserv(&format!("{at}.taskserv"), &check.taskserv, catalog)?;
+            if catalog.taskserv(&check.taskserv).map(|t| t.port) != Some(check.port) {
+                return Err(invalid(format!("{at}.port"), "is not the taskserv's port"));
+            }
+            for node in std::iter::once(&check.node).chain(&check.targets) {
+                if self.node(node).is_none() {
+                    return Err(invalid(at, format!("no node `{}`", truncate(node, 64))));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The request checked against the catalog, as a plan for the
     /// environment `id` of the service tagged `tag`.
     pub fn new(
@@ -661,6 +732,75 @@ mod tests {
         ] {
             let err = parse_ttl(&bad).unwrap_err().to_string();
             assert!(err.starts_with("ttl: "), "{err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    fn catalog() -> Catalog {
+        Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap()
+    }
+
+    fn plan() -> EnvPlan {
+        let request: CreateRequest = serde_json::from_value(
+            serde_json::json!({"type": "cluster", "topology": "postgres_redis"}),
+        )
+        .unwrap();
+        EnvPlan::new(
+            &request,
+            &catalog(),
+            uuid::Uuid::now_v7(),
+            "abcd",
+            Utc::now(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_plan_made_here_verifies() {
+        plan().verify(&catalog(), "abcd").unwrap();
+    }
+
+    #[test]
+    fn a_plan_that_names_anything_else_is_refused() {
+        let catalog = catalog();
+        let cases: Vec<(&str, Box<dyn Fn(&mut EnvPlan)>)> = vec![
+            ("env.tag", Box::new(|p| p.tag = "ffff".into())),
+            ("env.key", Box::new(|p| p.key = "000000".into())),
+            ("env.subnet", Box::new(|p| p.subnet = "192.168.1".into())),
+            (
+                "env.nodes[0]",
+                Box::new(|p| p.nodes[0].netns = "other-namespace".into()),
+            ),
+            (
+                "env.nodes[1].name",
+                Box::new(|p| p.nodes[1].name = "../../etc".into()),
+            ),
+            (
+                "env.nodes[0].taskservs",
+                Box::new(|p| p.nodes[0].taskservs.push("../x".into())),
+            ),
+            (
+                "env.checks[0].taskserv",
+                Box::new(|p| p.checks[0].taskserv = "nope".into()),
+            ),
+            (
+                "env.checks[0]",
+                Box::new(|p| p.checks[0].targets.push("elsewhere".into())),
+            ),
+        ];
+        for (field, change) in cases {
+            let mut plan = plan();
+            change(&mut plan);
+            let err = plan.verify(&catalog, "abcd").unwrap_err().to_string();
+            assert!(err.starts_with(field), "{field}: {err}");
         }
     }
 }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use orchestrator_executor::{Attempt, Launcher, LogSink, Outcome, ScriptExecutor, StepRunner};
+use orchestrator_executor::{
+    Attempt, InputRefusal, Launcher, LogSink, Outcome, ScriptExecutor, StepRunner,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -56,6 +58,8 @@ pub struct NodeRunner {
     /// Where the nodes' private roots live (`<data dir>/testenv`).
     root: PathBuf,
     catalog: Arc<Catalog>,
+    /// This service's tag: a step runs only a plan that carries it.
+    tag: String,
 }
 
 impl NodeRunner {
@@ -64,13 +68,26 @@ impl NodeRunner {
         scripts: ScriptExecutor,
         root: PathBuf,
         catalog: Arc<Catalog>,
+        tag: String,
     ) -> NodeRunner {
         NodeRunner {
             provider,
             scripts,
             root,
             catalog,
+            tag,
         }
+    }
+
+    /// The step's input, read and checked: a plan this service made.
+    fn input(&self, input: &Value) -> Result<StepInput, String> {
+        let input = StepInput::deserialize(input)
+            .map_err(|e| format!("bad input of a testenv step: {e}"))?;
+        input
+            .env
+            .verify(&self.catalog, &self.tag)
+            .map_err(|e| e.to_string())?;
+        Ok(input)
     }
 
     pub fn root(&self) -> &Path {
@@ -294,8 +311,7 @@ impl NodeRunner {
     }
 
     async fn act(&self, attempt: &Attempt<'_>) -> Result<Value, Outcome> {
-        let input = StepInput::deserialize(attempt.input)
-            .map_err(|e| failed(format!("bad input of a testenv step: {e}")))?;
+        let input = self.input(attempt.input).map_err(failed)?;
         let plan = &input.env;
         let node = |name: &Option<String>| -> Result<&NodePlan, Outcome> {
             let name = name.as_deref().unwrap_or_default();
@@ -422,6 +438,17 @@ impl StepRunner for NodeRunner {
                 TARGETS.join(", ")
             ))
         }
+    }
+
+    /// A testenv step's input is a whole plan, written by the service:
+    /// one submitted by hand must be a plan this service could have made.
+    fn check_input(&self, input: &Value) -> Result<(), InputRefusal> {
+        self.input(input)
+            .map(|_| ())
+            .map_err(|message| InputRefusal {
+                at: String::new(),
+                message,
+            })
     }
 
     async fn run(&self, attempt: Attempt<'_>) -> Outcome {

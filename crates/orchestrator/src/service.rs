@@ -91,15 +91,17 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             .map_err(|e| anyhow::anyhow!(e))
             .context("cannot load the test environment topologies and taskservs")?,
     );
+    let node_id = node_id(&settings, &data_dir)?;
+    let tag = orchestrator_testenv::model::service_tag(&node_id);
     let node_runner = orchestrator_testenv::NodeRunner::new(
         Arc::new(orchestrator_testenv::NamespaceProvider::new()),
         executor.clone(),
         data_dir.join("testenv"),
         catalog.clone(),
+        tag.clone(),
     );
     let steps = step_kinds(executor, &settings.http_allow)?
         .with(StepKind::Testenv, Arc::new(node_runner.clone()));
-    let node_id = node_id(&settings, &data_dir)?;
     let templates =
         Templates::load(Some(&settings.templates_dir), &steps).context("cannot load templates")?;
     let engine = Engine::start_with_steps(
@@ -125,12 +127,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     .await
     .context("cannot start the engine")?;
     announce_access(&engine, &settings).await?;
-    let testenvs = orchestrator_testenv::TestEnvs::start(
-        engine.clone(),
-        node_runner,
-        catalog,
-        orchestrator_testenv::model::service_tag(&node_id),
-    );
+    let testenvs = orchestrator_testenv::TestEnvs::start(engine.clone(), node_runner, catalog, tag);
     tracing::info!(
         %addr,
         storage = %settings.storage_type,

@@ -576,6 +576,19 @@ async fn requests_are_checked_and_bounded() {
     }
     let (status, _) = service.get("/test/topologies/no_such").await;
     assert_eq!(status, 404);
+    // A testenv step submitted by hand must carry a plan this service
+    // made; a teardown naming anything else is refused before it is stored.
+    let (status, answer) = service
+        .post(
+            "/workflows",
+            json!({"template": {"name": "x", "ref_name": "by-hand", "schema_version": 1, "steps": [
+                {"ref_name": "down", "kind": "testenv", "script": "testenv/teardown",
+                 "input": {"env": {"id": "x", "netns": "someone-elses"}}}]}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bad input of a testenv step"), "{message}");
     // Nothing refused was recorded.
     let (_, listed) = service.get("/test/environments").await;
     assert_eq!(listed["environments"], json!([]));
