@@ -771,7 +771,8 @@ mod plan_tests {
     #[test]
     fn a_plan_that_names_anything_else_is_refused() {
         let catalog = catalog();
-        let cases: Vec<(&str, Box<dyn Fn(&mut EnvPlan)>)> = vec![
+        type Change = Box<dyn Fn(&mut EnvPlan)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("env.tag", Box::new(|p| p.tag = "ffff".into())),
             ("env.key", Box::new(|p| p.key = "000000".into())),
             ("env.subnet", Box::new(|p| p.subnet = "192.168.1".into())),
