@@ -862,3 +862,43 @@ async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
     );
     service.stop().await;
 }
+
+#[tokio::test]
+async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
+    if !privileged("a_starting_service_removes_its_own_leftovers_and_nothing_else") {
+        return;
+    }
+    let tagged = Tagged::new("sweep");
+    let other = Tagged::new("sweep-other");
+    // What a dead life of this service left for an environment it never
+    // recorded (or deleted), and what another service made.
+    let ours_ns = format!("te-{}-abcdef-00", tagged.tag);
+    let ours_link = format!("te{}abcdefb", tagged.tag);
+    let theirs_ns = format!("te-{}-abcdef-00", other.tag);
+    let theirs_link = format!("te{}abcdefb", other.tag);
+    for args in [
+        vec!["netns", "add", ours_ns.as_str()],
+        vec!["link", "add", ours_link.as_str(), "type", "bridge"],
+        vec!["netns", "add", theirs_ns.as_str()],
+        vec!["link", "add", theirs_link.as_str(), "type", "bridge"],
+    ] {
+        assert!(
+            Command::new("ip").args(&args).status().unwrap().success(),
+            "ip {args:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ours_dir = dir.path().join(format!("testenv/{}-abcdef", tagged.tag));
+    std::fs::create_dir_all(ours_dir.join("n1")).unwrap();
+    assert_eq!(tagged.leftovers().netns, [ours_ns.clone()]);
+
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    wait_until("the sweep removed this service's leftovers", || async {
+        tagged.leftovers() == Leftovers::none() && !ours_dir.exists()
+    })
+    .await;
+    // Another service's are untouched.
+    assert_eq!(other.leftovers().netns, [theirs_ns]);
+    assert_eq!(other.leftovers().links, [theirs_link]);
+    service.stop().await;
+}
