@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -193,6 +194,14 @@ struct Inner {
     admitting: tokio::sync::Mutex<()>,
     /// Stops the ttl loop.
     stop: CancellationToken,
+    /// Creates so far (counted before each submission), and the count at
+    /// the last time the ttl loop found no environment left to watch
+    /// (`u64::MAX`: it did find some). The loop lists workflows only when
+    /// the two differ, so an idle service does not scan its store every
+    /// second; atomics, because the loop and the creates only compare
+    /// and store counts.
+    creates: AtomicU64,
+    idle_at: AtomicU64,
 }
 
 impl TestEnvs {
@@ -214,6 +223,8 @@ impl TestEnvs {
                 tag,
                 admitting: tokio::sync::Mutex::new(()),
                 stop: CancellationToken::new(),
+                creates: AtomicU64::new(0),
+                idle_at: AtomicU64::new(u64::MAX),
             }),
         };
         let background = envs.clone();
@@ -227,8 +238,15 @@ impl TestEnvs {
                     () = background.inner.stop.cancelled() => break,
                     _ = tick.tick() => {}
                 }
-                if let Err(e) = background.reap(Utc::now()).await {
-                    tracing::debug!(error = %e, "test environments: reaping failed");
+                let inner = &background.inner;
+                let creates = inner.creates.load(Ordering::SeqCst);
+                if inner.idle_at.load(Ordering::SeqCst) == creates {
+                    continue;
+                }
+                match background.reap(Utc::now()).await {
+                    Ok(0) => inner.idle_at.store(creates, Ordering::SeqCst),
+                    Ok(_) => inner.idle_at.store(u64::MAX, Ordering::SeqCst),
+                    Err(e) => tracing::debug!(error = %e, "test environments: reaping failed"),
                 }
             }
         });
@@ -393,9 +411,11 @@ impl TestEnvs {
     }
 
     /// Deletes what has expired, and what asked for cleanup after a run
-    /// that has finished.
-    async fn reap(&self, now: DateTime<Utc>) -> Result<()> {
-        for record in self.records().await?.values() {
+    /// that has finished; how many environments are not deleted yet.
+    async fn reap(&self, now: DateTime<Utc>) -> Result<usize> {
+        let records = self.records().await?;
+        let live = records.values().filter(|r| r.status().is_live()).count();
+        for record in records.values() {
             if record.delete.is_some() {
                 continue;
             }
@@ -412,7 +432,7 @@ impl TestEnvs {
                 tracing::warn!(env = %record.plan.id, error = %e, "cannot tear down a test environment");
             }
         }
-        Ok(())
+        Ok(live)
     }
 
     /// Removes what this service's earlier lives made for environments it
