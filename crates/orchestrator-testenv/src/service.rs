@@ -516,11 +516,12 @@ impl TestEnvs {
             .inner
             .engine
             .submit(SubmitRequest {
+                // The rest as for any submission (`..`: fields added to
+                // `Meta` later take their defaults here).
                 meta: Meta {
-                    reference: None,
-                    trace_id: None,
                     name: Some(format!("{} {}", template.name, plan.name)),
                     description: Some(format!("test environment {}", plan.id)),
+                    ..Meta::default()
                 },
                 template: TemplateSource::Inline(Box::new(template)),
                 vars,
