@@ -797,8 +797,8 @@ async fn without_the_capabilities_create_is_refused_and_nothing_is_made() {
 }
 
 #[tokio::test]
-async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
-    if !privileged("the_cli_runs_a_quick_test_and_prints_a_pass_fail_table") {
+async fn the_cli_runs_a_quick_test_and_each_env_command() {
+    if !privileged("the_cli_runs_a_quick_test_and_each_env_command") {
         return;
     }
     let tagged = Tagged::new("cli");
@@ -851,6 +851,57 @@ async fn the_cli_runs_a_quick_test_and_prints_a_pass_fail_table() {
             .all(|e| e["status"] == "deleted"),
         "{listed}"
     );
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    // The same, step by step: a single postgres with auto-start.
+    let created = cli(&[
+        "test",
+        "env",
+        "create",
+        "--type",
+        "single_taskserv",
+        "--taskserv",
+        "postgres",
+        "--ttl",
+        "10m",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let env: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert_eq!(env["status"], "ready", "{env}");
+    let id = env["id"].as_str().unwrap().to_owned();
+    let listed = cli(&["test", "env", "list"]).await;
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains(&id) && listed.contains("ready"), "{listed}");
+    let ran = cli(&["test", "env", "run", &id]).await;
+    let table = String::from_utf8_lossy(&ran.stdout).into_owned();
+    assert!(ran.status.success(), "{table}");
+    assert!(
+        table.contains("postgres@postgres") && table.contains("PASS"),
+        "{table}"
+    );
+    let shown = cli(&["test", "env", "show", &id]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown.contains("10.") && shown.contains("passed: 1 passed, 0 failed"),
+        "{shown}"
+    );
+    let logs = cli(&["test", "env", "logs", &id]).await;
+    let logs = String::from_utf8_lossy(&logs.stdout).into_owned();
+    assert!(
+        logs.contains("== create / install postgres on postgres [completed]"),
+        "{logs}"
+    );
+    assert!(logs.contains("ok: postgres on postgres answers"), "{logs}");
+    let deleted = cli(&["test", "env", "delete", &id]).await;
+    let deleted = String::from_utf8_lossy(&deleted.stdout).into_owned();
+    assert!(deleted.contains("deleted"), "{deleted}");
     assert_eq!(tagged.leftovers(), Leftovers::none());
 
     let unknown = cli(&["test", "quick", "mysql"]).await;
