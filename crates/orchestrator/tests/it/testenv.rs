@@ -941,7 +941,7 @@ async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let ours_dir = dir.path().join(format!("testenv/{}-abcdef", tagged.tag));
     std::fs::create_dir_all(ours_dir.join("n1")).unwrap();
-    assert_eq!(tagged.leftovers().netns, [ours_ns.clone()]);
+    assert_eq!(tagged.leftovers().netns, [ours_ns]);
 
     let service = TestService::start(tagged.settings(dir.path())).await;
     wait_until("the sweep removed this service's leftovers", || async {
