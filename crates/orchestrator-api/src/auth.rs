@@ -131,6 +131,9 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/ui/logout") => "ui.sign_out",
         ("POST", "/backup") => "backup.create",
         ("POST", "/prune") => "prune.run",
+        ("POST", "/test/environments/create") => "testenv.create",
+        ("POST", "/test/environments/{id}/run") => "testenv.run",
+        ("DELETE", "/test/environments/{id}") => "testenv.delete",
         _ => "",
     };
     if named.is_empty() {

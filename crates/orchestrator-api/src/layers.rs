@@ -32,6 +32,9 @@ const WAITING_ROUTES: &[&str] = &[
     "/workflows/taskserv/create",
     "/workflows/cluster/create",
     "/backup",
+    "/test/environments/create",
+    "/test/environments/{id}",
+    "/test/environments/{id}/run",
 ];
 
 /// The deadlines; a value so tests can shorten them.

@@ -14,6 +14,7 @@ pub mod prometheus;
 mod routes;
 mod schedules;
 mod session;
+mod testenv;
 #[cfg(test)]
 mod tests;
 
@@ -45,22 +46,34 @@ pub(crate) struct AppState {
     engine: Engine,
     /// Issues the dashboard's session cookies; the guard checks them.
     sessions: session::Sessions,
+    /// Test environments, when the service runs them (`/test/...`).
+    testenvs: Option<orchestrator_testenv::TestEnvs>,
 }
 
 impl AppState {
     pub(crate) fn new(engine: Engine) -> AppState {
         let sessions = session::Sessions::new(engine.access().config().secret_key);
-        AppState { engine, sessions }
+        AppState {
+            engine,
+            sessions,
+            testenvs: None,
+        }
     }
 }
 
 /// The full router with its middleware.
 pub fn app(engine: Engine) -> Router {
-    with_layers(
-        all_routes(),
-        AppState::new(engine),
-        layers::Deadlines::default(),
-    )
+    app_with_testenvs(engine, None)
+}
+
+/// [`app`], with the test environment service behind `/test/...`.
+pub fn app_with_testenvs(
+    engine: Engine,
+    testenvs: Option<orchestrator_testenv::TestEnvs>,
+) -> Router {
+    let mut state = AppState::new(engine);
+    state.testenvs = testenvs;
+    with_layers(all_routes(), state, layers::Deadlines::default())
 }
 
 /// Every route, before middleware: the API's, the dashboard's and the
@@ -70,6 +83,7 @@ pub(crate) fn all_routes() -> Router<AppState> {
         .merge(admin::router())
         .merge(dashboard::router())
         .merge(schedules::router())
+        .merge(testenv::router())
         .merge(
             Router::new()
                 .route("/metrics", get(prometheus::metrics))
@@ -124,11 +138,22 @@ pub async fn serve(
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with_testenvs(listener, engine, None, shutdown).await
+}
+
+/// [`serve`], with the test environment service behind `/test/...`.
+pub async fn serve_with_testenvs(
+    listener: TcpListener,
+    engine: Engine,
+    testenvs: Option<orchestrator_testenv::TestEnvs>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     // The peer address tells the guard whether `/metrics` is asked from
     // this machine.
     axum::serve(
         listener,
-        app(engine).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        app_with_testenvs(engine, testenvs)
+            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

@@ -129,11 +129,16 @@ pub enum StepKind {
     /// A job launched over HTTP on another system, then polled to its end
     /// (see [`crate::http`]).
     Http,
+    /// A script run inside a node of a test environment, or one of the
+    /// environment's own moves (make the nodes, start a taskserv, tear
+    /// down); the `orchestrator-testenv` crate runs it.
+    Testenv,
 }
 
 crate::named_variants!(StepKind, "step kind", [
     Script => "script",
     Http => "http",
+    Testenv => "testenv",
 ]);
 
 impl StepKind {
@@ -146,7 +151,7 @@ impl StepKind {
     /// Errors about the input name it.
     pub fn input_field(self) -> &'static str {
         match self {
-            StepKind::Script => "input",
+            StepKind::Script | StepKind::Testenv => "input",
             StepKind::Http => "http",
         }
     }

@@ -202,7 +202,7 @@ impl StepTemplate {
     /// resolve: `input`, or an http step's block.
     pub fn input_value(&self) -> Value {
         match self.kind {
-            StepKind::Script => Value::Object(self.input.clone()),
+            StepKind::Script | StepKind::Testenv => Value::Object(self.input.clone()),
             StepKind::Http => self.http_block(),
         }
     }
@@ -221,7 +221,7 @@ impl StepTemplate {
     /// the metrics, where a URL would make one series per job).
     fn target(&self) -> String {
         match self.kind {
-            StepKind::Script => self.script.clone(),
+            StepKind::Script | StepKind::Testenv => self.script.clone(),
             StepKind::Http => format!("http:{}", self.ref_name),
         }
     }
@@ -459,11 +459,11 @@ impl Template {
     /// has its `http` block and nothing a script would take.
     fn validate_kind(&self, step: &StepTemplate, at: &str) -> Result<(), TemplateError> {
         match (step.kind, &step.http) {
-            (StepKind::Script, None) if step.script.trim().is_empty() => {
+            (StepKind::Script | StepKind::Testenv, None) if step.script.trim().is_empty() => {
                 Err(err(format!("{at}.script"), "must name a script"))
             }
-            (StepKind::Script, None) => Ok(()),
-            (StepKind::Script, Some(_)) => Err(err(
+            (StepKind::Script | StepKind::Testenv, None) => Ok(()),
+            (StepKind::Script | StepKind::Testenv, Some(_)) => Err(err(
                 format!("{at}.http"),
                 "only a step of `kind: http` takes an http block",
             )),

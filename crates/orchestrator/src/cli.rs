@@ -40,6 +40,10 @@ pub enum Command {
     /// Recurring runs of a template on a cron expression.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Test environments: a taskserv, a server or a cluster in Linux
+    /// namespaces, made, checked and torn down by the service.
+    #[command(subcommand)]
+    Test(TestCommand),
     /// Look at the store itself.
     #[command(subcommand)]
     Db(DbCommand),
@@ -654,4 +658,114 @@ pub struct CheckpointGetArgs {
     pub key: Option<String>,
     #[arg(long, env = "ORCHESTRATOR_TASK_ID")]
     pub task: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TestCommand {
+    /// Create, list, show, run, read the logs of and delete environments.
+    #[command(subcommand)]
+    Env(TestEnvCommand),
+    /// The topology templates (templates/topologies/).
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Create an environment of a topology (or of one taskserv), run its
+    /// checks, tear it down, and print a pass/fail table; exits non-zero
+    /// unless every check passed.
+    Quick(TestQuickArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TestEnvCommand {
+    /// Create an environment (and with --wait, wait until it is ready).
+    Create(TestEnvCreateArgs),
+    /// List the environments.
+    List(JsonFlag),
+    /// Show one environment and its newest run's checks.
+    Show(TestEnvIdArgs),
+    /// Run its checks, wait for them, and print a pass/fail table; exits
+    /// non-zero unless every check passed.
+    Run(TestEnvIdArgs),
+    /// Print every step's and check's output.
+    Logs(TestEnvIdArgs),
+    /// Tear it down (and wait until it is gone).
+    Delete(TestEnvIdArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopologyCommand {
+    /// List the topology templates and the taskservs nodes can run.
+    List(JsonFlag),
+    /// Show one topology template.
+    Show(TopologyShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Print the service's JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestEnvIdArgs {
+    pub id: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TopologyShowArgs {
+    pub name: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestEnvCreateArgs {
+    /// single_taskserv, server or cluster.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub env_type: String,
+    /// single_taskserv: the taskserv.
+    #[arg(long)]
+    pub taskserv: Option<String>,
+    /// server: the server's name.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// server: its taskservs, in order (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    pub taskservs: Vec<String>,
+    /// cluster: a topology template's name.
+    #[arg(long, conflicts_with = "topology_file")]
+    pub topology: Option<String>,
+    /// cluster: a topology of your own, as a YAML or JSON file.
+    #[arg(long)]
+    pub topology_file: Option<std::path::PathBuf>,
+    /// A label for the environment.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Install the taskservs but start them only at the first run.
+    #[arg(long)]
+    pub no_auto_start: bool,
+    /// Tear it down once a run has finished.
+    #[arg(long)]
+    pub auto_cleanup: bool,
+    /// Tear it down after this long: seconds, or like 90s, 15m, 2h.
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Wait until it is ready (or failed).
+    #[arg(long)]
+    pub wait: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestQuickArgs {
+    /// A topology template (kubernetes_3node, ...) or a taskserv (postgres, ...).
+    pub subject: String,
+    /// Leave the environment up after the run (its ttl still applies).
+    #[arg(long)]
+    pub keep: bool,
+    #[arg(long)]
+    pub json: bool,
 }

@@ -12,6 +12,7 @@ mod schedules;
 pub mod service;
 pub mod settings;
 mod systemd;
+mod testenv;
 mod workflows;
 
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
             Command::Schedule(command) => schedules::run(&cli.client, command).await,
+            Command::Test(command) => testenv::run(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Token(command) => client::token(&cli.client, command).await,

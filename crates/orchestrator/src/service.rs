@@ -21,6 +21,7 @@ use crate::settings::{LogFormat, ServeSettings};
 pub struct ServiceHandle {
     pub addr: SocketAddr,
     pub engine: Engine,
+    pub testenvs: orchestrator_testenv::TestEnvs,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -83,7 +84,24 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     })
     .context("--scripts-dir")?
     .with_max_log_bytes(settings.max_log_bytes);
-    let steps = step_kinds(executor, &settings.http_allow)?;
+    // Test environments: their step kind runs the same provisioning scripts
+    // inside the nodes, resolved like the `script` kind's.
+    let catalog = Arc::new(
+        orchestrator_testenv::Catalog::load(&settings.scripts_dir, Some(&settings.templates_dir))
+            .map_err(|e| anyhow::anyhow!(e))
+            .context("cannot load the test environment topologies and taskservs")?,
+    );
+    let node_id = node_id(&settings, &data_dir)?;
+    let tag = orchestrator_testenv::model::service_tag(&node_id);
+    let node_runner = orchestrator_testenv::NodeRunner::new(
+        Arc::new(orchestrator_testenv::NamespaceProvider::new()),
+        executor.clone(),
+        data_dir.join("testenv"),
+        catalog.clone(),
+        tag.clone(),
+    );
+    let steps = step_kinds(executor, &settings.http_allow)?
+        .with(StepKind::Testenv, Arc::new(node_runner.clone()));
     let templates =
         Templates::load(Some(&settings.templates_dir), &steps).context("cannot load templates")?;
     let engine = Engine::start_with_steps(
@@ -95,7 +113,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             default_max_attempts: settings.max_attempts,
             default_timeout: settings.task_timeout,
             retry: settings.retry,
-            node_id: node_id(&settings, &data_dir)?,
+            node_id: node_id.clone(),
             address: format!("http://{}", reachable(addr)),
             lease: settings.lease,
             access: orchestrator_engine::access::AccessConfig {
@@ -114,6 +132,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     .await
     .context("cannot start the engine")?;
     announce_access(&engine, &settings).await?;
+    let testenvs = orchestrator_testenv::TestEnvs::start(engine.clone(), node_runner, catalog, tag);
     tracing::info!(
         %addr,
         storage = %settings.storage_type,
@@ -130,15 +149,17 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     let task = {
         let stop = stop.clone();
         let engine = engine.clone();
+        let testenvs = testenvs.clone();
         tokio::spawn(async move {
             // The API stays up through the grace period: submissions are
             // refused (503), but running scripts can still save checkpoints
             // and clients can watch them finish.
             let http_stop = CancellationToken::new();
             let http_stopped = http_stop.clone();
-            let http = tokio::spawn(orchestrator_api::serve(
+            let http = tokio::spawn(orchestrator_api::serve_with_testenvs(
                 listener,
                 engine.clone(),
+                Some(testenvs.clone()),
                 async move { http_stopped.cancelled().await },
             ));
             stop.cancelled().await;
@@ -146,6 +167,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 grace_secs = grace.as_secs(),
                 "shutting down: no new work; letting running tasks finish"
             );
+            testenvs.stop();
             engine.shutdown(grace).await;
             http_stop.cancel();
             // Requests still open (a long `wait`) get a moment, then are dropped.
@@ -162,6 +184,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     Ok(ServiceHandle {
         addr,
         engine,
+        testenvs,
         stop,
         task,
     })

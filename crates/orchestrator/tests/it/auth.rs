@@ -76,6 +76,7 @@ enum Min {
 
 #[tokio::test]
 async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
+    const NO_ENV: &str = "0190f0a0-0000-7000-8000-000000000000";
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(with_auth(dir.path())).await;
     let viewer = create_token(&service, "viewer-1", "viewer").await;
@@ -348,6 +349,64 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             "/prune".into(),
             Some(json!({"older_than": "3650d", "dry_run": true})),
             Min::Admin,
+        ),
+        // Test environments: refused bodies and unknown ids, so that
+        // nothing is made here (tests/it/testenv.rs makes them).
+        (
+            "POST",
+            "/test/environments/create",
+            "/test/environments/create".into(),
+            Some(json!({"type": "single_taskserv", "taskserv": "no-such-taskserv"})),
+            Min::Operator,
+        ),
+        (
+            "GET",
+            "/test/environments",
+            "/test/environments".into(),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "GET",
+            "/test/environments/{id}",
+            format!("/test/environments/{NO_ENV}"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/test/environments/{id}/run",
+            format!("/test/environments/{NO_ENV}/run"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "DELETE",
+            "/test/environments/{id}",
+            format!("/test/environments/{NO_ENV}"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "GET",
+            "/test/environments/{id}/logs",
+            format!("/test/environments/{NO_ENV}/logs"),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "GET",
+            "/test/topologies",
+            "/test/topologies".into(),
+            None,
+            Min::Viewer,
+        ),
+        (
+            "GET",
+            "/test/topologies/{name}",
+            "/test/topologies/etcd_cluster".into(),
+            None,
+            Min::Viewer,
         ),
     ];
 

@@ -24,5 +24,6 @@ mod retention;
 mod schedules;
 mod systemd;
 mod tasks;
+mod testenv;
 mod upgrades;
 mod workflows;

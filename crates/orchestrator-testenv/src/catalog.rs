@@ -1,0 +1,187 @@
+//! What environments are made of: the topology templates (compiled in from
+//! `templates/topologies/`, then the files of `<templates dir>/topologies/`,
+//! which replace them by name) and the taskservs a node can run (every
+//! `scripts/taskservs/<name>/` with a `testenv.json` and a `check.nu`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::model::{Topology, check_name};
+use crate::{Result, invalid};
+
+/// The shipped topologies, by file.
+const BUILT_IN: &[(&str, &str)] = &[
+    (
+        "kubernetes_3node.yaml",
+        include_str!("../../../templates/topologies/kubernetes_3node.yaml"),
+    ),
+    (
+        "kubernetes_single.yaml",
+        include_str!("../../../templates/topologies/kubernetes_single.yaml"),
+    ),
+    (
+        "etcd_cluster.yaml",
+        include_str!("../../../templates/topologies/etcd_cluster.yaml"),
+    ),
+    (
+        "containerd_test.yaml",
+        include_str!("../../../templates/topologies/containerd_test.yaml"),
+    ),
+    (
+        "postgres_redis.yaml",
+        include_str!("../../../templates/topologies/postgres_redis.yaml"),
+    ),
+];
+
+/// A taskserv as test environments know it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TaskservInfo {
+    pub name: String,
+    /// The port its simulated service listens on in its node.
+    pub port: u16,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// `scripts/taskservs/<name>/testenv.json`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskservFile {
+    port: u16,
+    #[serde(default)]
+    description: String,
+}
+
+/// Topologies and taskservs, read once at start.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    topologies: BTreeMap<String, Topology>,
+    taskservs: BTreeMap<String, TaskservInfo>,
+}
+
+impl Catalog {
+    /// The built-in topologies, those of `templates_dir/topologies`, and
+    /// the taskservs of `scripts_dir/taskservs`. A bad file is an error
+    /// naming it; a missing directory is empty.
+    pub fn load(scripts_dir: &Path, templates_dir: Option<&Path>) -> Result<Catalog> {
+        let mut topologies = BTreeMap::new();
+        for (file, text) in BUILT_IN {
+            let topology = parse_topology(file, text)?;
+            topologies.insert(topology.name.clone(), topology);
+        }
+        if let Some(dir) = templates_dir {
+            for path in files_in(&dir.join("topologies"), "yaml")? {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
+                let topology = parse_topology(&path.display().to_string(), &text)?;
+                topologies.insert(topology.name.clone(), topology);
+            }
+        }
+        let mut taskservs = BTreeMap::new();
+        let dir = scripts_dir.join("taskservs");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries.flatten().map(|e| e.path()).collect::<Vec<_>>(),
+            Err(_) => Vec::new(),
+        };
+        for path in entries {
+            let meta = path.join("testenv.json");
+            if !path.is_dir() || !meta.is_file() {
+                continue;
+            }
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let at = meta.display().to_string();
+            check_name(&at, &name)?;
+            if !path.join("check.nu").is_file() {
+                return Err(invalid(&at, "the taskserv has no check.nu beside it"));
+            }
+            let text = std::fs::read_to_string(&meta).map_err(|e| invalid(&at, e.to_string()))?;
+            let file: TaskservFile =
+                serde_json::from_str(&text).map_err(|e| invalid(&at, e.to_string()))?;
+            taskservs.insert(
+                name.clone(),
+                TaskservInfo {
+                    name,
+                    port: file.port,
+                    description: file.description,
+                },
+            );
+        }
+        Ok(Catalog {
+            topologies,
+            taskservs,
+        })
+    }
+
+    pub fn topology(&self, name: &str) -> Option<&Topology> {
+        self.topologies.get(name)
+    }
+
+    pub fn topologies(&self) -> impl Iterator<Item = &Topology> {
+        self.topologies.values()
+    }
+
+    pub fn topology_names(&self) -> Vec<String> {
+        self.topologies.keys().cloned().collect()
+    }
+
+    pub fn taskserv(&self, name: &str) -> Option<&TaskservInfo> {
+        self.taskservs.get(name)
+    }
+
+    pub fn taskserv_names(&self) -> Vec<String> {
+        self.taskservs.keys().cloned().collect()
+    }
+}
+
+fn parse_topology(file: &str, text: &str) -> Result<Topology> {
+    serde_norway::from_str(text).map_err(|e| invalid(file, e.to_string()))
+}
+
+fn files_in(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(invalid(dir.display().to_string(), e.to_string())),
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == extension))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::validate_topology;
+
+    fn repo_scripts() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    }
+
+    #[test]
+    fn every_shipped_topology_is_valid_against_the_shipped_taskservs() {
+        let catalog = Catalog::load(&repo_scripts(), None).unwrap();
+        assert_eq!(
+            catalog.topology_names(),
+            [
+                "containerd_test",
+                "etcd_cluster",
+                "kubernetes_3node",
+                "kubernetes_single",
+                "postgres_redis"
+            ]
+        );
+        for topology in catalog.topologies() {
+            validate_topology(topology, &catalog, &topology.name).unwrap();
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The seam between environments and what their nodes are made of. One
+//! implementation ships: Linux namespaces ([`crate::NamespaceProvider`]).
+//! A container engine could be another, behind a cargo feature; none is
+//! shipped untested.
+
+use std::path::Path;
+
+use async_trait::async_trait;
+
+use crate::Result;
+use crate::model::{EnvNames, EnvPlan, NodePlan};
+
+/// Makes nodes, runs programs in them, and tears them down. Every call
+/// finds what it works on by the names a plan derives from the
+/// environment's id, so that a restarted service can finish or clean up
+/// what an earlier life began.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Its name, for messages and `GET /test/environments`.
+    fn name(&self) -> &'static str;
+
+    /// What this process lacks to make nodes, named (empty: nothing).
+    /// Checked before anything is made.
+    fn missing_privileges(&self) -> Vec<String>;
+
+    /// Makes the environment's nodes, each reachable by name from the
+    /// others and from nothing else. Whatever an earlier attempt left is
+    /// removed first, so that a retry starts clean.
+    async fn create(&self, plan: &EnvPlan, root: &Path) -> Result<()>;
+
+    /// A command that runs `program` with `args` inside `node`: its
+    /// namespaces, its private root as the working directory and as
+    /// `ORCHESTRATOR_DATA_DIR`. In its own process group.
+    async fn command(
+        &self,
+        plan: &EnvPlan,
+        node: &NodePlan,
+        root: &Path,
+        program: &Path,
+        args: &[String],
+    ) -> Result<tokio::process::Command>;
+
+    /// The processes running in `node`: pid (as the host sees it) and
+    /// command line, arguments separated by spaces.
+    async fn processes(&self, plan: &EnvPlan, node: &NodePlan) -> Result<Vec<(i32, String)>>;
+
+    /// Removes everything of the environment: processes, namespaces,
+    /// links, directories. Idempotent; how many things it removed.
+    async fn destroy(&self, names: &EnvNames, root: &Path) -> Result<usize>;
+
+    /// The environments of the service tagged `tag` that have anything
+    /// left on this host.
+    async fn existing(&self, tag: &str, root: &Path) -> Result<Vec<EnvNames>>;
+}

@@ -1,0 +1,955 @@
+//! Test environments in real Linux namespaces, made by the real service
+//! and its real scripts (Nushell, python3), checked and torn down through
+//! the API. They need root (CAP_SYS_ADMIN and CAP_NET_ADMIN); without it
+//! each test says so loudly and passes without running. Each test's
+//! service has its own node id, so its own tag in every name it gives: a
+//! guard removes whatever carries that tag when the test ends, failed or
+//! not, and the counts before and after are of that tag only.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use orchestrator::settings::ServeSettings;
+use orchestrator_testenv::model::service_tag;
+use serde_json::{Value, json};
+
+use crate::harness::{TestService, real_scripts};
+
+const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+
+/// Whether this process may make namespaces; if not, says so loudly.
+fn privileged(test: &str) -> bool {
+    let missing = orchestrator_testenv::caps::missing();
+    if missing.is_empty() {
+        return true;
+    }
+    eprintln!(
+        "\n**************** SKIPPED {test}: test environments need root \
+         (this test process lacks {}); `make test` runs as root in CI ****************\n",
+        missing.join(", ")
+    );
+    false
+}
+
+fn templates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../templates")
+}
+
+/// The names a service with this node id gives, and the guard that
+/// removes them when the test ends.
+struct Tagged {
+    node_id: String,
+    tag: String,
+}
+
+impl Tagged {
+    fn new(test: &str) -> Tagged {
+        let node_id = format!("testenv-{test}-{}", uuid::Uuid::now_v7().simple());
+        let tag = service_tag(&node_id);
+        Tagged { node_id, tag }
+    }
+
+    fn netns_prefix(&self) -> String {
+        format!("te-{}-", self.tag)
+    }
+
+    /// What carries the tag on this host: namespaces, links, processes.
+    fn leftovers(&self) -> Leftovers {
+        let netns: Vec<String> = lines("ip", &["netns", "list"])
+            .into_iter()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|n| n.starts_with(&self.netns_prefix()))
+            .collect();
+        let links: Vec<String> = lines("ip", &["-o", "link", "show"])
+            .into_iter()
+            .filter_map(|l| {
+                l.split(": ")
+                    .nth(1)
+                    .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+            })
+            .filter(|n| n.starts_with(&format!("te{}", self.tag)))
+            .collect();
+        let mark = format!("ORCHESTRATOR_TESTENV={}", self.netns_prefix());
+        let processes: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|env| String::from_utf8_lossy(&env).contains(&mark))
+                    .unwrap_or(false)
+            })
+            .collect();
+        Leftovers {
+            netns,
+            links,
+            processes,
+        }
+    }
+
+    fn settings(&self, data_dir: &Path) -> ServeSettings {
+        let mut settings = ServeSettings::new(data_dir.to_path_buf(), real_scripts());
+        settings.templates_dir = templates();
+        settings.port = 0;
+        settings.workers = 6;
+        settings.auth = false;
+        settings.node_id = Some(self.node_id.clone());
+        settings.retry.base_delay = Duration::from_millis(50);
+        settings.retry.max_delay = Duration::from_millis(200);
+        settings.shutdown_grace = Duration::from_secs(5);
+        settings
+    }
+}
+
+impl Drop for Tagged {
+    fn drop(&mut self) {
+        let left = self.leftovers();
+        for pid in &left.processes {
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        for ns in &left.netns {
+            for pid in lines("ip", &["netns", "pids", ns]) {
+                let _ = Command::new("kill")
+                    .args(["-9", pid.trim()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        for link in &left.links {
+            let _ = Command::new("ip")
+                .args(["link", "del", link])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct Leftovers {
+    netns: Vec<String>,
+    links: Vec<String>,
+    processes: Vec<i32>,
+}
+
+impl Leftovers {
+    fn none() -> Leftovers {
+        Leftovers {
+            netns: vec![],
+            links: vec![],
+            processes: vec![],
+        }
+    }
+}
+
+fn lines(program: &str, args: &[&str]) -> Vec<String> {
+    let output = Command::new(program).args(args).output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Polls `done` until it holds; fails after two minutes (a condition,
+/// not a timing: on a healthy machine it holds in seconds).
+async fn wait_until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn env_status(service: &TestService, id: &str) -> String {
+    let (_, env) = service.get(&format!("/test/environments/{id}")).await;
+    env["status"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn create(service: &TestService, body: Value) -> Value {
+    let mut body = body;
+    body["wait"] = json!(true);
+    let (status, env) = service.post("/test/environments/create", body).await;
+    assert_eq!(status, 201, "{env}");
+    assert_eq!(env["status"], "ready", "{env}");
+    env
+}
+
+async fn run(service: &TestService, id: &str) -> Value {
+    let (status, env) = service
+        .post(&format!("/test/environments/{id}/run?wait=true"), json!({}))
+        .await;
+    assert_eq!(status, 202, "{env}");
+    env["last_run"].clone()
+}
+
+async fn delete(service: &TestService, id: &str) {
+    let (status, env) = service
+        .delete(&format!("/test/environments/{id}?wait=true"))
+        .await;
+    assert_eq!(status, 202, "{env}");
+    assert_eq!(env["status"], "deleted", "{env}");
+}
+
+/// Create, run (every check passes), logs, delete.
+async fn lifecycle(service: &TestService, body: Value, checks: usize) {
+    let env = create(service, body.clone()).await;
+    let id = env["id"].as_str().unwrap();
+    let run = run(service, id).await;
+    assert_eq!(run["status"], "passed", "{body}: {run}");
+    let results = run["checks"].as_array().unwrap();
+    assert_eq!(results.len(), checks, "{body}: {run}");
+    assert!(results.iter().all(|c| c["status"] == "passed"), "{run}");
+
+    // Every step's and check's output; a check's log says what it reached.
+    let (status, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    assert_eq!(status, 200, "{logs}");
+    let entries = logs["entries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(
+            |e| e["workflow"] == "create" && e["step"].as_str().unwrap().starts_with("install")
+        )
+    );
+    let check_logs: Vec<&Value> = entries.iter().filter(|e| e["workflow"] == "run").collect();
+    assert_eq!(check_logs.len(), checks, "{logs}");
+    assert!(
+        check_logs
+            .iter()
+            .all(|e| e["log"].as_str().unwrap().contains("ok: ")),
+        "{logs}"
+    );
+
+    // The environment's workflows are workflows like any other (the
+    // dashboard lists them).
+    let (status, workflow) = service
+        .get(&format!(
+            "/workflows/{}",
+            env["create_workflow"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, 200, "{workflow}");
+    assert_eq!(workflow["kind"], "testenv-create", "{workflow}");
+
+    delete(service, id).await;
+}
+
+#[tokio::test]
+async fn every_type_and_every_topology_is_made_checked_and_torn_down() {
+    if !privileged("every_type_and_every_topology_is_made_checked_and_torn_down") {
+        return;
+    }
+    let tagged = Tagged::new("all");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    // The topology templates, as the API lists them.
+    let (status, listed) = service.get("/test/topologies").await;
+    assert_eq!(status, 200, "{listed}");
+    let names: Vec<&str> = listed["topologies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "containerd_test",
+            "etcd_cluster",
+            "kubernetes_3node",
+            "kubernetes_single",
+            "postgres_redis"
+        ]
+    );
+
+    // Seven environments at once (the most is eight): checks per
+    // taskserv on its node, plus the topology's across nodes.
+    let cluster = |topology: &str| json!({"type": "cluster", "topology": topology});
+    tokio::join!(
+        lifecycle(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "postgres"}),
+            1
+        ),
+        lifecycle(
+            &service,
+            json!({"type": "server", "server": "web-01", "taskservs": ["containerd", "redis"]}),
+            2
+        ),
+        lifecycle(&service, cluster("containerd_test"), 1),
+        lifecycle(&service, cluster("kubernetes_single"), 3),
+        lifecycle(&service, cluster("etcd_cluster"), 6),
+        lifecycle(&service, cluster("kubernetes_3node"), 13),
+        lifecycle(&service, cluster("postgres_redis"), 4),
+    );
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+/// The pid, as the host sees it, of a node's process whose command line
+/// contains all of `words`.
+fn node_process(netns: &str, words: &[&str]) -> Option<i32> {
+    lines("ip", &["netns", "pids", netns])
+        .iter()
+        .filter_map(|p| p.trim().parse::<i32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            // The service itself, not the `nsenter` that started it.
+            !cmdline.starts_with("nsenter") && words.iter().all(|w| cmdline.contains(w))
+        })
+}
+
+#[tokio::test]
+async fn a_check_fails_when_a_nodes_service_is_stopped() {
+    if !privileged("a_check_fails_when_a_nodes_service_is_stopped") {
+        return;
+    }
+    let tagged = Tagged::new("stop");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let env = create(
+        &service,
+        json!({"type": "cluster", "topology": "postgres_redis"}),
+    )
+    .await;
+    let id = env["id"].as_str().unwrap();
+    let pg = env["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "pg")
+        .unwrap();
+    let postgres = node_process(
+        pg["netns"].as_str().unwrap(),
+        &["serve.py", "--service postgres"],
+    )
+    .expect("postgres runs in node pg");
+    assert!(
+        Command::new("kill")
+            .args(["-9", &postgres.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let run = run(&service, id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let status_of = |name: &str| {
+        run["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {run}"))["status"]
+            .clone()
+    };
+    assert_eq!(status_of("postgres@pg"), "failed");
+    assert_eq!(status_of("postgres-from-redis"), "failed");
+    assert_eq!(status_of("redis@redis"), "passed");
+    assert_eq!(status_of("redis-from-postgres"), "passed");
+    assert_eq!(run["passed"], 2, "{run}");
+    assert_eq!(run["failed"], 2, "{run}");
+    let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    let failed_log = logs["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == "check postgres-from-redis")
+        .unwrap()["log"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        failed_log.contains("postgres on pg does not answer"),
+        "{failed_log}"
+    );
+
+    delete(&service, id).await;
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+/// Whether `taskserv`'s service answers at `address:port` (an HTTP GET,
+/// its answer naming the service), from inside the network namespace
+/// `netns`, or from the host without one. The answer is checked, not only
+/// the connection: a host may have a proxy that accepts any connection.
+fn answers_from(netns: Option<&str>, address: &str, port: u16, taskserv: &str) -> bool {
+    let probe = format!(
+        "import socket,sys\n\
+         try:\n    s=socket.create_connection(('{address}', {port}), timeout=2)\n    \
+         s.settimeout(2)\n    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n    \
+         data=s.makefile('rb').read()\nexcept OSError:\n    sys.exit(1)\n\
+         sys.exit(0 if b'\"service\": \"{taskserv}\"' in data else 1)"
+    );
+    let mut command = match netns {
+        Some(netns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", netns, "python3"]);
+            c
+        }
+        None => Command::new("python3"),
+    };
+    command.args(["-c", &probe]).status().unwrap().success()
+}
+
+#[tokio::test]
+async fn two_environments_at_once_cannot_reach_each_other() {
+    if !privileged("two_environments_at_once_cannot_reach_each_other") {
+        return;
+    }
+    let tagged = Tagged::new("isolation");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let (a, b) = tokio::join!(
+        create(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "redis"})
+        ),
+        create(
+            &service,
+            json!({"type": "cluster", "topology": "postgres_redis"})
+        ),
+    );
+    let node = |env: &Value, i: usize| {
+        let n = &env["nodes"][i];
+        (
+            n["netns"].as_str().unwrap().to_owned(),
+            n["address"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (a_ns, a_addr) = node(&a, 0);
+    let (b_pg_ns, b_pg_addr) = node(&b, 0);
+    let (b_redis_ns, b_redis_addr) = node(&b, 1);
+    // Within an environment, across its bridge: yes.
+    assert!(answers_from(
+        Some(&b_redis_ns),
+        &b_pg_addr,
+        5432,
+        "postgres"
+    ));
+    assert!(answers_from(Some(&b_pg_ns), &b_redis_addr, 6379, "redis"));
+    // Between environments: never, either way, though both listen.
+    assert!(answers_from(Some(&a_ns), &a_addr, 6379, "redis"));
+    assert!(!answers_from(Some(&a_ns), &b_redis_addr, 6379, "redis"));
+    assert!(!answers_from(Some(&a_ns), &b_pg_addr, 5432, "postgres"));
+    assert!(!answers_from(Some(&b_redis_ns), &a_addr, 6379, "redis"));
+    assert!(!answers_from(Some(&b_pg_ns), &a_addr, 6379, "redis"));
+    // Nor the host: it has no address on any environment's bridge.
+    assert!(!answers_from(None, &a_addr, 6379, "redis"));
+    assert!(!answers_from(None, &b_pg_addr, 5432, "postgres"));
+
+    for env in [&a, &b] {
+        delete(&service, env["id"].as_str().unwrap()).await;
+    }
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_ttl_and_auto_cleanup_tear_environments_down() {
+    if !privileged("an_expired_ttl_and_auto_cleanup_tear_environments_down") {
+        return;
+    }
+    let tagged = Tagged::new("ttl");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let expiring = create(
+        &service,
+        json!({"type": "single_taskserv", "taskserv": "etcd", "ttl": "5s"}),
+    )
+    .await;
+    // Not started by its create: its run starts it, then checks it.
+    let cleaned = create(
+        &service,
+        json!({"type": "server", "server": "app", "taskservs": ["redis", "postgres"],
+               "auto_cleanup": true, "auto_start": false}),
+    )
+    .await;
+    let app_netns = cleaned["nodes"][0]["netns"].as_str().unwrap().to_owned();
+    assert_eq!(node_process(&app_netns, &["serve.py"]), None);
+    // Still there before its first run.
+    assert_eq!(
+        env_status(&service, cleaned["id"].as_str().unwrap()).await,
+        "ready"
+    );
+    assert!(!tagged.leftovers().netns.is_empty());
+    let run = run(&service, cleaned["id"].as_str().unwrap()).await;
+    assert_eq!(run["status"], "passed", "{run}");
+    assert_eq!(run["passed"], 2, "{run}");
+
+    for env in [&expiring, &cleaned] {
+        let id = env["id"].as_str().unwrap().to_owned();
+        wait_until("the environment is torn down", || {
+            let id = id.clone();
+            let service = &service;
+            async move { env_status(service, &id).await == "deleted" }
+        })
+        .await;
+    }
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn requests_are_checked_and_bounded() {
+    let tagged = Tagged::new("bounds");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    for (body, field) in [
+        (
+            json!({"type": "cluster", "topology": "no_such"}),
+            "topology: unknown topology `no_such`",
+        ),
+        (json!({"type": "cluster"}), "topology: is required"),
+        (
+            json!({"type": "single_taskserv", "taskserv": "mysql"}),
+            "taskserv: unknown taskserv `mysql`",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "../etc"}),
+            "taskserv: \"../etc\" is not a valid name",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "server": "x"}),
+            "server: is not taken",
+        ),
+        (
+            json!({"type": "server", "server": "web"}),
+            "taskservs: a server needs",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "ttl": "3d"}),
+            "ttl: ",
+        ),
+        (
+            json!({"type": "single_taskserv", "taskserv": "redis", "ttl": 1}),
+            "ttl: 1 s is out of bounds",
+        ),
+        (json!({"type": "vm"}), "type"),
+        (
+            json!({"type": "cluster", "topology": {"name": "big", "nodes": (0..9).map(|i| json!({"name": format!("n{i}"), "taskservs": ["redis"]})).collect::<Vec<_>>()}}),
+            "topology.nodes: 9 nodes; an environment has at most 8",
+        ),
+        (
+            json!({"type": "cluster", "topology": {"name": "dup", "nodes": [{"name": "a", "taskservs": ["redis"]}, {"name": "a", "taskservs": ["redis"]}]}}),
+            "topology.nodes[1].name: node `a` appears twice",
+        ),
+        (
+            json!({"type": "cluster", "topology": {"name": "chk", "nodes": [{"name": "a", "taskservs": ["redis"]}], "checks": [{"name": "x", "from": "a", "taskserv": "redis", "to": ["b"]}]}}),
+            "topology.checks[0].to: no node `b`",
+        ),
+    ] {
+        let (status, answer) = service
+            .post("/test/environments/create", body.clone())
+            .await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    let (status, answer) = service.get("/test/environments/not-a-uuid").await;
+    assert_eq!(status, 400, "{answer}");
+    let unknown = "0190f0a0-0000-7000-8000-000000000000";
+    for (status, answer) in [
+        service.get(&format!("/test/environments/{unknown}")).await,
+        service
+            .post(&format!("/test/environments/{unknown}/run"), json!({}))
+            .await,
+        service
+            .delete(&format!("/test/environments/{unknown}"))
+            .await,
+    ] {
+        assert_eq!(status, 404, "{answer}");
+    }
+    let (status, _) = service.get("/test/topologies/no_such").await;
+    assert_eq!(status, 404);
+    // A testenv step submitted by hand must carry a plan this service
+    // made; a teardown naming anything else is refused before it is stored.
+    let (status, answer) = service
+        .post(
+            "/workflows",
+            json!({"template": {"name": "x", "ref_name": "by-hand", "schema_version": 1, "steps": [
+                {"ref_name": "down", "kind": "testenv", "script": "testenv/teardown",
+                 "input": {"env": {"id": "x", "netns": "someone-elses"}}}]}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bad input of a testenv step"), "{message}");
+    // Nothing refused was recorded.
+    let (_, listed) = service.get("/test/environments").await;
+    assert_eq!(listed["environments"], json!([]));
+
+    if privileged("requests_are_checked_and_bounded (the bound on environments)") {
+        let mut ids = Vec::new();
+        for _ in 0..8 {
+            let (status, env) = service
+                .post(
+                    "/test/environments/create",
+                    json!({"type": "single_taskserv", "taskserv": "redis"}),
+                )
+                .await;
+            assert_eq!(status, 201, "{env}");
+            ids.push(env["id"].as_str().unwrap().to_owned());
+        }
+        let (status, answer) = service
+            .post(
+                "/test/environments/create",
+                json!({"type": "single_taskserv", "taskserv": "redis"}),
+            )
+            .await;
+        assert_eq!(status, 409, "{answer}");
+        assert_eq!(answer["error"]["code"], "limit_exceeded", "{answer}");
+        for id in &ids {
+            delete(&service, id).await;
+        }
+        assert_eq!(tagged.leftovers(), Leftovers::none());
+    }
+    service.stop().await;
+}
+
+/// `orchestrator serve` as a process of its own (to be killed, or run
+/// with fewer privileges), on a free port, with the real scripts.
+struct Daemon {
+    child: Child,
+    client: TestService,
+}
+
+impl Daemon {
+    fn start(data_dir: &Path, node_id: &str, wrapper: &[&str]) -> Daemon {
+        let (program, first) = match wrapper.split_first() {
+            Some((program, rest)) => (
+                program.to_string(),
+                rest.iter()
+                    .map(|s| s.to_string())
+                    .chain([BIN.to_owned()])
+                    .collect(),
+            ),
+            None => (BIN.to_owned(), Vec::new()),
+        };
+        let mut child = Command::new(program)
+            .args(first)
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--no-auth",
+                "--node-id",
+                node_id,
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .arg("--scripts-dir")
+            .arg(real_scripts())
+            .arg("--templates-dir")
+            .arg(templates())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (found, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent && let Some(at) = line.find("listening on http://") {
+                    let url = line[at + "listening on ".len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_owned();
+                    let _ = found.send(url);
+                    sent = true;
+                }
+            }
+        });
+        let base = url
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the service printed its address");
+        Daemon {
+            child,
+            client: TestService {
+                handle: None,
+                base,
+                http: reqwest::Client::new(),
+                data_dir: data_dir.to_path_buf(),
+            },
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+#[tokio::test]
+async fn a_service_killed_mid_create_cleans_up_after_its_restart() {
+    if !privileged("a_service_killed_mid_create_cleans_up_after_its_restart") {
+        return;
+    }
+    let tagged = Tagged::new("kill");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    let daemon = Daemon::start(&data, &tagged.node_id, &[]);
+    let (status, env) = daemon
+        .client
+        .post(
+            "/test/environments/create",
+            json!({"type": "cluster", "topology": "kubernetes_3node"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{env}");
+    let id = env["id"].as_str().unwrap().to_owned();
+    // SIGKILL once the nodes are being made.
+    wait_until("a namespace exists", || async {
+        !tagged.leftovers().netns.is_empty()
+    })
+    .await;
+    daemon.kill9();
+    let left = tagged.leftovers();
+    assert!(!left.netns.is_empty(), "{left:?}");
+
+    // The restarted service finds the environment it recorded and finishes
+    // it; deleting it then leaves nothing.
+    let daemon = Daemon::start(&data, &tagged.node_id, &[]);
+    let client = &daemon.client;
+    wait_until("the environment is made again", || {
+        let id = id.clone();
+        async move { matches!(env_status(client, &id).await.as_str(), "ready" | "failed") }
+    })
+    .await;
+    delete(client, &id).await;
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    daemon.stop();
+}
+
+#[tokio::test]
+async fn without_the_capabilities_create_is_refused_and_nothing_is_made() {
+    if !privileged("without_the_capabilities_create_is_refused_and_nothing_is_made") {
+        return;
+    }
+    let tagged = Tagged::new("nocaps");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Root, but with both capabilities out of its bounding set: after the
+    // exec it holds neither.
+    let daemon = Daemon::start(
+        &data,
+        &tagged.node_id,
+        &[
+            "setpriv",
+            "--bounding-set",
+            "-sys_admin,-net_admin",
+            "--inh-caps",
+            "-sys_admin,-net_admin",
+        ],
+    );
+    let client = &daemon.client;
+    let (status, answer) = client
+        .post(
+            "/test/environments/create",
+            json!({"type": "cluster", "topology": "etcd_cluster"}),
+        )
+        .await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "missing_capability", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("lacks CAP_SYS_ADMIN, CAP_NET_ADMIN")
+            && message.contains("nothing was made"),
+        "{message}"
+    );
+    // Nothing half-made: no record, no workflow, no namespace, no link.
+    let (_, listed) = client.get("/test/environments").await;
+    assert_eq!(listed["environments"], json!([]));
+    let (_, workflows) = client.get("/workflows").await;
+    assert_eq!(workflows["total"], 0, "{workflows}");
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    daemon.stop();
+}
+
+#[tokio::test]
+async fn the_cli_runs_a_quick_test_and_each_env_command() {
+    if !privileged("the_cli_runs_a_quick_test_and_each_env_command") {
+        return;
+    }
+    let tagged = Tagged::new("cli");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let cli = |args: &[&str]| {
+        let base = service.base.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Command::new(BIN)
+                    .arg("--url")
+                    .arg(base)
+                    .args(args)
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let listed = cli(&["test", "topology", "list"]).await;
+    assert!(listed.status.success());
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.contains("kubernetes_3node") && listed.contains("postgres (port 5432)"),
+        "{listed}"
+    );
+
+    let quick = cli(&["test", "quick", "etcd_cluster"]).await;
+    let stdout = String::from_utf8_lossy(&quick.stdout).into_owned();
+    assert!(
+        quick.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&quick.stderr)
+    );
+    assert!(
+        stdout.contains("members-from-etcd1") && stdout.contains("PASS"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("passed: 6 passed, 0 failed"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    // Cleaned up.
+    let (_, listed) = service.get("/test/environments").await;
+    assert!(
+        listed["environments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["status"] == "deleted"),
+        "{listed}"
+    );
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    // The same, step by step: a single postgres with auto-start.
+    let created = cli(&[
+        "test",
+        "env",
+        "create",
+        "--type",
+        "single_taskserv",
+        "--taskserv",
+        "postgres",
+        "--ttl",
+        "10m",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let env: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert_eq!(env["status"], "ready", "{env}");
+    let id = env["id"].as_str().unwrap().to_owned();
+    let listed = cli(&["test", "env", "list"]).await;
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.contains(&id) && listed.contains("ready"), "{listed}");
+    let ran = cli(&["test", "env", "run", &id]).await;
+    let table = String::from_utf8_lossy(&ran.stdout).into_owned();
+    assert!(ran.status.success(), "{table}");
+    assert!(
+        table.contains("postgres@postgres") && table.contains("PASS"),
+        "{table}"
+    );
+    let shown = cli(&["test", "env", "show", &id]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown.contains("10.") && shown.contains("passed: 1 passed, 0 failed"),
+        "{shown}"
+    );
+    let logs = cli(&["test", "env", "logs", &id]).await;
+    let logs = String::from_utf8_lossy(&logs.stdout).into_owned();
+    assert!(
+        logs.contains("== create / install postgres on postgres [completed]"),
+        "{logs}"
+    );
+    assert!(logs.contains("ok: postgres on postgres answers"), "{logs}");
+    let deleted = cli(&["test", "env", "delete", &id]).await;
+    let deleted = String::from_utf8_lossy(&deleted.stdout).into_owned();
+    assert!(deleted.contains("deleted"), "{deleted}");
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    let unknown = cli(&["test", "quick", "mysql"]).await;
+    assert!(!unknown.status.success());
+    let stderr = String::from_utf8_lossy(&unknown.stderr).into_owned();
+    assert!(
+        stderr.contains("`mysql` is neither a topology nor a taskserv"),
+        "{stderr}"
+    );
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
+    if !privileged("a_starting_service_removes_its_own_leftovers_and_nothing_else") {
+        return;
+    }
+    let tagged = Tagged::new("sweep");
+    let other = Tagged::new("sweep-other");
+    // What a dead life of this service left for an environment it never
+    // recorded (or deleted), and what another service made.
+    let ours_ns = format!("te-{}-abcdef-00", tagged.tag);
+    let ours_link = format!("te{}abcdefb", tagged.tag);
+    let theirs_ns = format!("te-{}-abcdef-00", other.tag);
+    let theirs_link = format!("te{}abcdefb", other.tag);
+    for args in [
+        vec!["netns", "add", ours_ns.as_str()],
+        vec!["link", "add", ours_link.as_str(), "type", "bridge"],
+        vec!["netns", "add", theirs_ns.as_str()],
+        vec!["link", "add", theirs_link.as_str(), "type", "bridge"],
+    ] {
+        assert!(
+            Command::new("ip").args(&args).status().unwrap().success(),
+            "ip {args:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ours_dir = dir.path().join(format!("testenv/{}-abcdef", tagged.tag));
+    std::fs::create_dir_all(ours_dir.join("n1")).unwrap();
+    assert_eq!(tagged.leftovers().netns, [ours_ns]);
+
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    wait_until("the sweep removed this service's leftovers", || async {
+        tagged.leftovers() == Leftovers::none() && !ours_dir.exists()
+    })
+    .await;
+    // Another service's are untouched.
+    assert_eq!(other.leftovers().netns, [theirs_ns]);
+    assert_eq!(other.leftovers().links, [theirs_link]);
+    service.stop().await;
+}

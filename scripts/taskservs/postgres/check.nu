@@ -1,0 +1,7 @@
+# taskservs/postgres/check.nu — in a test environment, postgres answers on its port
+# (from the node the check runs in, on every target node). See lib/testenv.nu
+# for the input and docs/test-environments.md for writing a check.
+const LIB = path self ../../lib/testenv.nu
+use $LIB *
+
+def main [] { check-service postgres }
