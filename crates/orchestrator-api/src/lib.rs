@@ -11,6 +11,7 @@ mod layers;
 mod live;
 pub mod openapi;
 pub mod prometheus;
+mod refusals;
 mod routes;
 mod schedules;
 mod session;

@@ -99,6 +99,10 @@ fn describe() {
         "Wall time of an attempt, from its claim to its stored outcome, by script and outcome (the status it led to)."
     );
     describe_counter!(
+        "orchestrator_auth_refusals_total",
+        "Requests refused without a valid token (reason: unauthorized, or rate_limited by address or before sign-in); the audit log has them in aggregate, one record per address per minute."
+    );
+    describe_counter!(
         "orchestrator_http_requests_total",
         "HTTP requests answered, by method, route template and status."
     );

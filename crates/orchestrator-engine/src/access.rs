@@ -32,6 +32,10 @@ pub struct AccessConfig {
     pub auth: bool,
     /// Requests per second per caller before 429; 0 for no limit.
     pub rate_limit: u32,
+    /// Requests per second per client address before 429, checked before
+    /// the token is; 0 for no limit. It caps what one address can make
+    /// the service do (token checks, refusals) whatever it sends.
+    pub address_rate_limit: u32,
     /// The key secrets are sealed with. `None`: a key for this process
     /// only (tests), so stored secrets do not survive a restart.
     pub secret_key: Option<[u8; 32]>,
@@ -42,6 +46,7 @@ impl Default for AccessConfig {
         AccessConfig {
             auth: true,
             rate_limit: 50,
+            address_rate_limit: 200,
             secret_key: None,
         }
     }

@@ -37,6 +37,7 @@ pub struct FileConfig {
     pub log_format: Option<String>,
     pub no_auth: Option<bool>,
     pub rate_limit: Option<u32>,
+    pub address_rate_limit: Option<u32>,
     pub surrealdb_url: Option<String>,
     pub surrealdb_username: Option<String>,
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
@@ -86,6 +87,9 @@ pub struct ServeSettings {
     pub auth: bool,
     /// Requests per second per caller; 0 for no limit.
     pub rate_limit: u32,
+    /// Requests per second per client address, before the token is
+    /// checked; 0 for no limit.
+    pub address_rate_limit: u32,
     /// `ORCHESTRATOR_BOOTSTRAP_TOKEN`: the first admin token, instead of
     /// one made and printed at the first start.
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
@@ -117,6 +121,7 @@ impl ServeSettings {
             interpreters: HashMap::new(),
             auth: true,
             rate_limit: 50,
+            address_rate_limit: 200,
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
         }
@@ -222,6 +227,10 @@ impl ServeSettings {
                 .rate_limit
                 .or(file.rate_limit)
                 .unwrap_or(defaults.rate_limit),
+            address_rate_limit: args
+                .address_rate_limit
+                .or(file.address_rate_limit)
+                .unwrap_or(defaults.address_rate_limit),
             bootstrap_token: std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
                 .ok()
                 .filter(|t| !t.is_empty())
