@@ -31,7 +31,40 @@ pub(crate) async fn openapi_json() -> Response {
 
 /// The document, as JSON.
 pub fn document() -> Value {
-    serde_json::to_value(ApiDoc::openapi()).unwrap_or_default()
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    spell_links(&mut doc);
+    doc
+}
+
+/// utoipa 5.5 writes a link's `operationId` as `operation_id` (and
+/// `operationRef`, `requestBody` likewise); OpenAPI, and the clients that
+/// follow links (schemathesis' stateful phase), know the camel-case names.
+fn spell_links(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let responses = paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(|operation| operation.get_mut("responses")?.as_object_mut())
+        .flat_map(|responses| responses.values_mut());
+    for response in responses {
+        let Some(links) = response.get_mut("links").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for link in links.values_mut().filter_map(Value::as_object_mut) {
+            for (snake, camel) in [
+                ("operation_id", "operationId"),
+                ("operation_ref", "operationRef"),
+                ("request_body", "requestBody"),
+            ] {
+                if let Some(value) = link.remove(snake) {
+                    link.insert(camel.to_owned(), value);
+                }
+            }
+        }
+    }
 }
 
 #[derive(OpenApi)]

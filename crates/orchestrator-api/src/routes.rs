@@ -813,7 +813,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 /// Submits a workflow from a template.
 #[utoipa::path(post, path = "/workflows", tag = "workflows",
-    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters; a repeat returns the first workflow")),
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "1-255 visible ASCII characters (spaces inside; around them, ignored); a repeat returns the first workflow",
+        pattern = "^[\t ]*[!-~]([\t -~]{0,253}[!-~])?[\t ]*$")),
     request_body = WorkflowSubmission,
     responses(
         (status = 200, description = "With `wait`, the workflow finished; or a repeat (`idempotent-replayed: true`)", body = WorkflowView),
