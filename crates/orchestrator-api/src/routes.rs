@@ -656,6 +656,12 @@ pub(crate) async fn rerun_workflow(
 /// `POST /workflows`: a template by name or inline, with inputs.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "template": "servers-create",
+    "vars": {"infra": "demo", "servers": ["web-01"]},
+    "meta": {"ref": "demo-web"},
+    "check_mode": true
+}))]
 pub(crate) struct WorkflowSubmission {
     template: TemplateField,
     /// Pick a `schema_version` of a named template (newest by default).

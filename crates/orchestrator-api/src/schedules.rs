@@ -41,6 +41,12 @@ fn parse_schedule_id(raw: &str) -> Result<ScheduleId, ApiError> {
 /// `POST /schedules`.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "template": "servers-create",
+    "vars": {"infra": "demo", "servers": ["web-01"]},
+    "cron": "0 2 * * *",
+    "timezone": "Europe/Berlin"
+}))]
 pub(crate) struct NewSchedule {
     /// Default: the template's `ref_name`.
     name: Option<String>,

@@ -40,6 +40,9 @@ impl Builtin {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({
+    "infra": "demo", "servers": ["web-01"], "check_mode": true
+})))]
 pub struct BuiltinRequest {
     /// A name (see [`NAME_PATTERN`]).
     #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"))]
@@ -183,10 +186,10 @@ impl BuiltinRequest {
         if self.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
-        if let Some(max) = self.max_attempts.filter(|&n| n > 100) {
+        if let Some(max) = self.max_attempts.filter(|&n| n > crate::submit::MAX_ATTEMPTS) {
             return Err(Error::validation(
                 "max_attempts",
-                format!("{max} is more than the limit of 100"),
+                format!("{max} is more than the limit of {}", crate::submit::MAX_ATTEMPTS),
             ));
         }
         if self.timeout_secs == Some(0) {
