@@ -87,7 +87,9 @@ pub(crate) struct SecretList {
     (status = 200, description = "The secrets", body = SecretList),
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
-pub(crate) async fn list_secrets(State(state): State<AppState>) -> Result<Json<SecretList>, ApiError> {
+pub(crate) async fn list_secrets(
+    State(state): State<AppState>,
+) -> Result<Json<SecretList>, ApiError> {
     Ok(Json(SecretList {
         secrets: state.engine.secrets().list().await?,
     }))
@@ -98,7 +100,11 @@ pub(crate) async fn list_secrets(State(state): State<AppState>) -> Result<Json<S
 pub(crate) struct NewToken {
     /// 1 to 64 printable characters, not starting or ending with a space
     /// (the engine's rule).
-    #[schema(min_length = 1, max_length = 64, pattern = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$")]
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+    )]
     name: String,
     #[schema(value_type = Role)]
     role: String,
@@ -184,7 +190,9 @@ pub(crate) struct TokenList {
     (status = 200, description = "The tokens", body = TokenList),
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
-pub(crate) async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList>, ApiError> {
+pub(crate) async fn list_tokens(
+    State(state): State<AppState>,
+) -> Result<Json<TokenList>, ApiError> {
     let tokens: Vec<TokenView> = state
         .engine
         .access()

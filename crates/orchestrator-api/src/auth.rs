@@ -41,7 +41,16 @@ pub(crate) struct Guard {
     /// whatever it sends.
     address_limiter: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
     /// Refusals of callers without a valid token, audited in aggregate.
-    refusals: Arc<RefusalTally>,
+    refusals: Arc<RefusalAudit>,
+}
+
+/// The tally of anonymous refusals, with the engine its records go to.
+/// The guard holds it; the task that writes the records due holds it
+/// weakly, so that neither the tally nor the engine (and the store's lock
+/// with it) outlives the router.
+struct RefusalAudit {
+    tally: RefusalTally,
+    engine: Engine,
 }
 
 /// A governor quota of `rate` per second with bursts of twice that.
@@ -60,7 +69,10 @@ impl Guard {
         let address_limiter = NonZeroU32::new(config.address_rate_limit)
             .filter(|_| config.auth)
             .map(|rate| Arc::new(RateLimiter::keyed(quota(rate))));
-        let refusals = Arc::new(RefusalTally::new(AUDIT_INTERVAL, MAX_ADDRESSES));
+        let refusals = Arc::new(RefusalAudit {
+            tally: RefusalTally::new(AUDIT_INTERVAL, MAX_ADDRESSES),
+            engine: engine.clone(),
+        });
         // The records of the counts that accumulate after an address's
         // first refusal are written by a task, each interval; it holds the
         // tally weakly, and ends when the router (and so the guard) is
@@ -69,11 +81,7 @@ impl Guard {
         if config.auth
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(flush_refusals(
-                Arc::downgrade(&refusals),
-                engine.clone(),
-                AUDIT_INTERVAL,
-            ));
+            runtime.spawn(flush_refusals(Arc::downgrade(&refusals), AUDIT_INTERVAL));
         }
         Guard {
             engine,
@@ -98,9 +106,10 @@ impl Guard {
             _ => "unauthorized",
         };
         metrics::counter!("orchestrator_auth_refusals_total", "reason" => reason).increment(1);
-        if let Some(due) = self
-            .refusals
-            .note(peer.map(|p| p.ip()), status.as_u16(), Instant::now())
+        if let Some(due) =
+            self.refusals
+                .tally
+                .note(peer.map(|p| p.ip()), status.as_u16(), Instant::now())
         {
             let mut record = aggregate_record(due);
             record.request_id = request_id;
@@ -126,20 +135,19 @@ fn aggregate_record(due: Due) -> AuditRecord {
     }
 }
 
-/// Writes the aggregate records as they fall due, until the tally is gone.
-async fn flush_refusals(tally: Weak<RefusalTally>, engine: Engine, interval: Duration) {
+/// Writes the aggregate records as they fall due, until the guard is gone.
+async fn flush_refusals(audit: Weak<RefusalAudit>, interval: Duration) {
     // A quarter of the interval: a record is at most that late.
     let mut ticks = tokio::time::interval(interval / 4);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let Some(tally) = tally.upgrade() else {
+        // Held only while this tick's records are written.
+        let Some(audit) = audit.upgrade() else {
             return;
         };
-        let due = tally.drain(Instant::now());
-        drop(tally);
-        for due in due {
-            engine.access().record(aggregate_record(due)).await;
+        for due in audit.tally.drain(Instant::now()) {
+            audit.engine.access().record(aggregate_record(due)).await;
         }
     }
 }
@@ -261,11 +269,7 @@ pub(crate) async fn guard(
         && let Err(not_until) = limiter.check_key(&peer.ip())
     {
         guard
-            .refused_anonymous(
-                Some(peer),
-                StatusCode::TOO_MANY_REQUESTS,
-                request_id,
-            )
+            .refused_anonymous(Some(peer), StatusCode::TOO_MANY_REQUESTS, request_id)
             .await;
         return too_many_requests(&not_until);
     }
@@ -349,11 +353,7 @@ pub(crate) async fn guard(
             Some(_) => {}
             None => {
                 guard
-                    .refused_anonymous(
-                        peer,
-                        StatusCode::TOO_MANY_REQUESTS,
-                        request_id.clone(),
-                    )
+                    .refused_anonymous(peer, StatusCode::TOO_MANY_REQUESTS, request_id.clone())
                     .await;
             }
         }

@@ -219,4 +219,3 @@ impl Modify for BearerAuth {
         }
     }
 }
-

@@ -94,8 +94,7 @@ impl RefusalTally {
         let mut tallies = self.tallies.lock().unwrap_or_else(PoisonError::into_inner);
         let source = match peer {
             Some(ip)
-                if tallies.contains_key(&Source::Address(ip))
-                    || tallies.len() < self.capacity =>
+                if tallies.contains_key(&Source::Address(ip)) || tallies.len() < self.capacity =>
             {
                 Source::Address(ip)
             }
@@ -196,7 +195,11 @@ mod tests {
         // A quiet interval forgets the address: its next refusal is news again.
         assert!(tally.drain(t0 + Duration::from_secs(180)).is_empty());
         assert_eq!(tally.len(), 0);
-        assert!(tally.note(ip(1), 401, t0 + Duration::from_secs(181)).is_some());
+        assert!(
+            tally
+                .note(ip(1), 401, t0 + Duration::from_secs(181))
+                .is_some()
+        );
     }
 
     #[test]

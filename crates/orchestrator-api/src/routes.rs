@@ -846,10 +846,7 @@ pub(crate) async fn submit_workflow(
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
-    let wait = wait_limit(
-        submission.wait,
-        submission.wait_timeout_secs.map(u64::from),
-    );
+    let wait = wait_limit(submission.wait, submission.wait_timeout_secs.map(u64::from));
     let request = submission.into_request(body, idempotency_key(&headers)?)?;
     submit(&state.engine, request, wait).await
 }

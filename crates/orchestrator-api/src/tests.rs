@@ -301,8 +301,7 @@ async fn the_openapi_document_is_valid_and_covers_every_route() {
                     "{method} {path} {status}"
                 );
                 let error = !status.starts_with('2') && !status.starts_with('3');
-                if error && status != "503" || path != "/health" && status == "503"
-                {
+                if error && status != "503" || path != "/health" && status == "503" {
                     assert_eq!(
                         response["content"]["application/json"]["schema"]["$ref"],
                         "#/components/schemas/ErrorBody",
@@ -461,19 +460,45 @@ async fn the_document_and_the_service_agree_where_they_did_not() {
         let text = submission["properties"][field].to_string();
         assert!(!text.contains("null"), "{field} is nullable: {text}");
         let body = json!({"template": "servers-create", field: null});
-        let response = send(&app, request(Method::POST, "/workflows/validate", body.to_string())).await;
-        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{field}: null");
+        let response = send(
+            &app,
+            request(Method::POST, "/workflows/validate", body.to_string()),
+        )
+        .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}: null"
+        );
     }
     // An empty token name or secret value is refused, and the document says so.
-    assert_eq!(component(&doc, "NewToken")["properties"]["name"]["minLength"], 1);
-    assert_eq!(component(&doc, "NewSecret")["properties"]["value"]["minLength"], 1);
+    assert_eq!(
+        component(&doc, "NewToken")["properties"]["name"]["minLength"],
+        1
+    );
+    assert_eq!(
+        component(&doc, "NewSecret")["properties"]["value"]["minLength"],
+        1
+    );
     for (method, path, body) in [
-        (Method::POST, "/tokens", json!({"name": "", "role": "viewer"})),
-        (Method::POST, "/tokens", json!({"name": " padded", "role": "viewer"})),
+        (
+            Method::POST,
+            "/tokens",
+            json!({"name": "", "role": "viewer"}),
+        ),
+        (
+            Method::POST,
+            "/tokens",
+            json!({"name": " padded", "role": "viewer"}),
+        ),
         (Method::PUT, "/secrets/probe", json!({"value": ""})),
     ] {
         let response = send(&app, request(method, path, body.to_string())).await;
-        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{path} {body}");
+        assert_eq!(
+            response.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path} {body}"
+        );
     }
     // An offset beyond the documented maximum is refused, naming it.
     let response = send(
@@ -501,7 +526,10 @@ async fn the_document_and_the_service_agree_where_they_did_not() {
     // Links name their operation as OpenAPI spells it, and it exists.
     let link = &doc["paths"]["/workflows"]["post"]["responses"]["202"]["links"]["get"];
     assert_eq!(link["operationId"], "get_workflow", "{link}");
-    assert_eq!(doc["paths"]["/workflows/{id}"]["get"]["operationId"], "get_workflow");
+    assert_eq!(
+        doc["paths"]["/workflows/{id}"]["get"]["operationId"],
+        "get_workflow"
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

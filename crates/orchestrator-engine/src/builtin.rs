@@ -45,7 +45,10 @@ impl Builtin {
 })))]
 pub struct BuiltinRequest {
     /// A name (see [`NAME_PATTERN`]).
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
     pub infra: String,
     pub settings: Option<String>,
     /// At least one name, each once.
@@ -56,7 +59,10 @@ pub struct BuiltinRequest {
     #[cfg_attr(feature = "openapi", schema(schema_with = optional_names_schema))]
     pub taskservs: Option<Vec<String>>,
     /// cluster/create only (and required there).
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
     pub cluster: Option<String>,
     #[serde(default)]
     pub priority: Priority,
@@ -186,10 +192,16 @@ impl BuiltinRequest {
         if self.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
-        if let Some(max) = self.max_attempts.filter(|&n| n > crate::submit::MAX_ATTEMPTS) {
+        if let Some(max) = self
+            .max_attempts
+            .filter(|&n| n > crate::submit::MAX_ATTEMPTS)
+        {
             return Err(Error::validation(
                 "max_attempts",
-                format!("{max} is more than the limit of {}", crate::submit::MAX_ATTEMPTS),
+                format!(
+                    "{max} is more than the limit of {}",
+                    crate::submit::MAX_ATTEMPTS
+                ),
             ));
         }
         if self.timeout_secs == Some(0) {

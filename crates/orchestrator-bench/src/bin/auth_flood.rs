@@ -32,7 +32,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
 
 #[derive(Debug, Parser)]
-#[command(name = "auth-flood", about = "A flood of wrong tokens against a real service")]
+#[command(
+    name = "auth-flood",
+    about = "A flood of wrong tokens against a real service"
+)]
 struct Args {
     /// The `orchestrator` binary.
     #[arg(long)]
@@ -82,7 +85,9 @@ fn start(binary: &Path) -> Result<Service> {
     let data_dir = dir.path().join("data");
     let scripts = dir.path().join("scripts");
     std::fs::create_dir_all(&scripts)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let child = Command::new(binary)
         .args(["serve", "--port", &port.to_string(), "--workers", "2"])
         .arg("--data-dir")
@@ -216,7 +221,8 @@ async fn run(args: Args) -> Result<()> {
 
     let started = Instant::now();
     let baseline = Duration::from_secs(args.baseline_secs);
-    let (alone, alone_other) = legitimate(addr, args.rate, || started.elapsed() >= baseline).await?;
+    let (alone, alone_other) =
+        legitimate(addr, args.rate, || started.elapsed() >= baseline).await?;
     let rss_before = rss_kib(service.child.id())?;
     let bytes_before = bytes_under(&service.data_dir);
 
@@ -234,7 +240,9 @@ async fn run(args: Args) -> Result<()> {
             let mut i = 0u64;
             while sent.fetch_add(1, Ordering::Relaxed) < total {
                 let token = format!("wrong-{c}-{i}");
-                *statuses.entry(get(&mut sender, addr, "/tasks", &token).await?).or_default() += 1;
+                *statuses
+                    .entry(get(&mut sender, addr, "/tasks", &token).await?)
+                    .or_default() += 1;
                 i += 1;
             }
             done.fetch_add(1, Ordering::Relaxed);
