@@ -235,6 +235,35 @@ fn action(method: &Method, path: Option<&str>) -> String {
     }
 }
 
+/// The per-address limit: the outermost layer, so that a request over it
+/// costs a hash map lookup and a short answer, before any span, log line,
+/// request id, metric or token check is spent on it. A flood of wrong
+/// tokens from one address is refused here, and counted in aggregate.
+pub(crate) async fn limit_address(
+    State(guard): State<Guard>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    if let (Some(limiter), Some(peer)) = (&guard.address_limiter, peer)
+        && let Err(not_until) = limiter.check_key(&peer.ip())
+    {
+        let request_id = request
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        guard
+            .refused_anonymous(Some(peer), StatusCode::TOO_MANY_REQUESTS, request_id)
+            .await;
+        return too_many_requests(&not_until);
+    }
+    next.run(request).await
+}
+
 /// The middleware.
 pub(crate) async fn guard(
     State(guard): State<Guard>,
@@ -262,17 +291,6 @@ pub(crate) async fn guard(
         .await
         .ok()
         .and_then(|params| params.iter().next().map(|(_, value)| value.to_owned()));
-
-    // By address first, before anything is done for the request: a
-    // flood of wrong tokens is refused here, cheaply, and in aggregate.
-    if let (Some(limiter), Some(peer)) = (&guard.address_limiter, peer)
-        && let Err(not_until) = limiter.check_key(&peer.ip())
-    {
-        guard
-            .refused_anonymous(Some(peer), StatusCode::TOO_MANY_REQUESTS, request_id)
-            .await;
-        return too_many_requests(&not_until);
-    }
 
     let credential = credential(&request, &guard.sessions);
     let principal = if !access.config().auth {

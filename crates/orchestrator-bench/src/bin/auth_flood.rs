@@ -83,8 +83,11 @@ impl Drop for Service {
 fn start(binary: &Path) -> Result<Service> {
     let dir = tempfile::tempdir()?;
     let data_dir = dir.path().join("data");
+    // No scripts run: the flood and the client only read.
     let scripts = dir.path().join("scripts");
+    let templates = dir.path().join("templates");
     std::fs::create_dir_all(&scripts)?;
+    std::fs::create_dir_all(&templates)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -94,6 +97,8 @@ fn start(binary: &Path) -> Result<Service> {
         .arg(&data_dir)
         .arg("--scripts-dir")
         .arg(&scripts)
+        .arg("--templates-dir")
+        .arg(&templates)
         .env("ORCHESTRATOR_BOOTSTRAP_TOKEN", TOKEN)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -210,11 +215,12 @@ async fn run(args: Args) -> Result<()> {
             let mut sender = connect(addr, IpAddr::from([127, 0, 0, 1])).await?;
             get(&mut sender, addr, "/health", "-").await
         };
-        if let Ok(200) = up.await {
+        let answer = up.await;
+        if let Ok(200) = answer {
             break;
         }
         if ready.elapsed() > Duration::from_secs(30) {
-            bail!("the service did not answer on {addr}");
+            bail!("the service did not answer on {addr}: {answer:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
