@@ -1,6 +1,7 @@
 # A thin front door to cargo. `make run` starts the service on the
 # filesystem default (no SurrealDB compiled); `make test` runs every test on
-# every backend, then the dashboard's browser tests; `make surreal` starts a
+# every backend, then the API contract test and the dashboard's browser
+# tests; `make contract-test` runs the contract test alone; `make surreal` starts a
 # SurrealDB server on 127.0.0.1:8000; `make deb` builds the Debian package
 # and `make deb-test` checks it.
 
@@ -19,7 +20,7 @@ NU_BIN_DIR := $(TOOLS_DIR)/node_modules/@nushell/linux-x64/bin
 # Scripts run with the project's pinned nu unless one is already on PATH.
 export PATH := $(if $(shell command -v nu 2>/dev/null),$(PATH),$(NU_BIN_DIR):$(PATH))
 
-.PHONY: run test ui-test ui-test-run soak surreal bench deb deb-test cargo-deb fmt lint tools clean
+.PHONY: run test contract-test contract-test-run ui-test ui-test-run soak surreal bench deb deb-test cargo-deb fmt lint tools clean
 
 run: tools
 	$(CARGO) run --release -p orchestrator -- serve --data-dir ./data --port 8080
@@ -28,7 +29,36 @@ test: tools
 	$(DEV_BUILD)
 	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT)
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+	$(MAKE) contract-test-run CONTRACT_BIN=$(UI_BIN_KEPT)
 	$(MAKE) ui-test-run UI_BIN=$(UI_BIN_KEPT)
+
+# The API contract test (about a minute on 2 cores): schemathesis, from
+# PyPI at the versions of crates/orchestrator-api/contract/requirements.txt,
+# in a venv under .tools/, sends generated requests (valid and invalid) to
+# every operation of /openapi.json of a real `orchestrator serve` (debug
+# build, filesystem backend, a temporary data dir, a real admin token) with
+# all checks and all phases, the stateful one following the document's
+# links; it fails on any failure. What it leaves out, and why, is in
+# contract/run.sh; see docs/api.md. ST_MAX_EXAMPLES=n for a longer run.
+CONTRACT_DIR := crates/orchestrator-api/contract
+ST_VENV := $(TOOLS_DIR)/schemathesis
+ST_STAMP := $(ST_VENV)/.installed
+CONTRACT_BIN ?= $(TARGET_DIR)/debug/orchestrator
+
+contract-test: tools
+	$(CARGO) build -p orchestrator
+	$(MAKE) contract-test-run
+
+contract-test-run: $(ST_STAMP)
+	$(CONTRACT_DIR)/run.sh $(CONTRACT_BIN) $(ST_VENV)/bin/st
+
+# The venv, made again whenever the pinned versions change.
+$(ST_STAMP): $(CONTRACT_DIR)/requirements.txt
+	@command -v python3 >/dev/null || { echo "the contract test needs python3 (with venv)" >&2; exit 1; }
+	rm -rf $(ST_VENV)
+	python3 -m venv $(ST_VENV)
+	$(ST_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CONTRACT_DIR)/requirements.txt
+	touch $@
 
 # The dashboard in a real browser (ui-tests/, about 30 s): Debian's
 # chromium (never a downloaded browser) driven by playwright-core from the

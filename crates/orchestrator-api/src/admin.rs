@@ -8,13 +8,15 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
-use orchestrator_core::access::{ApiToken, Role};
+use orchestrator_core::access::{ApiToken, AuditRecord, Role};
 use orchestrator_core::retention::Keep;
+use orchestrator_engine::secrets::SecretInfo;
 use orchestrator_engine::{PruneReport, PruneRequest};
 use orchestrator_storage::AuditQuery;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
+use crate::error::ErrorBody;
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
 
@@ -30,19 +32,34 @@ pub(crate) fn router() -> Router<AppState> {
 }
 
 /// `POST /prune`: one retention pass now, as `orchestrator prune`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PruneBody {
-    /// Finished workflows older than this go (their own `meta.retain`
-    /// still wins); absent: none.
+pub(crate) struct PruneBody {
+    /// Finished workflows that ended longer ago than this go, with their
+    /// tasks and logs (a workflow's own `meta.retain` still wins; the
+    /// newest revision of a `meta.ref` stays): `7d`, `12h`, `forever`.
+    /// Absent: none.
+    #[schema(value_type = Option<String>, example = "7d")]
     older_than: Option<Keep>,
-    /// Audit records older than this go; absent: none.
+    /// Audit records older than this go. Absent: none.
+    #[schema(value_type = Option<String>, example = "90d")]
     audit_older_than: Option<Keep>,
+    /// Count what would go; delete nothing.
     #[serde(default)]
     dry_run: bool,
 }
 
-async fn prune(
+/// Deletes finished workflows and audit records past keeping, now (the
+/// service also does it in the background under `--retain-finished` and
+/// `--retain-audit`).
+#[utoipa::path(post, path = "/prune", tag = "admin", request_body = PruneBody,
+    responses(
+        (status = 200, description = "What went (or would go)", body = PruneReport),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 422, description = "A period is not valid", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn prune(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<PruneBody>,
 ) -> Result<Json<PruneReport>, ApiError> {
@@ -54,21 +71,44 @@ async fn prune(
     Ok(Json(state.engine.prune(request).await?))
 }
 
-#[derive(Deserialize)]
+/// A secret's value, write-only.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewSecret {
+pub(crate) struct NewSecret {
+    /// Not empty (the engine refuses an empty one).
+    #[schema(min_length = 1)]
     value: String,
 }
 
-async fn put_secret(
+/// Stores a secret, encrypted, replacing one of the same name.
+#[utoipa::path(put, path = "/secrets/{name}", tag = "admin",
+    params(("name" = String, Path, description = "Secret name: 1-64 of letters, digits, `_`, `.`, `-`",
+        pattern = "^[A-Za-z0-9_.-]{1,64}$")),
+    request_body = NewSecret,
+    responses(
+        (status = 200, description = "The secret's metadata", body = SecretInfo),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "A bad name or body", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn put_secret(
     State(state): State<AppState>,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<NewSecret>,
-) -> Result<Json<orchestrator_engine::secrets::SecretInfo>, ApiError> {
+) -> Result<Json<SecretInfo>, ApiError> {
     Ok(Json(state.engine.secrets().put(&name, &body.value).await?))
 }
 
-async fn delete_secret(
+/// Deletes a secret.
+#[utoipa::path(delete, path = "/secrets/{name}", tag = "admin",
+    params(("name" = String, Path, description = "Secret name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such secret", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn delete_secret(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
@@ -79,22 +119,43 @@ async fn delete_secret(
     }
 }
 
-async fn list_secrets(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    Ok(Json(
-        json!({ "secrets": state.engine.secrets().list().await? }),
-    ))
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SecretList {
+    /// Names and metadata, never values.
+    secrets: Vec<SecretInfo>,
 }
 
-#[derive(Deserialize)]
+/// Secret names and metadata; never values.
+#[utoipa::path(get, path = "/secrets", tag = "admin", responses(
+    (status = 200, description = "The secrets", body = SecretList),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+pub(crate) async fn list_secrets(
+    State(state): State<AppState>,
+) -> Result<Json<SecretList>, ApiError> {
+    Ok(Json(SecretList {
+        secrets: state.engine.secrets().list().await?,
+    }))
+}
+
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewToken {
+pub(crate) struct NewToken {
+    /// 1 to 64 printable characters, not starting or ending with a space
+    /// (the engine's rule).
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+    )]
     name: String,
+    #[schema(value_type = Role)]
     role: String,
 }
 
 /// A token as listed: never its hash.
-#[derive(Serialize)]
-struct TokenView {
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TokenView {
     id: String,
     name: String,
     role: Role,
@@ -115,7 +176,29 @@ impl From<ApiToken> for TokenView {
     }
 }
 
-async fn create_token(
+/// A new token; `token` is shown this once only.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct IssuedToken {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: DateTime<Utc>,
+    /// The secret: the only time it is ever shown.
+    token: String,
+}
+
+/// Creates a token.
+#[utoipa::path(post, path = "/tokens", tag = "admin", request_body = NewToken, responses(
+    (status = 201, description = "The token, shown once", body = IssuedToken, links(
+        ("revoke" = (operation_id = "revoke_token", parameters(("id" = "$response.body#/id")))),
+    )),
+    (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+    (status = 409, description = "A token with this name exists", body = ErrorBody),
+    (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+    (status = 422, description = "A bad name or role", body = ErrorBody),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+pub(crate) async fn create_token(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<NewToken>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -130,18 +213,29 @@ async fn create_token(
     let view = TokenView::from(issued.record);
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "id": view.id,
-            "name": view.name,
-            "role": view.role,
-            "created_at": view.created_at,
-            // The only time it is ever shown.
-            "token": issued.token,
-        })),
+        Json(IssuedToken {
+            id: view.id,
+            name: view.name,
+            role: view.role,
+            created_at: view.created_at,
+            token: issued.token,
+        }),
     ))
 }
 
-async fn list_tokens(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TokenList {
+    tokens: Vec<TokenView>,
+}
+
+/// Every token, active or revoked.
+#[utoipa::path(get, path = "/tokens", tag = "admin", responses(
+    (status = 200, description = "The tokens", body = TokenList),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+pub(crate) async fn list_tokens(
+    State(state): State<AppState>,
+) -> Result<Json<TokenList>, ApiError> {
     let tokens: Vec<TokenView> = state
         .engine
         .access()
@@ -150,10 +244,18 @@ async fn list_tokens(State(state): State<AppState>) -> Result<Json<serde_json::V
         .into_iter()
         .map(TokenView::from)
         .collect();
-    Ok(Json(json!({ "tokens": tokens })))
+    Ok(Json(TokenList { tokens }))
 }
 
-async fn revoke_token(
+/// Revokes a token.
+#[utoipa::path(delete, path = "/tokens/{id}", tag = "admin",
+    params(("id" = String, Path, description = "Token id")),
+    responses(
+        (status = 200, description = "The revoked token", body = TokenView),
+        (status = 404, description = "No such token", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn revoke_token(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TokenView>, ApiError> {
@@ -163,16 +265,39 @@ async fn revoke_token(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-struct AuditParams {
+pub(crate) struct AuditParams {
+    /// At or after (RFC 3339).
+    #[param(value_type = Option<DateTime<Utc>>)]
     since: Option<String>,
+    /// Before (RFC 3339).
+    #[param(value_type = Option<DateTime<Utc>>)]
     until: Option<String>,
+    /// Token name (`anonymous` for the aggregate records of refusals
+    /// without a valid token).
     actor: Option<String>,
+    /// Action, e.g. `workflow.submit` or `auth.refused`.
     action: Option<String>,
+    /// Target.
     target: Option<String>,
-    limit: Option<usize>,
-    offset: Option<usize>,
+    /// Page size, default 50.
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<u32>,
+    /// Records to skip.
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    offset: Option<u32>,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct AuditPage {
+    records: Vec<AuditRecord>,
+    /// How many records match, in all pages.
+    total: usize,
+    limit: usize,
+    offset: usize,
 }
 
 fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
@@ -189,10 +314,18 @@ fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>
         .transpose()
 }
 
-async fn list_audit(
+/// The audit log, newest first.
+#[utoipa::path(get, path = "/audit", tag = "admin",
+    params(AuditParams),
+    responses(
+        (status = 200, description = "A page of audit records", body = AuditPage),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn list_audit(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<AuditParams>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<AuditPage>, ApiError> {
     let (limit, offset) = crate::routes::page_bounds(params.limit, params.offset)?;
     let query = AuditQuery {
         since: time_param("since", params.since)?,
@@ -204,10 +337,10 @@ async fn list_audit(
         offset,
     };
     let page = state.engine.access().audit(&query).await?;
-    Ok(Json(json!({
-        "records": page.items,
-        "total": page.total,
-        "limit": query.limit,
-        "offset": query.offset,
-    })))
+    Ok(Json(AuditPage {
+        records: page.items,
+        total: page.total,
+        limit: query.limit,
+        offset: query.offset,
+    }))
 }

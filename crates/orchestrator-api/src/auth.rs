@@ -7,9 +7,10 @@
 //! in one table ([`need`]), so a new route is covered by its method: reads
 //! need `viewer`, changes `operator`, unless the table says otherwise.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use axum::RequestExt;
 use axum::body::Body;
@@ -24,15 +25,38 @@ use orchestrator_engine::Engine;
 use orchestrator_engine::access::Principal;
 
 use crate::ApiError;
+use crate::refusals::{AUDIT_INTERVAL, Due, MAX_ADDRESSES, RefusalTally};
 use crate::session::{self, Session, Sessions};
 
-/// What the guard needs: the engine (tokens, audit), the session keys and
-/// the rate limiter.
+/// What the guard needs: the engine (tokens, audit), the session keys,
+/// the rate limiters and the tally of anonymous refusals.
 #[derive(Clone)]
 pub(crate) struct Guard {
     engine: Engine,
     sessions: Sessions,
+    /// Per token (per address for the open routes), after authentication.
     limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    /// Per client address, before authentication: what one address can
+    /// make the service do (hash a token, refuse, answer) is bounded
+    /// whatever it sends.
+    address_limiter: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
+    /// Refusals of callers without a valid token, audited in aggregate.
+    refusals: Arc<RefusalAudit>,
+}
+
+/// The tally of anonymous refusals, with the engine its records go to.
+/// The guard holds it; the task that writes the records due holds it
+/// weakly, so that neither the tally nor the engine (and the store's lock
+/// with it) outlives the router.
+struct RefusalAudit {
+    tally: RefusalTally,
+    engine: Engine,
+}
+
+/// A governor quota of `rate` per second with bursts of twice that.
+fn quota(rate: NonZeroU32) -> Quota {
+    let burst = rate.saturating_mul(NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN));
+    Quota::per_second(rate).allow_burst(burst)
 }
 
 impl Guard {
@@ -41,16 +65,89 @@ impl Guard {
         // Off when auth is off: one local user needs no protection from itself.
         let limiter = NonZeroU32::new(config.rate_limit)
             .filter(|_| config.auth)
-            .map(|rate| {
-                let burst = rate.saturating_mul(NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN));
-                Arc::new(RateLimiter::keyed(
-                    Quota::per_second(rate).allow_burst(burst),
-                ))
-            });
+            .map(|rate| Arc::new(RateLimiter::keyed(quota(rate))));
+        let address_limiter = NonZeroU32::new(config.address_rate_limit)
+            .filter(|_| config.auth)
+            .map(|rate| Arc::new(RateLimiter::keyed(quota(rate))));
+        let refusals = Arc::new(RefusalAudit {
+            tally: RefusalTally::new(AUDIT_INTERVAL, MAX_ADDRESSES),
+            engine: engine.clone(),
+        });
+        // The records of the counts that accumulate after an address's
+        // first refusal are written by a task, each interval; it holds the
+        // tally weakly, and ends when the router (and so the guard) is
+        // dropped. Without a runtime (a router built outside one, never
+        // served) there is nothing to flush.
+        if config.auth
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(flush_refusals(Arc::downgrade(&refusals), AUDIT_INTERVAL));
+        }
         Guard {
             engine,
             sessions,
             limiter,
+            address_limiter,
+            refusals,
+        }
+    }
+
+    /// Counts a refusal of a caller without a valid token; writes its
+    /// audit record if one is due now.
+    async fn refused_anonymous(
+        &self,
+        peer: Option<SocketAddr>,
+        status: StatusCode,
+        request_id: Option<String>,
+    ) {
+        let reason = match status {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limited",
+            StatusCode::FORBIDDEN => "forbidden",
+            _ => "unauthorized",
+        };
+        metrics::counter!("orchestrator_auth_refusals_total", "reason" => reason).increment(1);
+        if let Some(due) =
+            self.refusals
+                .tally
+                .note(peer.map(|p| p.ip()), status.as_u16(), Instant::now())
+        {
+            let mut record = aggregate_record(due);
+            record.request_id = request_id;
+            self.engine.access().record(record).await;
+        }
+    }
+}
+
+/// The audit record of `due.count` refusals of callers without a valid
+/// token from one address.
+fn aggregate_record(due: Due) -> AuditRecord {
+    AuditRecord {
+        id: uuid::Uuid::now_v7().to_string(),
+        time: Utc::now(),
+        actor: "anonymous".to_owned(),
+        role: None,
+        action: "auth.refused".to_owned(),
+        target: Some(due.source.target()),
+        outcome: "denied".to_owned(),
+        status: due.status,
+        request_id: None,
+        count: Some(due.count),
+    }
+}
+
+/// Writes the aggregate records as they fall due, until the guard is gone.
+async fn flush_refusals(audit: Weak<RefusalAudit>, interval: Duration) {
+    // A quarter of the interval: a record is at most that late.
+    let mut ticks = tokio::time::interval(interval / 4);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        // Held only while this tick's records are written.
+        let Some(audit) = audit.upgrade() else {
+            return;
+        };
+        for due in audit.tally.drain(Instant::now()) {
+            audit.engine.access().record(aggregate_record(due)).await;
         }
     }
 }
@@ -143,6 +240,35 @@ fn action(method: &Method, path: Option<&str>) -> String {
     }
 }
 
+/// The per-address limit: the outermost layer, so that a request over it
+/// costs a hash map lookup and a short answer, before any span, log line,
+/// request id, metric or token check is spent on it. A flood of wrong
+/// tokens from one address is refused here, and counted in aggregate.
+pub(crate) async fn limit_address(
+    State(guard): State<Guard>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    if let (Some(limiter), Some(peer)) = (&guard.address_limiter, peer)
+        && let Err(not_until) = limiter.check_key(&peer.ip())
+    {
+        let request_id = request
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        guard
+            .refused_anonymous(Some(peer), StatusCode::TOO_MANY_REQUESTS, request_id)
+            .await;
+        return too_many_requests(&not_until);
+    }
+    next.run(request).await
+}
+
 /// The middleware.
 pub(crate) async fn guard(
     State(guard): State<Guard>,
@@ -199,6 +325,7 @@ pub(crate) async fn guard(
             outcome: outcome.to_owned(),
             status: status.as_u16(),
             request_id: request_id.clone(),
+            count: None,
         }
     };
 
@@ -217,37 +344,43 @@ pub(crate) async fn guard(
             .flatten()
     });
     if let Some(error) = refusal {
-        access
-            .record(audit(error.status, principal.as_ref(), target))
-            .await;
+        // A valid token's refusal is someone's act: one record each. No
+        // valid token: counted, and audited in aggregate.
+        match &principal {
+            Some(principal) => {
+                access
+                    .record(audit(error.status, Some(principal), target))
+                    .await;
+            }
+            None => {
+                guard
+                    .refused_anonymous(peer, error.status, request_id.clone())
+                    .await;
+            }
+        }
         return error.into_response();
     }
     if let (Some(limiter), Some(key)) = (&guard.limiter, rate_key(principal.as_ref(), peer))
         && let Err(not_until) = limiter.check_key(&key)
     {
-        let wait = not_until.wait_time_from(governor::clock::Clock::now(
-            &governor::clock::DefaultClock::default(),
-        ));
-        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        if is_change(&method, path) {
-            access
-                .record(audit(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    principal.as_ref(),
-                    target,
-                ))
-                .await;
+        match &principal {
+            Some(principal) if is_change(&method, path) => {
+                access
+                    .record(audit(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        Some(principal),
+                        target,
+                    ))
+                    .await;
+            }
+            Some(_) => {}
+            None => {
+                guard
+                    .refused_anonymous(peer, StatusCode::TOO_MANY_REQUESTS, request_id.clone())
+                    .await;
+            }
         }
-        let mut response = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!("too many requests; retry in {seconds} s"),
-        )
-        .into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-        return response;
+        return too_many_requests(&not_until);
     }
     if let Some(principal) = &principal {
         request.extensions_mut().insert(principal.clone());
@@ -268,6 +401,24 @@ pub(crate) async fn guard(
     access
         .record(audit(response.status(), principal.as_ref(), target))
         .await;
+    response
+}
+
+/// `429 rate_limited`, with `Retry-After` in whole seconds (at least 1).
+fn too_many_requests(not_until: &governor::NotUntil<governor::clock::QuantaInstant>) -> Response {
+    let wait = not_until.wait_time_from(governor::clock::Clock::now(
+        &governor::clock::DefaultClock::default(),
+    ));
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut response = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("too many requests; retry in {seconds} s"),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
     response
 }
 

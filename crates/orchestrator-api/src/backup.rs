@@ -13,11 +13,21 @@ use orchestrator_storage::backup::{self, BackupOptions};
 use orchestrator_storage::transfer::Silent;
 use tokio::io::AsyncReadExt;
 
+use crate::error::ErrorBody;
 use crate::{ApiError, AppState};
 
 /// Bytes of the archive sent per chunk of the response.
 const CHUNK: usize = 256 * 1024;
 
+/// A backup archive of the store (a zstd-compressed tar with a manifest
+/// and checksums; see docs/deployment.md), for `orchestrator backup` when
+/// the store cannot be read from outside the service (embedded SurrealDB).
+#[utoipa::path(post, path = "/backup", tag = "admin",
+    responses(
+        (status = 200, description = "The archive", content_type = "application/zstd", body = Vec<u8>),
+        (status = 409, description = "The store kept changing; try again later", body = ErrorBody),
+        (status = 503, description = "The backup failed; the service log says why", body = ErrorBody),
+    ))]
 pub(crate) async fn create_backup(State(state): State<AppState>) -> Result<Response, ApiError> {
     let engine = &state.engine;
     let store = engine.store();

@@ -16,18 +16,21 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
+use orchestrator_core::access::Role;
 use orchestrator_engine::access::Principal;
-use serde_json::json;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
 
+use crate::error::ErrorBody;
 use crate::session::{self, Session};
 use crate::{ApiError, AppState};
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/ui", get(index))
-        .route("/ui/", get(index))
+        .route("/ui/", get(index_slash))
         .route("/ui/{*path}", get(file))
         .route("/ui/session", get(current_session).post(create_session))
         .route("/ui/logout", post(logout))
@@ -91,13 +94,48 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
      img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
-async fn index(headers: HeaderMap) -> Response {
+/// The dashboard's page. Needs no token; the page signs in itself.
+#[utoipa::path(get, path = "/ui", tag = "dashboard",
+    params(("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has")),
+    responses(
+        (status = 200, description = "The page", content_type = "text/html; charset=utf-8", body = String,
+            headers(("etag" = String, description = "Send it back as `If-None-Match` to revalidate"))),
+        (status = 304, description = "The copy the client has is current"),
+    ))]
+pub(crate) async fn index(headers: HeaderMap) -> Response {
     serve(INDEX, &headers)
 }
 
-/// A file, or the page itself for any path without an extension, so that
-/// a link to a page under `/ui/` opens the dashboard.
-async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+/// The dashboard's page, as at `/ui`.
+#[utoipa::path(get, path = "/ui/", tag = "dashboard",
+    params(("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has")),
+    responses(
+        (status = 200, description = "The page", content_type = "text/html; charset=utf-8", body = String),
+        (status = 304, description = "The copy the client has is current"),
+    ))]
+pub(crate) async fn index_slash(headers: HeaderMap) -> Response {
+    serve(INDEX, &headers)
+}
+
+/// A file of the dashboard (script, stylesheet, icon), or the page itself
+/// for a path without an extension, so that a link to a page under `/ui/`
+/// opens the dashboard.
+#[utoipa::path(get, path = "/ui/{path}", tag = "dashboard",
+    params(
+        ("path" = String, Path, description = "A file under /ui/, e.g. app.js"),
+        ("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has"),
+    ),
+    responses(
+        (status = 200, description = "The file", content(
+            (String = "text/javascript; charset=utf-8"),
+            (String = "text/css; charset=utf-8"),
+            (String = "image/svg+xml"),
+            (String = "text/html; charset=utf-8"),
+        )),
+        (status = 304, description = "The copy the client has is current"),
+        (status = 404, description = "No such file", body = ErrorBody),
+    ))]
+pub(crate) async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
     if let Some(index) = ASSETS.iter().position(|a| a.path == path) {
         return serve(index, &headers);
     }
@@ -146,15 +184,29 @@ fn serve(index: usize, request: &HeaderMap) -> Response {
     response
 }
 
-/// Who the page speaks for: the answer of both session routes.
-fn session_view(principal: &Principal, session: Option<&Session>, auth: bool) -> serde_json::Value {
-    json!({
-        "name": principal.actor,
-        "role": principal.role,
-        "auth": auth,
-        "expires_at": session.map(|s| s.expires_at),
-        "csrf_token": session.map(|s| s.csrf.as_str()),
-    })
+/// Who the dashboard speaks for: the answer of both session routes.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SessionView {
+    /// The token's name (`local` without auth).
+    name: String,
+    role: Option<Role>,
+    /// Whether the service requires tokens; `false` with `--no-auth`.
+    auth: bool,
+    /// When the session ends; `null` without a session cookie.
+    expires_at: Option<DateTime<Utc>>,
+    /// To send as `X-CSRF-Token` with every change made with the cookie;
+    /// `null` without a session cookie.
+    csrf_token: Option<String>,
+}
+
+fn session_view(principal: &Principal, session: Option<&Session>, auth: bool) -> SessionView {
+    SessionView {
+        name: principal.actor.clone(),
+        role: principal.role,
+        auth,
+        expires_at: session.map(|s| s.expires_at),
+        csrf_token: session.map(|s| s.csrf.clone()),
+    }
 }
 
 fn no_store(mut response: Response) -> Response {
@@ -164,10 +216,17 @@ fn no_store(mut response: Response) -> Response {
     response
 }
 
-/// `POST /ui/session`: the token comes in the `Authorization` header (the
-/// guard has checked it, and it is never in a URL or a body that might be
-/// logged); the answer sets the cookie and gives the page its CSRF token.
-async fn create_session(
+/// Trades the bearer token for a session cookie (`HttpOnly;
+/// SameSite=Strict`, 12 h).
+///
+/// The token comes in the `Authorization` header (the guard has checked
+/// it, and it is never in a URL or a body that might be logged); the
+/// answer sets the cookie and gives the page its CSRF token.
+#[utoipa::path(post, path = "/ui/session", tag = "dashboard", responses(
+    (status = 200, description = "Signed in; the cookie is in `Set-Cookie` (none without auth)", body = SessionView,
+        headers(("set-cookie" = String, description = "orch_session=...; Max-Age=43200; Path=/; HttpOnly; SameSite=Strict"))),
+))]
+pub(crate) async fn create_session(
     State(state): State<AppState>,
     principal: Option<Extension<Principal>>,
 ) -> Result<Response, ApiError> {
@@ -193,11 +252,16 @@ async fn create_session(
     Ok(no_store(response))
 }
 
-/// `GET /ui/session`: who the cookie (or bearer token) is, and, for a
-/// cookie, its CSRF token again: the page keeps it in memory only, so it
-/// asks after a reload. Another site cannot read this answer (no CORS) and
-/// its pages never send the cookie (`SameSite=Strict`).
-async fn current_session(
+/// Who the session cookie (or bearer token) is; for a cookie, its CSRF
+/// token again.
+///
+/// The page keeps the CSRF token in memory only, so it asks after a
+/// reload. Another site cannot read this answer (no CORS) and its pages
+/// never send the cookie (`SameSite=Strict`).
+#[utoipa::path(get, path = "/ui/session", tag = "dashboard", responses(
+    (status = 200, description = "Signed in", body = SessionView),
+))]
+pub(crate) async fn current_session(
     State(state): State<AppState>,
     principal: Option<Extension<Principal>>,
     session: Option<Extension<Session>>,
@@ -219,10 +283,15 @@ async fn current_session(
     ))
 }
 
-/// `POST /ui/logout`: removes the cookie. The cookie itself is not
-/// recorded anywhere, so there is nothing else to undo; revoking the token
-/// ends every session made with it.
-async fn logout() -> Response {
+/// Clears the session cookie. Needs no token.
+///
+/// The cookie itself is not recorded anywhere, so there is nothing else to
+/// undo; revoking the token ends every session made with it.
+#[utoipa::path(post, path = "/ui/logout", tag = "dashboard", responses(
+    (status = 204, description = "The cookie is cleared",
+        headers(("set-cookie" = String, description = "orch_session=; Max-Age=0; ..."))),
+))]
+pub(crate) async fn logout() -> Response {
     let mut response = StatusCode::NO_CONTENT.into_response();
     response
         .headers_mut()

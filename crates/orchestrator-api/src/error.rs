@@ -5,7 +5,8 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use orchestrator_engine::Error as EngineError;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -34,9 +35,33 @@ impl ApiError {
     }
 }
 
+/// The one error body of every failed request.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// Stable and meant for programs: `bad_request`, `invalid_json`,
+    /// `not_found`, `method_not_allowed`, `conflict`, `request_timeout`,
+    /// `payload_too_large`, `invalid_request`, `unauthorized`, `forbidden`,
+    /// `rate_limited`, `shutting_down`, `storage_unavailable`, ...
+    #[schema(example = "invalid_request")]
+    code: &'static str,
+    /// For people; names the field, parameter or id at fault.
+    #[schema(example = "servers[1]: invalid name")]
+    message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }

@@ -11,6 +11,7 @@ mod layers;
 mod live;
 pub mod openapi;
 pub mod prometheus;
+mod refusals;
 mod routes;
 mod schedules;
 mod session;
@@ -109,7 +110,10 @@ fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Dea
         .layer(axum::middleware::map_response(layers::json_error_body))
         // Tokens, roles, rate limits and the audit log; after routing, so
         // it knows the route template.
-        .layer(axum::middleware::from_fn_with_state(guard, auth::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            guard.clone(),
+            auth::guard,
+        ))
         .layer(axum::middleware::from_fn(prometheus::track_requests))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         // One span per request, with the request id as a field, so every
@@ -128,6 +132,12 @@ fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Dea
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        // Outermost: the per-address rate limit, before anything is spent
+        // on the request (see `auth::limit_address`).
+        .layer(axum::middleware::from_fn_with_state(
+            guard,
+            auth::limit_address,
+        ))
     // No CORS layer: browsers get no cross-origin access.
 }
 

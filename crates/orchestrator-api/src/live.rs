@@ -37,10 +37,13 @@ const FOLLOW_CHUNK: usize = 64 * 1024;
 /// anyway (a change feed can lose events; this bounds the delay).
 const FOLLOW_RECHECK: Duration = Duration::from_secs(2);
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventParams {
+    /// Only this workflow's events.
+    #[param(value_type = Option<uuid::Uuid>)]
     workflow: Option<String>,
-    /// Comma-separated event kinds.
+    /// Only these event kinds, comma-separated.
     kind: Option<String>,
 }
 
@@ -172,7 +175,20 @@ fn resume_point(headers: &HeaderMap, life: &str) -> Option<u64> {
     Some(seq.unwrap_or(u64::MAX))
 }
 
-/// `GET /events`: a snapshot, then every matching event as it happens.
+/// Every durable change of a task or workflow as it happens, as
+/// server-sent events: a `snapshot` first, then `change` events (each with
+/// an `id` for `Last-Event-ID`), and `resync` when events were lost.
+#[utoipa::path(get, path = "/events", tag = "operations",
+    params(
+        EventParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"),
+    ),
+    responses(
+        (status = 200, description = "The event stream (it does not end)", content_type = "text/event-stream", body = String),
+        (status = 400, description = "An unknown kind or a bad workflow id", body = crate::error::ErrorBody),
+        (status = 404, description = "No such workflow", body = crate::error::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::error::ErrorBody),
+    ))]
 pub(crate) async fn events(
     State(state): State<AppState>,
     headers: HeaderMap,

@@ -99,6 +99,10 @@ fn describe() {
         "Wall time of an attempt, from its claim to its stored outcome, by script and outcome (the status it led to)."
     );
     describe_counter!(
+        "orchestrator_auth_refusals_total",
+        "Requests refused without a valid token (reason: unauthorized, or rate_limited by address or before sign-in); the audit log has them in aggregate, one record per address per minute."
+    );
+    describe_counter!(
         "orchestrator_http_requests_total",
         "HTTP requests answered, by method, route template and status."
     );
@@ -163,7 +167,13 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// `GET /metrics`.
+/// Prometheus text exposition (format 0.0.4); docs/api.md lists the
+/// metrics. Needs no token when asked from loopback (the `security` of
+/// this operation lists "none" as one way in); from elsewhere, any valid
+/// token.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "The metrics", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = handle().render();
     levels(&state, &mut text).await;

@@ -1,5 +1,8 @@
-//! Route table and handlers.
+//! Route table and handlers of tasks, workflows, templates and nodes,
+//! each with its OpenAPI declaration (`#[utoipa::path]`) naming the types
+//! it really reads and answers with.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Json;
@@ -8,19 +11,26 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
+use chrono::{DateTime, Utc};
+use orchestrator_core::{Node, Priority, Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
 use orchestrator_engine::builtin::{Builtin, BuiltinRequest};
 use orchestrator_engine::{Engine, Meta, SubmitRequest, TemplateSource, WorkflowView};
 use orchestrator_storage::{TaskQuery, WorkflowQuery};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
 
+use crate::error::ErrorBody;
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
 
-const DEFAULT_PAGE: usize = 50;
-const MAX_PAGE: usize = 1000;
-const DEFAULT_LOG_BYTES: usize = 1024 * 1024;
+pub(crate) const DEFAULT_PAGE: u32 = 50;
+/// The largest `limit` of a listing; the document's `maximum` (a test
+/// compares them).
+pub(crate) const MAX_PAGE: u32 = 1000;
+const DEFAULT_LOG_BYTES: u32 = 1024 * 1024;
+/// The most a log read returns, whatever `limit_bytes` asks.
+const MAX_LOG_BYTES: u32 = 16 * DEFAULT_LOG_BYTES;
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
@@ -63,25 +73,50 @@ async fn method_not_allowed(uri: Uri) -> ApiError {
     )
 }
 
+/// Liveness and load.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Health {
+    /// `ok`, or `unhealthy` with a 503.
+    #[schema(example = "ok")]
+    status: &'static str,
+    /// Why storage is unhealthy; only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    version: &'static str,
+    /// The storage backend.
+    storage: &'static str,
+    workers: usize,
+    /// Tasks waiting for a worker.
+    queued: usize,
+    running: usize,
+}
+
+/// Liveness and load. Needs no token.
+///
 /// 200 while storage answers; 503 with the reason while it does not (a
 /// SurrealDB server that went away, a poisoned journal), so a load balancer
 /// or orchestrator of orchestrators stops sending work here.
-async fn health(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
+#[utoipa::path(get, path = "/health", tag = "operations", responses(
+    (status = 200, description = "Storage can be read and written", body = Health),
+    (status = 503, description = "Storage is unhealthy; `reason` says why", body = Health),
+))]
+pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     let (queued, running) = state.engine.load();
-    let mut body = json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "storage": state.engine.store().name(),
-        "workers": state.engine.config().workers,
-        "queued": queued,
-        "running": running,
-    });
+    let mut body = Health {
+        status: "ok",
+        reason: None,
+        version: env!("CARGO_PKG_VERSION"),
+        storage: state.engine.store().name(),
+        workers: state.engine.config().workers,
+        queued,
+        running,
+    };
     match state.engine.store().health().await {
         Ok(()) => (StatusCode::OK, Json(body)),
         Err(e) => {
             tracing::warn!(error = %e, "health check: storage is unhealthy");
-            body["status"] = "unhealthy".into();
-            body["reason"] = e.to_string().into();
+            body.status = "unhealthy";
+            body.reason = Some(e.to_string());
             (StatusCode::SERVICE_UNAVAILABLE, Json(body))
         }
     }
@@ -101,25 +136,39 @@ fn parse_workflow_id(raw: &str) -> Result<WorkflowId, ApiError> {
     })
 }
 
-#[derive(Deserialize)]
-struct ListParams {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListParams {
+    /// Only tasks in this status.
+    #[param(value_type = Option<TaskStatus>)]
     status: Option<String>,
+    /// Only tasks of this workflow.
+    #[param(value_type = Option<uuid::Uuid>)]
     workflow: Option<String>,
-    limit: Option<usize>,
-    offset: Option<usize>,
+    /// Page size, default 50.
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<u32>,
+    /// Records to skip.
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    offset: Option<u32>,
 }
 
-#[derive(Serialize)]
-struct TaskList {
+/// A page of tasks, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TaskList {
     tasks: Vec<Task>,
+    /// How many tasks match, in all pages.
     total: usize,
     limit: usize,
     offset: usize,
 }
 
+/// The page a listing asks for, within [`MAX_PAGE`]. (An `offset` beyond
+/// `u32` is refused by the parameters' parser, as the document's
+/// `maximum` says.)
 pub(crate) fn page_bounds(
-    limit: Option<usize>,
-    offset: Option<usize>,
+    limit: Option<u32>,
+    offset: Option<u32>,
 ) -> Result<(usize, usize), ApiError> {
     let limit = limit.unwrap_or(DEFAULT_PAGE);
     if limit > MAX_PAGE {
@@ -127,10 +176,18 @@ pub(crate) fn page_bounds(
             "limit: {limit} is more than the maximum of {MAX_PAGE}"
         )));
     }
-    Ok((limit, offset.unwrap_or(0)))
+    Ok((limit as usize, offset.unwrap_or(0) as usize))
 }
 
-async fn list_tasks(
+/// Tasks, newest first.
+#[utoipa::path(get, path = "/tasks", tag = "tasks",
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of tasks", body = TaskList),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn list_tasks(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<TaskList>, ApiError> {
@@ -168,43 +225,77 @@ async fn list_tasks(
     }))
 }
 
-async fn get_task(
+/// One task.
+#[utoipa::path(get, path = "/tasks/{id}", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn get_task(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
     Ok(Json(state.engine.task(parse_task_id(&id)?).await?))
 }
 
-#[derive(Deserialize)]
-struct LogParams {
-    offset: Option<u64>,
-    limit_bytes: Option<usize>,
-    /// Stream the log as it is written, until the task ends.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct LogParams {
+    /// Byte offset to read from.
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    offset: Option<u32>,
+    /// Most bytes to return (default 1 MiB; more than 16 MiB reads 16 MiB).
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    limit_bytes: Option<u32>,
+    /// Stream the log as it is written, until the task ends (the headers
+    /// below are then absent).
     #[serde(default)]
     follow: bool,
 }
 
-/// The log as plain text. `X-Next-Offset` tells where to continue for a
-/// `tail -f` style follow; `X-Task-Status` whether more can come.
-async fn task_logs(
+/// A task's captured stdout and stderr, as plain text.
+///
+/// `X-Next-Offset` tells where to continue for a `tail -f` style follow;
+/// `X-Task-Status` whether more can come.
+#[utoipa::path(get, path = "/tasks/{id}/logs", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id"), LogParams),
+    responses(
+        (status = 200, description = "The log from `offset`", content_type = "text/plain; charset=utf-8", body = String,
+            headers(
+                ("x-next-offset" = u64, description = "Where to continue reading"),
+                ("x-task-status" = TaskStatus, description = "The task's status when read"),
+            )),
+        (status = 400, description = "The id is not a UUID, or a bad query parameter", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn task_logs(
     State(state): State<AppState>,
     Path(id): Path<String>,
     QueryParams(params): QueryParams<LogParams>,
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&id)?;
     if params.follow {
-        return crate::live::follow_log(state.engine.clone(), id, params.offset.unwrap_or(0)).await;
+        return crate::live::follow_log(
+            state.engine.clone(),
+            id,
+            params.offset.map_or(0, u64::from),
+        )
+        .await;
     }
     let task = state.engine.task(id).await?;
     let limit = params
         .limit_bytes
         .unwrap_or(DEFAULT_LOG_BYTES)
-        .min(16 * DEFAULT_LOG_BYTES);
+        .min(MAX_LOG_BYTES) as usize;
     let chunk = state
         .engine
         .store()
         .tasks()
-        .read_log(id, params.offset.unwrap_or(0), limit)
+        .read_log(id, params.offset.map_or(0, u64::from), limit)
         .await
         .map_err(orchestrator_engine::Error::from)?;
     let mut headers = HeaderMap::new();
@@ -220,29 +311,61 @@ async fn task_logs(
     Ok((headers, chunk.data).into_response())
 }
 
-async fn cancel_task(
+/// Cancels a task: at once if it is not running, else its script is stopped.
+#[utoipa::path(post, path = "/tasks/{id}/cancel", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The task after the request", body = Task),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task already finished", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn cancel_task(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Task>, ApiError> {
     Ok(Json(state.engine.cancel_task(parse_task_id(&id)?).await?))
 }
 
-async fn get_checkpoint(
+/// A task's checkpoint (`{}` while nothing was saved): free keys and JSON
+/// values.
+#[utoipa::path(get, path = "/tasks/{id}/checkpoint", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The checkpoint", body = BTreeMap<String, Value>),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn get_checkpoint(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Map<String, serde_json::Value>>, ApiError> {
+) -> Result<Json<Map<String, Value>>, ApiError> {
     Ok(Json(
         state.engine.task(parse_task_id(&id)?).await?.checkpoint,
     ))
 }
 
-/// Merges the body's keys into a running task's checkpoint. Answers once
-/// the checkpoint is durable, so a script may act on it right away.
-async fn save_checkpoint(
+/// Merges the body's keys into a running task's checkpoint; answers once
+/// durable, so a script may act on it right away.
+#[utoipa::path(put, path = "/tasks/{id}/checkpoint", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    request_body(content = BTreeMap<String, Value>, description = "Keys to set"),
+    responses(
+        (status = 200, description = "The whole checkpoint", body = BTreeMap<String, Value>),
+        (status = 400, description = "The id is not a UUID, an empty body or malformed JSON", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is not running", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The body is not a JSON object", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn save_checkpoint(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    JsonBody(entries): JsonBody<serde_json::Map<String, serde_json::Value>>,
-) -> Result<Json<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    JsonBody(entries): JsonBody<Map<String, Value>>,
+) -> Result<Json<Map<String, Value>>, ApiError> {
     let task = state
         .engine
         .save_checkpoint(parse_task_id(&id)?, entries)
@@ -250,21 +373,32 @@ async fn save_checkpoint(
     Ok(Json(task.checkpoint))
 }
 
-#[derive(Deserialize)]
-struct WorkflowListParams {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WorkflowListParams {
+    /// Only workflows in this status.
+    #[param(value_type = Option<WorkflowStatus>)]
     status: Option<String>,
+    /// Only workflows of this template ref_name.
     template: Option<String>,
+    /// Only revisions of this meta.ref.
     #[serde(rename = "ref")]
     reference: Option<String>,
+    /// Only workflows with this meta.trace_id.
     trace_id: Option<String>,
-    limit: Option<usize>,
-    offset: Option<usize>,
+    /// Page size, default 50.
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<u32>,
+    /// Records to skip.
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    offset: Option<u32>,
 }
 
 /// A workflow without its tasks, for listings.
-#[derive(Serialize)]
-struct WorkflowSummary {
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowSummary {
     id: WorkflowId,
+    /// The template's `ref_name`.
     template: String,
     name: String,
     status: WorkflowStatus,
@@ -273,16 +407,34 @@ struct WorkflowSummary {
     revision: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     trace_id: Option<String>,
-    created_at: chrono::DateTime<chrono::Utc>,
+    created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    finished_at: Option<DateTime<Utc>>,
     task_count: usize,
 }
 
-async fn list_workflows(
+/// A page of workflows, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowList {
+    workflows: Vec<WorkflowSummary>,
+    /// How many workflows match, in all pages.
+    total: usize,
+    limit: usize,
+    offset: usize,
+}
+
+/// Workflows, newest first.
+#[utoipa::path(get, path = "/workflows", tag = "workflows",
+    params(WorkflowListParams),
+    responses(
+        (status = 200, description = "A page of workflows", body = WorkflowList),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn list_workflows(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<WorkflowListParams>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WorkflowList>, ApiError> {
     let (limit, offset) = page_bounds(params.limit, params.offset)?;
     let status = params
         .status
@@ -318,9 +470,12 @@ async fn list_workflows(
             task_count: w.task_ids.len(),
         })
         .collect();
-    Ok(Json(
-        json!({"workflows": workflows, "total": page.total, "limit": limit, "offset": offset}),
-    ))
+    Ok(Json(WorkflowList {
+        workflows,
+        total: page.total,
+        limit,
+        offset,
+    }))
 }
 
 /// How many workflows match `base` (its status, limit and offset
@@ -343,20 +498,40 @@ pub(crate) async fn count_by_status(
     Ok(counts)
 }
 
-#[derive(Deserialize)]
-struct CountParams {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct CountParams {
+    /// Only workflows of this template ref_name.
     template: Option<String>,
+    /// Only revisions of this meta.ref.
     #[serde(rename = "ref")]
     reference: Option<String>,
+    /// Only workflows with this meta.trace_id.
     trace_id: Option<String>,
 }
 
-/// `GET /workflows/counts`: the number of workflows in each status, with
-/// the listing's other filters, for the dashboard's counters.
-async fn count_workflows(
+/// Workflows by status.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowCounts {
+    /// Every status, with how many workflows are in it.
+    counts: BTreeMap<&'static str, usize>,
+    /// The sum of `counts`.
+    total: usize,
+}
+
+/// How many workflows are in each status, with the listing's other
+/// filters, for the dashboard's counters.
+#[utoipa::path(get, path = "/workflows/counts", tag = "workflows",
+    params(CountParams),
+    responses(
+        (status = 200, description = "The counts", body = WorkflowCounts),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn count_workflows(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<CountParams>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WorkflowCounts>, ApiError> {
     let base = WorkflowQuery {
         kind: params.template,
         reference: params.reference,
@@ -365,21 +540,40 @@ async fn count_workflows(
     };
     let counts = count_by_status(&state.engine, &base).await?;
     let total: usize = counts.iter().map(|(_, n)| n).sum();
-    let counts: serde_json::Map<String, serde_json::Value> = counts
+    let counts = counts
         .into_iter()
-        .map(|(status, n)| (status.as_str().to_owned(), json!(n)))
+        .map(|(status, n)| (status.as_str(), n))
         .collect();
-    Ok(Json(json!({"counts": counts, "total": total})))
+    Ok(Json(WorkflowCounts { counts, total }))
 }
 
-async fn get_workflow(
+/// One workflow with its steps, edges and tasks.
+#[utoipa::path(get, path = "/workflows/{id}", tag = "workflows",
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn get_workflow(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
     Ok(Json(state.engine.workflow(parse_workflow_id(&id)?).await?))
 }
 
-async fn cancel_workflow(
+/// Cancels a workflow.
+#[utoipa::path(post, path = "/workflows/{id}/cancel", tag = "workflows",
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow after the request", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow already finished", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn cancel_workflow(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
@@ -391,7 +585,17 @@ async fn cancel_workflow(
     ))
 }
 
-async fn retry_workflow(
+/// Re-runs what did not complete in a finished workflow.
+#[utoipa::path(post, path = "/workflows/{id}/retry", tag = "workflows",
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow, running again", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "Not finished, or nothing to retry", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn retry_workflow(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
@@ -401,22 +605,38 @@ async fn retry_workflow(
 }
 
 /// `POST /workflows/{id}/rerun`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Rerun {
+pub(crate) struct Rerun {
+    /// The `ref_name` of the first step to run again.
     from: String,
+    /// Whether the steps after `from` run again too; default true.
     #[serde(default = "yes")]
+    #[schema(default = true)]
     include_downstream: bool,
+    /// New inputs for the steps that run again, checked like a submission's.
     #[serde(default)]
-    vars: serde_json::Map<String, serde_json::Value>,
+    vars: Map<String, Value>,
 }
 
 fn yes() -> bool {
     true
 }
 
-/// A new revision of a finished workflow, run again from a step.
-async fn rerun_workflow(
+/// Re-runs a finished workflow from a step, as a new revision.
+#[utoipa::path(post, path = "/workflows/{id}/rerun", tag = "workflows",
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    request_body = Rerun,
+    responses(
+        (status = 202, description = "The new revision, running; steps before `from` keep their outputs", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow has not finished", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "An unknown step, or bad `vars`; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn rerun_workflow(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(rerun): JsonBody<Rerun>,
@@ -434,34 +654,78 @@ async fn rerun_workflow(
 }
 
 /// `POST /workflows`: a template by name or inline, with inputs.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WorkflowSubmission {
+#[schema(example = json!({
+    "template": "servers-create",
+    "vars": {"infra": "demo", "servers": ["web-01"]},
+    "meta": {"ref": "demo-web"},
+    "check_mode": true
+}))]
+pub(crate) struct WorkflowSubmission {
     template: TemplateField,
     /// Pick a `schema_version` of a named template (newest by default).
+    #[schema(minimum = 0, maximum = 4294967295u32)]
     version: Option<u32>,
+    /// The template's inputs.
     #[serde(default)]
-    vars: serde_json::Map<String, serde_json::Value>,
+    vars: Map<String, Value>,
     #[serde(default)]
     meta: MetaField,
     schedule: Option<Schedule>,
+    /// Dry run: scripts are told to change nothing.
     #[serde(default)]
     check_mode: bool,
     #[serde(default)]
-    priority: orchestrator_core::Priority,
+    priority: Priority,
+    /// Attempts per task; the service default when absent (the engine's
+    /// limits, which a test compares with these).
+    #[schema(minimum = 1, maximum = 100)]
     max_attempts: Option<u32>,
-    timeout_secs: Option<u64>,
-    parallel_limit: Option<usize>,
+    /// Per-attempt timeout in seconds; the service default when absent.
+    #[schema(minimum = 1, maximum = 4294967295u32)]
+    timeout_secs: Option<u32>,
+    /// Most tasks of the workflow running at once; the template's when absent.
+    #[schema(minimum = 1, maximum = 4294967295u32)]
+    parallel_limit: Option<u32>,
+    /// Answer only when the workflow has finished (or `wait_timeout_secs`
+    /// passed, then with 202).
     #[serde(default)]
     wait: bool,
-    wait_timeout_secs: Option<u64>,
+    /// The most seconds `wait` may block (default 120; more than 600
+    /// waits 600).
+    #[schema(minimum = 0, maximum = 4294967295u32)]
+    wait_timeout_secs: Option<u32>,
 }
 
 /// A template's `ref_name`, or a whole template object. Kept as JSON until
 /// it is read, so that a bad inline template gets a message with its path.
 #[derive(Deserialize)]
 #[serde(transparent)]
-struct TemplateField(serde_json::Value);
+pub(crate) struct TemplateField(Value);
+
+/// What [`TemplateField`] accepts: a string or an object (the template
+/// model of docs/templates.md, checked by the core with path-named errors).
+impl utoipa::PartialSchema for TemplateField {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .description(Some("A registered template's `ref_name`")),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .description(Some("A whole template (see docs/templates.md)")),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for TemplateField {}
 
 impl TemplateField {
     fn source(self, version: Option<u32>) -> Result<TemplateSource, ApiError> {
@@ -484,25 +748,31 @@ impl TemplateField {
     }
 }
 
-#[derive(Deserialize, Default)]
+/// The caller's names for a submission.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct MetaField {
+pub(crate) struct MetaField {
+    /// The caller's own name for what this workflow does: a later
+    /// submission with the same `ref` and another body is its next revision.
     #[serde(rename = "ref")]
     reference: Option<String>,
     trace_id: Option<String>,
+    /// The workflow's name; the template's by default.
     name: Option<String>,
     description: Option<String>,
-    /// How long to keep the workflow once finished: `30d`, `forever`.
+    /// How long to keep the workflow once finished, instead of the
+    /// service's `--retain-finished`: `30d`, `12h`, or `forever`.
+    #[schema(value_type = Option<String>, example = "30d")]
     retain: Option<orchestrator_core::retention::Keep>,
 }
 
-#[derive(Deserialize)]
+/// When a submission starts: `{"when": "now"}` or `{"when": "at",
+/// "start": "<RFC 3339>"}`.
+#[derive(Deserialize, ToSchema)]
 #[serde(tag = "when", rename_all = "snake_case", deny_unknown_fields)]
-enum Schedule {
+pub(crate) enum Schedule {
     Now,
-    At {
-        start: chrono::DateTime<chrono::Utc>,
-    },
+    At { start: DateTime<Utc> },
 }
 
 impl WorkflowSubmission {
@@ -529,8 +799,8 @@ impl WorkflowSubmission {
             check_mode: self.check_mode,
             priority: self.priority,
             max_attempts: self.max_attempts,
-            timeout: self.timeout_secs.map(Duration::from_secs),
-            parallel_limit: self.parallel_limit,
+            timeout: self.timeout_secs.map(|s| Duration::from_secs(s.into())),
+            parallel_limit: self.parallel_limit.map(|n| n as usize),
             idempotency_key,
             body,
         })
@@ -552,69 +822,170 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
-async fn submit_workflow(
+/// Submits a workflow from a template.
+#[utoipa::path(post, path = "/workflows", tag = "workflows",
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "1-255 visible ASCII characters (spaces inside; around them, ignored); a repeat returns the first workflow",
+        pattern = "^[\t ]*[!-~]([\t -~]{0,253}[!-~])?[\t ]*$")),
+    request_body = WorkflowSubmission,
+    responses(
+        (status = 200, description = "With `wait`, the workflow finished; or a repeat (`idempotent-replayed: true`)", body = WorkflowView),
+        (status = 202, description = "Stored and running", body = WorkflowView, links(
+            ("get" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/id")))),
+            ("cancel" = (operation_id = "cancel_workflow", parameters(("id" = "$response.body#/id")))),
+            ("retry" = (operation_id = "retry_workflow", parameters(("id" = "$response.body#/id")))),
+            ("rerun" = (operation_id = "rerun_workflow", parameters(("id" = "$response.body#/id")))),
+            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+            ("task_logs" = (operation_id = "task_logs", parameters(("id" = "$response.body#/task_ids/0")))),
+        )),
+        (status = 400, description = "Empty body, malformed JSON, or a bad Idempotency-Key", body = ErrorBody),
+        (status = 408, description = "The request took too long", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for a different body", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The submission is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn submit_workflow(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<serde_json::Value>,
+    JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
-    let wait = wait_limit(submission.wait, submission.wait_timeout_secs);
+    let wait = wait_limit(submission.wait, submission.wait_timeout_secs.map(u64::from));
     let request = submission.into_request(body, idempotency_key(&headers)?)?;
     submit(&state.engine, request, wait).await
 }
 
-async fn validate_workflow(
+/// A valid submission, and the workflow it would create.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Validated {
+    /// Always `true`: an invalid one gets 422.
+    valid: bool,
+    workflow: WorkflowView,
+}
+
+/// Validates a submission and shows its DAG, storing nothing.
+#[utoipa::path(post, path = "/workflows/validate", tag = "workflows",
+    request_body = WorkflowSubmission,
+    responses(
+        (status = 200, description = "Valid; the workflow it would create", body = Validated),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The submission is invalid", body = ErrorBody),
+    ))]
+pub(crate) async fn validate_workflow(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<serde_json::Value>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Json<Validated>, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
-    let view = state
+    let workflow = state
         .engine
         .validate(&submission.into_request(body, None)?)
         .await?;
-    Ok(Json(json!({"valid": true, "workflow": view})))
+    Ok(Json(Validated {
+        valid: true,
+        workflow,
+    }))
 }
 
 /// Typed view of a body already parsed as JSON, with the same 422 errors.
-fn parse_body<T: serde::de::DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiError> {
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
     crate::extract::from_value(body.clone())
+}
+
+/// A node sharing the store, and whether it is alive.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct NodeView {
+    #[serde(flatten)]
+    node: Node,
+    /// Its last heartbeat is within one lease.
+    alive: bool,
+    /// It is the node that answered.
+    this_node: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct NodeList {
+    nodes: Vec<NodeView>,
 }
 
 /// The nodes sharing this store: their last heartbeat and whether it is
 /// recent enough (within one lease) to count them alive.
-async fn list_nodes(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let nodes: Vec<serde_json::Value> = state
+#[utoipa::path(get, path = "/cluster/nodes", tag = "operations", responses(
+    (status = 200, description = "The nodes", body = NodeList),
+    (status = 503, description = "Storage unavailable", body = ErrorBody),
+))]
+pub(crate) async fn list_nodes(State(state): State<AppState>) -> Result<Json<NodeList>, ApiError> {
+    let this_node = &state.engine.config().node_id;
+    let nodes = state
         .engine
         .nodes()
         .await?
         .into_iter()
-        .map(|(node, alive)| {
-            let mut value = serde_json::to_value(&node).unwrap_or_default();
-            value["alive"] = json!(alive);
-            value["this_node"] = json!(node.id == state.engine.config().node_id);
-            value
+        .map(|(node, alive)| NodeView {
+            this_node: node.id == *this_node,
+            node,
+            alive,
         })
         .collect();
-    Ok(Json(json!({"nodes": nodes})))
+    Ok(Json(NodeList { nodes }))
 }
 
-async fn list_templates(State(state): State<AppState>) -> Json<serde_json::Value> {
-    let templates: Vec<serde_json::Value> = state
+/// A registered template, as listed.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TemplateSummary {
+    ref_name: String,
+    schema_version: u32,
+    name: String,
+    description: Option<String>,
+    /// Input name to its declaration (`type`, `default`, `description`,
+    /// ...; see docs/templates.md).
+    inputs: BTreeMap<String, Value>,
+    /// The steps' `ref_name`s.
+    steps: Vec<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct TemplateList {
+    templates: Vec<TemplateSummary>,
+}
+
+/// Every registered template, every version.
+#[utoipa::path(get, path = "/templates", tag = "templates", responses(
+    (status = 200, description = "The templates", body = TemplateList),
+))]
+pub(crate) async fn list_templates(State(state): State<AppState>) -> Json<TemplateList> {
+    let templates = state
         .engine
         .templates()
         .all()
-        .map(|t| {
-            json!({
-                "ref_name": t.ref_name, "name": t.name, "description": t.description,
-                "schema_version": t.schema_version, "inputs": t.inputs,
-                "steps": t.steps.iter().map(|s| &s.ref_name).collect::<Vec<_>>(),
-            })
+        .map(|t| TemplateSummary {
+            ref_name: t.ref_name.clone(),
+            schema_version: t.schema_version,
+            name: t.name.clone(),
+            description: t.description.clone(),
+            inputs: t
+                .inputs
+                .iter()
+                .map(|(name, spec)| (name.clone(), serde_json::to_value(spec).unwrap_or_default()))
+                .collect(),
+            steps: t.steps.iter().map(|s| s.ref_name.clone()).collect(),
         })
         .collect();
-    Json(json!({"templates": templates}))
+    Json(TemplateList { templates })
 }
 
-async fn get_template(
+/// One template: the whole model as parsed, defaults filled in. Its
+/// schema is a free-form object: the template model (steps, inputs, http
+/// blocks) is documented in docs/templates.md and checked by the core.
+#[utoipa::path(get, path = "/templates/{ref_name}", tag = "templates",
+    params(("ref_name" = String, Path, description = "The template's ref_name"), TemplateParams),
+    responses(
+        (status = 200, description = "The template", body = Object),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 404, description = "No such template or version", body = ErrorBody),
+    ))]
+pub(crate) async fn get_template(
     State(state): State<AppState>,
     Path(ref_name): Path<String>,
     QueryParams(params): QueryParams<TemplateParams>,
@@ -627,14 +998,17 @@ async fn get_template(
         .ok_or_else(|| ApiError::not_found(format!("template `{ref_name}` not found")))
 }
 
-#[derive(Deserialize)]
-struct TemplateParams {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TemplateParams {
+    /// A schema_version; the newest by default.
+    #[param(minimum = 0, maximum = 4294967295u32)]
     version: Option<u32>,
 }
 
 /// The answer to a built-in submission.
-#[derive(Serialize)]
-struct Submitted {
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Submitted {
     workflow_id: WorkflowId,
     task_ids: Vec<TaskId>,
     status: WorkflowStatus,
@@ -643,21 +1017,66 @@ struct Submitted {
     tasks: Vec<Task>,
 }
 
-async fn create_servers(
+/// Creates servers (template `servers-create`).
+#[utoipa::path(post, path = "/workflows/servers/create", tag = "workflows",
+    request_body = BuiltinRequest,
+    responses(
+        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
+        (status = 202, description = "Stored and running", body = Submitted, links(
+            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
+            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+        )),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 408, description = "The request took too long", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn create_servers(
     State(state): State<AppState>,
     body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
     builtin(&state.engine, Builtin::ServersCreate, body.0).await
 }
 
-async fn create_taskservs(
+/// Installs task services on servers, in order (template `taskserv-create`).
+#[utoipa::path(post, path = "/workflows/taskserv/create", tag = "workflows",
+    request_body = BuiltinRequest,
+    responses(
+        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
+        (status = 202, description = "Stored and running", body = Submitted, links(
+            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
+            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+        )),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 408, description = "The request took too long", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn create_taskservs(
     State(state): State<AppState>,
     body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
     builtin(&state.engine, Builtin::TaskservCreate, body.0).await
 }
 
-async fn create_cluster(
+/// Servers, then task services, then the cluster join (template `cluster-create`).
+#[utoipa::path(post, path = "/workflows/cluster/create", tag = "workflows",
+    request_body = BuiltinRequest,
+    responses(
+        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
+        (status = 202, description = "Stored and running", body = Submitted, links(
+            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
+            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+        )),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 408, description = "The request took too long", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn create_cluster(
     State(state): State<AppState>,
     body: JsonBody<BuiltinRequest>,
 ) -> Result<Response, ApiError> {
@@ -719,7 +1138,7 @@ async fn builtin(
     endpoint: Builtin,
     request: BuiltinRequest,
 ) -> Result<Response, ApiError> {
-    let wait = wait_limit(request.wait, request.wait_timeout_secs);
+    let wait = wait_limit(request.wait, request.wait_timeout_secs.map(u64::from));
     let (status, _, view) = submit_and_wait(engine, request.into_request(endpoint)?, wait).await?;
     let finished = view.workflow.status.is_terminal();
     let body = Submitted {

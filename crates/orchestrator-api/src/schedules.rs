@@ -1,5 +1,5 @@
 //! `/schedules`: recurring runs of a template (create, list, show, change,
-//! delete), and their OpenAPI declarations.
+//! delete), each with its OpenAPI declaration.
 
 use axum::Json;
 use axum::Router;
@@ -11,9 +11,11 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::ScheduleId;
 use orchestrator_core::schedule::{CatchUp, Overlap};
 use orchestrator_engine::{SchedulePatch, ScheduleRequest, ScheduleView};
-use serde::{Deserialize, Deserializer};
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
+use crate::error::ErrorBody;
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
 
@@ -37,21 +39,37 @@ fn parse_schedule_id(raw: &str) -> Result<ScheduleId, ApiError> {
 }
 
 /// `POST /schedules`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewSchedule {
+#[schema(example = json!({
+    "template": "servers-create",
+    "vars": {"infra": "demo", "servers": ["web-01"]},
+    "cron": "0 2 * * *",
+    "timezone": "Europe/Berlin"
+}))]
+pub(crate) struct NewSchedule {
+    /// Default: the template's `ref_name`.
     name: Option<String>,
+    #[schema(value_type = String)]
     template: TemplateName,
+    /// Its `schema_version`; the newest at each run when absent.
+    #[schema(minimum = 0, maximum = 4294967295u32)]
     version: Option<u32>,
     #[serde(default)]
     vars: Map<String, Value>,
+    /// Five fields, or six with seconds first.
+    #[schema(example = "0 2 * * *")]
     cron: String,
+    /// An IANA time zone; default `UTC`.
+    #[schema(example = "Europe/Berlin")]
     timezone: Option<String>,
     #[serde(default)]
     overlap: Overlap,
     #[serde(default)]
     catch_up: CatchUp,
-    catch_up_window_secs: Option<u64>,
+    /// Default 86400 (the engine's bounds).
+    #[schema(minimum = 1, maximum = 31622400)]
+    catch_up_window_secs: Option<u32>,
     start_at: Option<DateTime<Utc>>,
     end_at: Option<DateTime<Utc>>,
     #[serde(default)]
@@ -74,20 +92,23 @@ impl<'de> Deserialize<'de> for TemplateName {
 }
 
 /// `PATCH /schedules/{id}`: the fields to change; `null` clears `version`,
-/// `start_at` and `end_at`.
-#[derive(Deserialize)]
+/// `start_at` and `end_at`, and leaves the others as they are.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ScheduleChange {
+pub(crate) struct ScheduleChange {
     name: Option<String>,
+    #[schema(value_type = Option<String>)]
     template: Option<TemplateName>,
     #[serde(default, deserialize_with = "nullable")]
+    #[schema(minimum = 0, maximum = 4294967295u32)]
     version: Option<Option<u32>>,
     vars: Option<Map<String, Value>>,
     cron: Option<String>,
     timezone: Option<String>,
     overlap: Option<Overlap>,
     catch_up: Option<CatchUp>,
-    catch_up_window_secs: Option<u64>,
+    #[schema(minimum = 1, maximum = 31622400)]
+    catch_up_window_secs: Option<u32>,
     #[serde(default, deserialize_with = "nullable")]
     start_at: Option<Option<DateTime<Utc>>>,
     #[serde(default, deserialize_with = "nullable")]
@@ -103,7 +124,21 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     Option::<T>::deserialize(d).map(Some)
 }
 
-async fn create_schedule(
+/// Creates a schedule.
+#[utoipa::path(post, path = "/schedules", tag = "schedules",
+    request_body = NewSchedule,
+    responses(
+        (status = 201, description = "Stored; its first run comes at `next_due`", body = ScheduleView, links(
+            ("get" = (operation_id = "get_schedule", parameters(("id" = "$response.body#/id")))),
+            ("update" = (operation_id = "update_schedule", parameters(("id" = "$response.body#/id")))),
+            ("delete" = (operation_id = "delete_schedule", parameters(("id" = "$response.body#/id")))),
+        )),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "A bad cron expression, time zone, template or input; the message names the field", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn create_schedule(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<NewSchedule>,
 ) -> Result<Response, ApiError> {
@@ -118,7 +153,7 @@ async fn create_schedule(
             timezone: body.timezone,
             overlap: body.overlap,
             catch_up: body.catch_up,
-            catch_up_window_secs: body.catch_up_window_secs,
+            catch_up_window_secs: body.catch_up_window_secs.map(u64::from),
             start_at: body.start_at,
             end_at: body.end_at,
             paused: body.paused,
@@ -127,19 +162,54 @@ async fn create_schedule(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-async fn list_schedules(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let schedules = state.engine.list_schedules().await?;
-    Ok(Json(json!({"schedules": schedules})))
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ScheduleList {
+    /// Oldest first; `runs` is empty in listings.
+    schedules: Vec<ScheduleView>,
 }
 
-async fn get_schedule(
+/// Every schedule, oldest first.
+#[utoipa::path(get, path = "/schedules", tag = "schedules",
+    responses(
+        (status = 200, description = "The schedules", body = ScheduleList),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn list_schedules(
+    State(state): State<AppState>,
+) -> Result<Json<ScheduleList>, ApiError> {
+    let schedules = state.engine.list_schedules().await?;
+    Ok(Json(ScheduleList { schedules }))
+}
+
+/// One schedule with its newest runs.
+#[utoipa::path(get, path = "/schedules/{id}", tag = "schedules",
+    params(("id" = uuid::Uuid, Path, description = "Schedule id")),
+    responses(
+        (status = 200, description = "The schedule", body = ScheduleView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn get_schedule(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ScheduleView>, ApiError> {
     Ok(Json(state.engine.schedule(parse_schedule_id(&id)?).await?))
 }
 
-async fn update_schedule(
+/// Changes a schedule: pause, resume, a new cron expression, ...
+#[utoipa::path(patch, path = "/schedules/{id}", tag = "schedules",
+    params(("id" = uuid::Uuid, Path, description = "Schedule id")),
+    request_body = ScheduleChange,
+    responses(
+        (status = 200, description = "The schedule after the change", body = ScheduleView),
+        (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The change is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn update_schedule(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(change): JsonBody<ScheduleChange>,
@@ -154,7 +224,7 @@ async fn update_schedule(
         timezone: change.timezone,
         overlap: change.overlap,
         catch_up: change.catch_up,
-        catch_up_window_secs: change.catch_up_window_secs,
+        catch_up_window_secs: change.catch_up_window_secs.map(u64::from),
         start_at: change.start_at,
         end_at: change.end_at,
         paused: change.paused,
@@ -162,7 +232,16 @@ async fn update_schedule(
     Ok(Json(state.engine.update_schedule(id, patch).await?))
 }
 
-async fn delete_schedule(
+/// Deletes a schedule; runs already started go on.
+#[utoipa::path(delete, path = "/schedules/{id}", tag = "schedules",
+    params(("id" = uuid::Uuid, Path, description = "Schedule id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn delete_schedule(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
@@ -171,199 +250,4 @@ async fn delete_schedule(
         .delete_schedule(parse_schedule_id(&id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The OpenAPI declarations of `/schedules`, merged into the document by
-/// `openapi.rs`; mirrors of the wire shapes, as there.
-pub(crate) mod doc {
-    #![allow(dead_code)] // the mirrors and stubs exist for the document only
-
-    use std::collections::BTreeMap;
-
-    use chrono::{DateTime, Utc};
-    use serde_json::Value;
-    use utoipa::ToSchema;
-    use uuid::Uuid;
-
-    use crate::openapi::ErrorBody;
-
-    #[derive(ToSchema)]
-    #[schema(rename_all = "snake_case")]
-    enum Overlap {
-        Skip,
-        Queue,
-        CancelPrevious,
-    }
-
-    #[derive(ToSchema)]
-    #[schema(rename_all = "snake_case")]
-    enum CatchUp {
-        None,
-        Latest,
-        All,
-    }
-
-    #[derive(ToSchema)]
-    #[schema(rename_all = "snake_case")]
-    enum ClaimState {
-        Claimed,
-        Waiting,
-        Started,
-        Skipped,
-        Missed,
-        Failed,
-    }
-
-    /// What became of one due time of a schedule.
-    #[derive(ToSchema)]
-    struct ScheduleRun {
-        schedule_id: Uuid,
-        due: DateTime<Utc>,
-        state: ClaimState,
-        /// The node that claimed it, or last moved it on.
-        node: String,
-        claimed_at: DateTime<Utc>,
-        updated_at: DateTime<Utc>,
-        /// The workflow it started.
-        workflow_id: Option<Uuid>,
-        /// How many earlier due times were missed (no node ran the schedule then).
-        missed: Option<u64>,
-        reason: Option<String>,
-        version: u64,
-    }
-
-    /// A schedule, when it is next due, and its newest runs.
-    #[derive(ToSchema)]
-    struct Schedule {
-        id: Uuid,
-        name: String,
-        /// A registered template's `ref_name`.
-        template: String,
-        /// Its `schema_version`; the newest at each run when absent.
-        template_version: Option<u32>,
-        vars: BTreeMap<String, Value>,
-        /// Five fields, or six with seconds first.
-        #[schema(example = "0 2 * * *")]
-        cron: String,
-        /// An IANA time zone.
-        #[schema(example = "Europe/Berlin")]
-        timezone: String,
-        overlap: Overlap,
-        catch_up: CatchUp,
-        catch_up_window_secs: u64,
-        start_at: Option<DateTime<Utc>>,
-        end_at: Option<DateTime<Utc>>,
-        paused: bool,
-        /// Due times up to this one are neither run nor counted missed.
-        active_since: DateTime<Utc>,
-        created_at: DateTime<Utc>,
-        updated_at: DateTime<Utc>,
-        version: u64,
-        /// Absent while paused and once past `end_at`.
-        next_due: Option<DateTime<Utc>>,
-        /// Newest first; empty in listings.
-        runs: Vec<ScheduleRun>,
-    }
-
-    #[derive(ToSchema)]
-    struct ScheduleList {
-        schedules: Vec<Schedule>,
-    }
-
-    /// `POST /schedules`.
-    #[derive(ToSchema)]
-    struct NewSchedule {
-        /// Default: the template's `ref_name`.
-        name: Option<String>,
-        template: String,
-        version: Option<u32>,
-        vars: Option<BTreeMap<String, Value>>,
-        cron: String,
-        /// Default `UTC`.
-        timezone: Option<String>,
-        /// Default `skip`.
-        overlap: Option<Overlap>,
-        /// Default `none`.
-        catch_up: Option<CatchUp>,
-        /// Default 86400.
-        #[schema(minimum = 1, maximum = 31_622_400)]
-        catch_up_window_secs: Option<u64>,
-        start_at: Option<DateTime<Utc>>,
-        end_at: Option<DateTime<Utc>>,
-        paused: Option<bool>,
-    }
-
-    /// `PATCH /schedules/{id}`: only the fields to change.
-    #[derive(ToSchema)]
-    struct ScheduleChange {
-        name: Option<String>,
-        template: Option<String>,
-        version: Option<u32>,
-        vars: Option<BTreeMap<String, Value>>,
-        cron: Option<String>,
-        timezone: Option<String>,
-        overlap: Option<Overlap>,
-        catch_up: Option<CatchUp>,
-        #[schema(minimum = 1, maximum = 31_622_400)]
-        catch_up_window_secs: Option<u64>,
-        start_at: Option<DateTime<Utc>>,
-        end_at: Option<DateTime<Utc>>,
-        paused: Option<bool>,
-    }
-
-    /// Every schedule, oldest first.
-    #[utoipa::path(get, path = "/schedules", tag = "schedules",
-        responses(
-            (status = 200, description = "The schedules", body = ScheduleList),
-            (status = 503, description = "Storage unavailable", body = ErrorBody),
-        ))]
-    pub(crate) fn list_schedules() {}
-
-    /// Creates a schedule.
-    #[utoipa::path(post, path = "/schedules", tag = "schedules",
-        request_body = NewSchedule,
-        responses(
-            (status = 201, description = "Stored; its first run comes at `next_due`", body = Schedule),
-            (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
-            (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-            (status = 422, description = "A bad cron expression, time zone, template or input; the message names the field", body = ErrorBody),
-            (status = 503, description = "Storage unavailable", body = ErrorBody),
-        ))]
-    pub(crate) fn create_schedule() {}
-
-    /// One schedule with its newest runs.
-    #[utoipa::path(get, path = "/schedules/{id}", tag = "schedules",
-        params(("id" = Uuid, Path, description = "Schedule id")),
-        responses(
-            (status = 200, description = "The schedule", body = Schedule),
-            (status = 400, description = "The id is not a UUID", body = ErrorBody),
-            (status = 404, description = "No such schedule", body = ErrorBody),
-            (status = 503, description = "Storage unavailable", body = ErrorBody),
-        ))]
-    pub(crate) fn get_schedule() {}
-
-    /// Changes a schedule: pause, resume, a new cron expression, ...
-    #[utoipa::path(patch, path = "/schedules/{id}", tag = "schedules",
-        params(("id" = Uuid, Path, description = "Schedule id")),
-        request_body = ScheduleChange,
-        responses(
-            (status = 200, description = "The schedule after the change", body = Schedule),
-            (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
-            (status = 404, description = "No such schedule", body = ErrorBody),
-            (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-            (status = 422, description = "The change is invalid; the message names the field", body = ErrorBody),
-            (status = 503, description = "Storage unavailable", body = ErrorBody),
-        ))]
-    pub(crate) fn update_schedule() {}
-
-    /// Deletes a schedule; runs already started go on.
-    #[utoipa::path(delete, path = "/schedules/{id}", tag = "schedules",
-        params(("id" = Uuid, Path, description = "Schedule id")),
-        responses(
-            (status = 204, description = "Deleted"),
-            (status = 400, description = "The id is not a UUID", body = ErrorBody),
-            (status = 404, description = "No such schedule", body = ErrorBody),
-            (status = 503, description = "Storage unavailable", body = ErrorBody),
-        ))]
-    pub(crate) fn delete_schedule() {}
 }

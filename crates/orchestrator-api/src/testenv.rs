@@ -180,7 +180,7 @@ pub(crate) mod doc {
     use orchestrator_testenv::service::{EnvView, LogEntry};
     use utoipa::ToSchema;
 
-    use crate::openapi::ErrorBody;
+    use crate::error::ErrorBody;
 
     #[derive(ToSchema)]
     struct EnvironmentList {

@@ -181,8 +181,32 @@ fn check_refs(doc: &Value, value: &Value) {
     }
 }
 
-/// The served `value` has no field its schema lacks, recursively through
-/// objects and arrays (the mirrors in `openapi.rs` cannot drift unseen).
+/// The properties and required fields of an object schema, through its
+/// `$ref` and its `allOf` parts (a `#[serde(flatten)]` field is one).
+fn object_parts<'a>(doc: &'a Value, schema: &'a Value) -> Option<(Vec<&'a Value>, Vec<&'a str>)> {
+    let schema = resolve(doc, schema);
+    if let Some(parts) = schema.get("allOf").and_then(Value::as_array) {
+        let (mut properties, mut required) = (Vec::new(), Vec::new());
+        for part in parts {
+            let (p, r) = object_parts(doc, part)?;
+            properties.extend(p);
+            required.extend(r);
+        }
+        return Some((properties, required));
+    }
+    let properties = schema.get("properties")?;
+    let required = schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    Some((vec![properties], required))
+}
+
+/// The served `value` and its schema agree both ways, recursively through
+/// objects and arrays: it has no field its schema lacks, and every field
+/// the schema requires.
 fn check_shape(doc: &Value, schema: &Value, value: &Value, at: &str) {
     let schema = resolve(doc, schema);
     if let Some(options) = schema.get("oneOf").and_then(Value::as_array) {
@@ -196,14 +220,21 @@ fn check_shape(doc: &Value, schema: &Value, value: &Value, at: &str) {
     }
     match value {
         Value::Object(map) => {
-            let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+            let Some((properties, required)) = object_parts(doc, schema) else {
                 return; // a free-form object
             };
             for (key, item) in map {
                 let property = properties
-                    .get(key)
+                    .iter()
+                    .find_map(|p| p.get(key))
                     .unwrap_or_else(|| panic!("{at}.{key} is served but not in the schema"));
                 check_shape(doc, property, item, &format!("{at}.{key}"));
+            }
+            for key in required {
+                assert!(
+                    map.contains_key(key),
+                    "{at}.{key} is required by the schema but not served"
+                );
             }
         }
         Value::Array(items) => {
@@ -269,9 +300,8 @@ async fn the_openapi_document_is_valid_and_covers_every_route() {
                     response["description"].is_string(),
                     "{method} {path} {status}"
                 );
-                if !status.starts_with('2') && status != "503"
-                    || path != "/health" && status == "503"
-                {
+                let error = !status.starts_with('2') && !status.starts_with('3');
+                if error && status != "503" || path != "/health" && status == "503" {
                     assert_eq!(
                         response["content"]["application/json"]["schema"]["$ref"],
                         "#/components/schemas/ErrorBody",
@@ -351,6 +381,155 @@ async fn served_objects_match_their_schemas() {
         assert!(schema.is_object(), "GET {route} {status} is not documented");
         check_shape(&doc, schema, &value, &path);
     }
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The schema of a component, by name.
+fn component<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    let schema = &doc["components"]["schemas"][name];
+    assert!(schema.is_object(), "no schema {name}");
+    schema
+}
+
+/// The schema of an operation's query parameter.
+fn query_param<'a>(doc: &'a Value, path: &str, method: &str, name: &str) -> &'a Value {
+    doc["paths"][path][method]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .map(|p| &p["schema"])
+        .unwrap_or_else(|| panic!("{method} {path} has no parameter {name}"))
+}
+
+#[test]
+fn the_documented_limits_are_the_checked_ones() {
+    let doc = openapi::document();
+    for (path, method) in [("/tasks", "get"), ("/workflows", "get"), ("/audit", "get")] {
+        assert_eq!(
+            query_param(&doc, path, method, "limit")["maximum"],
+            crate::routes::MAX_PAGE,
+            "{path}"
+        );
+        assert_eq!(
+            query_param(&doc, path, method, "offset")["maximum"],
+            u32::MAX,
+            "{path}"
+        );
+    }
+    for name in ["WorkflowSubmission", "BuiltinRequest"] {
+        assert_eq!(
+            component(&doc, name)["properties"]["max_attempts"]["maximum"],
+            orchestrator_engine::MAX_ATTEMPTS,
+            "{name}"
+        );
+    }
+    for name in ["NewSchedule", "ScheduleChange"] {
+        assert_eq!(
+            component(&doc, name)["properties"]["catch_up_window_secs"]["maximum"],
+            orchestrator_core::schedule::MAX_CATCH_UP_WINDOW_SECS,
+            "{name}"
+        );
+    }
+    let builtin = &component(&doc, "BuiltinRequest")["properties"];
+    assert_eq!(
+        builtin["infra"]["pattern"],
+        orchestrator_engine::builtin::NAME_PATTERN
+    );
+    assert_eq!(
+        builtin["servers"]["items"]["pattern"],
+        orchestrator_engine::builtin::NAME_PATTERN
+    );
+}
+
+/// What schemathesis found in issue 17, each checked where it was wrong:
+/// the document, and the service's answer.
+#[tokio::test]
+async fn the_document_and_the_service_agree_where_they_did_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let app = app(engine.clone());
+    let doc = openapi::document();
+
+    // `priority` and `meta` are not nullable (they have defaults instead),
+    // and the service refuses `null` for them.
+    let submission = component(&doc, "WorkflowSubmission");
+    let required: Vec<&Value> = submission["required"].as_array().unwrap().iter().collect();
+    assert_eq!(required, vec!["template"], "{submission}");
+    for field in ["priority", "meta"] {
+        let text = submission["properties"][field].to_string();
+        assert!(!text.contains("null"), "{field} is nullable: {text}");
+        let body = json!({"template": "servers-create", field: null});
+        let response = send(
+            &app,
+            request(Method::POST, "/workflows/validate", body.to_string()),
+        )
+        .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}: null"
+        );
+    }
+    // An empty token name or secret value is refused, and the document says so.
+    assert_eq!(
+        component(&doc, "NewToken")["properties"]["name"]["minLength"],
+        1
+    );
+    assert_eq!(
+        component(&doc, "NewSecret")["properties"]["value"]["minLength"],
+        1
+    );
+    for (method, path, body) in [
+        (
+            Method::POST,
+            "/tokens",
+            json!({"name": "", "role": "viewer"}),
+        ),
+        (
+            Method::POST,
+            "/tokens",
+            json!({"name": " padded", "role": "viewer"}),
+        ),
+        (Method::PUT, "/secrets/probe", json!({"value": ""})),
+    ] {
+        let response = send(&app, request(method, path, body.to_string())).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path} {body}"
+        );
+    }
+    // An offset beyond the documented maximum is refused, naming it.
+    let response = send(
+        &app,
+        request(Method::GET, "/tasks?offset=4294967296", Body::empty()),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(body_json(response).await.to_string().contains("offset"));
+    // 429 is documented everywhere, /health included; /metrics may be
+    // called without a credential (from loopback).
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            assert!(
+                operation["responses"]["429"].is_object(),
+                "{method} {path} does not document 429"
+            );
+        }
+    }
+    let metrics = &doc["paths"]["/metrics"]["get"]["security"];
+    assert!(
+        metrics.as_array().unwrap().contains(&json!({})),
+        "{metrics}"
+    );
+    // Links name their operation as OpenAPI spells it, and it exists.
+    let link = &doc["paths"]["/workflows"]["post"]["responses"]["202"]["links"]["get"];
+    assert_eq!(link["operationId"], "get_workflow", "{link}");
+    assert_eq!(
+        doc["paths"]["/workflows/{id}"]["get"]["operationId"],
+        "get_workflow"
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -14,6 +14,7 @@ use crate::TaskId;
 /// What a token may do. Each role may do everything the ones before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Role {
     /// Reads: tasks, workflows, logs, templates, nodes.
     Viewer,
@@ -110,6 +111,7 @@ pub fn task_token_task(token: &str) -> Option<TaskId> {
 
 /// What one mutating call, or any refused call, did: append-only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
     /// UUIDv7: sorts by time.
     pub id: String,
@@ -130,6 +132,11 @@ pub struct AuditRecord {
     pub status: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// How many refusals this one record stands for: the API writes
+    /// refusals of callers without a valid token in aggregate, at most one
+    /// record per address per interval. Absent on a record of one call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 /// A secret as stored: its value encrypted (by the engine, with the

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// One `orchestrator serve` instance, as its heartbeats describe it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Node {
     /// Stable across restarts (kept in the data dir, or set by `--node-id`).
     pub id: String,

@@ -62,6 +62,25 @@ impl<'de> Deserialize<'de> for Keep {
     }
 }
 
+/// On the wire a period is a string: `forever`, or `30d`, `12h`, ...
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Keep {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::String))
+            .description(Some(
+                "`forever`, or a period such as `30d`, `12h`, `90days`, `1h 30m`",
+            ))
+            .examples(["30d"])
+            .min_length(Some(1))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Keep {}
+
 impl Keep {
     /// Whether something that ended at `ended` is past keeping at `now`.
     pub fn expired(self, ended: DateTime<Utc>, now: DateTime<Utc>) -> bool {

@@ -26,6 +26,7 @@ use crate::{ScheduleId, WorkflowId};
 /// What a due run does while the schedule's previous run is still going.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Overlap {
     /// The due run does not start (counted as skipped).
     #[default]
@@ -46,6 +47,7 @@ crate::named_variants!(Overlap, "overlap policy", [
 /// still start once a node is back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum CatchUp {
     /// None: they are counted as missed.
     #[default]
@@ -81,6 +83,7 @@ const MAX_WALK: usize = 10_000;
 
 /// A recurring schedule as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Schedule {
     pub id: ScheduleId,
     /// For people; the template's `ref_name` unless given.
@@ -409,6 +412,7 @@ pub fn overlap_action(policy: Overlap, previous_running: bool) -> OverlapAction 
 /// moved on by compare-and-set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ClaimState {
     /// A node claimed it and is starting it.
     Claimed,
@@ -439,6 +443,7 @@ crate::named_variants!(ClaimState, "claim state", [
 /// creates it only if it does not exist (insert-if-absent), so of several
 /// nodes sharing a store, one acts on each due time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScheduleClaim {
     pub schedule_id: ScheduleId,
     pub due: DateTime<Utc>,

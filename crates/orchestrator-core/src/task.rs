@@ -25,6 +25,7 @@ use crate::{Error, Result, RetryPolicy, TaskId, WorkflowId};
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Priority {
     Low,
     #[default]
@@ -43,6 +44,7 @@ crate::named_variants!(Priority, "priority", [
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TaskStatus {
     /// Waiting for the tasks it depends on.
     Pending,
@@ -122,6 +124,7 @@ pub struct TaskSpec {
 /// engine, which never looks inside it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StepKind {
     /// A script under the scripts dir, run as a child process.
     #[default]
@@ -160,6 +163,7 @@ impl StepKind {
 /// What a task knows about the workflow step it runs, if it came from a
 /// template. Plain tasks use the default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepSettings {
     /// What runs the task's `script` (its target); `script` unless the
     /// template step says otherwise.
@@ -202,6 +206,7 @@ impl StepSettings {
 /// What a workflow does when a step fails for good.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum FailurePolicy {
     /// Start nothing new, let running steps finish, fail the workflow.
     #[default]
@@ -214,6 +219,7 @@ pub enum FailurePolicy {
 
 /// One unit of work: a script run with an input, retried up to `max_attempts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Task {
     pub id: TaskId,
     pub workflow_id: WorkflowId,
@@ -292,6 +298,7 @@ pub struct Task {
 
 /// How one attempt of a task went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptRecord {
     pub attempt: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,6 +10,7 @@ use crate::{Task, TaskId, TaskStatus, Workflow};
 
 /// One template step of a workflow: its instances and their overall state.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepView {
     pub ref_name: String,
     /// The worst status among its instances (see [`severity`]).
@@ -19,6 +20,7 @@ pub struct StepView {
 
 /// A workflow with its tasks, steps and DAG edges.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowView {
     #[serde(flatten)]
     pub workflow: Workflow,

@@ -15,6 +15,7 @@ use crate::{FailurePolicy, Priority, Task, TaskId, TaskStatus, WorkflowId};
 /// A submitted workflow: one run of a template (or of a built-in plan)
 /// with its inputs, and the tasks it created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Workflow {
     pub id: WorkflowId,
     /// The template's `ref_name` (built-ins use theirs, e.g. `servers/create`).
@@ -28,6 +29,7 @@ pub struct Workflow {
     /// The submission as received, for audit and re-submission. Shared:
     /// it can hold a whole inline template, and the engine reads the
     /// workflow record after every finished step.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub input: Arc<Value>,
     pub check_mode: bool,
     pub priority: Priority,
@@ -88,6 +90,7 @@ fn first_revision() -> u32 {
 
 /// Why a workflow stopped starting new steps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Halt {
     pub reason: String,
     /// Undo completed steps once nothing runs any more.
@@ -136,6 +139,7 @@ impl Workflow {
 /// The overall state of a workflow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkflowStatus {
     /// Waiting for its scheduled start.
     Scheduled,

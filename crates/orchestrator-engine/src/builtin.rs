@@ -39,20 +39,39 @@ impl Builtin {
 /// endpoint that takes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({
+    "infra": "demo", "servers": ["web-01"], "check_mode": true
+})))]
 pub struct BuiltinRequest {
+    /// A name (see [`NAME_PATTERN`]).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
     pub infra: String,
     pub settings: Option<String>,
+    /// At least one name, each once.
+    #[cfg_attr(feature = "openapi", schema(schema_with = names_schema))]
     pub servers: Vec<String>,
-    /// taskserv/create (required) and cluster/create (optional).
+    /// taskserv/create (required, at least one) and cluster/create
+    /// (optional); servers/create refuses it. Each name once.
+    #[cfg_attr(feature = "openapi", schema(schema_with = optional_names_schema))]
     pub taskservs: Option<Vec<String>>,
-    /// cluster/create only.
+    /// cluster/create only (and required there).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
     pub cluster: Option<String>,
     #[serde(default)]
     pub priority: Priority,
     /// Attempts per task; the service default when absent.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
     pub max_attempts: Option<u32>,
     /// Per-attempt timeout in seconds; the service default when absent.
-    pub timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4294967295u32))]
+    pub timeout_secs: Option<u32>,
     /// Dry run: scripts are told to change nothing.
     #[serde(default)]
     pub check_mode: bool,
@@ -60,7 +79,44 @@ pub struct BuiltinRequest {
     #[serde(default)]
     pub wait: bool,
     /// Honoured by the API: the most seconds `wait` may block.
-    pub wait_timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 4294967295u32))]
+    pub wait_timeout_secs: Option<u32>,
+}
+
+/// What [`is_safe_name`] accepts, as the API's document states it (a test
+/// checks the two agree).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$";
+
+/// A list of names as [`check_names`] accepts it.
+#[cfg(feature = "openapi")]
+fn names_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(NAME_PATTERN)),
+        )
+        .min_items(Some(1))
+        .unique_items(true)
+        .build()
+}
+
+#[cfg(feature = "openapi")]
+fn optional_names_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::Array,
+            Type::Null,
+        ]))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(NAME_PATTERN)),
+        )
+        .unique_items(true)
+        .build()
 }
 
 /// Names of infras, servers, taskservs and clusters become directory names
@@ -136,10 +192,16 @@ impl BuiltinRequest {
         if self.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
-        if let Some(max) = self.max_attempts.filter(|&n| n > 100) {
+        if let Some(max) = self
+            .max_attempts
+            .filter(|&n| n > crate::submit::MAX_ATTEMPTS)
+        {
             return Err(Error::validation(
                 "max_attempts",
-                format!("{max} is more than the limit of 100"),
+                format!(
+                    "{max} is more than the limit of {}",
+                    crate::submit::MAX_ATTEMPTS
+                ),
             ));
         }
         if self.timeout_secs == Some(0) {
@@ -168,7 +230,7 @@ impl BuiltinRequest {
             check_mode: self.check_mode,
             priority: self.priority,
             max_attempts: self.max_attempts,
-            timeout: self.timeout_secs.map(Duration::from_secs),
+            timeout: self.timeout_secs.map(|s| Duration::from_secs(s.into())),
             parallel_limit: None,
             idempotency_key: None,
             // The whole request, options included, is kept with the workflow.

@@ -45,7 +45,7 @@ pub use orchestrator_core::{StepView, WorkflowView};
 pub use rerun::RerunRequest;
 pub use retention::{PruneReport, PruneRequest, RetentionConfig};
 pub use schedules::{DEFAULT_CATCH_UP_WINDOW_SECS, SchedulePatch, ScheduleRequest, ScheduleView};
-pub use submit::{Meta, SubmitRequest, TemplateSource};
+pub use submit::{MAX_ATTEMPTS, Meta, SubmitRequest, TemplateSource};
 
 /// Locks a std mutex of the engine's. Every critical section in this crate
 /// is a few map or queue operations that never leave the data half-changed

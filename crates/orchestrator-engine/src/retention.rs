@@ -50,6 +50,7 @@ pub struct PruneRequest {
 
 /// What a prune deleted (or, dry, would delete).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PruneReport {
     pub dry_run: bool,
     pub workflows: u64,

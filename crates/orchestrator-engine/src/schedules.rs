@@ -60,6 +60,7 @@ pub struct SchedulePatch {
 
 /// A schedule with when it is next due and its newest runs.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScheduleView {
     #[serde(flatten)]
     pub schedule: Schedule,

@@ -48,6 +48,7 @@ const MIN_REDACTED_LEN: usize = 4;
 
 /// A secret as listed: never its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SecretInfo {
     pub name: String,
     pub created_at: DateTime<Utc>,

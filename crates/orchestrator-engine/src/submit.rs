@@ -16,6 +16,10 @@ use crate::engine::Engine;
 use crate::templates::{check, input_refusal};
 use crate::{Error, Result, WorkflowView};
 
+/// The most attempts a submission may ask for per task (`max_attempts`);
+/// the API's document states it as the field's `maximum`.
+pub const MAX_ATTEMPTS: u32 = 100;
+
 /// Which template a submission runs.
 #[derive(Debug, Clone)]
 pub enum TemplateSource {
@@ -111,10 +115,10 @@ impl Engine {
         if request.max_attempts == Some(0) {
             return Err(Error::validation("max_attempts", "must be at least 1"));
         }
-        if let Some(max) = request.max_attempts.filter(|&n| n > 100) {
+        if let Some(max) = request.max_attempts.filter(|&n| n > MAX_ATTEMPTS) {
             return Err(Error::validation(
                 "max_attempts",
-                format!("{max} is more than the limit of 100"),
+                format!("{max} is more than the limit of {MAX_ATTEMPTS}"),
             ));
         }
         if request.timeout == Some(Duration::ZERO) {

@@ -568,6 +568,10 @@ pub struct ServeArgs {
     /// 429; 0 for no limit [default: 50].
     #[arg(long, env = "ORCHESTRATOR_RATE_LIMIT")]
     pub rate_limit: Option<u32>,
+    /// Requests per second per client address, counted before the token
+    /// is checked, before 429; 0 for no limit [default: 200].
+    #[arg(long, env = "ORCHESTRATOR_ADDRESS_RATE_LIMIT")]
+    pub address_rate_limit: Option<u32>,
     /// SurrealDB server for `--storage-type surrealdb-server` [default: ws://127.0.0.1:8000].
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_URL")]
     pub surrealdb_url: Option<String>,

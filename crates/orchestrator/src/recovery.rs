@@ -47,6 +47,7 @@ pub async fn create_token_locally(name: &str, role: &str, args: ServeArgs) -> an
                 outcome: "ok".into(),
                 status: 201,
                 request_id: None,
+                count: None,
             })
             .await;
         anyhow::Ok(issued)

@@ -119,6 +119,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             access: orchestrator_engine::access::AccessConfig {
                 auth: settings.auth,
                 rate_limit: settings.rate_limit,
+                address_rate_limit: settings.address_rate_limit,
                 secret_key: Some(secret_key(&data_dir)?),
             },
             retention: RetentionConfig {

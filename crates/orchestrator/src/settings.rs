@@ -40,6 +40,7 @@ pub struct FileConfig {
     pub rate_limit: Option<u32>,
     pub retain_finished: Option<Keep>,
     pub retain_audit: Option<Keep>,
+    pub address_rate_limit: Option<u32>,
     pub surrealdb_url: Option<String>,
     pub surrealdb_username: Option<String>,
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
@@ -94,6 +95,9 @@ pub struct ServeSettings {
     pub retain_audit: Keep,
     /// Between background retention sweeps (a setting for tests).
     pub retention_every: Duration,
+    /// Requests per second per client address, before the token is
+    /// checked; 0 for no limit.
+    pub address_rate_limit: u32,
     /// `ORCHESTRATOR_BOOTSTRAP_TOKEN`: the first admin token, instead of
     /// one made and printed at the first start.
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
@@ -128,6 +132,7 @@ impl ServeSettings {
             retain_finished: Keep::Forever,
             retain_audit: Keep::Forever,
             retention_every: Duration::from_secs(600),
+            address_rate_limit: 200,
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
         }
@@ -242,6 +247,10 @@ impl ServeSettings {
                 .or(file.retain_audit)
                 .unwrap_or(defaults.retain_audit),
             retention_every: defaults.retention_every,
+            address_rate_limit: args
+                .address_rate_limit
+                .or(file.address_rate_limit)
+                .unwrap_or(defaults.address_rate_limit),
             bootstrap_token: std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
                 .ok()
                 .filter(|t| !t.is_empty())

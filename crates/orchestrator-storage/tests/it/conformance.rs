@@ -423,6 +423,7 @@ pub fn audit_record(
         outcome: "ok".into(),
         status: 202,
         request_id: Some("req-1".into()),
+        count: None,
     }
 }
 

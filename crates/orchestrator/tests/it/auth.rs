@@ -615,6 +615,104 @@ async fn a_caller_over_its_rate_gets_429_with_retry_after() {
     service.stop().await;
 }
 
+/// The bytes under `dir`, recursively: the store's journal and snapshots.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => bytes_under(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_flood_of_wrong_tokens_is_limited_by_address_and_audited_in_aggregate() {
+    const FLOOD: usize = 4000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = with_auth(dir.path());
+    settings.address_rate_limit = 100;
+    let service = TestService::start(settings).await;
+    let viewer = create_token(&service, "viewer-1", "viewer").await;
+    let before = bytes_under(&service.data_dir);
+
+    // The flood comes from 127.0.0.2 (any 127/8 address is this machine);
+    // the legitimate client keeps 127.0.0.1, and its own rate.
+    let flooder = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let url = format!("{}/tasks", service.base);
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for batch in 0..FLOOD / 40 {
+        let mut requests = tokio::task::JoinSet::new();
+        for i in 0..40 {
+            let request = flooder
+                .get(&url)
+                .bearer_auth(format!("wrong-token-{batch}-{i}"));
+            requests.spawn(async move { request.send().await.unwrap().status().as_u16() });
+        }
+        for status in requests.join_all().await {
+            *statuses.entry(status).or_default() += 1;
+        }
+        if batch % 10 == 0 {
+            // The service still answers its real clients.
+            let (status, _) = call(&service, "GET", "/tasks", Some(&viewer), None).await;
+            assert_eq!(status, 200, "during the flood");
+        }
+    }
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        vec![401, 429],
+        "{statuses:?}"
+    );
+    assert!(statuses[&429] > statuses[&401], "{statuses:?}");
+
+    // A valid token without the role: one record for each refusal.
+    for _ in 0..3 {
+        let (status, _) = call(&service, "GET", "/tokens", Some(&viewer), None).await;
+        assert_eq!(status, 403);
+    }
+
+    let (status, audit) = call(&service, "GET", "/audit?limit=1000", Some(ADMIN), None).await;
+    assert_eq!(status, 200, "{audit}");
+    let records = audit["records"].as_array().unwrap();
+    let anonymous: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["actor"] == "anonymous")
+        .collect();
+    // Within its first minute, an address gets one record, at once; the
+    // rest of its refusals are counted for the next.
+    assert_eq!(anonymous.len(), 1, "{anonymous:?}");
+    assert_eq!(anonymous[0]["action"], "auth.refused");
+    assert_eq!(anonymous[0]["target"], "127.0.0.2");
+    assert_eq!(anonymous[0]["count"], 1);
+    assert_eq!(anonymous[0]["outcome"], "denied");
+    let forbidden = records
+        .iter()
+        .filter(|r| r["actor"] == "viewer-1" && r["status"] == 403)
+        .count();
+    assert_eq!(forbidden, 3, "{audit}");
+
+    // Thousands of refusals, and the store grew by a few records' worth
+    // (one record per refusal was about 250 bytes each).
+    let grown = bytes_under(&service.data_dir).saturating_sub(before);
+    assert!(grown < 16 * 1024, "the store grew by {grown} bytes");
+
+    // Every refusal is counted where it happens.
+    let (_, metrics) = service.get_text("/metrics").await;
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("orchestrator_auth_refusals_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused >= FLOOD as f64, "{refused} in {metrics}");
+    service.stop().await;
+}
+
 #[tokio::test]
 async fn a_task_token_opens_its_own_checkpoint_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The API contract test: schemathesis against a real `orchestrator serve`
+# (the debug build, the filesystem backend in a temporary data dir, a real
+# admin token), every operation of /openapi.json, all checks, all phases
+# (examples, coverage, fuzzing, stateful). `make contract-test` installs
+# schemathesis and calls this; see docs/api.md ("The contract test").
+#
+#   run.sh <orchestrator binary> <schemathesis binary>
+#
+# ST_MAX_EXAMPLES (default 20) bounds the generated cases per operation
+# and phase; the run takes a couple of minutes on 2 cores.
+set -euo pipefail
+bin="$1"
+st="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+fixtures="$here/../../orchestrator/tests/fixtures"
+
+work="$(mktemp -d)"
+server=""
+cleanup() {
+  if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The fixture scripts are bash under the `.nu` names the templates use.
+cat > "$work/config.toml" <<TOML
+[interpreters]
+nu = "bash"
+TOML
+port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+token="contract-test-admin-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
+base="http://127.0.0.1:$port"
+
+# No rate limits: the run sends requests as fast as it can from one
+# address, and a 429 (documented on every operation) would only hide the
+# answers it is here to check. The limits have their own tests.
+ORCHESTRATOR_BOOTSTRAP_TOKEN="$token" "$bin" serve \
+  --config "$work/config.toml" \
+  --port "$port" \
+  --data-dir "$work/data" \
+  --scripts-dir "$fixtures/scripts" \
+  --templates-dir "$fixtures/templates" \
+  --workers 2 --retry-base-ms 50 --retry-max-ms 200 --kill-grace 1 --shutdown-grace 5 \
+  --rate-limit 0 --address-rate-limit 0 \
+  > "$work/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 1 100); do
+  if curl -sf "$base/health" >/dev/null 2>&1; then break; fi
+  kill -0 "$server" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+  sleep 0.1
+done
+curl -sf "$base/health" >/dev/null || { echo "the service did not answer on $base" >&2; cat "$work/serve.log" >&2; exit 1; }
+
+# Excluded, and why (as little as possible):
+# - GET /events: a stream that never ends by design (server-sent events);
+#   a request to it only ends at the client's timeout.
+# - DELETE /tokens/{id}: revoking the token the run authenticates with
+#   (its id is in GET /tokens) would turn every later answer into 401.
+#   POST /tokens is tested; revocation has its own tests (tests/it/auth.rs).
+# From the temporary directory: schemathesis keeps its example database
+# and crash files under the working directory, which must not be the tree.
+cd "$work"
+"$st" --config-file "$here/schemathesis.toml" --no-color run "$base/openapi.json" \
+  --header "Authorization: Bearer $token" \
+  --checks all \
+  --phases examples,coverage,fuzzing,stateful \
+  --max-examples "${ST_MAX_EXAMPLES:-20}" \
+  --exclude-operation-id events \
+  --exclude-operation-id revoke_token \
+  --request-timeout 30 \
+  "${@:3}"
