@@ -397,7 +397,9 @@ pub async fn one_workflow(ctx: &Ctx, backend: &str) -> Result<W7> {
                     Shape::Dag => make(ctx, &makefile).await?,
                 };
                 row.base_s.push(secs(base));
-                let dir = ctx.tmp.join(format!("w7-{backend}-{shape:?}-{steps}-{run}"));
+                let dir = ctx
+                    .tmp
+                    .join(format!("w7-{backend}-{shape:?}-{steps}-{run}"));
                 let svc = Service::start(ctx, backend, &dir).await?;
                 let t0 = Instant::now();
                 let answer = svc.post_json("/workflows", &body).await?;

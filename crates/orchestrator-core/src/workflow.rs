@@ -197,15 +197,16 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
     }
     let tasks: Vec<&Task> = tasks.iter().map(Borrow::borrow).collect();
     let forward = || tasks.iter().filter(|t| !is_rollback(t));
-    if workflow.halt.is_none() && !workflow.cancel_requested {
-        if let Some(task) = tasks.iter().find(|t| halts(workflow, t)) {
-            let policy = task.step.on_failure.unwrap_or(workflow.on_failure);
-            return vec![Decision::Halt(Halt {
-                reason: format!("step {} failed", task.name),
-                rollback: policy == FailurePolicy::Rollback,
-                rollback_started: false,
-            })];
-        }
+    if workflow.halt.is_none()
+        && !workflow.cancel_requested
+        && let Some(task) = tasks.iter().find(|t| halts(workflow, t))
+    {
+        let policy = task.step.on_failure.unwrap_or(workflow.on_failure);
+        return vec![Decision::Halt(Halt {
+            reason: format!("step {} failed", task.name),
+            rollback: policy == FailurePolicy::Rollback,
+            rollback_started: false,
+        })];
     }
 
     let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, *t)).collect();
