@@ -382,6 +382,9 @@ impl Template {
             }
         }
         let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        // Names looked up by hash: a linear `step()` per dependency made a
+        // template of n steps cost O(n²) to validate.
+        let names: HashSet<&str> = self.steps.iter().map(|s| s.ref_name.as_str()).collect();
         for step in &self.steps {
             let at = format!("steps.{}", step.ref_name);
             self.validate_kind(step, &at)?;
@@ -399,7 +402,7 @@ impl Template {
                         "a step can not depend on itself",
                     ));
                 }
-                if self.step(dep).is_none() {
+                if !names.contains(dep.as_str()) {
                     return Err(err(
                         format!("{at}.depends_on[{i}]"),
                         format!("no step is named `{dep}`"),
