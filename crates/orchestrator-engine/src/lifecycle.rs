@@ -232,6 +232,12 @@ impl Lifecycle {
         loop {
             let mut workflow = self.load_workflow(id).await?;
             let before = workflow.status;
+            if before == WorkflowStatus::Running {
+                // Marked by another claim: remember it here too, or every
+                // claim of this worker would read the workflow again.
+                lock(&self.running_workflows).insert(id);
+                return Ok(());
+            }
             if !matches!(before, WorkflowStatus::Queued | WorkflowStatus::Scheduled) {
                 return Ok(());
             }
