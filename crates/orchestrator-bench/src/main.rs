@@ -47,8 +47,9 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
-    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6 (w3 includes w4).
-    #[arg(long, default_value = "w1,w2,w3,w5,w6")]
+    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7 (w3
+    /// includes w4).
+    #[arg(long, default_value = "w1,w2,w3,w5,w6,w7")]
     only: String,
     /// Where the temporary data directories go [default: the system temp dir].
     #[arg(long)]
@@ -91,6 +92,7 @@ pub struct BackendResults {
     pub w1: Option<Result<workloads::W1, String>>,
     pub w2: Option<Result<workloads::W2, String>>,
     pub w3: Option<Result<workloads::LatencyAndReads, String>>,
+    pub w7: Option<Result<workloads::W7, String>>,
 }
 
 fn main() -> ExitCode {
@@ -183,6 +185,7 @@ async fn run(args: Args) -> Result<bool> {
             w1: None,
             w2: None,
             w3: None,
+            w7: None,
         };
         if only.contains(&"w1") {
             eprintln!("[{backend}] workload 1: independent tasks");
@@ -191,6 +194,10 @@ async fn run(args: Args) -> Result<bool> {
         if only.contains(&"w2") {
             eprintln!("[{backend}] workload 2: DAG");
             b.w2 = flatten(workloads::dag(&ctx, backend).await);
+        }
+        if only.contains(&"w7") {
+            eprintln!("[{backend}] workload 7: one workflow of N steps");
+            b.w7 = flatten(workloads::one_workflow(&ctx, backend).await);
         }
         if only.contains(&"w3") || only.contains(&"w4") {
             eprintln!("[{backend}] workloads 3 and 4: latency and reads");
@@ -272,7 +279,7 @@ async fn run(args: Args) -> Result<bool> {
     if let Some(out) = &args.out {
         if !failures.is_empty() {
             eprintln!("not writing {} because a run failed", out.display());
-        } else if ctx.scale != 1.0 || only.len() < 5 {
+        } else if ctx.scale != 1.0 || only.len() < 6 {
             eprintln!(
                 "not writing {}: only a full run (scale 1, every workload) is recorded",
                 out.display()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use crate::stats::{median, percentile};
+use crate::workloads::{OneWorkflow, Shape, W7_WIDTH};
 use crate::{Ctx, Results};
 
 const LATEST_START: &str = "<!-- bench:latest:start -->";
@@ -182,6 +183,7 @@ pub fn failures(r: &Results) -> Vec<String> {
                 "workloads 3/4",
                 b.w3.as_ref().and_then(|x| x.as_ref().err()),
             ),
+            ("workload 7", b.w7.as_ref().and_then(|x| x.as_ref().err())),
         ] {
             if let Some(e) = err {
                 out.push(format!("[{}] {name}: {e}", b.backend));
@@ -316,6 +318,60 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
             Some(Err(e)) => row([
                 "2",
                 &format!("DAG ({be})"),
+                "",
+                &format!("FAILED: {e}"),
+                "",
+                "",
+                "",
+                "",
+            ]),
+            None => {}
+        }
+        match &b.w7 {
+            Some(Ok(w)) => {
+                for shape in [Shape::Independent, Shape::Dag] {
+                    let rows: Vec<&OneWorkflow> =
+                        w.rows.iter().filter(|r| r.shape == shape).collect();
+                    let Some(first) = rows.first() else { continue };
+                    let (first_ms, _) = first.per_step_ms();
+                    for r in &rows {
+                        let (o, b) = r.per_step_ms();
+                        let (what, floor) = match shape {
+                            Shape::Independent => (
+                                format!("{} independent no-op steps", thousands(r.steps as f64)),
+                                format!("`xargs -P {}`", ctx.workers),
+                            ),
+                            Shape::Dag => (
+                                format!(
+                                    "DAG of {} steps, {} layers × {}, 2 deps each",
+                                    thousands(r.steps as f64),
+                                    r.steps / W7_WIDTH,
+                                    W7_WIDTH
+                                ),
+                                format!("`make -j{}`", ctx.workers),
+                            ),
+                        };
+                        let runs = if r.orch_s.len() == 1 {
+                            " (1 run)".to_owned()
+                        } else {
+                            spread(&r.orch_s, s)
+                        };
+                        row([
+                            "7",
+                            &format!("one workflow: {what}, one inline template ({be})"),
+                            "submit (`wait`) → workflow completed, per step",
+                            &format!("{} per step = {}{runs}", ms(o), s(median(&r.orch_s))),
+                            &format!("{} per step, {floor}", ms(b)),
+                            &format!("{:.2}", r.ratio()),
+                            &format!("≤ 1.5 × {} per step", ms(first_ms)),
+                            &at_most(o / first_ms, 1.5),
+                        ]);
+                    }
+                }
+            }
+            Some(Err(e)) => row([
+                "7",
+                &format!("one workflow of N steps ({be})"),
                 "",
                 &format!("FAILED: {e}"),
                 "",
@@ -613,6 +669,20 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
         }
         if let Some(Ok(w)) = &b.w2 {
             p.push(format!("w2 {:.2}×", w.ratio()));
+        }
+        if let Some(Ok(w)) = &b.w7 {
+            for r in &w.rows {
+                let shape = match r.shape {
+                    Shape::Independent => "flat",
+                    Shape::Dag => "dag",
+                };
+                p.push(format!(
+                    "w7 {shape} {} {}/step ({:.1}×)",
+                    thousands(r.steps as f64),
+                    ms(r.per_step_ms().0),
+                    r.ratio()
+                ));
+            }
         }
         if let Some(Ok(w3)) = &b.w3 {
             if let Some(lat) = w3.latency.first() {

@@ -12,6 +12,7 @@ pub mod http;
 mod ids;
 mod names;
 mod node;
+pub mod progress;
 mod queue;
 pub mod refs;
 pub mod release;
@@ -34,4 +35,4 @@ pub use task::{
     StepSettings, Task, TaskSpec, TaskStatus,
 };
 pub use view::{StepView, WorkflowView};
-pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide};
+pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide, decide_task};

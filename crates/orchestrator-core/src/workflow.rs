@@ -189,7 +189,7 @@ pub enum Decision {
     Finish(WorkflowStatus),
 }
 
-fn is_rollback(task: &Task) -> bool {
+pub(crate) fn is_rollback(task: &Task) -> bool {
     task.step.rollback_of.is_some()
 }
 
@@ -207,76 +207,23 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
     }
     let tasks: Vec<&Task> = tasks.iter().map(Borrow::borrow).collect();
     let forward = || tasks.iter().filter(|t| !is_rollback(t));
-    if workflow.halt.is_none() && !workflow.cancel_requested {
-        for task in forward().filter(|t| failed_for_good(t)) {
-            let policy = task.step.on_failure.unwrap_or(workflow.on_failure);
-            if policy != FailurePolicy::Continue {
-                return vec![Decision::Halt(Halt {
-                    reason: format!("step {} failed", task.name),
-                    rollback: policy == FailurePolicy::Rollback,
-                    rollback_started: false,
-                })];
-            }
-        }
+    if workflow.halt.is_none()
+        && !workflow.cancel_requested
+        && let Some(task) = tasks.iter().find(|t| halts(workflow, t))
+    {
+        let policy = task.step.on_failure.unwrap_or(workflow.on_failure);
+        return vec![Decision::Halt(Halt {
+            reason: format!("step {} failed", task.name),
+            rollback: policy == FailurePolicy::Rollback,
+            rollback_started: false,
+        })];
     }
 
     let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, *t)).collect();
-    let mut decisions = Vec::new();
-    let waiting = |t: &Task| {
-        matches!(
-            t.status,
-            TaskStatus::Pending | TaskStatus::Queued | TaskStatus::RetryWaiting
-        )
-    };
-    for task in tasks.iter().filter(|t| waiting(t)) {
-        let stop_reason = if workflow.cancel_requested {
-            Some("workflow cancelled".to_owned())
-        } else {
-            workflow
-                .halt
-                .as_ref()
-                .filter(|_| !task.step.always_run && !is_rollback(task))
-                .map(|halt| format!("not started: {}", halt.reason))
-        };
-        if let Some(reason) = stop_reason {
-            decisions.push(Decision::Abandon(task.id, reason));
-            continue;
-        }
-        if task.status != TaskStatus::Pending {
-            continue;
-        }
-        // Rollback and always_run steps wait for their dependencies to end,
-        // however they end; the others need them to succeed.
-        let runs_regardless = task.step.always_run || is_rollback(task);
-        let mut all_ended = true;
-        let mut all_satisfied = true;
-        let mut blocker = None;
-        for dep_id in &task.depends_on {
-            let Some(dep) = by_id.get(dep_id) else {
-                blocker.get_or_insert_with(|| format!("dependency {dep_id} does not exist"));
-                continue;
-            };
-            let satisfied = dep.status == TaskStatus::Completed
-                || (dep.status == TaskStatus::Failed && dep.step.optional);
-            all_ended &= dep.status.is_terminal();
-            all_satisfied &= satisfied;
-            if dep.status.is_terminal() && !satisfied && blocker.is_none() {
-                blocker = Some(format!(
-                    "dependency {} ({}) {}",
-                    dep.name, dep.id, dep.status
-                ));
-            }
-        }
-        if runs_regardless {
-            if all_ended {
-                decisions.push(Decision::Release(task.id));
-            }
-        } else if let Some(reason) = blocker {
-            decisions.push(Decision::Skip(task.id, reason));
-        } else if all_satisfied {
-            decisions.push(Decision::Release(task.id));
-        }
-    }
+    let decisions: Vec<Decision> = tasks
+        .iter()
+        .filter_map(|task| decide_task(workflow, task, |id| by_id.get(&id).copied()))
+        .collect();
     if !decisions.is_empty() {
         return decisions;
     }
@@ -316,6 +263,87 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
         return vec![Decision::Finish(status)];
     }
     Vec::new()
+}
+
+/// Whether a task is still to run (or to be released).
+fn waiting(task: &Task) -> bool {
+    matches!(
+        task.status,
+        TaskStatus::Pending | TaskStatus::Queued | TaskStatus::RetryWaiting
+    )
+}
+
+/// The decision about one task of the workflow, if any: abandoned (the
+/// workflow stopped), released (its dependencies allow it) or skipped (a
+/// dependency ended without completing). `dep` finds the workflow's tasks
+/// by id; only the task's own dependencies are asked for.
+///
+/// `decide` asks this of every task; the engine's incremental round (see
+/// [`crate::progress`]) asks it only of the dependents of tasks that just
+/// ended, which is what keeps a step's cost independent of the workflow's
+/// size. Both reach the same decision because it is this one function.
+pub fn decide_task<'a>(
+    workflow: &Workflow,
+    task: &Task,
+    dep: impl Fn(TaskId) -> Option<&'a Task>,
+) -> Option<Decision> {
+    if !waiting(task) {
+        return None;
+    }
+    let stop_reason = if workflow.cancel_requested {
+        Some("workflow cancelled".to_owned())
+    } else {
+        workflow
+            .halt
+            .as_ref()
+            .filter(|_| !task.step.always_run && !is_rollback(task))
+            .map(|halt| format!("not started: {}", halt.reason))
+    };
+    if let Some(reason) = stop_reason {
+        return Some(Decision::Abandon(task.id, reason));
+    }
+    if task.status != TaskStatus::Pending {
+        return None;
+    }
+    // Rollback and always_run steps wait for their dependencies to end,
+    // however they end; the others need them to succeed.
+    let runs_regardless = task.step.always_run || is_rollback(task);
+    let mut all_ended = true;
+    let mut all_satisfied = true;
+    let mut blocker = None;
+    for dep_id in &task.depends_on {
+        let Some(dep) = dep(*dep_id) else {
+            blocker.get_or_insert_with(|| format!("dependency {dep_id} does not exist"));
+            continue;
+        };
+        let satisfied = dep.status == TaskStatus::Completed
+            || (dep.status == TaskStatus::Failed && dep.step.optional);
+        all_ended &= dep.status.is_terminal();
+        all_satisfied &= satisfied;
+        if dep.status.is_terminal() && !satisfied && blocker.is_none() {
+            blocker = Some(format!(
+                "dependency {} ({}) {}",
+                dep.name, dep.id, dep.status
+            ));
+        }
+    }
+    if runs_regardless {
+        all_ended.then_some(Decision::Release(task.id))
+    } else if let Some(reason) = blocker {
+        Some(Decision::Skip(task.id, reason))
+    } else if all_satisfied {
+        Some(Decision::Release(task.id))
+    } else {
+        None
+    }
+}
+
+/// Whether a task that ended this way stops the workflow (`Halt`): it
+/// failed for good under the `fail` or `rollback` policy.
+pub fn halts(workflow: &Workflow, task: &Task) -> bool {
+    !is_rollback(task)
+        && failed_for_good(task)
+        && task.step.on_failure.unwrap_or(workflow.on_failure) != FailurePolicy::Continue
 }
 
 #[cfg(test)]

@@ -5,17 +5,26 @@
 //!
 //! Every change is a compare-and-set write through `records`; a lost race
 //! only means reading again and deciding again.
+//!
+//! After a step ends, the workflow is followed up incrementally: only the
+//! ended task's dependents are read and decided about, and the whole
+//! workflow only when it may have finished or changed beyond that (the
+//! core's `progress`). A step's cost thus does not grow with the size of
+//! its workflow (issue 18). The index this needs is memory only, derived
+//! from the store and checked against the workflow's version on every use.
 
 use std::collections::{HashMap, HashSet};
+use std::mem;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use futures_util::future::join_all;
 use orchestrator_core::event::TaskMark;
+use orchestrator_core::progress::{Progress, Scan, follows_incrementally};
 use orchestrator_core::release::resolve_input;
 use orchestrator_core::{
     Decision, RetryPolicy, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId,
-    WorkflowStatus, decide,
+    WorkflowStatus, decide, decide_task,
 };
 use orchestrator_executor::Outcome;
 use orchestrator_storage::{Storage, WorkflowQuery};
@@ -44,10 +53,19 @@ pub(crate) struct Lifecycle {
     steps: Steps,
     retry: RetryPolicy,
     node_id: String,
-    /// Workflows this node is advancing in `advance_soon`, and whether
-    /// another round was asked for meanwhile. A std mutex: only map
-    /// operations, never held across an await.
-    advancing: Mutex<HashMap<WorkflowId, bool>>,
+    /// Workflows this node is following up in `advance_soon`, with the
+    /// tasks that ended meanwhile, which the running call takes on next.
+    /// A std mutex: only map operations, never held across an await.
+    advancing: Mutex<HashMap<WorkflowId, Vec<Task>>>,
+    /// Per workflow followed up here, its dependents index and how far
+    /// its tasks are known to have ended. Derived from the store, valid
+    /// for one version of the workflow record (checked on every use),
+    /// dropped when the workflow finishes or a round fails, so that the
+    /// next round starts again from the whole stored workflow. Only
+    /// `advance_soon`'s call for that workflow uses an entry, and takes it
+    /// out of the map for the round: a std mutex, never held across an
+    /// await.
+    progress: Mutex<HashMap<WorkflowId, Progress>>,
     /// Workflows this node saw running, so that claims need not re-read
     /// them; forgotten when they finish. A std mutex, as `advancing`.
     running_workflows: Mutex<HashSet<WorkflowId>>,
@@ -72,6 +90,7 @@ impl Lifecycle {
             retry,
             node_id,
             advancing: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
             running_workflows: Mutex::new(HashSet::new()),
             finished: watch::Sender::new(0),
         }
@@ -217,6 +236,12 @@ impl Lifecycle {
         loop {
             let mut workflow = self.load_workflow(id).await?;
             let before = workflow.status;
+            if before == WorkflowStatus::Running {
+                // Marked by another claim: remember it here too, or every
+                // claim of this worker would read the workflow again.
+                lock(&self.running_workflows).insert(id);
+                return Ok(());
+            }
             if !matches!(before, WorkflowStatus::Queued | WorkflowStatus::Scheduled) {
                 return Ok(());
             }
@@ -292,7 +317,7 @@ impl Lifecycle {
             match stored.status {
                 // Interrupted by shutdown: back in the queue for the next start.
                 TaskStatus::RetryWaiting | TaskStatus::Queued => self.queue.push(&stored),
-                _ => self.advance_soon(stored.workflow_id).await?,
+                _ => self.advance_soon(stored).await?,
             }
             return Ok(());
         }
@@ -467,40 +492,203 @@ impl Lifecycle {
         self.advance(id).await
     }
 
-    /// `advance`, coalesced: when this node is already advancing the
-    /// workflow, the running call takes one more round instead of a second
-    /// call racing it. Steps of a wide DAG finish in bursts; each would
-    /// otherwise re-read the whole workflow, and most would lose their
-    /// compare-and-set races to the others.
-    pub(crate) async fn advance_soon(&self, id: WorkflowId) -> Result<()> {
+    /// Follows up a task that ended: its dependents, and whether the
+    /// workflow finished (`follow_up`). Coalesced: when this node is
+    /// already following up the workflow, the running call takes this
+    /// task on in its next round instead of a second call racing it.
+    /// Steps of a wide DAG finish in bursts; each would otherwise race
+    /// the others' compare-and-sets.
+    pub(crate) async fn advance_soon(&self, ended: Task) -> Result<()> {
+        let id = ended.workflow_id;
         {
             let mut advancing = lock(&self.advancing);
-            if let Some(again) = advancing.get_mut(&id) {
-                *again = true;
+            if let Some(more) = advancing.get_mut(&id) {
+                more.push(ended);
                 return Ok(());
             }
-            advancing.insert(id, false);
+            advancing.insert(id, Vec::new());
         }
+        let mut ended = vec![ended];
         loop {
-            let result = self.advance(id).await;
+            let progress = lock(&self.progress).remove(&id);
+            // On an error the index is not put back: the next follow-up
+            // starts from the whole stored workflow, so that nothing this
+            // round left undecided is missed.
+            let result = match self.follow_up(id, ended, progress).await {
+                Ok(Some(progress)) => {
+                    lock(&self.progress).insert(id, progress);
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
             let mut advancing = lock(&self.advancing);
-            let again = advancing.get(&id).copied().unwrap_or(false);
-            if result.is_err() || !again {
+            let more = advancing.get_mut(&id).map(mem::take).unwrap_or_default();
+            if result.is_err() || more.is_empty() {
                 advancing.remove(&id);
                 return result;
             }
-            advancing.insert(id, false);
+            ended = more;
         }
+    }
+
+    /// One follow-up of `ended` (tasks of workflow `id`, as stored when
+    /// they ended): decisions about their dependents only, then a check
+    /// whether the workflow's first task not known to have ended did end.
+    /// Falls back to a full `advance` whenever the core says the
+    /// dependents are not enough: the index is of another version of the
+    /// workflow (or there is none yet), the workflow stops or rolls back,
+    /// a failure halts it, a write lost a race, or every task has ended.
+    /// Returns the index to keep for the next follow-up, if any.
+    async fn follow_up(
+        &self,
+        id: WorkflowId,
+        mut ended: Vec<Task>,
+        progress: Option<Progress>,
+    ) -> Result<Option<Progress>> {
+        let workflow = self.load_workflow(id).await?;
+        if workflow.status.is_terminal() {
+            return Ok(None);
+        }
+        let Some(mut progress) = progress.filter(|p| p.is_of(&workflow)) else {
+            return self.advance_from(id, Some(workflow), true).await;
+        };
+        while !ended.is_empty() {
+            if !follows_incrementally(&workflow, &ended) {
+                return self.advance_from(id, None, true).await;
+            }
+            let candidates = progress.dependents_of(&ended);
+            // What the decisions read: the ended tasks, and the candidates'
+            // dependencies as far as needed. Loaded once per round.
+            let mut known: HashMap<TaskId, Task> = mem::take(&mut ended)
+                .into_iter()
+                .map(|t| (t.id, t))
+                .collect();
+            let mut decided: Vec<(Task, Decision)> = Vec::new();
+            for candidate in candidates {
+                let task = self.load_task(candidate.id).await?;
+                // Only a pending task can be released or skipped here.
+                if task.status != TaskStatus::Pending {
+                    continue;
+                }
+                let decide_now = loop {
+                    match progress.scan(&task, candidate.after_unsatisfied, |id| known.get(&id)) {
+                        Scan::Read(dep) => match self.store().tasks().get_task(dep).await? {
+                            Some(dep) => {
+                                known.insert(dep.id, dep);
+                            }
+                            // A dependency that does not exist: the
+                            // decision names it.
+                            None => break true,
+                        },
+                        Scan::Wait => break false,
+                        Scan::Decide => break true,
+                    }
+                };
+                if !decide_now {
+                    continue;
+                }
+                for dep in &task.depends_on {
+                    if !known.contains_key(dep)
+                        && let Some(dep) = self.store().tasks().get_task(*dep).await?
+                    {
+                        known.insert(dep.id, dep);
+                    }
+                }
+                if let Some(decision) = decide_task(&workflow, &task, |id| known.get(&id)) {
+                    decided.push((task, decision));
+                }
+            }
+            let by_id: HashMap<TaskId, &Task> = known.iter().map(|(id, t)| (*id, t)).collect();
+            let mut changed: Vec<(Task, TaskMark)> = Vec::with_capacity(decided.len());
+            for (mut task, decision) in decided {
+                let now = Utc::now();
+                let before = TaskMark::of(&task);
+                match decision {
+                    Decision::Release(_) => {
+                        self.prepare_release(&workflow, &mut task, &by_id, now)?;
+                    }
+                    Decision::Skip(_, reason) => task.skip(reason, now)?,
+                    // Not made about a pending task while the workflow runs
+                    // undisturbed; if it ever is, the full round decides.
+                    _ => return self.advance_from(id, None, true).await,
+                }
+                changed.push((task, before));
+            }
+            let stored = join_all(
+                changed
+                    .iter()
+                    .map(|(task, before)| self.store_task(task, *before)),
+            )
+            .await;
+            for stored in stored {
+                match stored? {
+                    Some(task) if task.status == TaskStatus::Queued => self.queue.push(&task),
+                    // Skipped or unrunnable: its dependents are next.
+                    Some(task) => ended.push(task),
+                    // Someone else moved it: the full round sees how.
+                    None => return self.advance_from(id, None, true).await,
+                }
+            }
+        }
+        // Finished only once every task has ended: one read per step
+        // while the first unfinished task runs, each task read as ended
+        // once.
+        while let Some(first) = progress.first_unended() {
+            let task = self.load_task(first).await?;
+            if !task.status.is_terminal() {
+                return Ok(Some(progress));
+            }
+            progress.read_as_ended(&task);
+        }
+        self.advance_from(id, None, true).await
+    }
+
+    /// Resolves a task's input and releases it, or fails it as unrunnable
+    /// if its input cannot be resolved. `by_id` holds (at least) its
+    /// dependencies.
+    fn prepare_release(
+        &self,
+        workflow: &Workflow,
+        task: &mut Task,
+        by_id: &HashMap<TaskId, &Task>,
+        now: chrono::DateTime<Utc>,
+    ) -> Result<()> {
+        match resolve_input(workflow, task, by_id) {
+            Ok(input) => {
+                task.input = input;
+                task.not_before = workflow.start_at.filter(|at| *at > now);
+                task.release(now)?;
+            }
+            Err(error) => task.fail_unrunnable(error, now)?,
+        }
+        Ok(())
     }
 
     /// Applies decisions until the workflow needs nothing more right now.
     pub(crate) async fn advance(&self, id: WorkflowId) -> Result<()> {
+        self.advance_from(id, None, false).await.map(|_| ())
+    }
+
+    /// `advance`, starting from `workflow` if it was just read. With
+    /// `index`, returns the index of the workflow as its last round read
+    /// it, for `follow_up`, unless the workflow finished.
+    async fn advance_from(
+        &self,
+        id: WorkflowId,
+        mut read: Option<Workflow>,
+        index: bool,
+    ) -> Result<Option<Progress>> {
         loop {
-            let workflow = self.load_workflow(id).await?;
+            let workflow = match read.take() {
+                Some(workflow) => workflow,
+                None => self.load_workflow(id).await?,
+            };
             let tasks = self.store().tasks().workflow_tasks(id).await?;
             let decisions = decide(&workflow, &tasks);
             if decisions.is_empty() {
-                return Ok(());
+                let running = !workflow.status.is_terminal();
+                return Ok((index && running).then(|| Progress::new(&workflow, &tasks)));
             }
             let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, &**t)).collect();
             // Another round is needed only when a decision ended a task or
@@ -508,6 +696,7 @@ impl Lifecycle {
             // lost a race; a plain release does neither. Each round re-reads
             // the whole workflow, so skipping the needless one matters.
             let mut again = false;
+            let mut finished = false;
             // Task decisions are independent of each other: their writes go
             // out together, so the storage can make them durable in one go.
             let mut changed: Vec<(Task, TaskMark)> = Vec::new();
@@ -517,14 +706,7 @@ impl Lifecycle {
                     Decision::Release(task_id) => {
                         let mut task = by_id[&task_id].clone();
                         let before = TaskMark::of(&task);
-                        match resolve_input(&workflow, &task, &by_id) {
-                            Ok(input) => {
-                                task.input = input;
-                                task.not_before = workflow.start_at.filter(|at| *at > now);
-                                task.release(now)?;
-                            }
-                            Err(error) => task.fail_unrunnable(error, now)?,
-                        }
+                        self.prepare_release(&workflow, &mut task, &by_id, now)?;
                         changed.push((task, before));
                     }
                     Decision::Skip(task_id, reason) => {
@@ -568,6 +750,7 @@ impl Lifecycle {
                             self.queue.forget(id);
                             lock(&self.running_workflows).remove(&id);
                             self.finished.send_modify(|n| *n += 1);
+                            finished = true;
                         } else {
                             again = true;
                         }
@@ -589,7 +772,9 @@ impl Lifecycle {
                 }
             }
             if !again {
-                return Ok(());
+                // Only releases (or a finish): the workflow as read is
+                // still the stored version.
+                return Ok((index && !finished).then(|| Progress::new(&workflow, &tasks)));
             }
         }
     }

@@ -468,3 +468,18 @@ fn an_http_step_is_refused_with_the_field_at_fault() {
         "no per-step input",
     );
 }
+
+/// Each place in the order goes to the first step, in template order,
+/// whose dependencies are all placed: the order users see in plans and
+/// the order tasks are stored in.
+#[test]
+fn the_step_order_takes_the_first_ready_step_in_template_order() {
+    let text = "name: t\nref_name: t\nschema_version: 1\nsteps:\n\
+        - {ref_name: d, script: s.sh, depends_on: [c, a]}\n\
+        - {ref_name: c, script: s.sh, depends_on: [b]}\n\
+        - {ref_name: b, script: s.sh}\n\
+        - {ref_name: a, script: s.sh}\n\
+        - {ref_name: e, script: s.sh, depends_on: [b, b]}\n";
+    let template: Template = serde_norway::from_str(text).unwrap();
+    assert_eq!(template.validate().unwrap(), ["b", "c", "a", "d", "e"]);
+}

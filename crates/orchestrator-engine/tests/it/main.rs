@@ -38,7 +38,22 @@ impl Setup {
             "echo \"$ORCHESTRATOR_TASK_ID\" >> \"$ORCHESTRATOR_DATA_DIR/../ran.log\"\necho '{}'\n",
         )
         .unwrap();
+        // Runs until the test creates `open` next to the data directory
+        // (at most 60 s, so that a failing test cannot hang on it).
+        std::fs::write(
+            dir.path().join("scripts/gate.sh"),
+            "for _ in $(seq 1200); do [ -e \"$ORCHESTRATOR_DATA_DIR/../open\" ] && break; sleep 0.05; done\necho '{}'\n",
+        )
+        .unwrap();
         Setup { dir }
+    }
+
+    fn open_gate(&self) {
+        std::fs::write(self.dir.path().join("open"), "").unwrap();
+    }
+
+    fn ran(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ran.log")).unwrap_or_default()
     }
 
     async fn engine(&self, store: Storage) -> Engine {
@@ -280,4 +295,105 @@ async fn crashes_of_the_service_do_not_use_up_a_tasks_attempts() {
     assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
     assert_eq!(task.max_attempts, 1);
     assert_eq!((task.attempts, task.interruptions), (4, 3));
+}
+
+/// Waits until the task is running, for at most 30 s.
+async fn until_running(engine: &Engine, task: orchestrator_core::TaskId) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while engine.task(task).await.unwrap().status != TaskStatus::Running {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task {task} never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// On a shared store another node may end tasks of a workflow this node
+/// follows. The engine keeps only an index of the workflow in memory, not
+/// a count of what it saw end: a task ended elsewhere still counts
+/// towards the workflow's end.
+#[tokio::test]
+async fn a_step_ended_by_another_node_counts_towards_the_workflows_end() {
+    let setup = Setup::new();
+    let store = setup.fs().await;
+    let engine = setup.engine_with_workers(store.clone(), 1).await;
+    let steps = json!([
+        {"ref_name": "a", "script": "mark.sh"},
+        {"ref_name": "gate", "script": "gate.sh", "depends_on": ["a"]},
+        {"ref_name": "c", "script": "mark.sh", "depends_on": ["a"]}
+    ]);
+    let (view, _) = engine.submit(request_of(steps)).await.unwrap();
+    let (a, gate, c) = (view.tasks[0].id, view.tasks[1].id, view.tasks[2].id);
+    // The one worker runs the gate; c waits in this node's queue.
+    until_running(&engine, gate).await;
+    // Another node claims c and completes it, straight in the store.
+    let mut task = store.tasks().get_task(c).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued);
+    let now = chrono::Utc::now();
+    task.start(now).unwrap();
+    task.node = Some("other-node".into());
+    task.complete(json!({"by": "other-node"}), now).unwrap();
+    store.tasks().update_task(&task).await.unwrap();
+    setup.open_gate();
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let view = engine.workflow(view.workflow.id).await.unwrap();
+    assert_eq!(
+        view.workflow.status,
+        orchestrator_core::WorkflowStatus::Completed
+    );
+    let c_task = engine.task(c).await.unwrap();
+    assert_eq!(c_task.output, Some(json!({"by": "other-node"})));
+    let ran = setup.ran();
+    assert!(ran.contains(&a.to_string()), "{ran}");
+    assert!(!ran.contains(&c.to_string()), "c ran here too: {ran}");
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// What the engine keeps in memory to follow a workflow is rebuilt from
+/// the store: a chain interrupted by a restart half-way runs to its end,
+/// each step after the one it depends on.
+#[tokio::test]
+async fn a_chain_interrupted_by_a_restart_runs_to_its_end_in_order() {
+    let setup = Setup::new();
+    let steps = json!([
+        {"ref_name": "a", "script": "mark.sh"},
+        {"ref_name": "gate", "script": "gate.sh", "depends_on": ["a"]},
+        {"ref_name": "c", "script": "mark.sh", "depends_on": ["gate"]},
+        {"ref_name": "d", "script": "mark.sh", "depends_on": ["c"]},
+        {"ref_name": "e", "script": "mark.sh", "depends_on": ["c", "d"]}
+    ]);
+    let view = {
+        let engine = setup.engine(setup.fs().await).await;
+        let (view, _) = engine.submit(request_of(steps)).await.unwrap();
+        until_running(&engine, view.tasks[1].id).await;
+        // The gate is interrupted by the shutdown and goes back to the queue.
+        engine.shutdown(Duration::from_millis(100)).await;
+        view
+    };
+    setup.open_gate();
+    let engine = setup.engine(setup.fs().await).await;
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let done = engine.workflow(view.workflow.id).await.unwrap();
+    assert_eq!(
+        done.workflow.status,
+        orchestrator_core::WorkflowStatus::Completed
+    );
+    let ran = setup.ran();
+    let position = |i: usize| {
+        ran.find(&view.tasks[i].id.to_string())
+            .unwrap_or_else(|| panic!("step {i} did not run: {ran}"))
+    };
+    assert!(position(0) < position(2) && position(2) < position(3) && position(3) < position(4));
+    engine.shutdown(Duration::from_secs(5)).await;
 }
