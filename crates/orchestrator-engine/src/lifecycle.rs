@@ -451,16 +451,36 @@ impl Lifecycle {
                 "workflow {id} completed; it has nothing to retry"
             )));
         }
-        // The workflow first: a crash before the tasks follow leaves a
-        // running workflow whose tasks all ended, which simply finishes again.
+        let tasks = self.store().tasks().workflow_tasks(id).await?;
+        // Steps a rollback undid must run again too, or later steps would
+        // read outputs describing what no longer exists.
+        let undone: HashSet<TaskId> = tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Completed)
+            .filter_map(|t| t.step.rollback_of)
+            .collect();
+        let mut reset = Vec::new();
+        for task in tasks {
+            if task.step.rollback_of.is_none()
+                && (task.reruns_on_retry() || undone.contains(&task.id))
+            {
+                let before = TaskMark::of(&task);
+                let mut task = Task::clone(&task);
+                task.rerun_even_if_completed(now)?;
+                reset.push((task, before));
+            }
+        }
         let before = workflow.status;
         workflow.status = WorkflowStatus::Running;
         workflow.halt = None;
         workflow.cancel_requested = false;
         workflow.finished_at = None;
         workflow.updated_at = now;
+        // The workflow and every task it resets in one write: a conflict or
+        // a crash leaves all of it as it was, never a running workflow with
+        // only some of its tasks reset.
         self.records
-            .update_workflow(&workflow, before, &[])
+            .update_workflow_and_tasks(&workflow, before, &reset)
             .await
             .map_err(|e| {
                 if e.is_conflict() {
@@ -470,24 +490,6 @@ impl Lifecycle {
                 }
             })?;
         self.queue.register_limit(&workflow);
-        let tasks = self.store().tasks().workflow_tasks(id).await?;
-        // Steps a rollback undid must run again too, or later steps would
-        // read outputs describing what no longer exists.
-        let undone: HashSet<TaskId> = tasks
-            .iter()
-            .filter(|t| t.status == TaskStatus::Completed)
-            .filter_map(|t| t.step.rollback_of)
-            .collect();
-        for task in tasks {
-            if task.step.rollback_of.is_none()
-                && (task.reruns_on_retry() || undone.contains(&task.id))
-            {
-                let before = TaskMark::of(&task);
-                let mut task = Task::clone(&task);
-                task.rerun_even_if_completed(now)?;
-                self.records.update_task(&task, before).await?;
-            }
-        }
         tracing::info!(workflow = %id, "workflow retried");
         self.advance(id).await
     }

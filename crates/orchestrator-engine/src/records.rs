@@ -72,6 +72,33 @@ impl Records {
         Ok(stored)
     }
 
+    /// Stores a workflow and some of its tasks in one write, by
+    /// compare-and-set on each; `before` is the workflow's status, and each
+    /// task's mark, when read.
+    pub(crate) async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        before: WorkflowStatus,
+        tasks: &[(Task, TaskMark)],
+    ) -> Result<Workflow> {
+        let changed: Vec<Task> = tasks.iter().map(|(task, _)| task.clone()).collect();
+        let (stored, stored_tasks) = self
+            .store
+            .tasks()
+            .update_workflow_and_tasks(workflow, &changed)
+            .await?;
+        if self.announce {
+            self.bus.publish(
+                stored_tasks
+                    .iter()
+                    .zip(tasks)
+                    .flat_map(|(task, (_, mark))| task_changes(Before::Known(*mark), task))
+                    .chain(workflow_change(Before::Known(before), &stored)),
+            );
+        }
+        Ok(stored)
+    }
+
     /// Stores a task by compare-and-set; `before` is what it was when read.
     pub(crate) async fn update_task(&self, task: &Task, before: TaskMark) -> Result<Task> {
         let stored = self.store.tasks().update_task(task).await?;

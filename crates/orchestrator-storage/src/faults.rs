@@ -94,6 +94,15 @@ impl TaskStore for Faulty<dyn TaskStore> {
         self.inner.update_workflow(workflow, new_tasks).await
     }
 
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)> {
+        self.switch.check("update workflow")?;
+        self.inner.update_workflow_and_tasks(workflow, tasks).await
+    }
+
     async fn update_task(&self, task: &Task) -> Result<Task> {
         if task.status.is_terminal() {
             // Never errs: the sender lives in `self.switch`.

@@ -68,6 +68,17 @@ pub trait TaskStore: Send + Sync {
     /// atomic write (a workflow that grows, e.g. by rollback steps).
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow>;
 
+    /// Replaces a workflow and some of its stored tasks in one atomic
+    /// write: a compare-and-set on the workflow's `version` and on each
+    /// task's, all or nothing (a retry resets many tasks at once, and must
+    /// never leave some reset and some not). Returns them as stored, each
+    /// one version higher.
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)>;
+
     /// Replaces a task if, and only if, the stored version equals
     /// `task.version` (compare-and-set). Returns the stored task, whose
     /// version is one higher. A stale version gives [`Error::Conflict`], so

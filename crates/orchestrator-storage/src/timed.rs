@@ -112,6 +112,18 @@ impl TaskStore for Timed<dyn TaskStore> {
         .await
     }
 
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)> {
+        self.timed(
+            "update_workflow_and_tasks",
+            self.inner.update_workflow_and_tasks(workflow, tasks),
+        )
+        .await
+    }
+
     async fn update_task(&self, task: &Task) -> Result<Task> {
         self.timed("update_task", self.inner.update_task(task))
             .await

@@ -595,6 +595,56 @@ impl TaskStore for FsBackend {
         Ok(stored)
     }
 
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state
+                .workflow(workflow.id)
+                .ok_or(Error::WorkflowNotFound(workflow.id))?;
+            if current.version != workflow.version {
+                return Err(Error::Conflict {
+                    what: "workflow",
+                    id: workflow.id.to_string(),
+                    expected: workflow.version,
+                    found: current.version,
+                });
+            }
+            for task in tasks {
+                let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
+                if current.version != task.version {
+                    return Err(Error::Conflict {
+                        what: "task",
+                        id: task.id.to_string(),
+                        expected: task.version,
+                        found: current.version,
+                    });
+                }
+            }
+            let mut stored = workflow.clone();
+            stored.version += 1;
+            let stored_tasks: Vec<Task> = tasks
+                .iter()
+                .map(|t| {
+                    let mut t = t.clone();
+                    t.version += 1;
+                    t
+                })
+                .collect();
+            // One checksummed line: a crash keeps all of it or none.
+            let record = Line::Submission {
+                workflow: stored.clone(),
+                tasks: stored_tasks.clone(),
+            };
+            (self.commit(&mut state, record)?, (stored, stored_tasks))
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
         Ok(self.lock_state().task(id).cloned())
     }

@@ -90,6 +90,100 @@ impl TaskStore for SurrealBackend {
         }
     }
 
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)> {
+        let mut stored = workflow.clone();
+        stored.version += 1;
+        let stored_tasks: Vec<Task> = tasks
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.version += 1;
+                t
+            })
+            .collect();
+        let mut vars = Variables::new();
+        vars.insert("id", workflow.id.to_string());
+        vars.insert("expected", version_param(workflow.version));
+        vars.insert("row", workflow_row(&stored, false)?);
+        let changes = tasks
+            .iter()
+            .zip(&stored_tasks)
+            .map(|(old, new)| {
+                Ok(serde_json::json!({
+                    "id": old.id.to_string(),
+                    "expected": version_param(old.version),
+                    "row": task_row(new, false)?,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        vars.insert("tasks", serde_json::Value::Array(changes));
+        // Every compare-and-set in one transaction: one stale version
+        // aborts all of them.
+        let result = self
+            .query(
+                "update a workflow and its tasks",
+                "BEGIN;
+                 LET $updated = (UPDATE type::record('workflow', $id) CONTENT $row
+                     WHERE version = $expected RETURN VALUE version);
+                 IF array::len($updated) == 0 { THROW 'orchestrator: version mismatch' };
+                 FOR $task IN $tasks {
+                     LET $done = (UPDATE type::record('task', $task.id) CONTENT $task.row
+                         WHERE version = $task.expected RETURN VALUE version);
+                     IF array::len($done) == 0 { THROW 'orchestrator: version mismatch' };
+                 };
+                 COMMIT;",
+                &vars,
+            )
+            .await;
+        match result {
+            Ok(_) => Ok((stored, stored_tasks)),
+            Err(Error::Database { message, .. }) if message.contains("version mismatch") => {
+                // Name what was stale, as the single updates do.
+                match self
+                    .stored_version("workflow", workflow.id.to_string())
+                    .await?
+                {
+                    None => return Err(Error::WorkflowNotFound(workflow.id)),
+                    Some(found) if found != workflow.version => {
+                        return Err(Error::Conflict {
+                            what: "workflow",
+                            id: workflow.id.to_string(),
+                            expected: workflow.version,
+                            found,
+                        });
+                    }
+                    Some(_) => {}
+                }
+                for task in tasks {
+                    match self.stored_version("task", task.id.to_string()).await? {
+                        None => return Err(Error::TaskNotFound(task.id)),
+                        Some(found) if found != task.version => {
+                            return Err(Error::Conflict {
+                                what: "task",
+                                id: task.id.to_string(),
+                                expected: task.version,
+                                found,
+                            });
+                        }
+                        Some(_) => {}
+                    }
+                }
+                // Changed and changed back meanwhile: still a conflict.
+                Err(Error::Conflict {
+                    what: "workflow",
+                    id: workflow.id.to_string(),
+                    expected: workflow.version,
+                    found: workflow.version,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     async fn update_task(&self, task: &Task) -> Result<Task> {
         let mut stored = task.clone();
         stored.version += 1;

@@ -53,6 +53,8 @@ pub async fn task_store_suite(harness: &impl Harness) {
     idempotency_keys_and_revisions_are_unique(harness.open().await.tasks()).await;
     workflows_filter_by_every_field(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
+    a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks())
+        .await;
 }
 
 /// What [`NodeStore`] promises.
@@ -377,6 +379,66 @@ pub fn workflow_with_tasks(n: usize) -> (Workflow, Vec<Task>) {
     workflow.input = json!({"vars": {"k": "v"}}).into();
     workflow.task_ids = tasks.iter().map(|t| t.id).collect();
     (workflow, tasks)
+}
+
+/// `update_workflow_and_tasks` is one compare-and-set over all of them:
+/// one stale version (the workflow's or any task's) writes nothing.
+async fn a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(store: &dyn TaskStore) {
+    let (workflow, tasks) = workflow_with_tasks(3);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    // Someone else moved the last task on.
+    let moved = store.update_task(&tasks[2]).await.unwrap();
+    let mut changed = workflow.clone();
+    changed.status = WorkflowStatus::Running;
+    let reset: Vec<Task> = tasks
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            t.input = json!({"reset": true});
+            t
+        })
+        .collect();
+    let err = store
+        .update_workflow_and_tasks(&changed, &reset)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Conflict { what: "task", id, expected: 0, found: 1 } if *id == tasks[2].id.to_string()),
+        "{err}"
+    );
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    assert_eq!((stored.version, stored.status), (0, WorkflowStatus::Queued));
+    for task in &tasks[..2] {
+        let stored = store.get_task(task.id).await.unwrap().unwrap();
+        assert_eq!(stored.version, 0, "no task was written");
+        assert_ne!(stored.input, json!({"reset": true}));
+    }
+    // With every version current, all of it is written.
+    let mut reset = reset;
+    reset[2].version = moved.version;
+    let (stored, stored_tasks) = store
+        .update_workflow_and_tasks(&changed, &reset)
+        .await
+        .unwrap();
+    assert_eq!((stored.version, stored.status), (1, WorkflowStatus::Running));
+    assert_eq!(
+        stored_tasks.iter().map(|t| t.version).collect::<Vec<_>>(),
+        vec![1, 1, 2]
+    );
+    for task in &tasks {
+        let read = store.get_task(task.id).await.unwrap().unwrap();
+        assert_eq!(read.input, json!({"reset": true}));
+    }
+    assert_eq!(
+        store.get_workflow(workflow.id).await.unwrap().unwrap().status,
+        WorkflowStatus::Running
+    );
+    // A stale workflow version writes nothing either.
+    let err = store
+        .update_workflow_and_tasks(&changed, &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Conflict { what: "workflow", .. }), "{err}");
 }
 
 /// Many writers on one workflow at once, as when several steps finish
