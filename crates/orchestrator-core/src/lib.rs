@@ -8,10 +8,10 @@
 pub mod access;
 mod error;
 pub mod event;
-pub mod http;
 mod ids;
 mod names;
 mod node;
+mod period;
 pub mod progress;
 mod queue;
 pub mod refs;
@@ -34,5 +34,8 @@ pub use task::{
     AttemptRecord, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, StepKind,
     StepSettings, Task, TaskSpec, TaskStatus,
 };
+/// The `http` step kind's block of a template, also used on its own by the
+/// http runner.
+pub use template::http;
 pub use view::{StepView, WorkflowView};
 pub use workflow::{Decision, Halt, Workflow, WorkflowStatus, decide, decide_task};

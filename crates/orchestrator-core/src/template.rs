@@ -5,13 +5,15 @@
 //! and the field at fault (`steps.join.input.members`), so the API can pass
 //! it straight to the user.
 
+pub mod http;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::http::HttpStep;
+use self::http::HttpStep;
 use crate::refs::{Reference, Root, Scope, references_in};
 use crate::{FailurePolicy, StepKind, StepSettings};
 
@@ -503,7 +505,7 @@ impl Template {
             let inside = path
                 .strip_prefix(&format!("steps.{}", step.ref_name))
                 .unwrap_or(path);
-            crate::http::reference_allowed(inside, reference.root == Root::Job)
+            http::reference_allowed(inside, reference.root == Root::Job)
                 .map_err(|m| err(path, format!("{reference}: {m}")))?;
         }
         match &reference.root {

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::retention::Keep;
+use crate::period::Keep;
 use crate::{FailurePolicy, Priority, Task, TaskId, TaskStatus, WorkflowId};
 
 /// A submitted workflow: one run of a template (or of a built-in plan)
@@ -279,7 +279,7 @@ fn waiting(task: &Task) -> bool {
 /// by id; only the task's own dependencies are asked for.
 ///
 /// `decide` asks this of every task; the engine's incremental round (see
-/// [`crate::progress`]) asks it only of the dependents of tasks that just
+/// `progress`) asks it only of the dependents of tasks that just
 /// ended, which is what keeps a step's cost independent of the workflow's
 /// size. Both reach the same decision because it is this one function.
 pub fn decide_task<'a>(

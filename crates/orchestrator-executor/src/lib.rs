@@ -15,8 +15,8 @@ mod run;
 mod step;
 
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
-pub use run::{Job, Outcome, kill_leftovers};
-pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, StepRunner};
+pub use run::{Job, kill_leftovers};
+pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

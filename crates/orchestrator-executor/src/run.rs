@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Map, Value};
@@ -11,7 +12,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Launcher, LogSink, ScriptExecutor};
+use crate::step::{Attempt, LogSink, Outcome, StepRunner};
+use crate::{Launcher, ScriptExecutor};
 
 /// How much of stderr is kept for the error message of a failed attempt.
 const STDERR_TAIL_BYTES: usize = 2048;
@@ -39,22 +41,6 @@ pub struct Job<'a> {
     /// The script's `ORCHESTRATOR_TOKEN`: it may save this task's
     /// checkpoint through the API, and do nothing else.
     pub token: Option<String>,
-}
-
-/// How an attempt ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Exit 0. `output` is the result object (`{}` when the script printed none).
-    Succeeded { output: Value },
-    /// A non-zero exit, a signal, a bad result, or a script that could not start.
-    Failed {
-        exit_code: Option<i32>,
-        error: String,
-    },
-    /// The timeout passed; the process group was terminated.
-    TimedOut { error: String },
-    /// The cancel token fired; the process group was terminated.
-    Cancelled,
 }
 
 enum Ending {
@@ -512,4 +498,37 @@ pub fn kill_leftovers(task_id: &str) -> usize {
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     }
     found
+}
+
+/// `script`, the first step kind: an attempt is a run of the script.
+#[async_trait]
+impl StepRunner for ScriptExecutor {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+
+    fn check(&self, target: &str) -> Result<(), String> {
+        self.resolve(target).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn run(&self, attempt: Attempt<'_>) -> Outcome {
+        let job = Job {
+            script: attempt.target,
+            input: attempt.input,
+            task_id: attempt.task_id,
+            workflow_id: attempt.workflow_id,
+            attempt: attempt.attempt,
+            check_mode: attempt.check_mode,
+            // The limit as configured, so that a timeout reads "after 5s";
+            // it runs from now, a moment after the deadline was set.
+            timeout: attempt.timeout,
+            checkpoint: attempt.checkpoint,
+            token: attempt.token,
+        };
+        ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await
+    }
+
+    fn stop_leftovers(&self, task_id: &str) -> usize {
+        kill_leftovers(task_id)
+    }
 }

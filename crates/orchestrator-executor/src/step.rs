@@ -13,7 +13,21 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Job, Outcome, ScriptExecutor};
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Exit 0. `output` is the result object (`{}` when the script printed none).
+    Succeeded { output: Value },
+    /// A non-zero exit, a signal, a bad result, or a script that could not start.
+    Failed {
+        exit_code: Option<i32>,
+        error: String,
+    },
+    /// The timeout passed; the process group was terminated.
+    TimedOut { error: String },
+    /// The cancel token fired; the process group was terminated.
+    Cancelled,
+}
 
 /// Where an attempt's output goes, a chunk (usually a line) at a time. The
 /// engine stores it as the task's log, redacted, in order. The channel is
@@ -128,36 +142,4 @@ pub trait StepRunner: Send + Sync {
     /// are stopped, never adopted: a new attempt must not run beside an old
     /// one.
     fn stop_leftovers(&self, task_id: &str) -> usize;
-}
-
-#[async_trait]
-impl StepRunner for ScriptExecutor {
-    fn name(&self) -> &'static str {
-        "script"
-    }
-
-    fn check(&self, target: &str) -> Result<(), String> {
-        self.resolve(target).map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    async fn run(&self, attempt: Attempt<'_>) -> Outcome {
-        let job = Job {
-            script: attempt.target,
-            input: attempt.input,
-            task_id: attempt.task_id,
-            workflow_id: attempt.workflow_id,
-            attempt: attempt.attempt,
-            check_mode: attempt.check_mode,
-            // The limit as configured, so that a timeout reads "after 5s";
-            // it runs from now, a moment after the deadline was set.
-            timeout: attempt.timeout,
-            checkpoint: attempt.checkpoint,
-            token: attempt.token,
-        };
-        ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await
-    }
-
-    fn stop_leftovers(&self, task_id: &str) -> usize {
-        crate::kill_leftovers(task_id)
-    }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::model::{Topology, check_name};
+use crate::topology::{Topology, check_name};
 use crate::{Result, invalid};
 
 /// The shipped topologies, by file.
@@ -156,32 +156,4 @@ fn files_in(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::validate_topology;
-
-    fn repo_scripts() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
-    }
-
-    #[test]
-    fn every_shipped_topology_is_valid_against_the_shipped_taskservs() {
-        let catalog = Catalog::load(&repo_scripts(), None).unwrap();
-        assert_eq!(
-            catalog.topology_names(),
-            [
-                "containerd_test",
-                "etcd_cluster",
-                "kubernetes_3node",
-                "kubernetes_single",
-                "postgres_redis"
-            ]
-        );
-        for topology in catalog.topologies() {
-            validate_topology(topology, &catalog, &topology.name).unwrap();
-        }
-    }
 }

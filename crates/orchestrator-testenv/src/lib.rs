@@ -21,6 +21,7 @@ pub mod netns;
 pub mod provider;
 pub mod runner;
 pub mod service;
+pub mod topology;
 
 pub use catalog::Catalog;
 pub use model::{CreateRequest, EnvPlan, EnvType, NodePlan};

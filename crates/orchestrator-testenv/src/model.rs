@@ -13,6 +13,8 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use crate::catalog::Catalog;
+use crate::topology::truncate;
+pub use crate::topology::{CrossCheck, Topology, TopologyNode, check_name};
 use crate::{Result, invalid};
 
 /// Most nodes one environment may have.
@@ -40,42 +42,6 @@ pub enum EnvType {
     Server,
     /// A topology: a template of `templates/topologies/`, or inline.
     Cluster,
-}
-
-/// A topology template of a cluster, or the one sent inline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Topology {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub description: String,
-    pub nodes: Vec<TopologyNode>,
-    /// Checks across nodes, run by `run` after each taskserv's own check.
-    #[serde(default)]
-    pub checks: Vec<CrossCheck>,
-}
-
-/// One node of a topology.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TopologyNode {
-    /// Its host name, and how the other nodes reach it.
-    pub name: String,
-    /// What the node is for (`control-plane`, `worker`, ...): labels only.
-    #[serde(default)]
-    pub roles: Vec<String>,
-    pub taskservs: Vec<String>,
-}
-
-/// A check across nodes: from node `from`, the `taskserv` answers on each
-/// node of `to` at its port (through the bridge, by name).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CrossCheck {
-    pub name: String,
-    pub from: String,
-    pub taskserv: String,
-    pub to: Vec<String>,
 }
 
 /// `topology`: a template's name, or a topology inline.
@@ -606,37 +572,6 @@ fn check_taskserv(field: &str, taskserv: &str, catalog: &Catalog) -> Result<()> 
     Ok(())
 }
 
-/// A name that becomes a host name and a path component: a DNS label in
-/// lower case, 1-32 characters.
-pub fn check_name(field: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 32
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        && !name.starts_with(['-', '_'])
-        && !name.ends_with(['-', '_']);
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            field,
-            format!(
-                "{:?} is not a valid name: 1-32 lower-case letters, digits, `-` or `_`, \
-                 starting and ending with a letter or digit",
-                truncate(name, 64)
-            ),
-        ))
-    }
-}
-
-fn truncate(text: &str, max: usize) -> &str {
-    match text.char_indices().nth(max) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
-}
-
 /// `ttl`, within [`MIN_TTL`] and [`MAX_TTL`].
 pub fn parse_ttl(ttl: &Ttl) -> Result<Duration> {
     let duration = match ttl {
@@ -684,6 +619,28 @@ pub fn parse_ttl(ttl: &Ttl) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn repo_scripts() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    }
+
+    #[test]
+    fn every_shipped_topology_is_valid_against_the_shipped_taskservs() {
+        let catalog = Catalog::load(&repo_scripts(), None).unwrap();
+        assert_eq!(
+            catalog.topology_names(),
+            [
+                "containerd_test",
+                "etcd_cluster",
+                "kubernetes_3node",
+                "kubernetes_single",
+                "postgres_redis"
+            ]
+        );
+        for topology in catalog.topologies() {
+            validate_topology(topology, &catalog, &topology.name).unwrap();
+        }
+    }
 
     #[test]
     fn names_fit_the_kernel_limits() {

@@ -1,5 +1,5 @@
 //! The seam between environments and what their nodes are made of. One
-//! implementation ships: Linux namespaces ([`crate::NamespaceProvider`]).
+//! implementation ships: Linux namespaces (`NamespaceProvider`, in `netns`).
 //! A container engine could be another, behind a cargo feature; none is
 //! shipped untested.
 

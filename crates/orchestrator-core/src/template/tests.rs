@@ -401,7 +401,7 @@ fn an_http_step_plans_its_block_as_the_task_input() {
         input["poll"]["url"],
         "http://awx.test/api/v2/jobs/${job.id}/"
     );
-    let back: crate::http::HttpStep = serde_json::from_value(input.clone()).unwrap();
+    let back: crate::template::http::HttpStep = serde_json::from_value(input.clone()).unwrap();
     assert_eq!(back.outputs["artifacts"], "/artifacts");
 }
 

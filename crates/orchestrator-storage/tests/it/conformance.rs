@@ -53,8 +53,7 @@ pub async fn task_store_suite(harness: &impl Harness) {
     idempotency_keys_and_revisions_are_unique(harness.open().await.tasks()).await;
     workflows_filter_by_every_field(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
-    a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks())
-        .await;
+    a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks()).await;
 }
 
 /// What [`NodeStore`] promises.
@@ -420,7 +419,10 @@ async fn a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(store: &dyn 
         .update_workflow_and_tasks(&changed, &reset)
         .await
         .unwrap();
-    assert_eq!((stored.version, stored.status), (1, WorkflowStatus::Running));
+    assert_eq!(
+        (stored.version, stored.status),
+        (1, WorkflowStatus::Running)
+    );
     assert_eq!(
         stored_tasks.iter().map(|t| t.version).collect::<Vec<_>>(),
         vec![1, 1, 2]
@@ -430,7 +432,12 @@ async fn a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(store: &dyn 
         assert_eq!(read.input, json!({"reset": true}));
     }
     assert_eq!(
-        store.get_workflow(workflow.id).await.unwrap().unwrap().status,
+        store
+            .get_workflow(workflow.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
         WorkflowStatus::Running
     );
     // A stale workflow version writes nothing either.
@@ -438,7 +445,16 @@ async fn a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(store: &dyn 
         .update_workflow_and_tasks(&changed, &[])
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Conflict { what: "workflow", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Conflict {
+                what: "workflow",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 /// Many writers on one workflow at once, as when several steps finish

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::template::{TemplateError, parse_timeout};
+use super::{TemplateError, parse_timeout};
 
 /// The launch header that carries the step's idempotency key, unless the
 /// block names another (`idempotency_header`).
@@ -270,7 +270,7 @@ impl HttpStep {
         }
         check_status_map(&format!("{poll}.status_map"), &self.poll.status_map)?;
         for (name, pointer) in &self.outputs {
-            if !crate::template::valid_name(name) {
+            if !super::valid_name(name) {
                 return Err(err(
                     format!("{at}.outputs.{name}"),
                     "is not a valid output name (letters, digits, `_` or `-`)".into(),
