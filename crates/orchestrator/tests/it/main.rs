@@ -9,6 +9,7 @@ mod backup;
 mod cli;
 mod dashboard;
 mod doctor;
+mod durability;
 mod errors;
 mod fakes;
 mod faults;
