@@ -39,10 +39,8 @@ pub(crate) struct PruneBody {
     /// tasks and logs (a workflow's own `meta.retain` still wins; the
     /// newest revision of a `meta.ref` stays): `7d`, `12h`, `forever`.
     /// Absent: none.
-    #[schema(value_type = Option<String>, example = "7d")]
     older_than: Option<Keep>,
     /// Audit records older than this go. Absent: none.
-    #[schema(value_type = Option<String>, example = "90d")]
     audit_older_than: Option<Keep>,
     /// Count what would go; delete nothing.
     #[serde(default)]

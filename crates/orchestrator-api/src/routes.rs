@@ -762,7 +762,6 @@ pub(crate) struct MetaField {
     description: Option<String>,
     /// How long to keep the workflow once finished, instead of the
     /// service's `--retain-finished`: `30d`, `12h`, or `forever`.
-    #[schema(value_type = Option<String>, example = "30d")]
     retain: Option<orchestrator_core::retention::Keep>,
 }
 

@@ -15,9 +15,14 @@ pub enum Keep {
     For(Duration),
 }
 
-/// Longest period accepted: far beyond any real need, and safe to subtract
-/// from any clock reading chrono can hold.
+/// Longest period kept as a period (a longer one means forever): far
+/// beyond any real need, and safe to subtract from any clock reading
+/// chrono can hold.
 const MAX_KEEP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// What parses as a `Keep`, for the API's schema: `forever`, or numbers
+/// each with a unit, as `humantime` reads them (`30d`, `1h 30m`).
+pub const KEEP_PATTERN: &str = "^(forever|[0-9]{1,6}(nsec|ns|usec|us|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y)( [0-9]{1,6}(nsec|ns|usec|us|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y))*)$";
 
 impl FromStr for Keep {
     type Err = String;
@@ -30,8 +35,9 @@ impl FromStr for Keep {
         }
         let period = humantime::parse_duration(s)
             .map_err(|e| format!("{s:?} is not a period: {e} (write e.g. 30d, 12h, or forever)"))?;
+        // Past a century nothing ends before it: keep for good.
         if period > MAX_KEEP {
-            return Err(format!("{s:?} is longer than 100 years; use forever"));
+            return Ok(Keep::Forever);
         }
         Ok(Keep::For(period))
     }
@@ -70,7 +76,7 @@ impl utoipa::PartialSchema for Keep {
                 "`forever`, or a period such as `30d`, `12h`, `90days`, `1h 30m`",
             ))
             .examples(["30d"])
-            .min_length(Some(1))
+            .pattern(Some(KEEP_PATTERN))
             .into()
     }
 }
@@ -97,6 +103,27 @@ impl Keep {
             Keep::For(period) => chrono::Duration::from_std(period)
                 .ok()
                 .and_then(|period| now.checked_sub_signed(period)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The API's schema promises that every string of its pattern is
+        /// accepted: the parser must agree (the contract test holds the
+        /// service to it).
+        #[test]
+        fn every_period_the_schema_allows_parses(
+            text in proptest::string::string_regex(
+                KEEP_PATTERN.trim_start_matches('^').trim_end_matches('$')
+            ).unwrap()
+        ) {
+            prop_assert!(text.parse::<Keep>().is_ok(), "{text:?}");
         }
     }
 }
