@@ -291,7 +291,29 @@ impl Access {
                 message: "a bootstrap token must be at least 32 characters long".into(),
             }),
             Some(token) => {
-                let id = uuid::Uuid::now_v7().simple().to_string();
+                // A token shaped like the ones this service makes
+                // (`orch_<id>_<secret>`) is looked up by its id part, so it
+                // must be stored under that id.
+                let id = match token_id(token) {
+                    Some(id) if !id.chars().all(|c| c.is_ascii_alphanumeric()) || id.len() > 64 => {
+                        return Err(Error::Validation {
+                            field: "ORCHESTRATOR_BOOTSTRAP_TOKEN".into(),
+                            message: "a token shaped `orch_<id>_<secret>` needs an id of at most \
+                                      64 letters and digits"
+                                .into(),
+                        });
+                    }
+                    Some(id) if crate::lock(&self.cache).by_id.contains_key(id) => {
+                        return Err(Error::Validation {
+                            field: "ORCHESTRATOR_BOOTSTRAP_TOKEN".into(),
+                            message: format!(
+                                "its id part `{id}` is another token's; choose another"
+                            ),
+                        });
+                    }
+                    Some(id) => id.to_owned(),
+                    None => uuid::Uuid::now_v7().simple().to_string(),
+                };
                 let record = ApiToken::new(id, "bootstrap".into(), Role::Admin, token, Utc::now());
                 self.store_token(record, token.to_owned()).await.map(Some)
             }

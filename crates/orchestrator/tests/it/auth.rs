@@ -52,6 +52,51 @@ async fn call(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// A bootstrap token shaped like the service's own (`orch_<id>_<secret>`)
+/// is found by its id part, as the service's tokens are.
+#[tokio::test]
+async fn a_bootstrap_token_shaped_like_the_service_s_own_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = with_auth(dir.path());
+    let token = "orch_0a1b2c_rescue-secret-of-enough-length-0123456789";
+    settings.bootstrap_token = Some(orchestrator_storage::Secret::new(token));
+    let service = TestService::start(settings).await;
+    let (status, body) = call(&service, "GET", "/tokens", Some(token), None).await;
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<&str> = body["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["0a1b2c"], "stored under its id part");
+    let (status, _) = call(
+        &service,
+        "GET",
+        "/tokens",
+        Some("orch_0a1b2c_wrong-secret"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 401, "the id alone opens nothing");
+    service.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = with_auth(dir.path());
+    settings.bootstrap_token = Some(orchestrator_storage::Secret::new(
+        "orch_not/an:id_rescue-secret-of-enough-length-0123456789",
+    ));
+    let err = orchestrator::service::start(settings)
+        .await
+        .err()
+        .expect("refused");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("ORCHESTRATOR_BOOTSTRAP_TOKEN"),
+        "{message}"
+    );
+}
+
 async fn create_token(service: &TestService, name: &str, role: &str) -> String {
     let (status, body) = call(
         service,
