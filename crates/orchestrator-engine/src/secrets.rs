@@ -358,9 +358,23 @@ pub fn is_sensitive(key: &str) -> bool {
         })
         .collect();
     let squashed = key.replace('_', "");
-    SENSITIVE_KEYS
-        .iter()
-        .any(|s| key.contains(s) || squashed.contains(&s.replace('_', "")))
+    SENSITIVE_KEYS.iter().any(|&s| {
+        let found = |text: &str, word: &str| {
+            if word == "auth" {
+                // `auth`, `authorization`, `authentication`, but not an
+                // `author` or an `authority`, which name people and bodies.
+                text.match_indices("auth").any(|(at, _)| {
+                    let after = &text[at + 4..];
+                    !after.starts_with("or")
+                        || after.starts_with("oriz")
+                        || after.starts_with("oris")
+                })
+            } else {
+                text.contains(word)
+            }
+        };
+        found(&key, s) || found(&squashed, &s.replace('_', ""))
+    })
 }
 
 /// Redacts a log that arrives in pieces. A secret split across two pieces
@@ -420,10 +434,24 @@ mod tests {
             "private-key",
             "ssh_private_key",
             "credentials",
+            "auth",
+            "basic_auth",
+            "Authorization",
+            "authentication_header",
+            "authorisation",
         ] {
             assert!(is_sensitive(key), "{key}");
         }
-        for key in ["ip", "hostname", "status", "id"] {
+        // `auth` inside words that name people and bodies is not a secret.
+        for key in [
+            "ip",
+            "hostname",
+            "status",
+            "id",
+            "author",
+            "authors",
+            "certificate_authority",
+        ] {
             assert!(!is_sensitive(key), "{key}");
         }
     }
