@@ -212,6 +212,18 @@ impl Cluster {
                 TaskStatus::Queued | TaskStatus::RetryWaiting
                     if shared && !self.queue.contains(task.id) =>
                 {
+                    // Its workflow's `parallel_limit` must be known here
+                    // before the task can be claimed within it.
+                    if self.queue.limit_of(task.workflow_id).is_none()
+                        && let Some(workflow) = self
+                            .records
+                            .store()
+                            .tasks()
+                            .get_workflow(task.workflow_id)
+                            .await?
+                    {
+                        self.queue.register_limit(&workflow);
+                    }
                     self.queue.push(&task);
                 }
                 _ => {}

@@ -23,6 +23,13 @@ use crate::records::Records;
 use crate::secrets::{Secrets, StreamRedactor};
 use crate::steps::Steps;
 
+/// Rounds of count-then-claim for a task of a limited workflow on a shared
+/// store, before it goes back to the queue.
+const LIMITED_CLAIM_ATTEMPTS: usize = 5;
+/// How long a task of a workflow at its limit on other nodes waits before
+/// it is tried again.
+const LIMITED_CLAIM_RETRY: Duration = Duration::from_millis(200);
+
 /// How many chunks (lines, or pieces of long ones) of a step's output may
 /// wait to be stored; past that, the step waits (a script at its pipe).
 const LOG_CHUNKS_IN_FLIGHT: usize = 256;
@@ -201,8 +208,18 @@ impl Dispatcher {
         claim.start(now)?;
         claim.node = Some(self.node_id.clone());
         claim.lease_until = Some(now + chrono::Duration::from_std(self.lease).unwrap_or_default());
-        let task = match self.records.update_task(&claim, before).await {
-            Ok(task) => task,
+        let limit = self.queue.limit_of(claim.workflow_id);
+        let claimed = match limit {
+            // On a shared store the limit holds across nodes: see
+            // `claim_within_limit`.
+            Some(limit) if self.records.store().nodes().shared() => {
+                self.claim_within_limit(&claim, before, limit).await
+            }
+            _ => self.records.update_task(&claim, before).await.map(Some),
+        };
+        let task = match claimed {
+            Ok(Some(task)) => task,
+            Ok(None) => return Ok(None),
             Err(e) if e.is_conflict() => return Ok(None),
             Err(e) => return Err(e),
         };
@@ -217,6 +234,66 @@ impl Dispatcher {
             tracing::warn!(workflow = %task.workflow_id, error = %e, "could not mark the workflow running");
         }
         Ok(Some((task, outcome)))
+    }
+
+    /// Claims a task of a workflow with a `parallel_limit` on a store that
+    /// several nodes share. Each node counts only the slots it holds, so
+    /// the count that matters is the store's: the workflow's running tasks.
+    /// The claim is written together with the workflow record (its version
+    /// bumped) in one compare-and-set, so two nodes that counted the same
+    /// free slot cannot both take it: one write wins, the other finds the
+    /// workflow changed, and counts again. At the limit the task goes back
+    /// to the queue for a little while: the slot will be freed on another
+    /// node, and nothing here would wake it.
+    async fn claim_within_limit(
+        &self,
+        claim: &Task,
+        before: TaskMark,
+        limit: usize,
+    ) -> Result<Option<Task>> {
+        let store = self.records.store().tasks();
+        for _ in 0..LIMITED_CLAIM_ATTEMPTS {
+            let Some(workflow) = store.get_workflow(claim.workflow_id).await? else {
+                return Ok(None);
+            };
+            let running = store
+                .list_tasks(&orchestrator_storage::TaskQuery {
+                    workflow: Some(claim.workflow_id),
+                    status: Some(TaskStatus::Running),
+                    limit: 0,
+                    offset: 0,
+                })
+                .await?
+                .total;
+            if running >= limit {
+                self.queue.push_after(claim, LIMITED_CLAIM_RETRY);
+                return Ok(None);
+            }
+            // Stamped now, after the count: the claim's start is never
+            // earlier than the end it waited for.
+            let mut claim = claim.clone();
+            let now = Utc::now();
+            claim.started_at = Some(now);
+            claim.lease_until =
+                Some(now + chrono::Duration::from_std(self.lease).unwrap_or_default());
+            match self
+                .records
+                .update_workflow_and_tasks(&workflow, workflow.status, &[(claim, before)])
+                .await
+            {
+                Ok((_, mut tasks)) => return Ok(tasks.pop()),
+                // The workflow moved on (another node's claim, a change of
+                // its own): count again.
+                Err(crate::Error::Storage(orchestrator_storage::Error::Conflict {
+                    what: "workflow",
+                    ..
+                })) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Much contention: try again shortly, as at the limit.
+        self.queue.push_after(claim, LIMITED_CLAIM_RETRY);
+        Ok(None)
     }
 
     /// Runs the claimed attempt's step and gives the worker back as soon

@@ -482,6 +482,7 @@ impl Lifecycle {
         self.records
             .update_workflow_and_tasks(&workflow, before, &reset)
             .await
+            .map(|(stored, _)| stored)
             .map_err(|e| {
                 if e.is_conflict() {
                     Error::Conflict(format!("workflow {id} changed meanwhile; try again"))

@@ -96,6 +96,20 @@ impl Queue {
         }
     }
 
+    /// The workflow's `parallel_limit`, when it has one.
+    pub(crate) fn limit_of(&self, workflow: WorkflowId) -> Option<usize> {
+        lock(&self.slots).get(&workflow).map(|slots| slots.limit)
+    }
+
+    /// Puts a queued task back, due after `delay`: a task that may not
+    /// start yet for a reason another node will lift (its workflow is at
+    /// its limit across nodes), and that no event here will wake.
+    pub(crate) fn push_after(&self, task: &Task, delay: Duration) {
+        let due = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+        lock(&self.ready).push_at(task.id, task.priority, due);
+        self.changed.notify_one();
+    }
+
     /// The workflow finished: its slots go.
     pub(crate) fn forget(&self, workflow: WorkflowId) {
         lock(&self.slots).remove(&workflow);

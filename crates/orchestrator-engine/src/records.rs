@@ -80,7 +80,7 @@ impl Records {
         workflow: &Workflow,
         before: WorkflowStatus,
         tasks: &[(Task, TaskMark)],
-    ) -> Result<Workflow> {
+    ) -> Result<(Workflow, Vec<Task>)> {
         let changed: Vec<Task> = tasks.iter().map(|(task, _)| task.clone()).collect();
         let (stored, stored_tasks) = self
             .store
@@ -96,7 +96,7 @@ impl Records {
                     .chain(workflow_change(Before::Known(before), &stored)),
             );
         }
-        Ok(stored)
+        Ok((stored, stored_tasks))
     }
 
     /// Stores a task by compare-and-set; `before` is what it was when read.

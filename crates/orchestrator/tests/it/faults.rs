@@ -299,6 +299,68 @@ pub(crate) mod nodes {
         }
     }
 
+    /// A workflow's `parallel_limit` holds across the nodes that share the
+    /// store, not per node: counted from the tasks' own start and end, no
+    /// more than the limit ever ran at once, while both nodes took part.
+    #[test]
+    fn parallel_limit_holds_across_nodes() {
+        let cluster = SharedStore::new(&["--lease-secs", "5", "--workers", "4"]);
+        let (dir, args) = (&cluster.dir, cluster.args());
+        let a = Daemon::start(&dir.path().join("a"), &args);
+        let b = Daemon::start(&dir.path().join("b"), &args);
+        let steps: Vec<Value> = (0..8)
+            .map(|i| json!({"ref_name": format!("s{i}"), "script": "dag/step.py", "input": {"sleep": 0.4}}))
+            .collect();
+        let body = json!({
+            "template": {"name": "limited", "ref_name": "limited", "schema_version": 1, "steps": steps},
+            "parallel_limit": 2,
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let submitted: Value = runtime.block_on(async {
+            reqwest::Client::new()
+                .post(format!("{}/workflows", a.url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        });
+        let id = submitted["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{submitted}"))
+            .to_owned();
+        let view = wait_for_workflows(&a, &[id]).remove(0);
+        assert_eq!(view["status"], "completed", "{view}");
+        let tasks = view["tasks"].as_array().unwrap();
+        let time = |t: &Value, field: &str| -> chrono::DateTime<chrono::Utc> {
+            t[field].as_str().unwrap().parse().unwrap()
+        };
+        // Starts before ends at the same instant: an end frees its slot
+        // for a start stamped after it.
+        let mut edges: Vec<(chrono::DateTime<chrono::Utc>, i32)> = tasks
+            .iter()
+            .flat_map(|t| [(time(t, "started_at"), 1), (time(t, "finished_at"), -1)])
+            .collect();
+        edges.sort_by_key(|&(at, delta)| (at, delta));
+        let (mut running, mut most) = (0, 0);
+        for (_, delta) in edges {
+            running += delta;
+            most = most.max(running);
+        }
+        assert!(
+            most <= 2,
+            "{most} steps ran at once under a limit of 2: {view}"
+        );
+        let nodes: HashSet<&str> = tasks.iter().filter_map(|t| t["node"].as_str()).collect();
+        assert_eq!(nodes.len(), 2, "both nodes took part: {nodes:?} {view}");
+        drop((a, b));
+    }
+
     /// Two nodes on one SurrealDB server share the work; when one dies
     /// with SIGKILL, the other takes its running tasks over once their
     /// leases expire, and every promise still holds.
