@@ -89,6 +89,7 @@ pub struct PruneArgs {
     /// Count what would go; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Print the service's report as JSON.
     #[arg(long)]
     pub json: bool,
 }
