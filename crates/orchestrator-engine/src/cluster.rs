@@ -196,6 +196,7 @@ impl Cluster {
     /// queues what other nodes accepted.
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
         let now = Utc::now();
+        let mut looked_up = std::collections::HashSet::new();
         for task in self.records.store().tasks().unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Running => {
@@ -213,8 +214,10 @@ impl Cluster {
                     if shared && !self.queue.contains(task.id) =>
                 {
                     // Its workflow's `parallel_limit` must be known here
-                    // before the task can be claimed within it.
+                    // before the task can be claimed within it: read once
+                    // per workflow and pass.
                     if self.queue.limit_of(task.workflow_id).is_none()
+                        && looked_up.insert(task.workflow_id)
                         && let Some(workflow) = self
                             .records
                             .store()

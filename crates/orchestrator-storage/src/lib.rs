@@ -212,6 +212,22 @@ pub struct Pruned {
     pub tasks: u64,
 }
 
+/// A workflow and tasks as a compare-and-set stores them: each one version
+/// higher (what every backend's `update_workflow_and_tasks` returns).
+pub(crate) fn next_versions(workflow: &Workflow, tasks: &[Task]) -> (Workflow, Vec<Task>) {
+    let mut stored = workflow.clone();
+    stored.version += 1;
+    let tasks = tasks
+        .iter()
+        .map(|task| {
+            let mut task = task.clone();
+            task.version += 1;
+            task
+        })
+        .collect();
+    (stored, tasks)
+}
+
 /// Bulk transfer, for `orchestrator migrate`: records move as they are
 /// stored, ids, versions and timestamps included, never through the state
 /// machine's update paths.

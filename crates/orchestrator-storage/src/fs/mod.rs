@@ -46,7 +46,7 @@ use self::state::State;
 use crate::{
     AccessStore, AuditQuery, Backend, BulkTransfer, ChangeFeed, Error, LogChunk, LogPiece,
     NodeStore, Page, Pruned, Record, RecordKind, Result, RetentionStore, Scanned, ScheduleStore,
-    TaskQuery, TaskStore, WorkflowQuery,
+    TaskQuery, TaskStore, WorkflowQuery, next_versions,
 };
 
 const SNAPSHOT_FILE: &str = "snapshot.jsonl";
@@ -357,18 +357,12 @@ impl FsBackend {
     ) -> Result<()> {
         let pending = {
             let mut state = self.lock_state();
-            match stored_version(&state, &key) {
-                None => return Err(Error::NotFound { what, id: key }),
-                Some(found) if found != expected => {
-                    return Err(Error::Conflict {
-                        what,
-                        id: key,
-                        expected,
-                        found,
-                    });
-                }
-                Some(_) => self.commit(&mut state, line)?,
-            }
+            let found = stored_version(&state, &key).ok_or_else(|| Error::NotFound {
+                what,
+                id: key.clone(),
+            })?;
+            same_version(what, key, expected, found)?;
+            self.commit(&mut state, line)?
         };
         pending.durable().await
     }
@@ -546,14 +540,7 @@ impl TaskStore for FsBackend {
         let (pending, stored) = {
             let mut state = self.lock_state();
             let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
-            if current.version != task.version {
-                return Err(Error::Conflict {
-                    what: "task",
-                    id: task.id.to_string(),
-                    expected: task.version,
-                    found: current.version,
-                });
-            }
+            same_version("task", task.id, task.version, current.version)?;
             let mut stored = task.clone();
             stored.version += 1;
             let pending = self.commit(&mut state, Line::Task(stored.clone()))?;
@@ -569,14 +556,7 @@ impl TaskStore for FsBackend {
             let current = state
                 .workflow(workflow.id)
                 .ok_or(Error::WorkflowNotFound(workflow.id))?;
-            if current.version != workflow.version {
-                return Err(Error::Conflict {
-                    what: "workflow",
-                    id: workflow.id.to_string(),
-                    expected: workflow.version,
-                    found: current.version,
-                });
-            }
+            same_version("workflow", workflow.id, workflow.version, current.version)?;
             if let Some(task) = new_tasks.iter().find(|t| state.task(t.id).is_some()) {
                 return Err(Error::AlreadyExists {
                     what: "task",
@@ -605,35 +585,12 @@ impl TaskStore for FsBackend {
             let current = state
                 .workflow(workflow.id)
                 .ok_or(Error::WorkflowNotFound(workflow.id))?;
-            if current.version != workflow.version {
-                return Err(Error::Conflict {
-                    what: "workflow",
-                    id: workflow.id.to_string(),
-                    expected: workflow.version,
-                    found: current.version,
-                });
-            }
+            same_version("workflow", workflow.id, workflow.version, current.version)?;
             for task in tasks {
                 let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
-                if current.version != task.version {
-                    return Err(Error::Conflict {
-                        what: "task",
-                        id: task.id.to_string(),
-                        expected: task.version,
-                        found: current.version,
-                    });
-                }
+                same_version("task", task.id, task.version, current.version)?;
             }
-            let mut stored = workflow.clone();
-            stored.version += 1;
-            let stored_tasks: Vec<Task> = tasks
-                .iter()
-                .map(|t| {
-                    let mut t = t.clone();
-                    t.version += 1;
-                    t
-                })
-                .collect();
+            let (stored, stored_tasks) = next_versions(workflow, tasks);
             // One checksummed line: a crash keeps all of it or none.
             let record = Line::Submission {
                 workflow: stored.clone(),
@@ -777,6 +734,21 @@ impl AccessStore for FsBackend {
 
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.lock_state().list_audit(query))
+    }
+}
+
+/// A compare-and-set's check: the record is stored at the version the
+/// caller read, or the write is a conflict.
+fn same_version(what: &'static str, id: impl ToString, expected: u64, found: u64) -> Result<()> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(Error::Conflict {
+            what,
+            id: id.to_string(),
+            expected,
+            found,
+        })
     }
 }
 

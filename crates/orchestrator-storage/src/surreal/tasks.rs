@@ -95,16 +95,7 @@ impl TaskStore for SurrealBackend {
         workflow: &Workflow,
         tasks: &[Task],
     ) -> Result<(Workflow, Vec<Task>)> {
-        let mut stored = workflow.clone();
-        stored.version += 1;
-        let stored_tasks: Vec<Task> = tasks
-            .iter()
-            .map(|t| {
-                let mut t = t.clone();
-                t.version += 1;
-                t
-            })
-            .collect();
+        let (stored, stored_tasks) = crate::next_versions(workflow, tasks);
         let mut vars = Variables::new();
         vars.insert("id", workflow.id.to_string());
         vars.insert("expected", version_param(workflow.version));

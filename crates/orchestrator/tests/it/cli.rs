@@ -1,14 +1,13 @@
 //! The `orchestrator` binary itself: `serve`, the client subcommands,
 //! signals, and `kill -9` in the middle of work.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{fixture_scripts, fixture_templates};
+use crate::harness::{fixture_scripts, fixture_templates, spawn_serve};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
@@ -27,7 +26,8 @@ impl Daemon {
             "workers = 2\nretry_base_ms = 50\nno_auth = true\n[interpreters]\nnu = \"bash\"\n",
         )
         .unwrap();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["serve", "--port", "0", "--config"])
             .arg(&config)
             .arg("--data-dir")
@@ -36,31 +36,8 @@ impl Daemon {
             .arg(fixture_scripts())
             .arg("--templates-dir")
             .arg(fixture_templates())
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (found, url) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && let Some(at) = line.find("listening on http://") {
-                    let url = line[at + "listening on ".len()..]
-                        .split_whitespace()
-                        .next()
-                        .unwrap()
-                        .to_owned();
-                    let _ = found.send(url);
-                    sent = true;
-                }
-            }
-        });
-        let url = url
-            .recv_timeout(Duration::from_secs(30))
-            .expect("service printed its address");
+            .args(extra);
+        let (child, url) = spawn_serve(command, Duration::from_secs(30));
         Daemon { child, url }
     }
 

@@ -213,3 +213,39 @@ pub fn pid_alive(pid: i32) -> bool {
         .map(|stat| !stat.contains(") Z "))
         .unwrap_or(false)
 }
+
+/// Spawns `orchestrator serve` (on `--port 0`) and waits up to `wait` for
+/// the address it prints; its stderr is drained from then on, so the
+/// service never blocks on a full pipe.
+pub fn spawn_serve(
+    mut command: std::process::Command,
+    wait: Duration,
+) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = command
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (found, url) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && let Some(at) = line.find("listening on http://") {
+                let url = line[at + "listening on ".len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .to_owned();
+                let _ = found.send(url);
+                sent = true;
+            }
+        }
+    });
+    let url = url
+        .recv_timeout(wait)
+        .expect("the service printed its address");
+    (child, url)
+}

@@ -6,7 +6,6 @@
 //! guard removes whatever carries that tag when the test ends, failed or
 //! not, and the counts before and after are of that tag only.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -15,7 +14,7 @@ use orchestrator::settings::ServeSettings;
 use orchestrator_testenv::model::service_tag;
 use serde_json::{Value, json};
 
-use crate::harness::{TestService, real_scripts};
+use crate::harness::{TestService, real_scripts, spawn_serve};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
@@ -640,7 +639,8 @@ impl Daemon {
             ),
             None => (BIN.to_owned(), Vec::new()),
         };
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(first)
             .args([
                 "serve",
@@ -655,31 +655,8 @@ impl Daemon {
             .arg("--scripts-dir")
             .arg(real_scripts())
             .arg("--templates-dir")
-            .arg(templates())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (found, url) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && let Some(at) = line.find("listening on http://") {
-                    let url = line[at + "listening on ".len()..]
-                        .split_whitespace()
-                        .next()
-                        .unwrap()
-                        .to_owned();
-                    let _ = found.send(url);
-                    sent = true;
-                }
-            }
-        });
-        let base = url
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the service printed its address");
+            .arg(templates());
+        let (child, base) = spawn_serve(command, Duration::from_secs(60));
         Daemon {
             child,
             client: TestService {
