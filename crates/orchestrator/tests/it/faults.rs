@@ -302,12 +302,22 @@ pub(crate) mod nodes {
     /// A workflow's `parallel_limit` holds across the nodes that share the
     /// store, not per node: counted from the tasks' own start and end, no
     /// more than the limit ever ran at once, while both nodes took part.
+    ///
+    /// A has one worker, so it never fills both slots itself and B's poll
+    /// always finds a free one (the workflow takes 8 x 0.4 s on A alone, B
+    /// polls every second); B has four, so a limit kept per node would let
+    /// B and A together run three.
     #[test]
     fn parallel_limit_holds_across_nodes() {
-        let cluster = SharedStore::new(&["--lease-secs", "5", "--workers", "4"]);
-        let (dir, args) = (&cluster.dir, cluster.args());
-        let a = Daemon::start(&dir.path().join("a"), &args);
-        let b = Daemon::start(&dir.path().join("b"), &args);
+        let cluster = SharedStore::new(&["--lease-secs", "5"]);
+        let dir = &cluster.dir;
+        let with_workers = |workers: &'static str| {
+            let mut args = cluster.args();
+            args.extend(["--workers", workers]);
+            args
+        };
+        let a = Daemon::start(&dir.path().join("a"), &with_workers("1"));
+        let b = Daemon::start(&dir.path().join("b"), &with_workers("4"));
         let steps: Vec<Value> = (0..8)
             .map(|i| json!({"ref_name": format!("s{i}"), "script": "dag/step.py", "input": {"sleep": 0.4}}))
             .collect();
