@@ -185,7 +185,8 @@ pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
                 || p.starts_with("/secrets")
                 || p == "/audit"
                 || p == "/backup"
-                || p == "/prune" =>
+                || p == "/prune"
+                || p.starts_with("/admin/") =>
         {
             Need::Role(Role::Admin)
         }
@@ -228,6 +229,9 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/ui/logout") => "ui.sign_out",
         ("POST", "/backup") => "backup.create",
         ("POST", "/prune") => "prune.run",
+        ("POST", "/admin/storage/migrations") => "storage.migrate",
+        ("POST", "/admin/storage/migrations/{id}/cancel") => "storage.migration_cancel",
+        ("POST", "/admin/storage/rollback") => "storage.rollback",
         ("POST", "/test/environments/create") => "testenv.create",
         ("POST", "/test/environments/{id}/run") => "testenv.run",
         ("DELETE", "/test/environments/{id}") => "testenv.delete",

@@ -15,6 +15,7 @@ mod refusals;
 mod routes;
 mod schedules;
 mod session;
+mod storage;
 mod testenv;
 #[cfg(test)]
 mod tests;
@@ -82,6 +83,7 @@ pub fn app_with_testenvs(
 pub(crate) fn all_routes() -> Router<AppState> {
     routes::router()
         .merge(admin::router())
+        .merge(storage::router())
         .merge(dashboard::router())
         .merge(schedules::router())
         .merge(testenv::router())

@@ -19,7 +19,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::ErrorBody;
-use crate::{admin, backup, dashboard, live, prometheus, routes, schedules};
+use crate::{admin, backup, dashboard, live, prometheus, routes, schedules, storage};
 
 /// This document. Needs no token.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses(
@@ -92,6 +92,8 @@ fn spell_links(doc: &mut Value) {
         admin::list_tokens, admin::create_token, admin::revoke_token, admin::list_audit,
         admin::list_secrets, admin::put_secret, admin::delete_secret,
         backup::create_backup, admin::prune,
+        storage::current_store, storage::start_migration, storage::list_migrations,
+        storage::get_migration, storage::cancel_migration, storage::rollback,
         crate::testenv::doc::create_environment, crate::testenv::doc::list_environments,
         crate::testenv::doc::get_environment, crate::testenv::doc::run_environment,
         crate::testenv::doc::delete_environment, crate::testenv::doc::environment_logs,
@@ -106,7 +108,7 @@ fn spell_links(doc: &mut Value) {
         (name = "schedules", description = "Recurring runs of a template on a cron expression"),
         (name = "test", description = "Test environments: isolated nodes in Linux namespaces, made, checked and torn down as workflows"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
-        (name = "admin", description = "API tokens, secrets, the audit log and backups (role admin)"),
+        (name = "admin", description = "API tokens, secrets, the audit log, backups, prunes and live storage migration (role admin)"),
         (name = "dashboard", description = "The web dashboard at /ui: its files, and the session cookie it signs in with"),
     ),
 )]

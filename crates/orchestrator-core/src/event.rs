@@ -9,6 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::migration::MigrationStatus;
 use crate::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 /// What happened.
@@ -45,6 +46,8 @@ pub enum EventKind {
     /// The subscriber missed `missed` events (it fell behind, or the feed
     /// from other nodes broke): re-read state instead of trusting deltas.
     Resync,
+    /// A live storage migration moved on; `migration` holds its status.
+    StorageMigration,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -65,6 +68,7 @@ crate::named_variants!(EventKind, "kind", [
     WorkflowStatusChanged => "workflow_status_changed",
     LogAppended => "log_appended",
     Resync => "resync",
+    StorageMigration => "storage_migration",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -113,6 +117,9 @@ pub struct Event {
     /// How many events a `resync` stands for, where known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missed: Option<u64>,
+    /// A `storage_migration` event's migration, as it is now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<Box<MigrationStatus>>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -128,6 +135,7 @@ pub struct Change {
     pub runner: Option<String>,
     pub log_length: Option<u64>,
     pub missed: Option<u64>,
+    pub migration: Option<Box<MigrationStatus>>,
 }
 
 impl Change {
@@ -143,6 +151,7 @@ impl Change {
             runner: None,
             log_length: None,
             missed: None,
+            migration: None,
         }
     }
 
@@ -196,6 +205,15 @@ impl Change {
         }
     }
 
+    /// A live storage migration's status changed.
+    pub fn storage_migration(status: MigrationStatus) -> Change {
+        Change {
+            status: Some(status.phase.as_str().to_owned()),
+            migration: Some(Box::new(status)),
+            ..Change::bare(EventKind::StorageMigration)
+        }
+    }
+
     /// Numbers the change as the node's event `seq`.
     pub fn into_event(self, seq: u64, node: &str, time: DateTime<Utc>) -> Event {
         Event {
@@ -212,6 +230,7 @@ impl Change {
             runner: self.runner,
             log_length: self.log_length,
             missed: self.missed,
+            migration: self.migration,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod access;
 mod error;
 pub mod event;
 mod ids;
+pub mod migration;
 mod names;
 mod node;
 mod period;

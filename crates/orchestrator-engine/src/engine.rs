@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use orchestrator_core::{Node, Priority, RetryPolicy, Task, TaskId, Workflow, WorkflowId};
 use orchestrator_executor::ScriptExecutor;
+use orchestrator_storage::live::LiveMigrations;
 use orchestrator_storage::{Page, Storage, TaskQuery, WorkflowQuery};
 use tokio_util::sync::CancellationToken;
 
@@ -105,6 +106,8 @@ pub(crate) struct Inner {
     pub(crate) stopping: CancellationToken,
     /// Set when shutdown is over: heartbeats and lease renewal stop.
     closed: CancellationToken,
+    /// The service's live storage migrations, once attached.
+    live: std::sync::OnceLock<LiveMigrations>,
 }
 
 impl Engine {
@@ -193,6 +196,7 @@ impl Engine {
             scheduler: scheduler.clone(),
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
+            live: std::sync::OnceLock::new(),
         });
         cluster.heartbeat().await?;
         // Listening before recovering, and before the start returns: what
@@ -217,6 +221,19 @@ impl Engine {
 
     pub fn store(&self) -> &Storage {
         &self.inner.store
+    }
+
+    /// Attaches the live migrations of the store this engine runs on
+    /// (`orchestrator_storage::live::wrap` made both): their status
+    /// changes become `storage_migration` events.
+    pub fn attach_live_migrations(&self, live: LiveMigrations) {
+        live.observe(Arc::new(MigrationEvents(self.inner.events.clone())));
+        let _ = self.inner.live.set(live);
+    }
+
+    /// The live migrations, where the service attached them.
+    pub fn live_migrations(&self) -> Option<&LiveMigrations> {
+        self.inner.live.get()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -389,5 +406,18 @@ impl Engine {
         } else {
             Ok(())
         }
+    }
+}
+
+/// Publishes a live migration's status changes, after the runner saved
+/// each phase.
+struct MigrationEvents(Arc<EventBus>);
+
+impl orchestrator_storage::live::Observer for MigrationEvents {
+    fn changed(&self, status: &orchestrator_core::migration::MigrationStatus) {
+        self.0
+            .publish([orchestrator_core::event::Change::storage_migration(
+                status.clone(),
+            )]);
     }
 }

@@ -12,7 +12,9 @@ mod changes;
 mod error;
 pub mod faults;
 pub mod fs;
+pub mod live;
 pub mod schema;
+mod spec;
 #[cfg(feature = "surrealdb")]
 pub mod surreal;
 pub mod timed;
@@ -738,8 +740,7 @@ impl StorageType {
         }
     }
 
-    #[cfg(not(feature = "surrealdb"))]
-    fn not_compiled(self) -> Error {
+    pub(crate) fn not_compiled(self) -> Error {
         Error::BackendNotCompiled {
             backend: self.as_str(),
             feature: self.cargo_feature().unwrap_or("?"),

@@ -32,26 +32,34 @@ pub struct TimedBackend;
 
 impl TimedBackend {
     pub fn wrap(inner: Storage) -> Storage {
-        let backend = inner.name();
+        let b = inner.backend.clone();
         inner
-            .map_backend(|inner| Arc::new(Timed { inner, backend }))
-            .map_tasks(|inner| Arc::new(Timed { inner, backend }))
-            .map_nodes(|inner| Arc::new(Timed { inner, backend }))
-            .map_access(|inner| Arc::new(Timed { inner, backend }))
-            .map_schedules(|inner| Arc::new(Timed { inner, backend }))
-            .map_retention(|inner| Arc::new(Timed { inner, backend }))
-            .map_transfer(|inner| Arc::new(Timed { inner, backend }))
+            .map_backend(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_tasks(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_nodes(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_access(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_schedules(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_retention(|inner| Arc::new(Timed::new(inner, &b)))
+            .map_transfer(|inner| Arc::new(Timed::new(inner, &b)))
     }
 }
 
 /// One concern of a store, timed.
 struct Timed<T: ?Sized> {
     inner: Arc<T>,
-    /// The inner backend's name, the `backend` label.
-    backend: &'static str,
+    /// The inner backend, whose name is the `backend` label: asked at
+    /// each call, since a live migration changes it.
+    backend: Arc<dyn Backend>,
 }
 
 impl<T: ?Sized> Timed<T> {
+    fn new(inner: Arc<T>, backend: &Arc<dyn Backend>) -> Timed<T> {
+        Timed {
+            inner,
+            backend: backend.clone(),
+        }
+    }
+
     async fn timed<R>(
         &self,
         operation: &'static str,
@@ -61,7 +69,7 @@ impl<T: ?Sized> Timed<T> {
         let result = call.await;
         metrics::histogram!(
             "orchestrator_storage_operation_duration_seconds",
-            "backend" => self.backend,
+            "backend" => self.backend.name(),
             "operation" => operation,
         )
         .record(started.elapsed().as_secs_f64());
@@ -70,7 +78,7 @@ impl<T: ?Sized> Timed<T> {
         {
             metrics::counter!(
                 "orchestrator_storage_errors_total",
-                "backend" => self.backend,
+                "backend" => self.backend.name(),
                 "operation" => operation,
             )
             .increment(1);
@@ -82,7 +90,7 @@ impl<T: ?Sized> Timed<T> {
 #[async_trait]
 impl Backend for Timed<dyn Backend> {
     fn name(&self) -> &'static str {
-        self.backend
+        self.backend.name()
     }
 
     async fn health(&self) -> Result<()> {
@@ -278,7 +286,7 @@ impl RetentionStore for Timed<dyn RetentionStore> {
 #[async_trait]
 impl BulkTransfer for Timed<dyn BulkTransfer> {
     fn name(&self) -> &'static str {
-        self.backend
+        self.backend.name()
     }
 
     async fn scan(

@@ -42,6 +42,11 @@ pub struct CopyOptions {
     /// Accept a target that already holds records: continue an earlier
     /// copy into it, or catch up with a source that changed since.
     pub resume: bool,
+    /// Copy of each kind at most as many records as the source held when
+    /// the kind began: a live migration notes what is written meanwhile
+    /// and applies it later, so the copy ends even while new records keep
+    /// arriving (in key order, after the old ones).
+    pub snapshot: bool,
 }
 
 impl Default for CopyOptions {
@@ -51,6 +56,7 @@ impl Default for CopyOptions {
             dry_run: false,
             skip_unreadable: false,
             resume: false,
+            snapshot: false,
         }
     }
 }
@@ -182,7 +188,9 @@ pub async fn copy(
         unreadable: Vec::new(),
     };
     for kind in RecordKind::ALL {
-        progress.phase(kind, source.count(kind).await.map_err(src)?);
+        let held = source.count(kind).await.map_err(src)?;
+        progress.phase(kind, held);
+        let limit = if options.snapshot { held } else { u64::MAX };
         let mut copied = KindCopied {
             kind,
             read: 0,
@@ -190,9 +198,11 @@ pub async fn copy(
             unchanged: 0,
         };
         let mut after: Option<String> = None;
-        loop {
+        while copied.read < limit {
+            let wanted =
+                usize::try_from(limit - copied.read).map_or(batch_size, |n| n.min(batch_size));
             let batch = source
-                .scan(kind, after.as_deref(), batch_size)
+                .scan(kind, after.as_deref(), wanted)
                 .await
                 .map_err(src)?;
             let Some(last) = batch.last() else { break };
@@ -371,6 +381,35 @@ async fn copy_logs(
     flush_logs(target, &mut pending, report, progress).await
 }
 
+/// Brings the logs of `tasks` in the target level with the source's,
+/// appending what the target lacks; the bytes written.
+pub(crate) async fn sync_logs(
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
+    tasks: &[TaskId],
+) -> Result<u64, TransferError> {
+    let logs = log_lengths(source, target, tasks).await?;
+    if let Some(&(task, source_bytes, target_bytes)) =
+        logs.iter().find(|(_, source, target)| target > source)
+    {
+        return Err(TransferError::LogDiverged {
+            task,
+            source_bytes,
+            target_bytes,
+        });
+    }
+    let mut report = CopyReport {
+        dry_run: false,
+        kinds: Vec::new(),
+        logs: 0,
+        log_bytes: 0,
+        log_bytes_written: 0,
+        unreadable: Vec::new(),
+    };
+    copy_logs(source, &logs, target, &mut report, &Silent).await?;
+    Ok(report.log_bytes_written)
+}
+
 /// Reads on in one log, where an answer came back short.
 async fn read_log(
     store: &dyn BulkTransfer,
@@ -505,6 +544,10 @@ pub struct VerifyReport {
     pub mismatch_count: u64,
     /// The first of them, in key order.
     pub mismatches: Vec<Mismatch>,
+    /// How many mismatches are listed in `mismatches`; the rest are only
+    /// counted.
+    #[serde(skip)]
+    listed: usize,
 }
 
 impl VerifyReport {
@@ -514,7 +557,7 @@ impl VerifyReport {
 
     fn record(&mut self, kind: &str, key: &str, problem: impl Into<String>) {
         self.mismatch_count += 1;
-        if self.mismatches.len() < MISMATCHES_LISTED {
+        if self.mismatches.len() < self.listed {
             self.mismatches.push(Mismatch {
                 kind: kind.to_owned(),
                 key: key.to_owned(),
@@ -600,11 +643,24 @@ pub async fn verify(
     batch_size: usize,
     progress: &dyn Progress,
 ) -> Result<VerifyReport, TransferError> {
+    verify_listing(source, target, batch_size, progress, MISMATCHES_LISTED).await
+}
+
+/// [`verify`], listing up to `listed` mismatches: a live migration wants
+/// every one of them, to apply each again.
+pub(crate) async fn verify_listing(
+    source: &dyn BulkTransfer,
+    target: &dyn BulkTransfer,
+    batch_size: usize,
+    progress: &dyn Progress,
+    listed: usize,
+) -> Result<VerifyReport, TransferError> {
     let batch_size = batch_size.max(1);
     let mut report = VerifyReport {
         kinds: Vec::new(),
         mismatch_count: 0,
         mismatches: Vec::new(),
+        listed,
     };
     let mut source_logs = Checksum::default();
     let mut target_logs = Checksum::default();

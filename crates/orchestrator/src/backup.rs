@@ -18,11 +18,7 @@ use crate::settings::ServeSettings;
 
 pub async fn backup(client: &ClientArgs, args: BackupArgs) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(args.store)?;
-    let config = StorageConfig {
-        storage_type: settings.storage_type,
-        data_dir: settings.data_dir.clone(),
-        surrealdb: settings.surrealdb.clone(),
-    };
+    let (config, _) = settings.store()?;
     let to = &args.to;
     if to.exists() {
         bail!(

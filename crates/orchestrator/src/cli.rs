@@ -55,6 +55,11 @@ pub enum Command {
     /// Move every record between storage backends (`--from` is only read),
     /// resumable and verifiable; see docs/migration.md.
     Migrate(MigrateArgs),
+    /// Move a running service to another store while it serves (live
+    /// migration), watch or cancel it, or roll back (needs an admin
+    /// token); see docs/migration.md.
+    #[command(subcommand)]
+    Storage(StorageCommand),
     /// Save or read the checkpoint of the running task (for scripts: the
     /// task id and service URL come from ORCHESTRATOR_TASK_ID and ORCHESTRATOR_URL).
     #[command(subcommand)]
@@ -74,6 +79,40 @@ pub enum Command {
     /// disk, clock, port, namespaces, SurrealDB); exits non-zero if a check
     /// fails. Takes the settings of `serve`.
     Doctor(ServeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StorageCommand {
+    /// Start a live migration to `--to` and follow it to its end (exits
+    /// non-zero unless it completes).
+    Migrate {
+        /// The store to move to: `filesystem:DIR`, `surrealdb-embedded:DIR`
+        /// or `surrealdb-server:ws://HOST:PORT/NAMESPACE/DATABASE`.
+        #[arg(long, value_name = "SPEC")]
+        to: String,
+        /// Records per batch (default 500).
+        #[arg(long)]
+        batch_size: Option<usize>,
+        /// Print the first status and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The current store and the migrations, or one migration.
+    Status {
+        id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a migration before its switch; the service stays on its store.
+    Cancel { id: String },
+    /// Switch back to the store left at the last switch, while it is level.
+    Rollback {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -2,7 +2,6 @@
 //! without changing anything, for every backend.
 
 use anyhow::{Context, bail};
-use orchestrator_storage::StorageConfig;
 use orchestrator_storage::schema::{EntryState, SchemaStatus};
 
 use crate::cli::{DbCommand, ServeArgs};
@@ -16,11 +15,7 @@ pub async fn run(command: DbCommand) -> anyhow::Result<()> {
 
 async fn status(args: ServeArgs) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(args)?;
-    let config = StorageConfig {
-        storage_type: settings.storage_type,
-        data_dir: settings.data_dir,
-        surrealdb: settings.surrealdb,
-    };
+    let (config, _) = settings.store()?;
     let status = orchestrator_storage::schema_status(&config)
         .await
         .context("cannot read the schema status")?;

@@ -11,6 +11,7 @@ mod recovery;
 mod schedules;
 pub mod service;
 pub mod settings;
+mod storage;
 mod systemd;
 mod testenv;
 mod workflows;
@@ -51,6 +52,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Backup(args) => backup::backup(&cli.client, args).await,
             Command::Restore(args) => backup::restore(args).await,
             Command::Prune(args) => client::prune(&cli.client, args).await,
+            Command::Storage(command) => storage::run(&cli.client, command).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

@@ -11,9 +11,7 @@ use anyhow::{Context, bail};
 use orchestrator_storage::transfer::{
     self, CopyOptions, CopyReport, Progress, TransferError, VerifyReport,
 };
-use orchestrator_storage::{
-    RecordKind, StorageConfig, StorageType, SurrealdbConfig, TransferStore,
-};
+use orchestrator_storage::{RecordKind, StorageConfig, SurrealdbConfig, TransferStore};
 
 use crate::cli::{MigrateArgs, MigrateCommand, ServeArgs, StoreArgs};
 use crate::settings::ServeSettings;
@@ -39,6 +37,7 @@ async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         dry_run: args.dry_run,
         skip_unreadable: args.skip_unreadable,
         resume: args.resume,
+        snapshot: false,
     };
     if args.dry_run {
         // The target is not even opened: opening creates a store or
@@ -201,7 +200,7 @@ fn resolve_stores(args: &StoreArgs) -> anyhow::Result<(Store, Store)> {
         args.target.to_password.clone(),
         &defaults,
     )?;
-    if same_store(&from.config, &to.config) {
+    if from.config.same_store(&to.config) {
         bail!(
             "--from and --to name the same store ({}); migrate into another one",
             to.spec
@@ -236,7 +235,9 @@ pub(crate) fn resolve_store(
     let spec = spec
         .as_deref()
         .with_context(|| format!("{flag} is required"))?;
-    let mut config = parse_spec(spec, defaults.clone()).with_context(|| flag.to_owned())?;
+    let mut config = StorageConfig::from_spec(spec, defaults.clone())
+        .map_err(|e| anyhow::anyhow!(e))
+        .with_context(|| flag.to_owned())?;
     if let Some(username) = username {
         config.surrealdb.username.clone_from(username);
     }
@@ -247,73 +248,6 @@ pub(crate) fn resolve_store(
         spec: spec.to_owned(),
         config,
     })
-}
-
-/// Reads `<backend>:<location>`.
-fn parse_spec(spec: &str, surrealdb: SurrealdbConfig) -> anyhow::Result<StorageConfig> {
-    let Some((backend, location)) = spec.split_once(':') else {
-        bail!(
-            "`{spec}`: expected <backend>:<location>, e.g. filesystem:./data, \
-             surrealdb-embedded:./data or surrealdb-server:ws://127.0.0.1:8000/orchestrator/orchestrator"
-        );
-    };
-    let storage_type: StorageType = backend
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("`{spec}`: {e}"))?;
-    if location.is_empty() {
-        bail!("`{spec}`: the location after `{backend}:` is empty");
-    }
-    let mut config = StorageConfig {
-        storage_type,
-        data_dir: PathBuf::from(location),
-        surrealdb,
-    };
-    if storage_type == StorageType::SurrealdbServer {
-        let (scheme, rest) = location
-            .split_once("://")
-            .with_context(|| format!("`{spec}`: expected ws://host:port[/namespace/database]"))?;
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        if authority.contains('@') {
-            bail!(
-                "{backend}: credentials do not belong in a spec, which is printed and logged; \
-                 use --from-password / --to-password or their ORCHESTRATOR_MIGRATE_* variables"
-            );
-        }
-        config.surrealdb.url = format!("{scheme}://{authority}");
-        let names: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-        match names.as_slice() {
-            [] => {}
-            [namespace, database] => {
-                config.surrealdb.namespace = (*namespace).to_owned();
-                config.surrealdb.database = (*database).to_owned();
-            }
-            _ => bail!(
-                "`{spec}`: the path names the namespace and the database, as /<namespace>/<database>"
-            ),
-        }
-        config.data_dir = PathBuf::new();
-    }
-    Ok(config)
-}
-
-fn same_store(a: &StorageConfig, b: &StorageConfig) -> bool {
-    if a.storage_type != b.storage_type {
-        return false;
-    }
-    match a.storage_type {
-        StorageType::SurrealdbServer => {
-            (
-                &a.surrealdb.url,
-                &a.surrealdb.namespace,
-                &a.surrealdb.database,
-            ) == (
-                &b.surrealdb.url,
-                &b.surrealdb.namespace,
-                &b.surrealdb.database,
-            )
-        }
-        _ => std::path::absolute(&a.data_dir).ok() == std::path::absolute(&b.data_dir).ok(),
-    }
 }
 
 async fn open_source(store: &Store) -> anyhow::Result<TransferStore> {
@@ -534,57 +468,5 @@ impl Progress for Reporter {
             eprintln!("migrate: {CRASH_AFTER_WRITES}={writes} reached; aborting");
             std::process::abort();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(spec: &str) -> anyhow::Result<StorageConfig> {
-        parse_spec(spec, SurrealdbConfig::default())
-    }
-
-    #[test]
-    fn specs_name_backend_and_location() {
-        let fs = parse("filesystem:./data").unwrap();
-        assert_eq!(fs.storage_type, StorageType::Filesystem);
-        assert_eq!(fs.data_dir, PathBuf::from("./data"));
-        let embedded = parse("surrealdb-embedded:/var/lib/o").unwrap();
-        assert_eq!(embedded.storage_type, StorageType::SurrealdbEmbedded);
-        assert_eq!(embedded.data_dir, PathBuf::from("/var/lib/o"));
-        let server = parse("surrealdb-server:ws://db:8000/ops/prod").unwrap();
-        assert_eq!(server.storage_type, StorageType::SurrealdbServer);
-        assert_eq!(server.surrealdb.url, "ws://db:8000");
-        assert_eq!(server.surrealdb.namespace, "ops");
-        assert_eq!(server.surrealdb.database, "prod");
-        let bare = parse("surrealdb-server:wss://db:8000").unwrap();
-        assert_eq!(bare.surrealdb.url, "wss://db:8000");
-        assert_eq!(bare.surrealdb.namespace, "orchestrator");
-    }
-
-    #[test]
-    fn bad_specs_say_what_is_wrong() {
-        let message = |spec: &str| format!("{:#}", parse(spec).unwrap_err());
-        assert!(message("./data").contains("expected <backend>:<location>"));
-        assert!(message("postgres:./x").contains("unknown storage type `postgres`"));
-        assert!(message("filesystem:").contains("location after `filesystem:` is empty"));
-        assert!(
-            message("surrealdb-server:ws://root:secret@db:8000")
-                .contains("credentials do not belong")
-        );
-        assert!(!message("surrealdb-server:ws://root:secret@db:8000").contains("secret@"));
-        assert!(
-            message("surrealdb-server:ws://db:8000/onlyns").contains("/<namespace>/<database>")
-        );
-    }
-
-    #[test]
-    fn the_same_store_twice_is_noticed() {
-        let a = parse("filesystem:./data").unwrap();
-        let b = parse("filesystem:data").unwrap();
-        assert!(same_store(&a, &b));
-        let c = parse("surrealdb-embedded:./data").unwrap();
-        assert!(!same_store(&a, &c));
     }
 }

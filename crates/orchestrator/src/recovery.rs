@@ -8,7 +8,6 @@ use anyhow::{Context, bail};
 use chrono::Utc;
 use orchestrator_core::access::{AuditRecord, Role};
 use orchestrator_engine::access::{Access, AccessConfig};
-use orchestrator_storage::StorageConfig;
 
 use crate::cli::ServeArgs;
 use crate::settings::ServeSettings;
@@ -19,11 +18,7 @@ pub async fn create_token_locally(name: &str, role: &str, args: ServeArgs) -> an
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--role: {e}"))?;
     let settings = ServeSettings::resolve(args)?;
-    let config = StorageConfig {
-        storage_type: settings.storage_type,
-        data_dir: settings.data_dir.clone(),
-        surrealdb: settings.surrealdb.clone(),
-    };
+    let (config, _) = settings.store()?;
     let store = match orchestrator_storage::open(&config).await {
         Ok(store) => store,
         Err(orchestrator_storage::Error::Locked { dir }) => bail!(

@@ -10,7 +10,6 @@ use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig, RetentionConfig};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
-use orchestrator_storage::StorageConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -57,19 +56,31 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.bind, settings.port))?;
     let addr = listener.local_addr().context("listener address")?;
-    let storage = orchestrator_storage::open(&StorageConfig {
-        storage_type: settings.storage_type,
-        data_dir: settings.data_dir.clone(),
-        surrealdb: settings.surrealdb.clone(),
-    })
-    .await
-    .map_err(|e| match e {
-        orchestrator_storage::Error::SignIn { .. } => {
-            anyhow::anyhow!("{e}; check --surrealdb-username and --surrealdb-password")
-        }
-        other => other.into(),
-    })
-    .context("cannot open storage")?;
+    // A live migration may have switched this data dir to another store
+    // than the configured one: `storage.json` says which.
+    let (config, choice) = settings.store()?;
+    if let Some(choice) = &choice
+        && config.storage_type != settings.storage_type
+    {
+        tracing::info!(
+            store = %choice.store,
+            configured = %settings.storage_type,
+            migration = %choice.migration,
+            "opening the store a live migration switched this service to"
+        );
+    }
+    let storage = orchestrator_storage::open(&config)
+        .await
+        .map_err(|e| match e {
+            orchestrator_storage::Error::SignIn { .. } => {
+                anyhow::anyhow!("{e}; check --surrealdb-username and --surrealdb-password")
+            }
+            other => other.into(),
+        })
+        .context("cannot open storage")?;
+    let (storage, live) =
+        orchestrator_storage::live::wrap(storage, config.clone(), &data_dir, choice.as_ref())
+            .context("cannot read the live migrations' state")?;
     // Metrics: the process's recorder is installed before any work starts,
     // and every storage call is timed whatever the backend.
     orchestrator_api::prometheus::handle();
@@ -132,11 +143,12 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     )
     .await
     .context("cannot start the engine")?;
+    engine.attach_live_migrations(live);
     announce_access(&engine, &settings).await?;
     let testenvs = orchestrator_testenv::TestEnvs::start(engine.clone(), node_runner, catalog, tag);
     tracing::info!(
         %addr,
-        storage = %settings.storage_type,
+        storage = %config.spec(),
         data_dir = %settings.data_dir.display(),
         scripts_dir = %settings.scripts_dir.display(),
         templates_dir = %settings.templates_dir.display(),

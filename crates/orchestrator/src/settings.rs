@@ -106,6 +106,26 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
+    /// The store to open: the configured one, unless a live migration
+    /// switched this data dir to another (`<data-dir>/storage.json`), with
+    /// that choice.
+    pub fn store(
+        &self,
+    ) -> anyhow::Result<(
+        orchestrator_storage::StorageConfig,
+        Option<orchestrator_storage::live::BackendChoice>,
+    )> {
+        let configured = orchestrator_storage::StorageConfig {
+            storage_type: self.storage_type,
+            data_dir: self.data_dir.clone(),
+            surrealdb: self.surrealdb.clone(),
+        };
+        let data_dir = std::path::absolute(&self.data_dir)
+            .with_context(|| format!("--data-dir {}", self.data_dir.display()))?;
+        orchestrator_storage::live::effective_config(&configured, &data_dir)
+            .context("cannot choose the store")
+    }
+
     /// Defaults for a data dir and scripts dir, as `serve` with no flags.
     pub fn new(data_dir: PathBuf, scripts_dir: PathBuf) -> ServeSettings {
         ServeSettings {

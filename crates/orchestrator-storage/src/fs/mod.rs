@@ -16,7 +16,7 @@
 //! waits, outside the lock, until the line is durable.
 
 mod indexed;
-mod journal;
+pub(crate) mod journal;
 mod layout;
 mod logs;
 mod state;

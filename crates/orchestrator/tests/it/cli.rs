@@ -19,6 +19,11 @@ pub(crate) struct Daemon {
 impl Daemon {
     /// Starts `orchestrator serve` on a free port with the fixture scripts.
     pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_with_env(data_dir, extra, &[])
+    }
+
+    /// [`Daemon::start`], with variables of its own.
+    pub(crate) fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let config = data_dir.with_extension("toml");
         std::fs::write(
             &config,
@@ -36,7 +41,8 @@ impl Daemon {
             .arg(fixture_scripts())
             .arg("--templates-dir")
             .arg(fixture_templates())
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().copied());
         let (child, url) = spawn_serve(command, Duration::from_secs(30));
         Daemon { child, url }
     }
