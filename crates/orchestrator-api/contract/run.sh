@@ -58,6 +58,12 @@ curl -sf "$base/health" >/dev/null || { echo "the service did not answer on $bas
 # - DELETE /tokens/{id}: revoking the token the run authenticates with
 #   (its id is in GET /tokens) would turn every later answer into 401.
 #   POST /tokens is tested; revocation has its own tests (tests/it/auth.rs).
+# - POST /admin/storage/migrations and POST /admin/storage/rollback: a
+#   schema-valid request moves the service under test to a store at a path
+#   the fuzzer invents (anywhere on the disk, and CI runs as root), after
+#   which the run checks another store than it started on. The other
+#   /admin/storage operations are tested; the moves have their own tests
+#   (tests/it/storage_moves.rs).
 # From the temporary directory: schemathesis keeps its example database
 # and crash files under the working directory, which must not be the tree.
 cd "$work"
@@ -68,5 +74,7 @@ cd "$work"
   --max-examples "${ST_MAX_EXAMPLES:-20}" \
   --exclude-operation-id events \
   --exclude-operation-id revoke_token \
+  --exclude-operation-id start_migration \
+  --exclude-operation-id rollback \
   --request-timeout 30 \
   "${@:3}"
