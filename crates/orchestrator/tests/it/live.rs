@@ -425,3 +425,49 @@ async fn a_flood_of_output_costs_bounded_memory() {
     }
     service.stop().await;
 }
+
+/// A live storage migration announces each phase on the event stream,
+/// with its status, in order, ending with the switch's stall.
+#[tokio::test]
+async fn a_storage_migration_announces_its_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(&dir.path().join("data"))).await;
+    let mut stream = Stream::open(&service, "?kind=storage_migration", None).await;
+    assert_eq!(stream.next().await.event, "snapshot");
+    let target = format!("filesystem:{}", dir.path().join("moved").display());
+    let (status, started) = service
+        .post("/admin/storage/migrations", json!({"target": target}))
+        .await;
+    assert_eq!(status, 202, "{started}");
+    let mut phases: Vec<String> = Vec::new();
+    loop {
+        let sse = stream.next().await;
+        assert_eq!(sse.data["kind"], "storage_migration", "{:?}", sse.data);
+        let migration = &sse.data["migration"];
+        assert_eq!(migration["id"], started["id"]);
+        assert_eq!(sse.data["status"], migration["phase"]);
+        let phase = migration["phase"].as_str().unwrap().to_owned();
+        if phases.last() != Some(&phase) {
+            phases.push(phase.clone());
+        }
+        if phase == "completed" {
+            assert!(
+                migration["switch_stall_ms"].as_f64().is_some(),
+                "{migration}"
+            );
+            break;
+        }
+    }
+    assert_eq!(
+        phases,
+        [
+            "copying",
+            "mirroring",
+            "verifying",
+            "switching",
+            "completed"
+        ],
+        "{phases:?}"
+    );
+    service.stop().await;
+}

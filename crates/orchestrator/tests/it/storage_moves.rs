@@ -725,3 +725,57 @@ mod surrealdb {
         assert!(daemon.wait().success());
     }
 }
+
+/// `orchestrator storage`: a relative `--to` is taken from the caller's
+/// directory, the move is followed to its end with a line per phase, and
+/// status, rollback and a bad cancel say what happened.
+#[test]
+fn the_cli_moves_follows_and_rolls_back() {
+    const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = crate::cli::Daemon::start(&dir.path().join("data"), &[]);
+    let cli = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .current_dir(dir.path())
+            .arg("--url")
+            .arg(&daemon.url)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let moved = cli(&["storage", "migrate", "--to", "filesystem:moved"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&moved.stdout),
+        String::from_utf8_lossy(&moved.stderr),
+    );
+    assert!(moved.status.success(), "{stdout}{stderr}");
+    let target = format!("filesystem:{}", dir.path().join("moved").display());
+    assert!(
+        stdout.contains(&format!("-> {target}: completed")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("writes paused"), "{stdout}");
+    assert!(stderr.contains("storage migrate:"), "{stderr}");
+    assert!(dir.path().join("moved/journal.jsonl").exists());
+
+    let status = cli(&["storage", "status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains(&format!("store: {target}")), "{text}");
+    assert!(text.contains("completed"), "{text}");
+
+    let back = cli(&["storage", "rollback"]);
+    let text = String::from_utf8_lossy(&back.stdout);
+    assert!(
+        back.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&back.stderr)
+    );
+    assert!(text.contains("rolled back"), "{text}");
+
+    let cancel = cli(&["storage", "cancel", "no-such-id"]);
+    assert!(!cancel.status.success());
+    let text = String::from_utf8_lossy(&cancel.stderr);
+    assert!(text.contains("no storage migration no-such-id"), "{text}");
+    daemon.signal("-TERM");
+    assert!(daemon.wait().success());
+}
