@@ -15,7 +15,7 @@ use crate::{Error, Result, StorageConfig};
 const CHOICE_FILE: &str = "storage.json";
 const HISTORY_FILE: &str = "live-migrations.json";
 /// Migrations remembered; older ones are forgotten.
-const HISTORY_KEPT: usize = 20;
+pub(crate) const HISTORY_KEPT: usize = 20;
 
 /// `storage.json`: the store this data dir's service works on since a
 /// live migration switched to it. Its presence overrides the configured

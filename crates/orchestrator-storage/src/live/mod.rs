@@ -215,10 +215,11 @@ impl LiveMigrations {
         let choice = BackendChoice::load(&self.inner.data_dir)?;
         let level =
             choice.as_ref().is_some_and(|c| c.level) && self.inner.store.level() != Some(false);
+        let running = lock(&self.inner.running).is_some();
         Ok(StoreInfo {
             store: lock(&self.inner.config).spec(),
             level,
-            can_roll_back: choice.is_some() && (level || self.inner.store.noting()),
+            can_roll_back: choice.is_some() && !running && (level || self.inner.store.noting()),
             previous: choice.map(|c| c.previous),
         })
     }
@@ -244,6 +245,9 @@ impl LiveMigrations {
         batch_size: Option<usize>,
     ) -> Result<MigrationStatus, LiveError> {
         let this = &self.inner;
+        // Not while a rollback switches: the copy would read a store that
+        // stops being current under it.
+        let _no_switch = this.switching.lock().await;
         if let Some((id, _)) = &*lock(&this.running) {
             return Err(LiveError::Running(id.clone()));
         }
@@ -308,15 +312,13 @@ impl LiveMigrations {
             error: None,
         };
         let cancel = CancellationToken::new();
-        {
-            let mut running = lock(&this.running);
-            if let Some((other, _)) = &*running {
-                return Err(LiveError::Running(other.clone()));
-            }
-            *running = Some((id.clone(), cancel.clone()));
-        }
         lock(&this.history).push(status.clone());
-        this.save_history()?;
+        if let Err(e) = this.save_history() {
+            lock(&this.history).retain(|s| s.id != id);
+            let _ = target_store.close().await;
+            return Err(e.into());
+        }
+        *lock(&this.running) = Some((id.clone(), cancel.clone()));
         this.announce(&status);
         let run = Run {
             controller: this.clone(),
@@ -482,7 +484,12 @@ impl LiveMigrations {
 
 impl Controller {
     fn save_history(&self) -> Result<(), Error> {
-        let history = lock(&self.history).clone();
+        let history = {
+            let mut history = lock(&self.history);
+            let excess = history.len().saturating_sub(files::HISTORY_KEPT);
+            history.drain(..excess);
+            history.clone()
+        };
         files::save_history(&self.data_dir, &history)
     }
 
@@ -640,14 +647,27 @@ impl Run {
             held: Mutex::new(held),
             last: Mutex::new(Instant::now()),
         };
-        let options = CopyOptions {
-            batch_size: batch,
-            resume,
-            snapshot: true,
-            ..CopyOptions::default()
-        };
+        // Again after a transient failure: a copy is a sync, so a resumed
+        // one writes only what the failed one had not.
+        let copy = with_retries("the copy", |attempt| {
+            let options = CopyOptions {
+                batch_size: batch,
+                resume: resume || attempt > 0,
+                snapshot: true,
+                ..CopyOptions::default()
+            };
+            progress
+                .copied
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            let (source, target, progress) = (&source, &target, &progress);
+            async move {
+                transfer::copy(source.transfer(), target.transfer(), &options, progress)
+                    .await
+                    .map(drop)
+            }
+        });
         let copied = tokio::select! {
-            copied = transfer::copy(source.transfer(), target.transfer(), &options, &progress) => copied.map(drop).map_err(Stop::from),
+            copied = copy => copied.map_err(Stop::from),
             () = cancel.cancelled() => Err(Stop::Cancelled),
         };
         step!(copied);
@@ -684,8 +704,18 @@ impl Run {
         crash_point("verifying");
         let phase_start = Instant::now();
         let checked = Counted::default();
+        let verify = with_retries("the verify", |_| {
+            checked.0.store(0, std::sync::atomic::Ordering::Relaxed);
+            transfer::verify_listing(
+                source.transfer(),
+                target.transfer(),
+                batch,
+                &checked,
+                usize::MAX,
+            )
+        });
         let report = tokio::select! {
-            report = transfer::verify_listing(source.transfer(), target.transfer(), batch, &checked, usize::MAX) => report.map_err(Stop::from),
+            report = verify => report.map_err(Stop::from),
             () = cancel.cancelled() => Err(Stop::Cancelled),
         };
         let report = step!(report);
@@ -777,6 +807,9 @@ impl Run {
         let stall = stall_start.elapsed().as_secs_f64() * 1000.0;
         let switch_ms = elapsed_ms(phase_start);
         tracing::info!(migration = %id, stall_ms = stall, "storage switched; the store left behind is kept for a rollback");
+        // Not running any more by the time anyone sees it completed: a
+        // rollback may follow at once.
+        lock(&this.running).take();
         this.update(&id, true, |s| {
             s.phase = MigrationPhase::Completed;
             s.phases.switching_ms = Some(switch_ms);
@@ -787,6 +820,35 @@ impl Run {
         drop(source);
         tokio::spawn(close_when_unused(left));
         Ok(())
+    }
+}
+
+/// Attempts after the first, when a store is unavailable for a moment.
+const RETRIES: u32 = 5;
+
+/// Runs `step` again (`attempt` counts from 0) while it fails because a
+/// store did not answer, waiting longer each time: every step of a
+/// migration before its switch can be run again without harm. Other
+/// errors, and the last failure, end it.
+async fn with_retries<T, F, Fut>(what: &str, mut step: F) -> Result<T, TransferError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<T, TransferError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match step(attempt).await {
+            Err(
+                TransferError::Source(Error::Unavailable(e))
+                | TransferError::Target(Error::Unavailable(e)),
+            ) if attempt < RETRIES => {
+                let wait = Duration::from_millis(250 << attempt);
+                tracing::warn!(error = %e, ?wait, "live migration: {what} failed for a moment; trying again");
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -824,7 +886,11 @@ async fn mirror(
         if n == 0 {
             break;
         }
-        let applied = sync::apply(source, target, &std::mem::take(&mut pending), batch).await?;
+        let applied = with_retries("a mirror round", |_| {
+            sync::apply(source, target, &pending, batch)
+        })
+        .await?;
+        pending = Changed::default();
         this.update(id, false, |s| s.records_mirrored += applied.records);
         if n <= SMALL_ROUND {
             break;

@@ -395,6 +395,51 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Some(json!({"older_than": "3650d", "dry_run": true})),
             Min::Admin,
         ),
+        // Live storage migration: a refused target, an unknown id and a
+        // rollback with no switch, so that the store stays where it is
+        // (tests/it/storage_moves.rs moves it).
+        (
+            "GET",
+            "/admin/storage",
+            "/admin/storage".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "GET",
+            "/admin/storage/migrations",
+            "/admin/storage/migrations".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "POST",
+            "/admin/storage/migrations",
+            "/admin/storage/migrations".into(),
+            Some(json!({"target": "filesystem:relative/dir"})),
+            Min::Admin,
+        ),
+        (
+            "GET",
+            "/admin/storage/migrations/{id}",
+            "/admin/storage/migrations/nope".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "POST",
+            "/admin/storage/migrations/{id}/cancel",
+            "/admin/storage/migrations/nope/cancel".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "POST",
+            "/admin/storage/rollback",
+            "/admin/storage/rollback".into(),
+            None,
+            Min::Admin,
+        ),
         // Test environments: refused bodies and unknown ids, so that
         // nothing is made here (tests/it/testenv.rs makes them).
         (
@@ -543,7 +588,9 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             })
             .filter(|r| {
                 let action = r["action"].as_str().unwrap();
+                // `/admin/<resource>/...` is audited as `<resource>.<verb>`.
                 template
+                    .trim_start_matches("/admin")
                     .split('/')
                     .find(|s| !s.is_empty())
                     .is_some_and(|first| action.starts_with(first.trim_end_matches('s')))
