@@ -22,11 +22,15 @@ use crate::records::Records;
 
 /// How long a start waits for the change feed to follow the store.
 const FEED_START_WAIT: Duration = Duration::from_secs(10);
-/// How often a node on a shared store looks for work others accepted.
-const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Every this many polls, unfinished workflows are advanced too, in case
 /// the node that should have done it stopped half-way.
 const ADVANCE_EVERY: u32 = 10;
+
+/// How long a claim holds, and how often a shared store is looked through.
+pub(crate) struct Timing {
+    pub(crate) lease: Duration,
+    pub(crate) poll: Duration,
+}
 
 /// One node's part in a cluster (also of a cluster of one).
 pub(crate) struct Cluster {
@@ -38,6 +42,9 @@ pub(crate) struct Cluster {
     address: String,
     started_at: DateTime<Utc>,
     lease: Duration,
+    /// How often, on a shared store, the store is looked through for work
+    /// the change feed did not bring and for leases that ran out.
+    poll: Duration,
 }
 
 impl Cluster {
@@ -48,7 +55,7 @@ impl Cluster {
         lifecycle: Arc<Lifecycle>,
         node_id: String,
         address: String,
-        lease: Duration,
+        Timing { lease, poll }: Timing,
     ) -> Cluster {
         Cluster {
             records,
@@ -59,6 +66,7 @@ impl Cluster {
             address,
             started_at: Utc::now(),
             lease,
+            poll,
         }
     }
 
@@ -106,11 +114,12 @@ impl Cluster {
         let renew_every = (self.lease / 3).max(Duration::from_millis(100));
         let shared = self.records.store().nodes().shared();
         let tick = if shared {
-            POLL_INTERVAL.min(renew_every)
+            self.poll.min(renew_every)
         } else {
             renew_every
         };
         let mut last_renewal = tokio::time::Instant::now();
+        let mut last_poll = tokio::time::Instant::now();
         let mut polls = 0u32;
         loop {
             tokio::select! {
@@ -126,9 +135,10 @@ impl Cluster {
             } else if shared {
                 self.watch_running().await;
             }
-            if stopping.is_cancelled() {
+            if stopping.is_cancelled() || last_poll.elapsed() < self.poll {
                 continue;
             }
+            last_poll = tokio::time::Instant::now();
             polls += 1;
             if let Err(e) = self
                 .look_for_work(shared, polls.is_multiple_of(ADVANCE_EVERY))
@@ -256,8 +266,10 @@ impl Cluster {
     }
 
     /// Announces every node's changes, as the feed reports them, as this
-    /// node's events, until `closed`.
+    /// node's events, and queues here the work another node accepted,
+    /// until `closed`.
     pub(crate) async fn follow_changes(
+        self: Arc<Self>,
         mut feed: ChangeFeed,
         bus: Arc<EventBus>,
         closed: CancellationToken,
@@ -269,8 +281,38 @@ impl Cluster {
                 () = closed.cancelled() => return,
             };
             let Some(change) = change else { return };
+            if let StoredChange::Task { task, .. } = &change
+                && let Err(e) = self.offer(task).await
+            {
+                tracing::warn!(task = %task.id, error = %e, "cannot queue work heard from another node");
+            }
             bus.publish(known.events_of(change));
         }
+    }
+
+    /// Queues a task that became ready on the shared store, wherever it
+    /// was accepted: work that reaches one node spreads at once, not at
+    /// the next poll. Whichever node claims it first runs it; the claim is
+    /// a compare-and-set, so the others' attempts only read and give up.
+    async fn offer(&self, task: &Task) -> Result<()> {
+        if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
+            || self.queue.contains(task.id)
+            || self.attempts.contains(task.id)
+        {
+            return Ok(());
+        }
+        if self.queue.limit_of(task.workflow_id).is_none()
+            && let Some(workflow) = self
+                .records
+                .store()
+                .tasks()
+                .get_workflow(task.workflow_id)
+                .await?
+        {
+            self.queue.register_limit(&workflow);
+        }
+        self.queue.push(task);
+        Ok(())
     }
 }
 

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::{Access, AccessConfig};
 use crate::attempts::Attempts;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Timing};
 use crate::dispatch::{Dispatcher, DispatcherParts};
 use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
 use crate::lifecycle::Lifecycle;
@@ -53,6 +53,10 @@ pub struct EngineConfig {
     /// How long a claim on a running task holds without renewal; heartbeats
     /// renew it three times per period. Past it, another node takes over.
     pub lease: Duration,
+    /// How often a node on a shared store looks through it for work other
+    /// nodes accepted and for leases that ran out. New work also arrives at
+    /// once through the change feed; the poll is what the feed may miss.
+    pub poll: Duration,
     /// Tokens, roles and rate limits.
     pub access: AccessConfig,
     /// How far an event subscriber may fall behind before it must resync,
@@ -72,6 +76,7 @@ impl Default for EngineConfig {
             node_id: "local".to_owned(),
             address: String::new(),
             lease: Duration::from_secs(15),
+            poll: Duration::from_secs(1),
             access: AccessConfig::default(),
             event_capacity: DEFAULT_CAPACITY,
             retention: RetentionConfig::default(),
@@ -172,7 +177,10 @@ impl Engine {
             lifecycle.clone(),
             config.node_id.clone(),
             config.address.clone(),
-            config.lease,
+            Timing {
+                lease: config.lease,
+                poll: config.poll,
+            },
         ));
         let scheduler = Arc::new(Scheduler::new(
             store.clone(),
@@ -202,7 +210,11 @@ impl Engine {
         // Listening before recovering, and before the start returns: what
         // recovery, a client or another node changes from now on is heard.
         if let Some(feed) = cluster.listen().await {
-            tokio::spawn(Cluster::follow_changes(feed, events, inner.closed.clone()));
+            tokio::spawn(
+                cluster
+                    .clone()
+                    .follow_changes(feed, events, inner.closed.clone()),
+            );
         }
         lifecycle.recover().await?;
         tokio::spawn(dispatcher.run(inner.stopping.clone()));

@@ -589,6 +589,11 @@ pub struct ServeArgs {
     /// past it, another node on the same SurrealDB server takes over [default: 15].
     #[arg(long, env = "ORCHESTRATOR_LEASE_SECS")]
     pub lease_secs: Option<u64>,
+    /// Milliseconds between a node's looks through a shared store for work
+    /// other nodes accepted and leases that ran out; new work also arrives
+    /// at once through the store's change feed [default: 1000].
+    #[arg(long, env = "ORCHESTRATOR_POLL_MS")]
+    pub poll_ms: Option<u64>,
     /// Log format: pretty or json [default: pretty].
     #[arg(long, env = "ORCHESTRATOR_LOG_FORMAT")]
     pub log_format: Option<String>,

@@ -127,6 +127,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
             node_id: node_id.clone(),
             address: format!("http://{}", reachable(addr)),
             lease: settings.lease,
+            poll: settings.poll,
             access: orchestrator_engine::access::AccessConfig {
                 auth: settings.auth,
                 rate_limit: settings.rate_limit,

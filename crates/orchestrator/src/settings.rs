@@ -35,6 +35,7 @@ pub struct FileConfig {
     pub max_log_bytes: Option<u64>,
     pub node_id: Option<String>,
     pub lease_secs: Option<u64>,
+    pub poll_ms: Option<u64>,
     pub log_format: Option<String>,
     pub no_auth: Option<bool>,
     pub rate_limit: Option<u32>,
@@ -84,6 +85,9 @@ pub struct ServeSettings {
     /// `None`: read (or create) `<data-dir>/node-id` at start.
     pub node_id: Option<String>,
     pub lease: Duration,
+    /// How often a node on a shared store looks through it for work and
+    /// for leases that ran out (the change feed brings new work at once).
+    pub poll: Duration,
     pub log_format: LogFormat,
     pub interpreters: HashMap<String, PathBuf>,
     /// API tokens required (the default); off only on loopback.
@@ -145,6 +149,7 @@ impl ServeSettings {
             max_log_bytes: orchestrator_executor::DEFAULT_MAX_LOG_BYTES,
             node_id: None,
             lease: Duration::from_secs(15),
+            poll: Duration::from_secs(1),
             log_format: LogFormat::Pretty,
             interpreters: HashMap::new(),
             auth: true,
@@ -250,6 +255,11 @@ impl ServeSettings {
                 Some(0) => bail!("--lease-secs: must be at least 1"),
                 Some(secs) => Duration::from_secs(secs),
                 None => defaults.lease,
+            },
+            poll: match args.poll_ms.or(file.poll_ms) {
+                Some(0) => bail!("--poll-ms: must be at least 1"),
+                Some(ms) => Duration::from_millis(ms),
+                None => defaults.poll,
             },
             log_format,
             interpreters: file.interpreters,

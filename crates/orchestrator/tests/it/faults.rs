@@ -303,10 +303,10 @@ pub(crate) mod nodes {
     /// store, not per node: counted from the tasks' own start and end, no
     /// more than the limit ever ran at once, while both nodes took part.
     ///
-    /// A has one worker, so it never fills both slots itself and B's poll
-    /// always finds a free one (the workflow takes 8 x 0.4 s on A alone, B
-    /// polls every second); B has four, so a limit kept per node would let
-    /// B and A together run three.
+    /// A has one worker, so it never fills both slots itself and B always
+    /// finds a free one (through the change feed, or its poll: the workflow
+    /// takes 8 x 0.4 s on A alone, B polls every second); B has four, so a
+    /// limit kept per node would let B and A together run three.
     #[test]
     fn parallel_limit_holds_across_nodes() {
         let cluster = SharedStore::new(&["--lease-secs", "5"]);
@@ -368,6 +368,43 @@ pub(crate) mod nodes {
         );
         let nodes: HashSet<&str> = tasks.iter().filter_map(|t| t["node"].as_str()).collect();
         assert_eq!(nodes.len(), 2, "both nodes took part: {nodes:?} {view}");
+        drop((a, b));
+    }
+
+    /// Work accepted by one node reaches another through the store's
+    /// change feed, not its poll: with polls an hour apart, a node with a
+    /// free worker runs a step that a busy one accepted.
+    #[test]
+    fn work_spreads_through_the_change_feed() {
+        let cluster = SharedStore::new(&["--lease-secs", "60", "--poll-ms", "3600000"]);
+        let dir = &cluster.dir;
+        let with_workers = |workers: &'static str| {
+            let mut args = cluster.args();
+            args.extend(["--workers", workers]);
+            args
+        };
+        let a = Daemon::start(&dir.path().join("a"), &with_workers("1"));
+        let b = Daemon::start(&dir.path().join("b"), &with_workers("2"));
+        let steps: Vec<Value> = (0..2)
+            .map(|i| json!({"ref_name": format!("s{i}"), "script": "dag/step.py", "input": {"sleep": 1.5}}))
+            .collect();
+        let submitted = crate::cli::submit(
+            &format!("{}/workflows", a.url),
+            json!({"template": {"name": "spread", "ref_name": "spread", "schema_version": 1, "steps": steps}}),
+        );
+        let id = submitted["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{submitted}"))
+            .to_owned();
+        let view = wait_for_workflows(&a, &[id]).remove(0);
+        assert_eq!(view["status"], "completed", "{view}");
+        let nodes: HashSet<&str> = view["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["node"].as_str())
+            .collect();
+        assert_eq!(nodes.len(), 2, "both nodes ran a step: {view}");
         drop((a, b));
     }
 
