@@ -206,7 +206,6 @@ impl Cluster {
     /// queues what other nodes accepted.
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
         let now = Utc::now();
-        let mut looked_up = std::collections::HashSet::new();
         for task in self.records.store().tasks().unfinished_tasks().await? {
             match task.status {
                 TaskStatus::Running => {
@@ -220,24 +219,8 @@ impl Cluster {
                         self.lifecycle.take_over(task, error).await?;
                     }
                 }
-                TaskStatus::Queued | TaskStatus::RetryWaiting
-                    if shared && !self.queue.contains(task.id) =>
-                {
-                    // Its workflow's `parallel_limit` must be known here
-                    // before the task can be claimed within it: read once
-                    // per workflow and pass.
-                    if self.queue.limit_of(task.workflow_id).is_none()
-                        && looked_up.insert(task.workflow_id)
-                        && let Some(workflow) = self
-                            .records
-                            .store()
-                            .tasks()
-                            .get_workflow(task.workflow_id)
-                            .await?
-                    {
-                        self.queue.register_limit(&workflow);
-                    }
-                    self.queue.push(&task);
+                TaskStatus::Queued | TaskStatus::RetryWaiting if shared => {
+                    self.offer(&task).await?;
                 }
                 _ => {}
             }
@@ -290,10 +273,13 @@ impl Cluster {
         }
     }
 
-    /// Queues a task that became ready on the shared store, wherever it
-    /// was accepted: work that reaches one node spreads at once, not at
-    /// the next poll. Whichever node claims it first runs it; the claim is
-    /// a compare-and-set, so the others' attempts only read and give up.
+    /// Queues a task that is ready on the shared store, wherever it was
+    /// accepted: heard from the change feed, work that reaches one node
+    /// spreads at once; found by a look, what the feed missed. Whichever
+    /// node claims it first runs it; the claim is a compare-and-set, so the
+    /// others' attempts only read and give up. Its workflow's
+    /// `parallel_limit` must be known here before it can be claimed within
+    /// it: read once per workflow.
     async fn offer(&self, task: &Task) -> Result<()> {
         if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
             || self.queue.contains(task.id)

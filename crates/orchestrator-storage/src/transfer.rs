@@ -257,15 +257,7 @@ pub async fn copy(
             } else {
                 log_lengths(source, target, &task_ids).await?
             };
-            if let Some(&(task, source_bytes, target_bytes)) =
-                logs.iter().find(|(_, source, target)| target > source)
-            {
-                return Err(TransferError::LogDiverged {
-                    task,
-                    source_bytes,
-                    target_bytes,
-                });
-            }
+            not_ahead(&logs)?;
             copied.unchanged += (readable_count - changed.len()) as u64;
             if !changed.is_empty() {
                 target.import(&changed).await.map_err(tgt)?;
@@ -381,6 +373,19 @@ async fn copy_logs(
     flush_logs(target, &mut pending, report, progress).await
 }
 
+/// Refuses logs (as [`log_lengths`] gave them) of which the target holds
+/// more than the source: it is not a copy of it.
+fn not_ahead(logs: &[(TaskId, u64, u64)]) -> Result<(), TransferError> {
+    match logs.iter().find(|(_, source, target)| target > source) {
+        Some(&(task, source_bytes, target_bytes)) => Err(TransferError::LogDiverged {
+            task,
+            source_bytes,
+            target_bytes,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Brings the logs of `tasks` in the target level with the source's,
 /// appending what the target lacks; the bytes written.
 pub(crate) async fn sync_logs(
@@ -389,15 +394,7 @@ pub(crate) async fn sync_logs(
     tasks: &[TaskId],
 ) -> Result<u64, TransferError> {
     let logs = log_lengths(source, target, tasks).await?;
-    if let Some(&(task, source_bytes, target_bytes)) =
-        logs.iter().find(|(_, source, target)| target > source)
-    {
-        return Err(TransferError::LogDiverged {
-            task,
-            source_bytes,
-            target_bytes,
-        });
-    }
+    not_ahead(&logs)?;
     let mut report = CopyReport {
         dry_run: false,
         kinds: Vec::new(),

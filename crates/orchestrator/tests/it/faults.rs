@@ -297,6 +297,13 @@ pub(crate) mod nodes {
         pub(crate) fn args(&self) -> Vec<&str> {
             self.flags.iter().map(String::as_str).collect()
         }
+
+        /// [`SharedStore::args`], with a node's own worker count.
+        pub(crate) fn args_with_workers<'a>(&'a self, workers: &'a str) -> Vec<&'a str> {
+            let mut args = self.args();
+            args.extend(["--workers", workers]);
+            args
+        }
     }
 
     /// A workflow's `parallel_limit` holds across the nodes that share the
@@ -311,13 +318,8 @@ pub(crate) mod nodes {
     fn parallel_limit_holds_across_nodes() {
         let cluster = SharedStore::new(&["--lease-secs", "5"]);
         let dir = &cluster.dir;
-        let with_workers = |workers: &'static str| {
-            let mut args = cluster.args();
-            args.extend(["--workers", workers]);
-            args
-        };
-        let a = Daemon::start(&dir.path().join("a"), &with_workers("1"));
-        let b = Daemon::start(&dir.path().join("b"), &with_workers("4"));
+        let a = Daemon::start(&dir.path().join("a"), &cluster.args_with_workers("1"));
+        let b = Daemon::start(&dir.path().join("b"), &cluster.args_with_workers("4"));
         let steps: Vec<Value> = (0..8)
             .map(|i| json!({"ref_name": format!("s{i}"), "script": "dag/step.py", "input": {"sleep": 0.4}}))
             .collect();
@@ -378,13 +380,8 @@ pub(crate) mod nodes {
     fn work_spreads_through_the_change_feed() {
         let cluster = SharedStore::new(&["--lease-secs", "60", "--poll-ms", "3600000"]);
         let dir = &cluster.dir;
-        let with_workers = |workers: &'static str| {
-            let mut args = cluster.args();
-            args.extend(["--workers", workers]);
-            args
-        };
-        let a = Daemon::start(&dir.path().join("a"), &with_workers("1"));
-        let b = Daemon::start(&dir.path().join("b"), &with_workers("2"));
+        let a = Daemon::start(&dir.path().join("a"), &cluster.args_with_workers("1"));
+        let b = Daemon::start(&dir.path().join("b"), &cluster.args_with_workers("2"));
         let steps: Vec<Value> = (0..2)
             .map(|i| json!({"ref_name": format!("s{i}"), "script": "dag/step.py", "input": {"sleep": 1.5}}))
             .collect();

@@ -222,14 +222,7 @@ async fn rollback_brings_the_writes_since_the_switch_and_is_refused_once_unknown
     assert_eq!(back["store"], source, "{back}");
     let (_, health) = service.get("/health").await;
     assert_eq!(health["storage"], "filesystem");
-    for id in [&first, &second] {
-        let (status, view) = service.get(&format!("/workflows/{id}")).await;
-        assert_eq!(
-            (status, view["status"].clone()),
-            (200, json!("completed")),
-            "{view}"
-        );
-    }
+    all_complete(&service, &[first.clone(), second.clone()]).await;
 
     // And forward again, to write once more and restart.
     let (status, forward) = service.post("/admin/storage/rollback", json!({})).await;
@@ -261,14 +254,7 @@ async fn rollback_brings_the_writes_since_the_switch_and_is_refused_once_unknown
     // Moving back with a migration resumes into the old store.
     let back = migrate(&service, &source, 500).await;
     assert_eq!(back["phase"], "completed", "{back}");
-    for id in [&first, &second, &third] {
-        let (status, view) = service.get(&format!("/workflows/{id}")).await;
-        assert_eq!(
-            (status, view["status"].clone()),
-            (200, json!("completed")),
-            "{view}"
-        );
-    }
+    all_complete(&service, &[first, second, third]).await;
     service.stop().await;
 }
 
