@@ -97,8 +97,9 @@ surreal:
 	$(SURREAL_DEV_SERVER) start --bind 127.0.0.1:8000 --user root --pass root memory
 
 # Orchestration overhead against spawning the scripts directly, written to
-# docs/benchmarks.md (about 5 minutes after the release build, 2 of them for
-# workload 7's workflows of up to 10,000 steps). The default
+# docs/benchmarks.md (about 6.5 minutes after the release build, 2 of them for
+# workload 7's workflows of up to 10,000 steps and 1.3 for workload 8's live
+# migration under load). The default
 # measures the filesystem backend; add embedded SurrealDB with
 # `make bench BENCH_BACKENDS=filesystem,surrealdb-embedded` (builds with
 # --features orchestrator/surrealdb: 20+ minutes the first time, about an hour

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::stats::{median, percentile};
 use crate::workloads::{OneWorkflow, Shape, W7_WIDTH};
-use crate::{Ctx, Results};
+use crate::{Ctx, Results, live};
 
 const LATEST_START: &str = "<!-- bench:latest:start -->";
 const LATEST_END: &str = "<!-- bench:latest:end -->";
@@ -197,6 +197,9 @@ pub fn failures(r: &Results) -> Vec<String> {
     }
     if let Some(Err(e)) = &r.migrate {
         out.push(format!("workload 6: {e}"));
+    }
+    if let Some(Err(e)) = &r.live {
+        out.push(format!("workload 8: {e}"));
     }
     out
 }
@@ -656,7 +659,175 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         ]),
         None => {}
     }
+    match &r.live {
+        Some(Ok(l)) => live_rows(l, &mut row),
+        Some(Err(e)) => row([
+            "8",
+            "live migration",
+            "",
+            &format!("FAILED: {e}"),
+            "",
+            "",
+            "",
+            "",
+        ]),
+        None => {}
+    }
     t
+}
+
+/// "met", or the count when a target of zero was missed.
+fn none(count: usize, what: &str) -> String {
+    if count == 0 {
+        "met".into()
+    } else {
+        format!("**missed**: {count} {what}")
+    }
+}
+
+/// p50 / p99 / max of one stretch of workload 8's load.
+fn p50_p99_max(l: &live::Latency) -> String {
+    format!("{} / {} / {}", ms(l.p50_ms), ms(l.p99_ms), ms(l.max_ms))
+}
+
+/// Workload 8's rows.
+fn live_rows(l: &live::LiveMigration, row: &mut impl FnMut([&str; 8])) {
+    let p = &l.phases;
+    let secs = |v: u64| s(v as f64 / 1000.0);
+    row([
+        "8",
+        &format!(
+            "live migration {} → {} of {} workflows + {} tasks, {} logs, batch size {} (the default), while {} one-step submissions/s arrive, each read back",
+            short_spec(&l.source),
+            short_spec(&l.target),
+            thousands(l.workflows as f64),
+            thousands(l.tasks as f64),
+            thousands(l.logs as f64),
+            live::DEFAULT_BATCH,
+            live::RATE
+        ),
+        "time per phase (the status's `phases`)",
+        &format!(
+            "copying {}, mirroring {}, verifying {}, switching {}; the whole move {}",
+            secs(p.copying_ms),
+            secs(p.mirroring_ms),
+            secs(p.verifying_ms),
+            secs(p.switching_ms),
+            s(p.move_s)
+        ),
+        "",
+        "",
+        "",
+        "",
+    ]);
+    row([
+        "8",
+        "",
+        "copy rate: `records_total` ÷ copying time (the status's `rate`)",
+        &format!(
+            "{} records/s = {} records in {} (status: {} records/s); then {} mirrored, {} verified",
+            thousands(l.copy_rate()),
+            thousands(p.records_total as f64),
+            secs(p.copying_ms),
+            thousands(p.rate),
+            thousands(p.records_mirrored as f64),
+            thousands(p.records_verified as f64)
+        ),
+        "",
+        "",
+        "≥ 20,000 records/s",
+        &at_least(l.copy_rate(), 20_000.0),
+    ]);
+    let d = &l.during;
+    row([
+        "8",
+        "",
+        &format!(
+            "request latency during the move (sent between `started_at` and `finished_at`): {} submits + {} reads, p50 / p99 / max",
+            thousands(d.submits.count as f64),
+            thousands(d.reads.count as f64)
+        ),
+        &format!(
+            "all {}; submits {}; reads {}",
+            p50_p99_max(&d.all),
+            p50_p99_max(&d.submits),
+            p50_p99_max(&d.reads)
+        ),
+        &format!(
+            "before the move ({} requests): {}; after the switch ({}): {}",
+            thousands(l.before.all.count as f64),
+            p50_p99_max(&l.before.all),
+            thousands(l.after.all.count as f64),
+            p50_p99_max(&l.after.all)
+        ),
+        &if l.before.all.p99_ms > 0.0 {
+            format!("p99 {:.2}", d.all.p99_ms / l.before.all.p99_ms)
+        } else {
+            String::new()
+        },
+        "",
+        "",
+    ]);
+    row([
+        "8",
+        "",
+        "stall at the switch (`switch_stall_ms`: writes paused)",
+        &ms(p.switch_stall_ms),
+        "",
+        "",
+        "≤ 200 ms",
+        &at_most(p.switch_stall_ms, 200.0),
+    ]);
+    let examples = if l.errors.is_empty() {
+        String::new()
+    } else {
+        format!(" (first: {})", l.errors.join("; "))
+    };
+    row([
+        "8",
+        "",
+        "failed requests (a status other than 2xx, a connection error, a timeout of 30 s), over the whole load",
+        &format!(
+            "{} of {}{examples}",
+            thousands(l.failures as f64),
+            thousands(l.requests as f64)
+        ),
+        "",
+        "",
+        "0",
+        &none(l.failures, "failed"),
+    ]);
+    let lost = l.acknowledged - l.completed.min(l.acknowledged);
+    let examples = if l.not_completed.is_empty() {
+        String::new()
+    } else {
+        format!(" (first: {})", l.not_completed.join("; "))
+    };
+    row([
+        "8",
+        "",
+        "acknowledged submissions present and completed after the move (`GET /workflows/{id}` each)",
+        &format!(
+            "{} of {} present, {} completed{examples}",
+            thousands(l.present as f64),
+            thousands(l.acknowledged as f64),
+            thousands(l.completed as f64)
+        ),
+        "",
+        "",
+        "all",
+        &if l.acknowledged == 0 {
+            "n/a: no submission was acknowledged".to_owned()
+        } else {
+            none(lost, "not present or not completed")
+        },
+    ]);
+}
+
+/// `filesystem:/tmp/…/w8-target` → `filesystem`: the directories are
+/// temporary.
+fn short_spec(spec: &str) -> &str {
+    short(spec.split_once(':').map_or(spec, |(backend, _)| backend))
 }
 
 /// One line of the history list.
@@ -719,6 +890,18 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
             })
             .collect();
         parts.push(format!("migrate {}", dirs.join(", ")));
+    }
+    if let Some(Ok(l)) = &r.live {
+        parts.push(format!(
+            "live {}→{} copy {} records/s, stall {}, p99 {} max {} during the move, {} failed",
+            short_spec(&l.source),
+            short_spec(&l.target),
+            thousands(l.copy_rate()),
+            ms(l.phases.switch_stall_ms),
+            ms(l.during.all.p99_ms),
+            ms(l.during.all.max_ms),
+            l.failures
+        ));
     }
     parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
     format!("- {}", parts.join(" · "))
@@ -796,5 +979,16 @@ mod tests {
             "**missed**: 50 % of the target (2.00× short)"
         );
         assert_eq!(thousands(1234567.0), "1,234,567");
+        assert_eq!(none(0, "failed"), "met");
+        assert_eq!(none(3, "failed"), "**missed**: 3 failed");
+    }
+
+    #[test]
+    fn live_migration_rows_name_the_backends_without_the_temporary_dirs() {
+        assert_eq!(
+            short_spec("filesystem:/tmp/orchestrator-bench-x/w8-target"),
+            "fs"
+        );
+        assert_eq!(short_spec("surrealdb-embedded:/tmp/x"), "embedded");
     }
 }
