@@ -45,7 +45,7 @@ pub(crate) struct MigrationRequest {
     /// SurrealDB credentials.
     #[schema(example = "surrealdb-embedded:/var/lib/orchestrator", min_length = 1)]
     target: String,
-    /// Records per batch (default 500).
+    /// Records per batch (default 2000).
     #[schema(minimum = 1, maximum = 10000)]
     batch_size: Option<usize>,
 }

@@ -90,7 +90,7 @@ pub enum StorageCommand {
         /// or `surrealdb-server:ws://HOST:PORT/NAMESPACE/DATABASE`.
         #[arg(long, value_name = "SPEC")]
         to: String,
-        /// Records per batch (default 500).
+        /// Records per batch (default 2000).
         #[arg(long)]
         batch_size: Option<usize>,
         /// Print the first status and return at once.

@@ -44,8 +44,12 @@ use switch::{Changed, LevelWatch, Live, Switchable};
 use crate::transfer::{self, CopyOptions, Progress, TransferError};
 use crate::{Error, RecordKind, Storage, StorageConfig, StorageType, SurrealdbConfig};
 
-/// Records per batch when the request names none.
-const DEFAULT_BATCH: usize = 500;
+/// Records per batch when the request names none. Larger than
+/// `migrate`'s 500: each batch of a filesystem target costs a journal sync
+/// and a sync of its log files, and the bench (workload 8) copies about
+/// half again as fast with batches four times as large, at a few MiB of
+/// memory.
+const DEFAULT_BATCH: usize = 2000;
 /// Mirror rounds in a row, at most: under a steady write load a round
 /// never reaches zero, and a target slower than the load never gets
 /// ahead; the switch applies the rest.
