@@ -29,7 +29,7 @@ use orchestrator_core::TaskId;
 
 use super::journal::{decode_line, encode_line};
 use super::layout::{Access, LAYOUT_FILE, check_layout};
-use super::logs::{import_log_files, log_file_lengths, read_log_files};
+use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
 use super::{JOURNAL_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, file_identity};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
@@ -630,11 +630,11 @@ impl BulkTransfer for IndexedStore {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        log_file_lengths(&self.logs_dir, ids)
+        log_file_lengths_off(&self.logs_dir, ids).await
     }
 
     async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        read_log_files(&self.logs_dir, asks)
+        read_log_files_off(&self.logs_dir, asks).await
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {

@@ -54,6 +54,26 @@ pub(super) fn log_file_lengths(logs_dir: &Path, ids: &[TaskId]) -> Result<Vec<u6
         .collect()
 }
 
+/// [`log_file_lengths`] off the async runtime: a migration asks for
+/// hundreds at a time, and a service keeps answering requests meanwhile.
+pub(super) async fn log_file_lengths_off(logs_dir: &Path, ids: &[TaskId]) -> Result<Vec<u64>> {
+    let (logs_dir, ids) = (logs_dir.to_owned(), ids.to_vec());
+    tokio::task::spawn_blocking(move || log_file_lengths(&logs_dir, &ids))
+        .await
+        .map_err(|e| Error::io("read log lengths", std::io::Error::other(e)))?
+}
+
+/// [`read_log_files`] off the async runtime, for the same reason.
+pub(super) async fn read_log_files_off(
+    logs_dir: &Path,
+    asks: &[(TaskId, u64, usize)],
+) -> Result<Vec<LogChunk>> {
+    let (logs_dir, asks) = (logs_dir.to_owned(), asks.to_vec());
+    tokio::task::spawn_blocking(move || read_log_files(&logs_dir, &asks))
+        .await
+        .map_err(|e| Error::io("read task logs", std::io::Error::other(e)))?
+}
+
 /// A log file's length in bytes, 0 for none.
 pub(super) fn log_file_length(path: &Path) -> Result<u64> {
     match std::fs::metadata(path) {

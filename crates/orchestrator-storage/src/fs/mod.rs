@@ -40,7 +40,8 @@ use self::journal::{JournalWriter, decode_line, encode_line};
 pub(crate) use self::layout::layout_status;
 use self::layout::{Access, check_layout};
 use self::logs::{
-    import_log_files, log_file_length, log_file_lengths, log_path, read_log_file, read_log_files,
+    import_log_files, log_file_length, log_file_lengths_off, log_path, read_log_file,
+    read_log_files_off,
 };
 use self::state::State;
 use crate::{
@@ -1013,7 +1014,7 @@ impl BulkTransfer for FsBackend {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        log_file_lengths(&self.logs_dir, ids)
+        log_file_lengths_off(&self.logs_dir, ids).await
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
@@ -1025,7 +1026,7 @@ impl BulkTransfer for FsBackend {
     }
 
     async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        read_log_files(&self.logs_dir, asks)
+        read_log_files_off(&self.logs_dir, asks).await
     }
 
     async fn close(&self) -> Result<()> {
