@@ -187,6 +187,10 @@ impl BulkTransfer for Faulty<dyn BulkTransfer> {
         self.inner.import_logs(pieces).await
     }
 
+    async fn settle(&self) -> Result<()> {
+        self.inner.settle().await
+    }
+
     async fn close(&self) -> Result<()> {
         self.inner.close().await
     }

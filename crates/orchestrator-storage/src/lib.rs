@@ -278,6 +278,14 @@ pub trait BulkTransfer: Send + Sync {
     /// store opened read-only refuses it with [`Error::ReadOnly`].
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()>;
 
+    /// After imports: brings the store into the shape its service wants,
+    /// and waits for it (the filesystem compacts the journal the imports
+    /// made long, which they leave to it rather than compact again and
+    /// again as the store grows). Nothing elsewhere.
+    async fn settle(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Flushes and releases the store. Later calls fail.
     async fn close(&self) -> Result<()>;
 }

@@ -324,6 +324,10 @@ impl BulkTransfer for Timed<dyn BulkTransfer> {
             .await
     }
 
+    async fn settle(&self) -> Result<()> {
+        self.timed("settle", self.inner.settle()).await
+    }
+
     async fn close(&self) -> Result<()> {
         self.timed("close", self.inner.close()).await
     }

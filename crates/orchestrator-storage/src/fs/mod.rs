@@ -326,6 +326,19 @@ impl FsBackend {
     /// Applies records in memory and queues their journal lines, under the
     /// state lock; returns the write to await once the lock is released.
     fn commit(&self, state: &mut State, record: Line) -> Result<journal::Pending> {
+        let pending = self.append(state, record)?;
+        if state.journal_bytes > self.options.compact_after_bytes {
+            self.queue_compaction(state)?;
+        }
+        Ok(pending)
+    }
+
+    /// [`FsBackend::commit`] without the compaction a long journal calls
+    /// for: a bulk import (a live migration's copy into this store) would
+    /// otherwise snapshot the growing store again every
+    /// `compact_after_bytes`; the first ordinary write after it compacts
+    /// once.
+    fn append(&self, state: &mut State, record: Line) -> Result<journal::Pending> {
         let mut bytes = Vec::new();
         let json = serde_json::to_vec(&record)
             .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
@@ -333,9 +346,6 @@ impl FsBackend {
         state.journal_bytes += bytes.len() as u64;
         let pending = self.writer()?.append(bytes)?;
         record.apply(state);
-        if state.journal_bytes > self.options.compact_after_bytes {
-            self.queue_compaction(state)?;
-        }
         Ok(pending)
     }
 
@@ -372,6 +382,12 @@ impl FsBackend {
     /// under the state lock (tasks are shared, so those are pointer copies);
     /// the journal writer encodes them, outside the lock.
     fn queue_compaction(&self, state: &mut State) -> Result<()> {
+        drop(self.compaction(state)?);
+        Ok(())
+    }
+
+    /// [`FsBackend::queue_compaction`], with the write to await.
+    fn compaction(&self, state: &mut State) -> Result<journal::Pending> {
         let workflows: Vec<Workflow> = state.workflows().cloned().collect();
         let tasks: Vec<Arc<Task>> = state.shared_tasks().cloned().collect();
         let tokens: Vec<ApiToken> = state.tokens().cloned().collect();
@@ -398,10 +414,9 @@ impl FsBackend {
             }
             Ok(bytes)
         };
-        // Nobody awaits the snapshot itself: a failure poisons the journal,
-        // and every later write reports it.
-        drop(self.writer()?.snapshot(Box::new(build))?);
-        Ok(())
+        // A failed snapshot poisons the journal, and every later write
+        // reports it, whether or not anyone awaits it.
+        self.writer()?.snapshot(Box::new(build))
     }
 }
 
@@ -997,13 +1012,28 @@ impl BulkTransfer for FsBackend {
         Ok(self.lock_state().count(kind) as u64)
     }
 
+    /// Compacts a journal that imports left longer than the threshold, and
+    /// waits for it: a live migration does it after its copy, while the
+    /// service still works on the other store, rather than at the first
+    /// write after its switch.
+    async fn settle(&self) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.journal_bytes <= self.options.compact_after_bytes {
+                return Ok(());
+            }
+            self.compaction(&mut state)?
+        };
+        pending.durable().await
+    }
+
     async fn import(&self, records: &[Record]) -> Result<()> {
         self.writer()?.check_usable()?;
         let pending = {
             let mut state = self.lock_state();
             records
                 .iter()
-                .map(|record| self.commit(&mut state, Line::of(record.clone())))
+                .map(|record| self.append(&mut state, Line::of(record.clone())))
                 .collect::<Result<Vec<_>>>()?
         };
         // Queued together, so the writer makes them durable with one sync.

@@ -675,6 +675,16 @@ impl Run {
             () = cancel.cancelled() => Err(Stop::Cancelled),
         };
         step!(copied);
+        // The target's own housekeeping after a bulk load (a filesystem
+        // store compacts its journal) happens now, not at the first write
+        // after the switch, where requests would wait for it.
+        step!(
+            target
+                .transfer()
+                .settle()
+                .await
+                .map_err(TransferError::Target)
+        );
         let copy_ms = elapsed_ms(phase_start);
         this.update(&id, true, |s| {
             s.phase = MigrationPhase::Mirroring;

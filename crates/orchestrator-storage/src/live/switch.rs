@@ -585,6 +585,10 @@ impl BulkTransfer for Live {
             .await
     }
 
+    async fn settle(&self) -> Result<()> {
+        self.0.current().transfer().settle().await
+    }
+
     async fn close(&self) -> Result<()> {
         self.0.current().transfer().close().await
     }
