@@ -690,6 +690,16 @@ fn p50_p99_max(l: &live::Latency) -> String {
     format!("{} / {} / {}", ms(l.p50_ms), ms(l.p99_ms), ms(l.max_ms))
 }
 
+/// ` (first: a; b)` after a count, naming the first few at fault; nothing
+/// when there are none.
+fn first_of(examples: &[String]) -> String {
+    if examples.is_empty() {
+        String::new()
+    } else {
+        format!(" (first: {})", examples.join("; "))
+    }
+}
+
 /// Workload 8's rows.
 fn live_rows(l: &live::LiveMigration, row: &mut impl FnMut([&str; 8])) {
     let p = &l.phases;
@@ -778,11 +788,7 @@ fn live_rows(l: &live::LiveMigration, row: &mut impl FnMut([&str; 8])) {
         "≤ 200 ms",
         &at_most(p.switch_stall_ms, 200.0),
     ]);
-    let examples = if l.errors.is_empty() {
-        String::new()
-    } else {
-        format!(" (first: {})", l.errors.join("; "))
-    };
+    let examples = first_of(&l.errors);
     row([
         "8",
         "",
@@ -798,11 +804,7 @@ fn live_rows(l: &live::LiveMigration, row: &mut impl FnMut([&str; 8])) {
         &none(l.failures, "failed"),
     ]);
     let lost = l.acknowledged - l.completed.min(l.acknowledged);
-    let examples = if l.not_completed.is_empty() {
-        String::new()
-    } else {
-        format!(" (first: {})", l.not_completed.join("; "))
-    };
+    let examples = first_of(&l.not_completed);
     row([
         "8",
         "",

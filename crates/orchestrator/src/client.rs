@@ -88,7 +88,18 @@ impl Api {
         path: &str,
         query: &[(&str, String)],
     ) -> anyhow::Result<T> {
-        self.send(method, path, query)
+        self.json_body(method, path, query, None).await
+    }
+
+    /// [`Api::json`], with an optional JSON body.
+    pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<T> {
+        self.send_body(method, path, query, body)
             .await?
             .json()
             .await

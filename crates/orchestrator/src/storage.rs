@@ -26,11 +26,9 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
         } => {
             let to = absolute_spec(&to)?;
             let body = json!({"target": to, "batch_size": batch_size});
-            let status: MigrationStatus = read(
-                api.send_body(Method::POST, "/admin/storage/migrations", &[], Some(&body))
-                    .await?,
-            )
-            .await?;
+            let status: MigrationStatus = api
+                .json_body(Method::POST, "/admin/storage/migrations", &[], Some(&body))
+                .await?;
             if no_wait {
                 return print(&status, json);
             }
@@ -48,21 +46,16 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
         }
         StorageCommand::Status { id, json } => match id {
             Some(id) => {
-                let status: MigrationStatus = read(
-                    api.send(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
-                        .await?,
-                )
-                .await?;
+                let status: MigrationStatus = api
+                    .json(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
+                    .await?;
                 print(&status, json)
             }
             None => {
-                let store: Value =
-                    read(api.send(Method::GET, "/admin/storage", &[]).await?).await?;
-                let list: Value = read(
-                    api.send(Method::GET, "/admin/storage/migrations", &[])
-                        .await?,
-                )
-                .await?;
+                let store: Value = api.json(Method::GET, "/admin/storage", &[]).await?;
+                let list: Value = api
+                    .json(Method::GET, "/admin/storage/migrations", &[])
+                    .await?;
                 if json {
                     println!(
                         "{}",
@@ -101,11 +94,9 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
             Ok(())
         }
         StorageCommand::Rollback { json } => {
-            let store: Value = read(
-                api.send(Method::POST, "/admin/storage/rollback", &[])
-                    .await?,
-            )
-            .await?;
+            let store: Value = api
+                .json(Method::POST, "/admin/storage/rollback", &[])
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&store)?);
             } else {
@@ -133,13 +124,6 @@ fn absolute_spec(spec: &str) -> anyhow::Result<String> {
     }
 }
 
-async fn read<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> anyhow::Result<T> {
-    response
-        .json()
-        .await
-        .context("the service answered with unexpected JSON")
-}
-
 /// Polls the migration until it ends, with a progress bar (on a
 /// terminal) or a line per phase.
 async fn follow(api: &Api, id: &str, show: bool) -> anyhow::Result<MigrationStatus> {
@@ -156,11 +140,9 @@ async fn follow(api: &Api, id: &str, show: bool) -> anyhow::Result<MigrationStat
     });
     let mut shown_phase = None;
     loop {
-        let status: MigrationStatus = read(
-            api.send(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
-                .await?,
-        )
-        .await?;
+        let status: MigrationStatus = api
+            .json(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
+            .await?;
         if let Some(bar) = &bar {
             bar.set_prefix(status.phase.as_str());
             bar.set_length(status.records_total);

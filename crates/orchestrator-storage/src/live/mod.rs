@@ -398,7 +398,10 @@ impl LiveMigrations {
         };
         let not_level = || {
             LiveError::Rollback(format!(
-                "{} is no longer level with {}: the service wrote to the current store since                  the switch at {} and no longer knows every such write (it restarted since, or                  they were too many); to go back, move to it with a new live migration                  (`orchestrator storage migrate --to {}`), which brings it up to date",
+                "{} is no longer level with {}: the service wrote to the current store since \
+                 the switch at {} and no longer knows every such write (it restarted since, or \
+                 they were too many); to go back, move to it with a new live migration \
+                 (`orchestrator storage migrate --to {}`), which brings it up to date",
                 choice.previous,
                 choice.store,
                 choice.switched_at.to_rfc3339(),
@@ -451,7 +454,8 @@ impl LiveMigrations {
             Ok(differ) => {
                 drop(paused);
                 let error = LiveError::Rollback(format!(
-                    "{} records still differ after the writes since the switch were applied                      (first: {})",
+                    "{} records still differ after the writes since the switch were applied \
+                     (first: {})",
                     differ.len(),
                     differ[0]
                 ));
@@ -828,7 +832,7 @@ impl Run {
             s.phase = MigrationPhase::Completed;
             s.phases.switching_ms = Some(switch_ms);
             s.switch_stall_ms = Some(stall);
-            s.records_mirrored += last_applied.records;
+            s.records_mirrored += last_applied;
             s.finished_at = Some(Utc::now());
         });
         drop(source);
@@ -905,7 +909,7 @@ async fn mirror(
         })
         .await?;
         pending = Changed::default();
-        this.update(id, false, |s| s.records_mirrored += applied.records);
+        this.update(id, false, |s| s.records_mirrored += applied);
         if n <= SMALL_ROUND {
             break;
         }

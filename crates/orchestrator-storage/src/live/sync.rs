@@ -12,22 +12,15 @@ use super::switch::Changed;
 use crate::transfer::{self, TransferError};
 use crate::{Record, RecordKind, Storage};
 
-/// What one application did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Applied {
-    /// Records written or deleted in the target.
-    pub(crate) records: u64,
-    pub(crate) log_bytes: u64,
-}
-
-/// Applies `changed` from `source` to `target`, `batch` keys at a time.
+/// Applies `changed` from `source` to `target`, `batch` keys at a time;
+/// the records written or deleted in the target.
 pub(crate) async fn apply(
     source: &Storage,
     target: &Storage,
     changed: &Changed,
     batch: usize,
-) -> Result<Applied, TransferError> {
-    let mut applied = Applied::default();
+) -> Result<u64, TransferError> {
+    let mut applied = 0;
     let mut by_kind: BTreeMap<RecordKind, Vec<String>> = BTreeMap::new();
     for (kind, key) in &changed.records {
         by_kind.entry(*kind).or_default().push(key.clone());
@@ -40,8 +33,7 @@ pub(crate) async fn apply(
     }
     let logs: Vec<TaskId> = changed.logs.iter().copied().collect();
     for chunk in logs.chunks(batch.max(1)) {
-        applied.log_bytes +=
-            transfer::sync_logs(source.transfer(), target.transfer(), chunk).await?;
+        transfer::sync_logs(source.transfer(), target.transfer(), chunk).await?;
     }
     if let Some(before) = changed.audit_pruned_before {
         target
@@ -62,7 +54,7 @@ async fn apply_records(
     target: &Storage,
     kind: RecordKind,
     keys: &[String],
-    applied: &mut Applied,
+    applied: &mut u64,
 ) -> Result<(), TransferError> {
     let mut writes = Vec::with_capacity(keys.len());
     let mut present = std::collections::HashSet::with_capacity(keys.len());
@@ -92,7 +84,7 @@ async fn apply_records(
             .import(&writes)
             .await
             .map_err(TransferError::Target)?;
-        applied.records += writes.len() as u64;
+        *applied += writes.len() as u64;
     }
     let gone: Vec<String> = keys
         .iter()
@@ -112,7 +104,7 @@ async fn apply_records(
         .collect();
     for old in held.values() {
         delete(target, old).await?;
-        applied.records += 1;
+        *applied += 1;
     }
     Ok(())
 }
