@@ -106,12 +106,18 @@ surreal:
 # on a busy 2-core machine; the benchmark then takes about 9 minutes, also
 # runs workload 5 on embedded SurrealDB and migrates fs -> embedded -> fs in
 # workload 6).
+#
+# `BENCH_BACKENDS=...,surrealdb-server` also builds the SurrealDB server
+# (surreal-dev-server) in release mode, starts it in memory on a free port,
+# runs workloads 1-3 on it and adds workload 9: 1, 2 and 3 nodes on that
+# server (about 3 more minutes).
 BENCH_BACKENDS ?= filesystem
 BENCH_FEATURES := $(if $(findstring surrealdb,$(BENCH_BACKENDS)),--features orchestrator/surrealdb)
+BENCH_SERVER := $(if $(findstring surrealdb-server,$(BENCH_BACKENDS)),-p surreal-dev-server)
 BENCH_BIN := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/orchestrator-bench
 
 bench:
-	$(CARGO) build --release -p orchestrator -p orchestrator-bench $(BENCH_FEATURES)
+	$(CARGO) build --release -p orchestrator -p orchestrator-bench $(BENCH_SERVER) $(BENCH_FEATURES)
 	$(BENCH_BIN) --backends $(BENCH_BACKENDS) --out docs/benchmarks.md
 
 # The Debian package, in $(TARGET_DIR)/debian/: the release binary with its

@@ -10,8 +10,10 @@ mod live;
 mod load;
 mod report;
 mod rusage;
+mod scaleout;
 mod service;
 mod stats;
+mod surreal;
 mod workloads;
 
 use std::path::PathBuf;
@@ -31,9 +33,15 @@ struct Args {
     #[arg(long)]
     orchestrator: Option<PathBuf>,
     /// Storage backends to measure, comma-separated: filesystem,
-    /// surrealdb-embedded (needs a binary built with `--features surrealdb`).
+    /// surrealdb-embedded, surrealdb-server (both need a binary built with
+    /// `--features surrealdb`; surrealdb-server also needs `--surreal`, and
+    /// adds workload 9).
     #[arg(long, env = "BENCH_BACKENDS", default_value = "filesystem")]
     backends: String,
+    /// The SurrealDB server binary for the surrealdb-server backend
+    /// [default: `surreal-dev-server` next to this one].
+    #[arg(long)]
+    surreal: Option<PathBuf>,
     /// Write the results into this markdown file (latest table + history).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -48,8 +56,8 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
-    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8 (w3
-    /// includes w4).
+    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9 (w3
+    /// includes w4; w9 runs only with the surrealdb-server backend).
     #[arg(long, default_value = ALL_WORKLOADS)]
     only: String,
     /// Where the temporary data directories go [default: the system temp dir].
@@ -62,7 +70,7 @@ struct Args {
 
 /// Every workload; a run of all of them is the only one recorded in
 /// `--out`.
-const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8";
+const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8,w9";
 
 /// What every workload needs.
 pub struct Ctx {
@@ -74,6 +82,8 @@ pub struct Ctx {
     pub tmp: PathBuf,
     /// `--keep`: leave every data directory in place.
     pub keep: bool,
+    /// The SurrealDB server, with `surrealdb-server` among the backends.
+    pub surreal: Option<surreal::SurrealServer>,
 }
 
 impl Ctx {
@@ -92,6 +102,8 @@ pub struct Results {
     pub migrate: Option<Result<workloads::Migration, String>>,
     /// Workload 8.
     pub live: Option<Result<live::LiveMigration, String>>,
+    /// Workload 9.
+    pub scale_out: Option<Result<scaleout::ScaleOut, String>>,
 }
 
 pub struct BackendResults {
@@ -162,6 +174,32 @@ async fn run(args: Args) -> Result<bool> {
     let tmp = tempfile::Builder::new()
         .prefix("orchestrator-bench-")
         .tempdir_in(&tmp_parent)?;
+    let only: Vec<&str> = args.only.split(',').map(str::trim).collect();
+    let backends: Vec<String> = args
+        .backends
+        .split(',')
+        .map(|b| b.trim().to_owned())
+        .filter(|b| !b.is_empty())
+        .collect();
+    let server_backend = backends.iter().any(|b| b == "surrealdb-server");
+    let surreal = if server_backend {
+        let binary = match args.surreal {
+            Some(p) => p,
+            None => std::env::current_exe()?
+                .parent()
+                .ok_or_else(|| anyhow!("no directory for the current executable"))?
+                .join("surreal-dev-server"),
+        };
+        if !binary.is_file() {
+            bail!(
+                "{} not found: the surrealdb-server backend needs a SurrealDB server; build it (`cargo build --release -p surreal-dev-server`) or pass --surreal",
+                binary.display()
+            );
+        }
+        Some(surreal::SurrealServer::start(&binary).await?)
+    } else {
+        None
+    };
     let ctx = Ctx {
         orchestrator: std::fs::canonicalize(&orchestrator)?,
         scripts,
@@ -170,14 +208,8 @@ async fn run(args: Args) -> Result<bool> {
         scale: args.scale,
         tmp: tmp.path().to_path_buf(),
         keep: args.keep,
+        surreal,
     };
-    let only: Vec<&str> = args.only.split(',').map(str::trim).collect();
-    let backends: Vec<String> = args
-        .backends
-        .split(',')
-        .map(|b| b.trim().to_owned())
-        .filter(|b| !b.is_empty())
-        .collect();
     eprintln!(
         "orchestrator-bench: {} with {workers} workers, {} run(s) per figure, backends {backends:?}, data in {}",
         ctx.orchestrator.display(),
@@ -202,7 +234,11 @@ async fn run(args: Args) -> Result<bool> {
             eprintln!("[{backend}] workload 2: DAG");
             b.w2 = flatten(workloads::dag(&ctx, backend).await);
         }
-        if only.contains(&"w7") {
+        if only.contains(&"w7") && backend == "surrealdb-server" {
+            // Minutes per size on a shared server; workload 9 measures
+            // that backend.
+            eprintln!("[{backend}] workload 7: not run on this backend");
+        } else if only.contains(&"w7") {
             eprintln!("[{backend}] workload 7: one workflow of N steps");
             b.w7 = flatten(workloads::one_workflow(&ctx, backend).await);
         }
@@ -274,6 +310,15 @@ async fn run(args: Args) -> Result<bool> {
         }
     }
 
+    if only.contains(&"w9") && server_backend {
+        eprintln!(
+            "workload 9: scale-out, 1-3 nodes on one SurrealDB server, {} x {} ms steps",
+            ctx.scaled(scaleout::TASKS),
+            scaleout::STEP_MS
+        );
+        results.scale_out = flatten(scaleout::scale_out(&ctx).await);
+    }
+
     let env =
         report::Environment::collect(&ctx, &tmp_parent, started.elapsed(), load_at_start).await;
     let table = report::render(&ctx, &env, &results);
@@ -294,6 +339,9 @@ async fn run(args: Args) -> Result<bool> {
             report::write_doc(out, &table, &report::history_line(&env, &results))?;
             eprintln!("wrote {}", out.display());
         }
+    }
+    if let Some(server) = ctx.surreal {
+        server.stop().await;
     }
     if args.keep {
         let kept = tmp.keep();

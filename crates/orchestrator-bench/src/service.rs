@@ -30,9 +30,32 @@ pub struct Service {
     pub http: reqwest::Client,
 }
 
+/// How a service joins its store, beyond `--storage-type`: what only a node
+/// of several (workload 9) sets.
+#[derive(Default)]
+pub struct Join {
+    /// The SurrealDB database on the bench's server that the nodes share;
+    /// unset, each service gets a fresh one named after its data directory.
+    pub database: Option<String>,
+    /// Instead of `ctx.workers`.
+    pub workers: Option<usize>,
+    /// More `serve` flags (`--node-id`, `--lease-secs`, ...).
+    pub flags: Vec<String>,
+}
+
 impl Service {
     /// Starts `orchestrator serve --port 0` and waits until `/health` answers.
     pub async fn start(ctx: &Ctx, backend: &str, data_dir: &Path) -> Result<Service> {
+        Service::start_with(ctx, backend, data_dir, &Join::default()).await
+    }
+
+    /// [`Service::start`] with the settings of `join`.
+    pub async fn start_with(
+        ctx: &Ctx,
+        backend: &str,
+        data_dir: &Path,
+        join: &Join,
+    ) -> Result<Service> {
         std::fs::create_dir_all(data_dir)?;
         let data_dir = std::path::absolute(data_dir)?;
         let log_path = data_dir.with_extension("service.log");
@@ -54,14 +77,28 @@ impl Service {
             .arg("--templates-dir")
             .arg(&templates_dir)
             .arg("--workers")
-            .arg(ctx.workers.to_string())
+            .arg(join.workers.unwrap_or(ctx.workers).to_string())
             .arg("--storage-type")
             .arg(backend)
+            .args(&join.flags)
             .current_dir(&ctx.tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if backend == "surrealdb-server" {
+            let server = ctx.surreal.as_ref().ok_or_else(|| {
+                anyhow!("the surrealdb-server backend needs the bench's SurrealDB server, which was not started")
+            })?;
+            let database = match &join.database {
+                Some(d) => d.clone(),
+                None => database_name(&data_dir),
+            };
+            cmd.arg("--surrealdb-url")
+                .arg(server.url())
+                .arg("--surrealdb-database")
+                .arg(database);
+        }
         clean_env(&mut cmd);
         let t0 = Instant::now();
         let mut child = cmd
@@ -145,6 +182,18 @@ impl Service {
                 .ok_or_else(|| anyhow!("no {name} in /proc/{}/status", self.pid))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// User + system CPU time the process has used so far.
+    pub fn cpu_secs(&self) -> Result<f64> {
+        cpu_secs(self.pid)
+    }
+
+    /// SIGKILL, as in a crash: no shutdown, leases left to expire.
+    pub async fn kill(mut self) -> Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
     }
 
     /// SIGTERM, then a graceful-shutdown wait; SIGKILL if it overruns.
@@ -264,6 +313,43 @@ pub fn clean_env(cmd: &mut Command) {
         }
     }
     cmd.env("LC_ALL", "C");
+}
+
+/// A SurrealDB database name for a service's data directory: its file
+/// name, with anything but ASCII letters and digits as `_`.
+fn database_name(data_dir: &Path) -> String {
+    let name = data_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("bench_{clean}")
+}
+
+/// User + system CPU seconds of process `pid`, from `/proc/<pid>/stat`.
+pub fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces;
+    // utime and stime are fields 14 and 15, so the 12th and 13th after it.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| anyhow!("no CPU time in /proc/{pid}/stat"))
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    Ok((ticks(11)? + ticks(12)?) as f64 / hz)
 }
 
 fn listening_addr(line: &str) -> Option<SocketAddr> {
