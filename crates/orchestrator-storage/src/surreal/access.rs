@@ -94,6 +94,7 @@ impl AccessStore for SurrealBackend {
             "list audit records",
             "audit",
             &conditions,
+            None,
             vars,
             query.limit,
             query.offset,

@@ -71,6 +71,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "schedules",
         sql: include_str!("../../../../migrations/0005_schedules.surql"),
     },
+    Migration {
+        version: 6,
+        name: "task_listing",
+        sql: include_str!("../../../../migrations/0006_task_listing.surql"),
+    },
 ];
 
 /// How long a start waits for another process's migration lock.

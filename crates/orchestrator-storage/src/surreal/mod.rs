@@ -31,6 +31,8 @@ mod connection;
 mod errors;
 pub mod migrate;
 mod nodes;
+#[cfg(test)]
+mod plans;
 mod retention;
 mod rows;
 mod schedules;
@@ -288,26 +290,21 @@ impl SurrealBackend {
         docs.iter().map(|doc| from_doc(context, doc)).collect()
     }
 
-    async fn page<T: DeserializeOwned>(
+    /// One page of `table`, newest first, and the total of every match.
+    /// `index` names the index to read when SurrealDB would pick a worse
+    /// one (see [`page_sql`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn page<T: DeserializeOwned, C: AsRef<str>>(
         &self,
         context: &str,
         table: &str,
-        conditions: &[&str],
+        conditions: &[C],
+        index: Option<&str>,
         mut vars: Variables,
         limit: usize,
         offset: usize,
     ) -> Result<Page<T>> {
-        let filter = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conditions.join(" AND "))
-        };
-        // `table` and `conditions` are constants of this module; every
-        // value is a bound parameter.
-        let sql = format!(
-            "SELECT VALUE doc FROM {table} {filter} ORDER BY id DESC LIMIT $limit START $offset;
-             SELECT count() AS n FROM {table} {filter} GROUP ALL;"
-        );
+        let sql = page_sql(table, conditions, index);
         vars.insert("limit", to_i64(limit));
         vars.insert("offset", to_i64(offset));
         let mut response = self.query(context, &sql, &vars).await?;
@@ -368,6 +365,35 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
         location,
         entries: entries?,
     })
+}
+
+/// The two statements of a listing: the page, newest first (record keys
+/// are UUIDv7s, which sort by creation), and the total of the matches.
+///
+/// `table`, `conditions` and `index` are this module's own text. SurrealDB
+/// answers `count()` from an index (a COUNT index, or the index keys
+/// without reading records) only when the WHERE is known as the query is
+/// planned, so a condition that a count must match carries its value as a
+/// literal: a task status's name, or a workflow's UUID, never user text.
+/// Other conditions bind their values (`$name`).
+pub(crate) fn page_sql<C: AsRef<str>>(
+    table: &str,
+    conditions: &[C],
+    index: Option<&str>,
+) -> String {
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        let parts: Vec<&str> = conditions.iter().map(AsRef::as_ref).collect();
+        format!("WHERE {}", parts.join(" AND "))
+    };
+    let with = index
+        .map(|i| format!("WITH INDEX {i} "))
+        .unwrap_or_default();
+    format!(
+        "SELECT VALUE doc FROM {table} {with}{filter} ORDER BY id DESC LIMIT $limit START $offset;
+         SELECT count() AS n FROM {table} {filter} GROUP ALL;"
+    )
 }
 
 /// A few milliseconds of jitter; exactness does not matter, so no RNG

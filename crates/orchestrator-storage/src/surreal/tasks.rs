@@ -220,21 +220,13 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
-        let mut conditions = Vec::new();
-        let mut vars = Variables::new();
-        if let Some(workflow) = query.workflow {
-            conditions.push("workflow = $workflow");
-            vars.insert("workflow", workflow.to_string());
-        }
-        if let Some(status) = query.status {
-            conditions.push("status = $status");
-            vars.insert("status", status.as_str());
-        }
+        let (conditions, index) = task_filter(query.workflow, query.status);
         self.page(
             "list tasks",
             "task",
             &conditions,
-            vars,
+            index,
+            Variables::new(),
             query.limit,
             query.offset,
         )
@@ -310,6 +302,7 @@ impl TaskStore for SurrealBackend {
             "list workflows",
             "workflow",
             &conditions,
+            None,
             vars,
             query.limit,
             query.offset,
@@ -374,4 +367,25 @@ impl TaskStore for SurrealBackend {
             data,
         })
     }
+}
+
+/// The `WHERE` of a task listing, and the index to read. The values are
+/// literals so that the total comes from the COUNT indexes and index keys
+/// (see [`super::page_sql`]); both are of closed sets: a status's name, and
+/// a UUID's hyphenated hex.
+pub(super) fn task_filter(
+    workflow: Option<WorkflowId>,
+    status: Option<TaskStatus>,
+) -> (Vec<String>, Option<&'static str>) {
+    let mut conditions = Vec::new();
+    if let Some(workflow) = workflow {
+        conditions.push(format!("workflow = '{}'", workflow.as_uuid().hyphenated()));
+    }
+    if let Some(status) = status {
+        conditions.push(format!("status = '{}'", status.as_str()));
+    }
+    // With both, SurrealDB picks the status index and filters by workflow,
+    // which reads every task in that status.
+    let index = (conditions.len() == 2).then_some("task_workflow_status");
+    (conditions, index)
 }
