@@ -912,6 +912,49 @@ fn scale_out_rows(w: &scaleout::ScaleOut, row: &mut impl FnMut([&str; 8])) {
             },
         ]);
     }
+    for c in w
+        .configs
+        .iter()
+        .filter(|c| c.pattern == scaleout::Pattern::EveryNode && c.nodes != 2)
+    {
+        let runs_tasks = (c.tasks * c.secs.len()).max(1) as f64;
+        let ops: Vec<String> = c
+            .storage
+            .by_time()
+            .into_iter()
+            .take(8)
+            .map(|(op, calls, secs)| {
+                format!(
+                    "`{op}` {:.2} calls, {}",
+                    calls / runs_tasks,
+                    ms(secs / runs_tasks * 1000.0)
+                )
+            })
+            .collect();
+        let (calls, secs) = c
+            .storage
+            .0
+            .values()
+            .fold((0.0, 0.0), |(a, b), (calls, secs)| (a + calls, b + secs));
+        row([
+            "9",
+            "",
+            &format!(
+                "storage calls per task, {} node(s), all nodes together (`/metrics`): the 8 operations that took longest",
+                c.nodes
+            ),
+            &format!(
+                "{:.1} calls, {} in all; {}",
+                calls / runs_tasks,
+                ms(secs / runs_tasks * 1000.0),
+                ops.join("; ")
+            ),
+            "",
+            "",
+            "",
+            "",
+        ]);
+    }
     let doubles: usize = w.configs.iter().map(|c| c.double_runs).sum();
     row([
         "9",

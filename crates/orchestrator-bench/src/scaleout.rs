@@ -63,6 +63,61 @@ pub struct Config {
     /// Starts beyond one per task (and beyond the task's own recorded
     /// interruptions), over every run: must be 0.
     pub double_runs: usize,
+    /// Storage calls of all nodes, by operation, summed over the runs
+    /// (from each node's `/metrics`): where the coordination goes.
+    pub storage: StorageCalls,
+}
+
+/// Per storage operation: (calls, seconds), summed.
+#[derive(Default)]
+pub struct StorageCalls(pub HashMap<String, (f64, f64)>);
+
+impl StorageCalls {
+    /// Adds a node's `orchestrator_storage_operation_duration_seconds`
+    /// counts and sums.
+    fn add(&mut self, metrics: &str) {
+        const NAME: &str = "orchestrator_storage_operation_duration_seconds";
+        for line in metrics.lines() {
+            let (is_count, rest) = if let Some(rest) = line.strip_prefix(&format!("{NAME}_count{{"))
+            {
+                (true, rest)
+            } else if let Some(rest) = line.strip_prefix(&format!("{NAME}_sum{{")) {
+                (false, rest)
+            } else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let Some(op) = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("operation=\""))
+                .map(|v| v.trim_end_matches('"'))
+            else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let entry = self.0.entry(op.to_owned()).or_default();
+            if is_count {
+                entry.0 += value;
+            } else {
+                entry.1 += value;
+            }
+        }
+    }
+
+    /// The operations by time spent, most first: (name, calls, seconds).
+    pub fn by_time(&self) -> Vec<(&str, f64, f64)> {
+        let mut ops: Vec<(&str, f64, f64)> = self
+            .0
+            .iter()
+            .map(|(op, (calls, secs))| (op.as_str(), *calls, *secs))
+            .collect();
+        ops.sort_by(|a, b| b.2.total_cmp(&a.2));
+        ops
+    }
 }
 
 impl Config {
@@ -119,6 +174,7 @@ pub async fn scale_out(ctx: &Ctx) -> Result<ScaleOut> {
             nodes_cpu_ms: vec![],
             started_by_node: vec![0; nodes],
             double_runs: 0,
+            storage: StorageCalls::default(),
         };
         for run in 0..ctx.runs {
             let tag = format!("w9-n{nodes}-{pattern:?}-{run}").to_lowercase();
@@ -139,6 +195,9 @@ pub async fn scale_out(ctx: &Ctx) -> Result<ScaleOut> {
             c.double_runs += ledger.double_runs(&stored);
             for (i, n) in ledger.started_by_node().into_iter().enumerate() {
                 c.started_by_node[i] += n;
+            }
+            for svc in &cluster {
+                c.storage.add(&svc.get_text("/metrics").await?);
             }
             for svc in cluster {
                 svc.stop().await?;

@@ -241,6 +241,16 @@ impl Service {
         Ok(serde_json::from_str(&text)?)
     }
 
+    pub async fn get_text(&self, path: &str) -> Result<String> {
+        let r = self.http.get(self.url(path)).send().await?;
+        let status = r.status();
+        let text = r.text().await?;
+        if !status.is_success() {
+            bail!("GET {path}: {status}: {text}");
+        }
+        Ok(text)
+    }
+
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
         post_json(&self.http, &self.url(path), body).await
     }
