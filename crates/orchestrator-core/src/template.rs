@@ -587,6 +587,14 @@ impl Template {
         check_mode: bool,
     ) -> Result<Expansion, TemplateError> {
         let step_order = self.validate()?;
+        // By name: `Template::step` is a linear search, and each step is
+        // looked up here, which made a submission O(steps²).
+        let by_name: HashMap<&str, &StepTemplate> = self
+            .steps
+            .iter()
+            .map(|s| (s.ref_name.as_str(), s))
+            .collect();
+        let step_named = |name: &str| by_name.get(name).copied();
         let mut inputs = Map::new();
         for key in vars.keys() {
             if key != "steps" && !self.inputs.contains_key(key) {
@@ -635,7 +643,7 @@ impl Template {
             }
         };
         for (step, value) in &per_step {
-            if self.step(step).is_none() {
+            if step_named(step).is_none() {
                 return Err(err(
                     format!("vars.steps.{step}"),
                     "no step has this ref_name",
@@ -647,7 +655,7 @@ impl Template {
                     format!("expected an object, got {}", value_kind(value)),
                 ));
             }
-            if self.step(step).is_some_and(|s| s.kind == StepKind::Http) {
+            if step_named(step).is_some_and(|s| s.kind == StepKind::Http) {
                 return Err(err(
                     format!("vars.steps.{step}"),
                     "an http step takes no per-step input",
@@ -665,9 +673,7 @@ impl Template {
         // Per step: (task index, each values) of its instances.
         let mut instances: HashMap<&str, Vec<Instance>> = HashMap::new();
         for ref_name in &step_order {
-            let step = self
-                .step(ref_name)
-                .ok_or_else(|| err("steps", "internal: lost a step"))?;
+            let step = step_named(ref_name).ok_or_else(|| err("steps", "internal: lost a step"))?;
             let at = format!("steps.{ref_name}");
             let combos = for_each_combinations(step, &base_scope, &at)?;
             // An http step's block is its input: its references resolve
@@ -687,7 +693,7 @@ impl Template {
             let mut deps_of_step: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
             for (_, reference) in references_in(&input, "").unwrap_or_default() {
                 if let Root::StepOutput(dep) = reference.root
-                    && let Some(s) = self.step(&dep)
+                    && let Some(s) = step_named(&dep)
                     && !deps_of_step.contains(&s.ref_name.as_str())
                 {
                     deps_of_step.push(&s.ref_name);
