@@ -234,13 +234,20 @@ impl Engine {
             }
         }
         tracing::info!(workflow = %workflow.id, template = %workflow.kind, tasks = tasks.len(), "workflow submitted");
-        self.start_stored(&workflow, &tasks).await?;
-        Ok((self.workflow(workflow.id).await?, false))
+        if self.start_stored(&workflow, &tasks).await? {
+            Ok((self.workflow(workflow.id).await?, false))
+        } else {
+            // Nothing was decided, so the records are as inserted: no
+            // second read of what was just written (on a SurrealDB server
+            // each read is a round trip, and a one-step workflow made 17).
+            Ok((WorkflowView::new(workflow, tasks), false))
+        }
     }
 
     /// Starts a workflow that is stored (durably) with its tasks: queues
-    /// the ready ones and settles the rest.
-    pub(crate) async fn start_stored(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+    /// the ready ones and settles the rest. Returns false when there was
+    /// nothing to settle, so the stored records are still as given.
+    pub(crate) async fn start_stored(&self, workflow: &Workflow, tasks: &[Task]) -> Result<bool> {
         let inner = &self.inner;
         inner.queue.register_limit(workflow);
         for task in tasks
@@ -249,7 +256,19 @@ impl Engine {
         {
             inner.queue.push(task);
         }
-        inner.lifecycle.advance(workflow.id).await
+        // Every task queued: there is nothing to release or skip, and a
+        // workflow whose tasks have not ended can not finish, so a round of
+        // decisions would only read the records back. (A workflow without
+        // tasks finishes in that round.)
+        let all_queued = !tasks.is_empty()
+            && tasks
+                .iter()
+                .all(|t| t.status == orchestrator_core::TaskStatus::Queued);
+        if all_queued {
+            return Ok(false);
+        }
+        inner.lifecycle.advance(workflow.id).await?;
+        Ok(true)
     }
 
     /// The workflow this submission repeats, if any; sets the revision of
