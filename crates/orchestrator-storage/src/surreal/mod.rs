@@ -6,7 +6,9 @@
 //! Each workflow and task is one record holding the whole object as JSON
 //! (`doc`) plus the fields queries need (see `migrations/`). Every query
 //! takes its values as bound parameters; the only text put together here is
-//! the choice among fixed `WHERE` fragments.
+//! the choice among fixed `WHERE` fragments, and in task listings the
+//! literal of a status name or a workflow's UUID (closed sets: see
+//! [`page_sql`] for why).
 //!
 //! A server can go away while the service runs. The SDK re-dials it every
 //! second and restores the session (sign-in, namespace, database). Every
