@@ -84,6 +84,9 @@ pub struct SurrealBackend {
     link: Arc<Link>,
     /// Set by `close` (and gone with the backend): change feeds end.
     closing: tokio::sync::watch::Sender<bool>,
+    /// How to reach the server again: each change feed opens a connection
+    /// of its own (see `nodes`). `None` for embedded and read-only stores.
+    feed_config: Option<StorageConfig>,
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -129,6 +132,7 @@ impl SurrealBackend {
             },
             link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
+            feed_config: target.remote.then(|| config.clone()),
         })
     }
 
@@ -177,6 +181,7 @@ impl SurrealBackend {
             },
             link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
+            feed_config: None,
         }))
     }
 

@@ -9,6 +9,14 @@
 //! (the SDK ends every live query of a connection it lost), the pump
 //! subscribes again, with backoff, and then tells the reader with
 //! [`Change::Lost`]: a live query replays nothing it missed.
+//!
+//! The live queries run on a connection of the feed's own. The server
+//! closes a WebSocket whose queue of notifications fills (100 by default,
+//! `SURREAL_WEBSOCKET_RESPONSE_CHANNEL_SIZE`), and one transaction that
+//! writes many records (a workflow of 1,000 steps) fills it at once, however
+//! fast the client reads. On the store's own connection that failed every
+//! request in flight with it (and the node answered 503); on the feed's,
+//! only the feed breaks, subscribes again and says what it lost.
 
 use std::future::IntoFuture;
 use std::sync::{Arc, Weak};
@@ -24,8 +32,9 @@ use surrealdb::{Notification, Surreal};
 use tokio::sync::watch;
 
 use super::SurrealBackend;
+use super::connection::Target;
 use super::errors::first_error;
-use crate::{Change, ChangeFeed, ChangeSink, Error, NodeStore, Result};
+use crate::{Change, ChangeFeed, ChangeSink, Error, NodeStore, Result, StorageConfig};
 
 /// Changes a feed holds that its reader has not taken yet; past that,
 /// changes are dropped and the reader gets one [`Change::Lost`].
@@ -76,15 +85,14 @@ impl NodeStore for SurrealBackend {
     /// On a server: a feed of its own live queries. Embedded, `None`: one
     /// process has the store, and the engine knows its own writes.
     fn changes(&self) -> Option<ChangeFeed> {
-        if !self.shared() {
-            return None;
-        }
+        let config = self.feed_config.clone().filter(|_| self.shared())?;
         let (sink, feed) = ChangeFeed::channel(FEED_CAPACITY);
         // A closed store has no client: the sink is dropped here, and the
         // feed ends at once.
         if let Ok(db) = self.handle() {
             let pump = Pump {
                 db: Arc::downgrade(&db),
+                config,
                 sink,
                 closing: self.closing.subscribe(),
                 request_timeout: self.request_timeout,
@@ -96,10 +104,13 @@ impl NodeStore for SurrealBackend {
     }
 }
 
-/// What a feed's pump needs; it holds the client weakly, so a closed or
-/// dropped store is not kept open by its feeds.
+/// What a feed's pump needs; it holds the store's client weakly, only to
+/// tell that the store is open, so a closed or dropped store is not kept
+/// open by its feeds.
 struct Pump {
     db: Weak<Surreal<Any>>,
+    /// How to open the feed's own connection.
+    config: StorageConfig,
     sink: ChangeSink,
     /// `true`, or gone, once the store is closed.
     closing: watch::Receiver<bool>,
@@ -108,13 +119,15 @@ struct Pump {
     location: String,
 }
 
-/// The three live queries of a feed.
+/// The three live queries of a feed, on the feed's own connection.
 struct Subscription {
     tasks: QueryStream<Value>,
     workflows: QueryStream<Value>,
     logs: QueryStream<Value>,
     /// Their ids, to end them.
     ids: Vec<Value>,
+    /// The connection they run on; dropping it ends them on the server.
+    db: Surreal<Any>,
 }
 
 /// Which table a notification came from.
@@ -149,16 +162,15 @@ impl Pump {
     async fn run(mut self) {
         let mut delay = RESUBSCRIBE_BACKOFF_MIN;
         loop {
-            let Some(db) = self.db.upgrade() else {
+            if self.db.strong_count() == 0 {
                 return;
-            };
+            }
             let subscribed = tokio::select! {
                 _ = store_closed(&mut self.closing) => return,
                 () = self.sink.closed() => return,
-                subscribed = subscribe(&db, self.request_timeout) => subscribed,
+                subscribed = subscribe(&self.config, self.request_timeout) => subscribed,
             };
-            drop(db);
-            let subscription = match subscribed {
+            let mut subscription = match subscribed {
                 Ok(subscription) => subscription,
                 Err(reason) => {
                     self.sink.lost(format!(
@@ -176,23 +188,16 @@ impl Pump {
             };
             delay = RESUBSCRIBE_BACKOFF_MIN;
             self.sink.set_following(true);
-            let ids = subscription.ids.clone();
-            let Some(reason) = self.follow(subscription).await else {
+            let Some(reason) = self.follow(&mut subscription).await else {
                 // The SDK's streams cannot end their live queries themselves
                 // (they ask under a session id of their own), so end them
-                // here, through the session that started them. A closed
-                // store's connection ends them as it closes.
-                if let Some(db) = self.db.upgrade() {
-                    kill(&db, &ids, self.request_timeout).await;
-                }
+                // here, through the session that started them, before the
+                // connection closes.
+                kill(&subscription.db, &subscription.ids, self.request_timeout).await;
                 return;
             };
-            // What is left of a subscription that broke (a connection that
-            // dropped ended all of it), ended meanwhile.
-            if let Some(db) = self.db.upgrade() {
-                let timeout = self.request_timeout;
-                tokio::spawn(async move { kill(&db, &ids, timeout).await });
-            }
+            // The connection goes with what is left of the subscription.
+            drop(subscription);
             self.sink.set_following(false);
             tracing::warn!(location = %self.location, %reason, "the change feed broke; subscribing again");
             // Told once the feed follows again: a reader that re-reads on
@@ -206,7 +211,7 @@ impl Pump {
 
     /// Pumps notifications until the subscription breaks (its reason) or
     /// the feed is over (`None`: the store closed or the reader left).
-    async fn follow(&mut self, mut live: Subscription) -> Option<String> {
+    async fn follow(&mut self, live: &mut Subscription) -> Option<String> {
         loop {
             let notified = tokio::select! {
                 _ = store_closed(&mut self.closing) => return None,
@@ -240,11 +245,17 @@ async fn store_closed(closing: &mut watch::Receiver<bool>) {
     let _ = closing.wait_for(|closed| *closed).await;
 }
 
-/// Starts the live queries of a feed, within the request timeout.
+/// Opens the feed's connection (within the connect timeout) and starts its
+/// live queries (within the request timeout).
 async fn subscribe(
-    db: &Surreal<Any>,
+    config: &StorageConfig,
     timeout: Duration,
 ) -> std::result::Result<Subscription, String> {
+    let db = match Target::of(config) {
+        Ok(target) => target.connect(config, false).await,
+        Err(e) => Err(e),
+    }
+    .map_err(|e| e.to_string())?;
     let mut response = match tokio::time::timeout(timeout, db.query(SUBSCRIBE).into_future()).await
     {
         Err(_) => return Err(format!("no answer within {}s", timeout.as_secs_f32())),
@@ -269,6 +280,7 @@ async fn subscribe(
         workflows,
         logs,
         ids,
+        db,
     })
 }
 

@@ -266,3 +266,82 @@ async fn a_dropped_feed_ends_its_live_queries() {
     }
     store.close().await.unwrap();
 }
+
+/// One transaction of many records floods the feed: the server closes a
+/// connection whose queue of notifications fills (100 by default), however
+/// fast the client reads. The feed has a connection of its own, so only
+/// the feed breaks: the store's requests, in flight and after, go on, and
+/// the feed follows again, says what it lost, and delivers what comes next.
+#[tokio::test]
+async fn a_burst_of_changes_breaks_at_most_the_feed_never_the_stores_requests() {
+    let server = DevServer::start_memory();
+    let mut config = server_config(&server);
+    // One insert of 1,500 records takes seconds on a debug server.
+    config.surrealdb.request_timeout = Duration::from_secs(60);
+    let store = open(&config).await;
+    let mut feed = following(&store).await;
+
+    let (workflow, tasks) = workflow_with_tasks(1500);
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .expect("the insert that floods the feed");
+    // Requests right after the burst, while the server may be closing the
+    // feed's connection: every one is answered.
+    for task in tasks.iter().step_by(100) {
+        assert!(store.tasks().get_task(task.id).await.unwrap().is_some());
+    }
+    let mut claim = tasks[0].clone();
+    claim.start(Utc::now()).unwrap();
+    let claimed = store.tasks().update_task(&claim).await.unwrap();
+
+    // The feed delivers the claim: after the creates, or after saying it
+    // lost some of them and following again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut creates = 0;
+    let mut lost = false;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the claim never came ({creates} creates, lost: {lost})"
+        );
+        match seen(next(&mut feed).await) {
+            Seen::Task(id, false, version) if id == claimed.id && version == claimed.version => {
+                break;
+            }
+            Seen::Task(_, true, _) => creates += 1,
+            Seen::Lost => {
+                lost = true;
+                eprintln!("the feed lost changes after {creates} creates, and followed again");
+                // A feed that lost changes follows again before it says so;
+                // the claim may have been among what it lost: write again.
+                let mut again = store.tasks().get_task(claimed.id).await.unwrap().unwrap();
+                again.updated_at = Utc::now();
+                let again = store.tasks().update_task(&again).await.unwrap();
+                return expect_version(&mut feed, claimed.id, again.version, deadline).await;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        creates == 1500 || lost,
+        "{creates} creates and no loss reported"
+    );
+}
+
+/// Reads the feed until it shows `task` at `version`.
+async fn expect_version(feed: &mut ChangeFeed, task: TaskId, version: u64, deadline: Instant) {
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "version {version} of {task} never came"
+        );
+        if let Seen::Task(id, _, v) = seen(next(feed).await)
+            && id == task
+            && v >= version
+        {
+            return;
+        }
+    }
+}
