@@ -103,14 +103,14 @@ surreal:
 # measures the filesystem backend; add embedded SurrealDB with
 # `make bench BENCH_BACKENDS=filesystem,surrealdb-embedded` (builds with
 # --features orchestrator/surrealdb: 20+ minutes the first time, about an hour
-# on a busy 2-core machine; the benchmark then takes about 9 minutes, also
-# runs workload 5 on embedded SurrealDB and migrates fs -> embedded -> fs in
-# workload 6).
+# on a busy 2-core machine; the benchmark then also runs workloads 1-3 and 7
+# on embedded SurrealDB, workload 5 on it, and migrates fs -> embedded -> fs
+# in workload 6).
 #
 # `BENCH_BACKENDS=...,surrealdb-server` also builds the SurrealDB server
 # (surreal-dev-server) in release mode, starts it in memory on a free port,
 # runs workloads 1-3 on it and adds workload 9: 1, 2 and 3 nodes on that
-# server (about 3 more minutes).
+# server. With all three backends the benchmark took 20 minutes.
 BENCH_BACKENDS ?= filesystem
 BENCH_FEATURES := $(if $(findstring surrealdb,$(BENCH_BACKENDS)),--features orchestrator/surrealdb)
 BENCH_SERVER := $(if $(findstring surrealdb-server,$(BENCH_BACKENDS)),-p surreal-dev-server)
