@@ -150,19 +150,11 @@ async fn run(args: Args) -> Result<bool> {
     let load_at_start = std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into());
-    let orchestrator = match args.orchestrator {
-        Some(p) => p,
-        None => std::env::current_exe()?
-            .parent()
-            .ok_or_else(|| anyhow!("no directory for the current executable"))?
-            .join("orchestrator"),
-    };
-    if !orchestrator.is_file() {
-        bail!(
-            "{} not found; build it first (`cargo build --release -p orchestrator`) or pass --orchestrator",
-            orchestrator.display()
-        );
-    }
+    let orchestrator = binary(
+        args.orchestrator,
+        "orchestrator",
+        "build it first (`cargo build --release -p orchestrator`) or pass --orchestrator",
+    )?;
     let scripts = std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts"))
         .context("the bench scripts directory")?;
     let workers = args.workers.unwrap_or_else(|| {
@@ -183,19 +175,11 @@ async fn run(args: Args) -> Result<bool> {
         .collect();
     let server_backend = backends.iter().any(|b| b == "surrealdb-server");
     let surreal = if server_backend {
-        let binary = match args.surreal {
-            Some(p) => p,
-            None => std::env::current_exe()?
-                .parent()
-                .ok_or_else(|| anyhow!("no directory for the current executable"))?
-                .join("surreal-dev-server"),
-        };
-        if !binary.is_file() {
-            bail!(
-                "{} not found: the surrealdb-server backend needs a SurrealDB server; build it (`cargo build --release -p surreal-dev-server`) or pass --surreal",
-                binary.display()
-            );
-        }
+        let binary = binary(
+            args.surreal,
+            "surreal-dev-server",
+            "the surrealdb-server backend needs a SurrealDB server; build it (`cargo build --release -p surreal-dev-server`) or pass --surreal",
+        )?;
         Some(surreal::SurrealServer::start(&binary).await?)
     } else {
         None
@@ -349,6 +333,22 @@ async fn run(args: Args) -> Result<bool> {
     }
     eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
     Ok(failures.is_empty())
+}
+
+/// `given`, or the binary `name` next to this one; `hint` says what to do
+/// when it is not there.
+fn binary(given: Option<PathBuf>, name: &str, hint: &str) -> Result<PathBuf> {
+    let path = match given {
+        Some(path) => path,
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or_else(|| anyhow!("no directory for the current executable"))?
+            .join(name),
+    };
+    if !path.is_file() {
+        bail!("{} not found: {hint}", path.display());
+    }
+    Ok(path)
 }
 
 /// Workloads 5 and 6 on the 100k data set `data` (`small`: workload 6's

@@ -291,16 +291,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                     &at_most(per_task, 1.0),
                 ]);
             }
-            Some(Err(e)) => row([
-                "1",
-                &format!("independent tasks ({be})"),
-                "",
-                &format!("FAILED: {e}"),
-                "",
-                "",
-                "",
-                "",
-            ]),
+            Some(Err(e)) => failed(&mut row, "1", &format!("independent tasks ({be})"), e),
             None => {}
         }
         match &b.w2 {
@@ -333,16 +324,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                     &at_most(w.ratio(), 1.3),
                 ]);
             }
-            Some(Err(e)) => row([
-                "2",
-                &format!("DAG ({be})"),
-                "",
-                &format!("FAILED: {e}"),
-                "",
-                "",
-                "",
-                "",
-            ]),
+            Some(Err(e)) => failed(&mut row, "2", &format!("DAG ({be})"), e),
             None => {}
         }
         match &b.w7 {
@@ -387,16 +369,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                     }
                 }
             }
-            Some(Err(e)) => row([
-                "7",
-                &format!("one workflow of N steps ({be})"),
-                "",
-                &format!("FAILED: {e}"),
-                "",
-                "",
-                "",
-                "",
-            ]),
+            Some(Err(e)) => failed(&mut row, "7", &format!("one workflow of N steps ({be})"), e),
             None => {}
         }
         match &b.w3 {
@@ -468,16 +441,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                     ]);
                 }
             }
-            Some(Err(e)) => row([
-                "3–4",
-                &format!("latency and reads ({be})"),
-                "",
-                &format!("FAILED: {e}"),
-                "",
-                "",
-                "",
-                "",
-            ]),
+            Some(Err(e)) => failed(&mut row, "3–4", &format!("latency and reads ({be})"), e),
             None => {}
         }
     }
@@ -501,16 +465,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         let sc = match scale {
             Ok(sc) => sc,
             Err(e) => {
-                row([
-                    "5",
-                    &format!("100k stored tasks ({be})"),
-                    "",
-                    &format!("FAILED: {e}"),
-                    "",
-                    "",
-                    "",
-                    "",
-                ]);
+                failed(&mut row, "5", &format!("100k stored tasks ({be})"), e);
                 continue;
             }
         };
@@ -662,47 +617,34 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                 ]);
             }
         }
-        Some(Err(e)) => row([
-            "6",
-            "migration",
-            "",
-            &format!("FAILED: {e}"),
-            "",
-            "",
-            "",
-            "",
-        ]),
+        Some(Err(e)) => failed(&mut row, "6", "migration", e),
         None => {}
     }
     match &r.scale_out {
         Some(Ok(w)) => scale_out_rows(w, &mut row),
-        Some(Err(e)) => row([
-            "9",
-            "scale-out",
-            "",
-            &format!("FAILED: {e}"),
-            "",
-            "",
-            "",
-            "",
-        ]),
+        Some(Err(e)) => failed(&mut row, "9", "scale-out", e),
         None => {}
     }
     match &r.live {
         Some(Ok(l)) => live_rows(l, &mut row),
-        Some(Err(e)) => row([
-            "8",
-            "live migration",
-            "",
-            &format!("FAILED: {e}"),
-            "",
-            "",
-            "",
-            "",
-        ]),
+        Some(Err(e)) => failed(&mut row, "8", "live migration", e),
         None => {}
     }
     t
+}
+
+/// The row of a workload that failed: what it was, and why.
+fn failed(row: &mut impl FnMut([&str; 8]), number: &str, what: &str, error: &str) {
+    row([
+        number,
+        what,
+        "",
+        &format!("FAILED: {error}"),
+        "",
+        "",
+        "",
+        "",
+    ]);
 }
 
 /// "met", or the count when a target of zero was missed.
@@ -1000,7 +942,7 @@ fn scale_out_rows(w: &scaleout::ScaleOut, row: &mut impl FnMut([&str; 8])) {
                 },
             ]);
         }
-        Err(e) => row(["9", "takeover", "", &format!("FAILED: {e}"), "", "", "", ""]),
+        Err(e) => failed(row, "9", "takeover", e),
     }
 }
 

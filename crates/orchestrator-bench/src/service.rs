@@ -232,13 +232,7 @@ impl Service {
     }
 
     pub async fn get_json(&self, path: &str) -> Result<Value> {
-        let r = self.http.get(self.url(path)).send().await?;
-        let status = r.status();
-        let text = r.text().await?;
-        if !status.is_success() {
-            bail!("GET {path}: {status}: {text}");
-        }
-        Ok(serde_json::from_str(&text)?)
+        Ok(serde_json::from_str(&self.get_text(path).await?)?)
     }
 
     pub async fn get_text(&self, path: &str) -> Result<String> {
