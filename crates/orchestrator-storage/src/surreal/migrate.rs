@@ -78,6 +78,10 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// How long one migration's transaction may take: index builds grow with
+/// the store.
+const MIGRATION_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
 /// How long a start waits for another process's migration lock.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -236,7 +240,12 @@ async fn apply(db: &Surreal<Any>, migration: &Migration, timeout: Duration) -> R
          applied_at = <string> time::now();\nCOMMIT;",
         migration.sql
     );
-    match run(db, timeout, "apply the migration", &sql, vars.clone()).await {
+    // The migration itself may build indexes over whole tables (0006 builds
+    // eleven over the tasks), which takes longer than a request on a large
+    // store. A deadline that passed while the server went on would clear
+    // the record below of a migration that then commits.
+    let deadline = timeout.max(MIGRATION_DEADLINE);
+    match run(db, deadline, "apply the migration", &sql, vars.clone()).await {
         Ok(()) => {
             tracing::info!(migration = %file, "schema migration applied");
             Ok(())

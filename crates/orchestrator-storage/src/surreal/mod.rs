@@ -85,7 +85,8 @@ pub struct SurrealBackend {
     /// Set by `close` (and gone with the backend): change feeds end.
     closing: tokio::sync::watch::Sender<bool>,
     /// How to reach the server again: each change feed opens a connection
-    /// of its own (see `nodes`). `None` for embedded and read-only stores.
+    /// of its own (see `nodes`). Set for a server only (not for embedded
+    /// or read-only stores), so it also says whether there is a feed.
     feed_config: Option<StorageConfig>,
 }
 

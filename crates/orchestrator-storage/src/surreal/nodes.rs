@@ -85,7 +85,8 @@ impl NodeStore for SurrealBackend {
     /// On a server: a feed of its own live queries. Embedded, `None`: one
     /// process has the store, and the engine knows its own writes.
     fn changes(&self) -> Option<ChangeFeed> {
-        let config = self.feed_config.clone().filter(|_| self.shared())?;
+        // Set exactly for a server, the one shared store.
+        let config = self.feed_config.clone()?;
         let (sink, feed) = ChangeFeed::channel(FEED_CAPACITY);
         // A closed store has no client: the sink is dropped here, and the
         // feed ends at once.
