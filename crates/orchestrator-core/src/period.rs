@@ -21,7 +21,9 @@ pub enum Keep {
 const MAX_KEEP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// What parses as a `Keep`, for the API's schema: `forever`, or numbers
-/// each with a unit, as `humantime` reads them (`30d`, `1h 30m`).
+/// each with a unit, as `humantime` reads them (`30d`, `1h 30m`). Only
+/// the schema (the `openapi` feature) and the tests read it.
+#[cfg_attr(not(any(feature = "openapi", test)), allow(dead_code))]
 pub const KEEP_PATTERN: &str = "^(forever|[0-9]{1,6}(nsec|ns|usec|us|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y)( [0-9]{1,6}(nsec|ns|usec|us|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y))*)$";
 
 impl FromStr for Keep {

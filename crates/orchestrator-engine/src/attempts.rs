@@ -41,20 +41,41 @@ impl StopTokens {
     }
 }
 
+/// One attempt of this node's.
+struct Running {
+    tokens: StopTokens,
+    /// The attempt number the claim stored; `None` while the claim is on
+    /// its way to storage.
+    claimed: Option<u32>,
+}
+
 #[derive(Default)]
 pub(crate) struct Attempts {
     /// A std mutex: every use is a map operation that never awaits. An
     /// attempt is registered before its task is stored as running, so a
     /// cancel that reads "running" always finds its tokens.
-    running: Mutex<HashMap<TaskId, StopTokens>>,
+    running: Mutex<HashMap<TaskId, Running>>,
 }
 
 impl Attempts {
     /// Registers an attempt about to be claimed; its stop tokens.
     pub(crate) fn begin(&self, id: TaskId) -> StopTokens {
         let tokens = StopTokens::new();
-        lock(&self.running).insert(id, tokens.clone());
+        lock(&self.running).insert(
+            id,
+            Running {
+                tokens: tokens.clone(),
+                claimed: None,
+            },
+        );
         tokens
+    }
+
+    /// The claim of the attempt on `id` is stored, as attempt `attempt`.
+    pub(crate) fn claimed(&self, id: TaskId, attempt: u32) {
+        if let Some(running) = lock(&self.running).get_mut(&id) {
+            running.claimed = Some(attempt);
+        }
     }
 
     pub(crate) fn end(&self, id: TaskId) {
@@ -64,8 +85,8 @@ impl Attempts {
     /// Stops the step of a cancelled task if it runs here; whether it did.
     pub(crate) fn cancel(&self, id: TaskId) -> bool {
         match lock(&self.running).get(&id) {
-            Some(tokens) => {
-                tokens.cancel_task();
+            Some(running) => {
+                running.tokens.cancel_task();
                 true
             }
             None => false,
@@ -84,7 +105,22 @@ impl Attempts {
     pub(crate) fn snapshot(&self) -> Vec<(TaskId, StopTokens)> {
         lock(&self.running)
             .iter()
-            .map(|(id, tokens)| (*id, tokens.clone()))
+            .map(|(id, running)| (*id, running.tokens.clone()))
+            .collect()
+    }
+
+    /// The attempts whose claim is stored, with their tokens and attempt
+    /// numbers. Only these can be compared with what the store holds: an
+    /// attempt whose claim is still on its way finds its task queued
+    /// there, and is not for that reason lost.
+    pub(crate) fn claimed_snapshot(&self) -> Vec<(TaskId, StopTokens, u32)> {
+        lock(&self.running)
+            .iter()
+            .filter_map(|(id, running)| {
+                running
+                    .claimed
+                    .map(|attempt| (*id, running.tokens.clone(), attempt))
+            })
             .collect()
     }
 }

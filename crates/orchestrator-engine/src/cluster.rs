@@ -154,11 +154,14 @@ impl Cluster {
     /// requested through another node. Returns the tasks still owned.
     async fn watch_running(&self) -> Vec<Task> {
         let mut owned = Vec::new();
-        for (id, tokens) in self.attempts.snapshot() {
+        for (id, tokens, attempt) in self.attempts.claimed_snapshot() {
             let Ok(Some(task)) = self.records.store().tasks().get_task(id).await else {
                 continue;
             };
-            if task.status != TaskStatus::Running || task.node.as_deref() != Some(&self.node_id) {
+            if task.status != TaskStatus::Running
+                || task.node.as_deref() != Some(&self.node_id)
+                || task.attempts != attempt
+            {
                 tracing::warn!(task = %id, "another node took the task over; stopping its script here");
                 tokens.stop_attempt();
             } else {
@@ -201,10 +204,12 @@ impl Cluster {
         }
     }
 
-    /// Takes over running tasks whose lease ran out (their node stopped, or
-    /// this node could not record their outcome), and on a shared store
-    /// queues what other nodes accepted.
+    /// Advances again the workflows whose follow-up failed here, takes
+    /// over running tasks whose lease ran out (their node stopped, or this
+    /// node could not record their outcome), and on a shared store queues
+    /// what other nodes accepted.
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
+        self.lifecycle.retry_stalled().await;
         let now = Utc::now();
         for task in self.records.store().tasks().unfinished_tasks().await? {
             match task.status {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use orchestrator_core::event::{Change, TaskMark};
-use orchestrator_core::{Task, TaskId, TaskStatus, WorkflowId};
+use orchestrator_core::{Priority, Task, TaskId, TaskStatus, WorkflowId};
 use orchestrator_executor::{Attempt, CheckpointSink, LogSink, Outcome};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -29,6 +29,10 @@ const LIMITED_CLAIM_ATTEMPTS: usize = 5;
 /// How long a task of a workflow at its limit on other nodes waits before
 /// it is tried again.
 const LIMITED_CLAIM_RETRY: Duration = Duration::from_millis(200);
+
+/// How long a task whose claim could not be stored waits before it is
+/// tried again: storage that just failed is given a moment.
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
 
 /// How many chunks (lines, or pieces of long ones) of a step's output may
 /// wait to be stored; past that, the step waits (a script at its pipe).
@@ -169,8 +173,15 @@ impl Dispatcher {
     }
 
     async fn run_attempt(&self, id: TaskId, worker: OwnedSemaphorePermit) -> Result<()> {
-        let Some(task) = self.records.store().tasks().get_task(id).await? else {
-            return Ok(());
+        let task = match self.records.store().tasks().get_task(id).await {
+            Ok(Some(task)) => task,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                // Nothing else would offer the task again before a restart
+                // (on a store of one node): it goes back to the queue.
+                self.queue.retry_later(id, Priority::Normal, CLAIM_RETRY);
+                return Err(e.into());
+            }
         };
         if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
             // Cancelled (or otherwise moved on) while it sat in the queue.
@@ -180,13 +191,21 @@ impl Dispatcher {
             return Ok(());
         }
         let workflow = task.workflow_id;
+        let (retry_id, priority) = (task.id, task.priority);
         let tokens = self.attempts.begin(id);
         let attempt = self.claim_and_run(task, tokens, worker).await;
         self.attempts.end(id);
         let result = match attempt {
             Ok(Some((task, outcome))) => self.lifecycle.finish_attempt(task, outcome).await,
             Ok(None) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => {
+                // The claim could not be stored: the task is still queued
+                // there (or, if the write landed after all, running under a
+                // lease that nothing renews, which the lease check takes
+                // over). Either way it is tried again, not stranded.
+                self.queue.retry_later(retry_id, priority, CLAIM_RETRY);
+                Err(e)
+            }
         };
         self.queue.release_slot(workflow);
         result
@@ -223,6 +242,7 @@ impl Dispatcher {
             Err(e) if e.is_conflict() => return Ok(None),
             Err(e) => return Err(e),
         };
+        self.attempts.claimed(task.id, task.attempts);
         // The claim is what makes a crash recoverable; the workflow's
         // "running" is bookkeeping, so its write goes out alongside the
         // step instead of delaying it.

@@ -69,6 +69,11 @@ pub(crate) struct Lifecycle {
     /// Workflows this node saw running, so that claims need not re-read
     /// them; forgotten when they finish. A std mutex, as `advancing`.
     running_workflows: Mutex<HashSet<WorkflowId>>,
+    /// Workflows whose last follow-up failed (storage refused a write or a
+    /// read): on a store of one node nothing else would advance them
+    /// before a restart, so the cluster loop tries them again
+    /// ([`Lifecycle::retry_stalled`]). A std mutex, as `advancing`.
+    stalled: Mutex<HashSet<WorkflowId>>,
     /// Bumped whenever a workflow finishes here; waiters watch it.
     finished: watch::Sender<u64>,
 }
@@ -92,6 +97,7 @@ impl Lifecycle {
             advancing: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             running_workflows: Mutex::new(HashSet::new()),
+            stalled: Mutex::new(HashSet::new()),
             finished: watch::Sender::new(0),
         }
     }
@@ -527,6 +533,9 @@ impl Lifecycle {
             };
             let mut advancing = lock(&self.advancing);
             let more = advancing.get_mut(&id).map(mem::take).unwrap_or_default();
+            if result.is_err() {
+                lock(&self.stalled).insert(id);
+            }
             if result.is_err() || more.is_empty() {
                 advancing.remove(&id);
                 return result;
@@ -666,6 +675,25 @@ impl Lifecycle {
             Err(error) => task.fail_unrunnable(error, now)?,
         }
         Ok(())
+    }
+
+    /// Advances again, in full, each workflow whose follow-up failed;
+    /// those that fail again stay for the next call.
+    pub(crate) async fn retry_stalled(&self) {
+        let stalled: Vec<WorkflowId> = lock(&self.stalled).drain().collect();
+        for id in stalled {
+            match self.advance(id).await {
+                Ok(()) => {
+                    tracing::info!(workflow = %id, "advanced a workflow whose follow-up had failed")
+                }
+                // Deleted meanwhile (retention): nothing left to advance.
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(workflow = %id, error = %e, "a workflow whose follow-up failed still cannot advance");
+                    lock(&self.stalled).insert(id);
+                }
+            }
+        }
     }
 
     /// Applies decisions until the workflow needs nothing more right now.

@@ -105,8 +105,15 @@ impl Queue {
     /// start yet for a reason another node will lift (its workflow is at
     /// its limit across nodes), and that no event here will wake.
     pub(crate) fn push_after(&self, task: &Task, delay: Duration) {
+        self.retry_later(task.id, task.priority, delay);
+    }
+
+    /// Puts a task back by id, due after `delay`: one whose claim could not
+    /// be stored (or whose record could not be read) and that would
+    /// otherwise wait for a restart. Whoever pops it reads it again.
+    pub(crate) fn retry_later(&self, id: TaskId, priority: Priority, delay: Duration) {
         let due = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
-        lock(&self.ready).push_at(task.id, task.priority, due);
+        lock(&self.ready).push_at(id, priority, due);
         self.changed.notify_one();
     }
 

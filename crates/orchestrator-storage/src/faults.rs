@@ -2,17 +2,19 @@
 //! fault-injection persistence layer: tests turn write failures on and off
 //! to show that a failed write surfaces as an error, never as silent loss.
 //! They can also hold back the writes that end a task, to show what goes on
-//! while an outcome is still on its way to storage.
+//! while an outcome is still on its way to storage, and hold back or fail
+//! the writes that claim one, to show what goes on while a claim is.
 //!
 //! It wraps only the concerns it faults: the task store (workflow and task
 //! writes, log appends) and bulk transfer (imports). Reads, nodes and
 //! access records pass straight through, unwrapped.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 use tokio::sync::watch;
 
 use crate::{
@@ -20,9 +22,33 @@ use crate::{
     TaskQuery, TaskStore, WorkflowQuery,
 };
 
+/// A task write a test can single out, by the move it makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskMove {
+    /// Stores as running a task that is not: a claim.
+    Claim,
+    /// Stores as queued a task that was pending: a step released once its
+    /// dependencies ended.
+    Release,
+}
+
+impl TaskMove {
+    /// The move `task`, written over `stored`, makes, if it is one of these.
+    fn of(task: &Task, stored: Option<TaskStatus>) -> Option<TaskMove> {
+        match (stored, task.status) {
+            (Some(from), TaskStatus::Running) if from != TaskStatus::Running => {
+                Some(TaskMove::Claim)
+            }
+            (Some(TaskStatus::Pending), TaskStatus::Queued) => Some(TaskMove::Release),
+            _ => None,
+        }
+    }
+}
+
 /// Wraps a store: while `failing` is set, every task-store or import write
 /// returns an I/O error without reaching it; while `holding` is set, a
-/// write that ends a task (a terminal status) waits.
+/// write that ends a task (a terminal status) waits; a [`TaskMove`] can be
+/// held back or failed on its own.
 pub struct FaultyBackend;
 
 impl FaultyBackend {
@@ -30,6 +56,7 @@ impl FaultyBackend {
         let switch = FaultSwitch {
             failing: Arc::new(AtomicBool::new(false)),
             holding: watch::Sender::new(false),
+            moves: watch::Sender::new(Moves::default()),
         };
         let storage = inner
             .map_tasks(|inner| Arc::new(Faulty::new(inner, &switch)))
@@ -38,11 +65,22 @@ impl FaultyBackend {
     }
 }
 
+/// Which moves are held back or failed, and how many met their switch.
+#[derive(Default)]
+struct Moves {
+    held: HashSet<TaskMove>,
+    failed: HashSet<TaskMove>,
+    faulted: HashMap<TaskMove, usize>,
+}
+
 /// The switches of a [`FaultyBackend`], kept by the test.
 #[derive(Clone)]
 pub struct FaultSwitch {
     failing: Arc<AtomicBool>,
     holding: watch::Sender<bool>,
+    /// A watch, so that held writes wake when let through and tests wake
+    /// when a count grows.
+    moves: watch::Sender<Moves>,
 }
 
 impl FaultSwitch {
@@ -54,6 +92,51 @@ impl FaultSwitch {
     /// task; held writes go on once let through.
     pub fn hold_task_endings(&self, holding: bool) {
         self.holding.send_replace(holding);
+    }
+
+    /// Holds back (`true`) or lets through (`false`) the writes that make
+    /// `move_`; held writes go on once let through.
+    pub fn hold(&self, move_: TaskMove, holding: bool) {
+        self.moves
+            .send_modify(|moves| toggle(&mut moves.held, move_, holding));
+    }
+
+    /// Fails (`true`) the writes that make `move_`, without reaching the
+    /// store, or lets them through again (`false`).
+    pub fn fail(&self, move_: TaskMove, failing: bool) {
+        self.moves
+            .send_modify(|moves| toggle(&mut moves.failed, move_, failing));
+    }
+
+    /// Waits until `n` writes that make `move_` were held back or failed.
+    pub async fn faulted(&self, move_: TaskMove, n: usize) {
+        // Never errs: the sender lives in `self`.
+        let _ = self
+            .moves
+            .subscribe()
+            .wait_for(|moves| moves.faulted.get(&move_).copied().unwrap_or(0) >= n)
+            .await;
+    }
+
+    /// Holds back or fails a write that makes `move_`, as the switches say.
+    async fn on_move(&self, move_: TaskMove) -> Result<()> {
+        let count = |moves: &mut Moves| *moves.faulted.entry(move_).or_default() += 1;
+        if self.moves.borrow().held.contains(&move_) {
+            self.moves.send_modify(count);
+            let _ = self
+                .moves
+                .subscribe()
+                .wait_for(|moves| !moves.held.contains(&move_))
+                .await;
+        }
+        if self.moves.borrow().failed.contains(&move_) {
+            self.moves.send_modify(count);
+            return Err(Error::io(
+                format!("{move_:?} task (injected fault)"),
+                std::io::Error::other("the fault switch of this move is on"),
+            ));
+        }
+        Ok(())
     }
 
     fn check(&self, what: &str) -> Result<()> {
@@ -104,11 +187,16 @@ impl TaskStore for Faulty<dyn TaskStore> {
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
+        let switch = &self.switch;
         if task.status.is_terminal() {
             // Never errs: the sender lives in `self.switch`.
-            let _ = self.switch.holding.subscribe().wait_for(|held| !held).await;
+            let _ = switch.holding.subscribe().wait_for(|held| !held).await;
         }
-        self.switch.check("update task")?;
+        let stored = self.inner.get_task(task.id).await?.map(|t| t.status);
+        if let Some(move_) = TaskMove::of(task, stored) {
+            switch.on_move(move_).await?;
+        }
+        switch.check("update task")?;
         self.inner.update_task(task).await
     }
 
@@ -193,5 +281,13 @@ impl BulkTransfer for Faulty<dyn BulkTransfer> {
 
     async fn close(&self) -> Result<()> {
         self.inner.close().await
+    }
+}
+
+fn toggle(set: &mut HashSet<TaskMove>, move_: TaskMove, on: bool) {
+    if on {
+        set.insert(move_);
+    } else {
+        set.remove(&move_);
     }
 }

@@ -15,7 +15,7 @@ use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig, Error, Meta, SubmitRequest, TemplateSource};
 use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
 use orchestrator_storage::Storage;
-use orchestrator_storage::faults::FaultyBackend;
+use orchestrator_storage::faults::{FaultyBackend, TaskMove};
 use orchestrator_storage::fs::{FsBackend, FsOptions};
 use serde_json::{Value, json};
 
@@ -295,6 +295,134 @@ async fn crashes_of_the_service_do_not_use_up_a_tasks_attempts() {
     assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
     assert_eq!(task.max_attempts, 1);
     assert_eq!((task.attempts, task.interruptions), (4, 3));
+}
+
+/// Waits until this engine's node has sent two heartbeats that began after
+/// `since`. Heartbeats and lease checks take turns in one loop, so the
+/// second heartbeat means a whole lease check ran in between.
+async fn a_lease_check_after(engine: &Engine, since: chrono::DateTime<chrono::Utc>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no heartbeats: {seen:?}"
+        );
+        for (node, _) in engine.nodes().await.unwrap() {
+            if node.last_seen > since && !seen.contains(&node.last_seen) {
+                seen.push(node.last_seen);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An attempt is registered before its claim is stored. A lease check
+/// that reads the task in between finds it still queued: that is a claim
+/// on its way, not a task another node took over, and its step must run
+/// as the one attempt it is.
+#[tokio::test]
+async fn a_claim_slow_to_store_is_not_taken_for_a_lost_lease() {
+    let setup = Setup::new();
+    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+    // Lease checks every 100 ms.
+    let engine = setup
+        .engine_with_config(store, |config| config.lease = Duration::from_millis(300))
+        .await;
+    faults.hold(TaskMove::Claim, true);
+    let (view, _) = engine
+        .submit(request_of(json!([{"ref_name": "a", "script": "mark.sh"}])))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), faults.faulted(TaskMove::Claim, 1))
+        .await
+        .expect("the claim reaches the store");
+    a_lease_check_after(&engine, chrono::Utc::now()).await;
+    faults.hold(TaskMove::Claim, false);
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let task = engine.task(view.tasks[0].id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
+    assert_eq!(
+        (task.attempts, task.interruptions, task.history.len()),
+        (1, 0, 1),
+        "one attempt, never interrupted: {:?}",
+        task.history
+    );
+    assert_eq!(setup.ran().lines().count(), 1, "{}", setup.ran());
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A claim that storage refuses leaves the task queued in the store; on
+/// a store of one node nothing else would offer it again before a
+/// restart, so the engine tries it again itself.
+#[tokio::test]
+async fn a_claim_that_could_not_be_stored_is_tried_again() {
+    let setup = Setup::new();
+    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+    let engine = setup.engine(store).await;
+    faults.fail(TaskMove::Claim, true);
+    let (view, _) = engine
+        .submit(request_of(json!([{"ref_name": "a", "script": "mark.sh"}])))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), faults.faulted(TaskMove::Claim, 1))
+        .await
+        .expect("the claim reaches the store");
+    assert_eq!(
+        engine.task(view.tasks[0].id).await.unwrap().status,
+        TaskStatus::Queued
+    );
+    faults.fail(TaskMove::Claim, false);
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "the task stayed queued after its claim failed"
+    );
+    let task = engine.task(view.tasks[0].id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
+    assert_eq!(task.attempts, 1);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A follow-up that storage refuses (the next step cannot be released)
+/// leaves the workflow with nothing queued; on a store of one node nothing
+/// else would advance it before a restart, so the engine does, later.
+#[tokio::test]
+async fn a_follow_up_that_could_not_be_stored_is_tried_again() {
+    let setup = Setup::new();
+    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
+    let engine = setup.engine(store).await;
+    faults.fail(TaskMove::Release, true);
+    let steps = json!([
+        {"ref_name": "a", "script": "mark.sh"},
+        {"ref_name": "b", "script": "mark.sh", "depends_on": ["a"]}
+    ]);
+    let (view, _) = engine.submit(request_of(steps)).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        faults.faulted(TaskMove::Release, 1),
+    )
+    .await
+    .expect("a's end releases b");
+    let b = view.tasks[1].id;
+    assert_eq!(engine.task(b).await.unwrap().status, TaskStatus::Pending);
+    faults.fail(TaskMove::Release, false);
+    assert!(
+        engine
+            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "b stayed pending after its release failed"
+    );
+    assert_eq!(engine.task(b).await.unwrap().status, TaskStatus::Completed);
+    engine.shutdown(Duration::from_secs(5)).await;
 }
 
 /// Waits until the task is running, for at most 30 s.
