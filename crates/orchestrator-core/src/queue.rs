@@ -4,9 +4,11 @@
 //! heap ordered by due time until `now` reaches them. The queue holds ids
 //! only; whoever pops an id re-checks the task's stored status, so a task
 //! cancelled while queued is dropped at pop time instead of being searched for.
+//! A task known to be claimed elsewhere can be withdrawn, to spare that
+//! re-check.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 use chrono::{DateTime, Utc};
 
@@ -41,9 +43,12 @@ type DelayedEntry = Reverse<(DateTime<Utc>, u64, Priority, TaskId)>;
 pub struct ReadyQueue {
     ready: BinaryHeap<ReadyEntry>,
     delayed: BinaryHeap<DelayedEntry>,
-    /// Ids in either heap: pushing one again is a no-op, so sources that
-    /// may offer the same task twice (a poll of shared storage) are safe.
-    members: std::collections::HashSet<TaskId>,
+    /// Each queued id, with the `seq` of its one live entry. Pushing an id
+    /// that is here is a no-op, so sources that may offer the same task
+    /// twice (a poll of shared storage) are safe. An entry whose `seq` is
+    /// not its id's here was withdrawn: a heap cannot remove from the
+    /// middle, so such entries are dropped when they reach the top.
+    members: HashMap<TaskId, u64>,
     next_seq: u64,
 }
 
@@ -59,40 +64,60 @@ impl ReadyQueue {
 
     /// Adds a task that may run now (unless it is queued already).
     pub fn push(&mut self, id: TaskId, priority: Priority) {
-        if self.members.insert(id) {
+        if !self.members.contains_key(&id) {
             let seq = self.seq();
+            self.members.insert(id, seq);
             self.ready.push(ReadyEntry { priority, seq, id });
         }
     }
 
     /// Adds a task that may run from `due` on (unless it is queued already).
     pub fn push_at(&mut self, id: TaskId, priority: Priority, due: DateTime<Utc>) {
-        if self.members.insert(id) {
+        if !self.members.contains_key(&id) {
             let seq = self.seq();
+            self.members.insert(id, seq);
             self.delayed.push(Reverse((due, seq, priority, id)));
         }
     }
 
+    /// Takes a task out (it was claimed elsewhere); whether it was queued.
+    pub fn withdraw(&mut self, id: TaskId) -> bool {
+        self.members.remove(&id).is_some()
+    }
+
     pub fn contains(&self, id: TaskId) -> bool {
-        self.members.contains(&id)
+        self.members.contains_key(&id)
+    }
+
+    fn is_live(&self, id: TaskId, seq: u64) -> bool {
+        self.members.get(&id) == Some(&seq)
     }
 
     /// The next task to run at `now`, if any.
     pub fn pop(&mut self, now: DateTime<Utc>) -> Option<TaskId> {
-        while let Some(Reverse((due, _, priority, id))) = self.delayed.peek().copied() {
+        while let Some(Reverse((due, seq, priority, id))) = self.delayed.peek().copied() {
             if due > now {
                 break;
             }
             self.delayed.pop();
-            let seq = self.seq();
-            self.ready.push(ReadyEntry { priority, seq, id });
+            if self.is_live(id, seq) {
+                // Due now: it joins the ready ones, after those already there.
+                let seq = self.seq();
+                self.members.insert(id, seq);
+                self.ready.push(ReadyEntry { priority, seq, id });
+            }
         }
-        let id = self.ready.pop()?.id;
-        self.members.remove(&id);
-        Some(id)
+        while let Some(entry) = self.ready.pop() {
+            if self.is_live(entry.id, entry.seq) {
+                self.members.remove(&entry.id);
+                return Some(entry.id);
+            }
+        }
+        None
     }
 
-    /// When the earliest delayed task becomes due, if any is waiting.
+    /// When the earliest delayed task becomes due, if any is waiting (a
+    /// withdrawn one may answer early: the pop then finds nothing due).
     pub fn next_due(&self) -> Option<DateTime<Utc>> {
         self.delayed.peek().map(|Reverse((due, ..))| *due)
     }
@@ -106,14 +131,15 @@ impl ReadyQueue {
             Priority::Critical,
         ]
         .map(|p| (p, 0));
-        for entry in &self.ready {
+        for entry in self.ready.iter().filter(|e| self.is_live(e.id, e.seq)) {
             counts[entry.priority as usize].1 += 1;
         }
         counts
     }
 
+    /// Tasks queued, ready or waiting for their due time.
     pub fn len(&self) -> usize {
-        self.ready.len() + self.delayed.len()
+        self.members.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -196,5 +222,29 @@ mod tests {
         assert_eq!(counts[Priority::High as usize], (Priority::High, 2));
         assert_eq!(counts[Priority::Low as usize], (Priority::Low, 1));
         assert_eq!(q.len(), 4);
+    }
+
+    #[test]
+    fn a_withdrawn_task_is_never_popped_and_may_be_queued_again() {
+        let mut q = ReadyQueue::new();
+        let (a, b, c) = (TaskId::new(), TaskId::new(), TaskId::new());
+        q.push(a, Priority::High);
+        q.push(b, Priority::Normal);
+        q.push_at(c, Priority::Normal, at(5));
+        assert!(q.withdraw(a));
+        assert!(q.withdraw(c));
+        assert!(!q.withdraw(c), "withdrawn once");
+        assert_eq!((q.len(), q.contains(a)), (1, false));
+        assert_eq!(q.ready_by_priority()[Priority::High as usize].1, 0);
+        assert_eq!(q.pop(at(10)), Some(b));
+        assert_eq!(q.pop(at(10)), None);
+        // Queued again later (say, interrupted elsewhere): the new entry
+        // counts, the stale one never comes back.
+        q.push(a, Priority::Low);
+        q.push_at(c, Priority::Normal, at(20));
+        assert_eq!(q.pop(at(10)), Some(a));
+        assert_eq!(q.pop(at(10)), None);
+        assert_eq!(q.pop(at(20)), Some(c));
+        assert!(q.is_empty());
     }
 }

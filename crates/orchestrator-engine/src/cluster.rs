@@ -3,7 +3,7 @@
 //! accepted (on a shared store), and hearing every node's changes through
 //! the store's change feed, to announce them as events here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -211,7 +211,12 @@ impl Cluster {
     async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
         self.lifecycle.retry_stalled().await;
         let now = Utc::now();
+        // Workflows whose next decision comes from a task's end.
+        let mut moving = HashSet::new();
         for task in self.records.store().tasks().unfinished_tasks().await? {
+            if task.status != TaskStatus::Pending {
+                moving.insert(task.workflow_id);
+            }
             match task.status {
                 TaskStatus::Running => {
                     let expired = task.lease_until.is_some_and(|until| until < now);
@@ -224,14 +229,12 @@ impl Cluster {
                         self.lifecycle.take_over(task, error).await?;
                     }
                 }
-                TaskStatus::Queued | TaskStatus::RetryWaiting if shared => {
-                    self.offer(&task).await?;
-                }
+                TaskStatus::Queued | TaskStatus::RetryWaiting if shared => self.offer(&task),
                 _ => {}
             }
         }
         if shared && advance_workflows {
-            self.lifecycle.advance_unfinished_workflows().await?;
+            self.lifecycle.advance_unfinished_workflows(&moving).await?;
         }
         Ok(())
     }
@@ -269,10 +272,24 @@ impl Cluster {
                 () = closed.cancelled() => return,
             };
             let Some(change) = change else { return };
-            if let StoredChange::Task { task, .. } = &change
-                && let Err(e) = self.offer(task).await
-            {
-                tracing::warn!(task = %task.id, error = %e, "cannot queue work heard from another node");
+            match &change {
+                // Claimed (or ended) elsewhere: nothing for a worker here.
+                // Should this be an old change, heard after the task was
+                // queued again, the next look offers it again.
+                StoredChange::Task { task, .. }
+                    if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) =>
+                {
+                    self.queue.withdraw(task.id);
+                }
+                StoredChange::Task { task, .. } => self.offer(task),
+                // Finished: what this node kept to follow it goes.
+                StoredChange::Workflow { workflow, .. } if workflow.status.is_terminal() => {
+                    self.lifecycle.forget_workflow(workflow.id);
+                }
+                // Its limit (or that it has none) is noted, so that a
+                // worker here that pops one of its tasks need not read it.
+                StoredChange::Workflow { workflow, .. } => self.queue.register_limit(workflow),
+                StoredChange::Log { .. } | StoredChange::Lost { .. } => {}
             }
             bus.publish(known.events_of(change));
         }
@@ -282,28 +299,17 @@ impl Cluster {
     /// accepted: heard from the change feed, work that reaches one node
     /// spreads at once; found by a look, what the feed missed. Whichever
     /// node claims it first runs it; the claim is a compare-and-set, so the
-    /// others' attempts only read and give up. Its workflow's
-    /// `parallel_limit` must be known here before it can be claimed within
-    /// it: read once per workflow.
-    async fn offer(&self, task: &Task) -> Result<()> {
-        if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
-            || self.queue.contains(task.id)
-            || self.attempts.contains(task.id)
+    /// others' attempts only read and give up (or never pop it: the feed
+    /// tells them of the claim, and they withdraw it). Its workflow's
+    /// `parallel_limit` is looked up when it is popped, if the feed did not
+    /// tell it first.
+    fn offer(&self, task: &Task) {
+        if matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
+            && !self.queue.contains(task.id)
+            && !self.attempts.contains(task.id)
         {
-            return Ok(());
+            self.queue.push(task);
         }
-        if self.queue.limit_of(task.workflow_id).is_none()
-            && let Some(workflow) = self
-                .records
-                .store()
-                .tasks()
-                .get_workflow(task.workflow_id)
-                .await?
-        {
-            self.queue.register_limit(&workflow);
-        }
-        self.queue.push(task);
-        Ok(())
     }
 }
 

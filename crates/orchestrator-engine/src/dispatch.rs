@@ -173,20 +173,16 @@ impl Dispatcher {
     }
 
     async fn run_attempt(&self, id: TaskId, worker: OwnedSemaphorePermit) -> Result<()> {
-        let task = match self.records.store().tasks().get_task(id).await {
+        let task = match self.still_ready(id).await {
             Ok(Some(task)) => task,
             Ok(None) => return Ok(()),
             Err(e) => {
                 // Nothing else would offer the task again before a restart
                 // (on a store of one node): it goes back to the queue.
                 self.queue.retry_later(id, Priority::Normal, CLAIM_RETRY);
-                return Err(e.into());
+                return Err(e);
             }
         };
-        if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
-            // Cancelled (or otherwise moved on) while it sat in the queue.
-            return Ok(());
-        }
         if !self.queue.take_slot(&task) {
             return Ok(());
         }
@@ -209,6 +205,27 @@ impl Dispatcher {
         };
         self.queue.release_slot(workflow);
         result
+    }
+
+    /// The popped task as stored now, if it may still be claimed, with its
+    /// workflow's `parallel_limit` (or that it has none) known here: read
+    /// once per workflow that reached this node only as tasks from the
+    /// change feed.
+    async fn still_ready(&self, id: TaskId) -> Result<Option<Task>> {
+        let store = self.records.store().tasks();
+        let Some(task) = store.get_task(id).await? else {
+            return Ok(None);
+        };
+        if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
+            // Cancelled (or otherwise moved on) while it sat in the queue.
+            return Ok(None);
+        }
+        if !self.queue.knows_limit(task.workflow_id)
+            && let Some(workflow) = store.get_workflow(task.workflow_id).await?
+        {
+            self.queue.register_limit(&workflow);
+        }
+        Ok(Some(task))
     }
 
     /// Stores "running" (the claim), then runs the step. The worker is

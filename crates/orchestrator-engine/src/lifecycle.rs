@@ -166,7 +166,7 @@ impl Lifecycle {
                 _ => {}
             }
         }
-        self.advance_unfinished_workflows().await?;
+        self.advance_unfinished_workflows(&HashSet::new()).await?;
         if requeued > 0 {
             tracing::info!(tasks = requeued, "resumed unfinished tasks");
         }
@@ -210,10 +210,16 @@ impl Lifecycle {
         Ok(Some(stored))
     }
 
-    /// Moves every unfinished workflow along: after a start, and now and
-    /// then on a shared store, in case the node that should have stopped
-    /// half-way.
-    pub(crate) async fn advance_unfinished_workflows(&self) -> Result<()> {
+    /// Moves unfinished workflows along, all but those in `moving`: after
+    /// a start (with `moving` empty), and now and then on a shared store,
+    /// in case the node that should have moved one on stopped half-way.
+    /// A workflow with a task queued, waiting for a retry or running is
+    /// moving: that task's end brings its next decision, so reading the
+    /// whole workflow now would decide nothing.
+    pub(crate) async fn advance_unfinished_workflows(
+        &self,
+        moving: &HashSet<WorkflowId>,
+    ) -> Result<()> {
         for status in [
             WorkflowStatus::Scheduled,
             WorkflowStatus::Queued,
@@ -227,10 +233,20 @@ impl Lifecycle {
             };
             for workflow in self.store().tasks().list_workflows(&query).await?.items {
                 self.queue.register_limit(&workflow);
-                self.advance(workflow.id).await?;
+                if !moving.contains(&workflow.id) {
+                    self.advance_from(workflow.id, Some(workflow), false)
+                        .await?;
+                }
             }
         }
         Ok(())
+    }
+
+    /// The workflow finished (here, or on another node as the change feed
+    /// tells): what this node kept to follow it goes.
+    pub(crate) fn forget_workflow(&self, id: WorkflowId) {
+        self.queue.forget(id);
+        lock(&self.running_workflows).remove(&id);
     }
 
     /// A workflow's first claim moves it to running.
@@ -778,8 +794,7 @@ impl Lifecycle {
                             .is_some()
                         {
                             tracing::info!(workflow = %id, %status, "workflow finished");
-                            self.queue.forget(id);
-                            lock(&self.running_workflows).remove(&id);
+                            self.forget_workflow(id);
                             self.finished.send_modify(|n| *n += 1);
                             finished = true;
                         } else {

@@ -3,7 +3,7 @@
 //! `parallel_limit` slots. Memory only: after a crash it is rebuilt from
 //! storage, so nothing here is needed to decide anything.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,10 +20,20 @@ pub(crate) struct Queue {
     ready: Mutex<ReadyQueue>,
     /// Wakes the dispatcher when the queue gains a task.
     changed: Notify,
+    /// What this node knows of workflows' `parallel_limit`s. A std mutex
+    /// for the same reason as `ready`; never held together with it.
+    limits: Mutex<Limits>,
+}
+
+/// The workflows whose `parallel_limit` this node knows, until they
+/// finish: a task of one may be claimed without reading its workflow.
+#[derive(Default)]
+struct Limits {
     /// Workflows with a `parallel_limit`, and how many of their tasks run
-    /// here. A std mutex for the same reason as `ready`; never held
-    /// together with it.
-    slots: Mutex<HashMap<WorkflowId, Slots>>,
+    /// here.
+    slots: HashMap<WorkflowId, Slots>,
+    /// Workflows known to have none.
+    unlimited: HashSet<WorkflowId>,
 }
 
 /// Per-workflow concurrency for `parallel_limit`.
@@ -71,11 +81,17 @@ impl Queue {
         self.changed.notified().await;
     }
 
+    /// Takes out a task another node claimed, so that no worker here
+    /// reads it only to find it running.
+    pub(crate) fn withdraw(&self, id: TaskId) {
+        lock(&self.ready).withdraw(id);
+    }
+
     pub(crate) fn contains(&self, id: TaskId) -> bool {
         lock(&self.ready).contains(id)
     }
 
-    /// Entries, cancelled ones included until they are popped.
+    /// Tasks queued here, cancelled ones included until they are popped.
     pub(crate) fn len(&self) -> usize {
         lock(&self.ready).len()
     }
@@ -89,16 +105,30 @@ impl Queue {
         (now, ready.len() - n_now)
     }
 
-    /// Applies the workflow's `parallel_limit`, if it has one.
+    /// Applies the workflow's `parallel_limit`, or notes that it has none.
     pub(crate) fn register_limit(&self, workflow: &Workflow) {
-        if let Some(limit) = workflow.parallel_limit {
-            lock(&self.slots).entry(workflow.id).or_default().limit = limit;
+        let mut limits = lock(&self.limits);
+        match workflow.parallel_limit {
+            Some(limit) => limits.slots.entry(workflow.id).or_default().limit = limit,
+            None => {
+                limits.unlimited.insert(workflow.id);
+            }
         }
+    }
+
+    /// Whether the workflow's `parallel_limit`, or that it has none, is
+    /// registered here.
+    pub(crate) fn knows_limit(&self, workflow: WorkflowId) -> bool {
+        let limits = lock(&self.limits);
+        limits.slots.contains_key(&workflow) || limits.unlimited.contains(&workflow)
     }
 
     /// The workflow's `parallel_limit`, when it has one.
     pub(crate) fn limit_of(&self, workflow: WorkflowId) -> Option<usize> {
-        lock(&self.slots).get(&workflow).map(|slots| slots.limit)
+        lock(&self.limits)
+            .slots
+            .get(&workflow)
+            .map(|slots| slots.limit)
     }
 
     /// Puts a queued task back, due after `delay`: a task that may not
@@ -119,14 +149,16 @@ impl Queue {
 
     /// The workflow finished: its slots go.
     pub(crate) fn forget(&self, workflow: WorkflowId) {
-        lock(&self.slots).remove(&workflow);
+        let mut limits = lock(&self.limits);
+        limits.slots.remove(&workflow);
+        limits.unlimited.remove(&workflow);
     }
 
     /// Takes a slot of the task's workflow if it has a `parallel_limit`;
     /// otherwise parks the task until a slot frees up.
     pub(crate) fn take_slot(&self, task: &Task) -> bool {
-        let mut slots = lock(&self.slots);
-        let Some(slots) = slots.get_mut(&task.workflow_id) else {
+        let mut limits = lock(&self.limits);
+        let Some(slots) = limits.slots.get_mut(&task.workflow_id) else {
             return true;
         };
         if slots.running < slots.limit {
@@ -141,8 +173,8 @@ impl Queue {
     /// Gives a slot back; the first task parked for it is queued again.
     pub(crate) fn release_slot(&self, workflow: WorkflowId) {
         let next = {
-            let mut slots = lock(&self.slots);
-            let Some(slots) = slots.get_mut(&workflow) else {
+            let mut limits = lock(&self.limits);
+            let Some(slots) = limits.slots.get_mut(&workflow) else {
                 return;
             };
             slots.running = slots.running.saturating_sub(1);

@@ -85,6 +85,17 @@ impl Daemon {
     }
 }
 
+/// A `Child` handle does not stop its process when dropped: without this,
+/// every service a test started (and every one a failed assertion left
+/// behind) would keep running, and polling, for the rest of the suite.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Fails harmlessly when the service already exited and was reaped.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// POSTs JSON through a throwaway runtime, so that these tests stay
 /// synchronous like the processes they drive.
 pub(crate) fn submit(url: &str, body: Value) -> Value {

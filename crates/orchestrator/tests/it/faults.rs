@@ -294,6 +294,23 @@ pub(crate) mod nodes {
             }
         }
 
+        /// The store the nodes share, for a test to open it itself.
+        pub(crate) fn store_config(&self) -> orchestrator_storage::StorageConfig {
+            let flag = |name: &str| {
+                let at = self.flags.iter().position(|f| f == name).unwrap();
+                self.flags[at + 1].clone()
+            };
+            orchestrator_storage::StorageConfig {
+                storage_type: orchestrator_storage::StorageType::SurrealdbServer,
+                data_dir: self.dir.path().join("direct"),
+                surrealdb: orchestrator_storage::SurrealdbConfig {
+                    url: flag("--surrealdb-url"),
+                    database: flag("--surrealdb-database"),
+                    ..Default::default()
+                },
+            }
+        }
+
         pub(crate) fn args(&self) -> Vec<&str> {
             self.flags.iter().map(String::as_str).collect()
         }
@@ -405,6 +422,72 @@ pub(crate) mod nodes {
             .count();
         assert!(ran_on_b >= 1, "B ({b_id}) heard of the work: {view}");
         drop((a, b));
+    }
+
+    /// A node that dies between storing a step's end and deciding what
+    /// follows leaves a workflow that no task's end will move on; the
+    /// periodic look of the other nodes advances it. Staged by ending the
+    /// first step straight in the store, as such a node would have, in a
+    /// workflow that starts in an hour (so nothing else runs it): the look
+    /// releases the second step, queued until the start.
+    #[test]
+    fn a_workflow_a_dead_node_left_undecided_is_advanced_by_another() {
+        let cluster = SharedStore::new(&["--poll-ms", "100"]);
+        let node = Daemon::start(&cluster.dir.path().join("a"), &cluster.args());
+        let start = chrono::Utc::now() + chrono::Duration::hours(1);
+        let submitted = crate::cli::submit(
+            &format!("{}/workflows", node.url),
+            json!({
+                "template": {"name": "undecided", "ref_name": "undecided", "schema_version": 1, "steps": [
+                    {"ref_name": "first", "script": "dag/step.py"},
+                    {"ref_name": "second", "script": "dag/step.py", "depends_on": ["first"]},
+                ]},
+                "schedule": {"when": "at", "start": start.to_rfc3339()},
+            }),
+        );
+        let id = submitted["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{submitted}"));
+        let view = node.cli_json(&["workflow", "status", id, "--json"]);
+        let task_of = |name: &str| -> orchestrator_core::TaskId {
+            let task = view["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == name)
+                .unwrap_or_else(|| panic!("no {name}: {view}"));
+            task["id"].as_str().unwrap().parse().unwrap()
+        };
+        let (first, second) = (task_of("first"), task_of("second"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = orchestrator_storage::open(&cluster.store_config())
+                .await
+                .unwrap();
+            let mut task = store.tasks().get_task(first).await.unwrap().unwrap();
+            let now = chrono::Utc::now();
+            task.start(now).unwrap();
+            task.node = Some("node-that-died".into());
+            task.complete(json!({}), now).unwrap();
+            store.tasks().update_task(&task).await.unwrap();
+            store.close().await.unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let task = node.cli_json(&["task", &second.to_string(), "--json"]);
+            if task["status"] == "queued" {
+                break;
+            }
+            assert_eq!(task["status"], "pending", "{task}");
+            assert!(
+                Instant::now() < deadline,
+                "the second step was never released: {task}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Two nodes on one SurrealDB server share the work; when one dies

@@ -686,6 +686,15 @@ impl Daemon {
     }
 }
 
+/// A test that fails before `kill9` or `stop` must not leave its service
+/// running for the rest of the suite.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[tokio::test]
 async fn a_service_killed_mid_create_cleans_up_after_its_restart() {
     if !privileged("a_service_killed_mid_create_cleans_up_after_its_restart") {
