@@ -101,6 +101,21 @@ pub struct Halt {
 }
 
 impl Workflow {
+    /// A task of it was claimed: a queued or scheduled workflow is running
+    /// from now on. Whether that changed it (any other status stays).
+    pub fn start_running(&mut self, now: DateTime<Utc>) -> bool {
+        if !matches!(
+            self.status,
+            WorkflowStatus::Queued | WorkflowStatus::Scheduled
+        ) {
+            return false;
+        }
+        self.status = WorkflowStatus::Running;
+        self.started_at.get_or_insert(now);
+        self.updated_at = now;
+        true
+    }
+
     /// A new, queued workflow with no tasks yet and every option at its default.
     pub fn new(kind: impl Into<String>, name: impl Into<String>, now: DateTime<Utc>) -> Workflow {
         Workflow {

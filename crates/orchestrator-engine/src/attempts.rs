@@ -58,17 +58,26 @@ pub(crate) struct Attempts {
 }
 
 impl Attempts {
-    /// Registers an attempt about to be claimed; its stop tokens.
-    pub(crate) fn begin(&self, id: TaskId) -> StopTokens {
+    /// Registers an attempt about to be claimed; its stop tokens. `None`
+    /// if this node has an attempt on the task already: a task can reach
+    /// the queue twice (an offer from the feed between a worker's pop and
+    /// this call), and the second must neither run nor take the first's
+    /// place here, or the first would be left without its lease renewals
+    /// and its cancel.
+    pub(crate) fn begin(&self, id: TaskId) -> Option<StopTokens> {
+        let mut running = lock(&self.running);
+        if running.contains_key(&id) {
+            return None;
+        }
         let tokens = StopTokens::new();
-        lock(&self.running).insert(
+        running.insert(
             id,
             Running {
                 tokens: tokens.clone(),
                 claimed: None,
             },
         );
-        tokens
+        Some(tokens)
     }
 
     /// The claim of the attempt on `id` is stored, as attempt `attempt`.
@@ -122,5 +131,29 @@ impl Attempts {
                     .map(|attempt| (*id, running.tokens.clone(), attempt))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_attempt_on_a_task_is_refused_and_leaves_the_first_in_place() {
+        let attempts = Attempts::default();
+        let id = TaskId::new();
+        let first = attempts.begin(id).expect("the first attempt registers");
+        assert!(
+            attempts.begin(id).is_none(),
+            "a second attempt on the same task"
+        );
+        attempts.claimed(id, 1);
+        let snapshot = attempts.claimed_snapshot();
+        assert_eq!(snapshot.len(), 1);
+        // The registered tokens are the first attempt's: a cancel reaches it.
+        assert!(attempts.cancel(id));
+        assert!(first.task.is_cancelled() && first.attempt.is_cancelled());
+        attempts.end(id);
+        assert!(attempts.begin(id).is_some(), "free again once it ended");
     }
 }

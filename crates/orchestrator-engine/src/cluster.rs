@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -45,6 +46,9 @@ pub(crate) struct Cluster {
     /// How often, on a shared store, the store is looked through for work
     /// the change feed did not bring and for leases that ran out.
     poll: Duration,
+    /// Set when the change feed reports lost changes: the next look reads
+    /// the whole store.
+    feed_lost: AtomicBool,
 }
 
 impl Cluster {
@@ -67,6 +71,7 @@ impl Cluster {
             started_at: Utc::now(),
             lease,
             poll,
+            feed_lost: AtomicBool::new(false),
         }
     }
 
@@ -139,11 +144,13 @@ impl Cluster {
                 continue;
             }
             last_poll = tokio::time::Instant::now();
+            // The first look, every tenth, and the first after the feed
+            // lost changes look the whole store over.
+            let whole = shared
+                && (polls.is_multiple_of(ADVANCE_EVERY)
+                    | self.feed_lost.swap(false, Ordering::SeqCst));
             polls += 1;
-            if let Err(e) = self
-                .look_for_work(shared, polls.is_multiple_of(ADVANCE_EVERY))
-                .await
-            {
+            if let Err(e) = self.look_for_work(shared, whole).await {
                 tracing::warn!(error = %e, "looking for work failed");
             }
         }
@@ -204,16 +211,34 @@ impl Cluster {
         }
     }
 
-    /// Advances again the workflows whose follow-up failed here, takes
+    /// Advances again the workflows whose follow-up failed here, and takes
     /// over running tasks whose lease ran out (their node stopped, or this
-    /// node could not record their outcome), and on a shared store queues
-    /// what other nodes accepted.
-    async fn look_for_work(&self, shared: bool, advance_workflows: bool) -> Result<()> {
+    /// node could not record their outcome). With `whole` (on a shared
+    /// store now and then), it reads every unfinished task instead of the
+    /// running ones: it also queues what other nodes accepted and the feed
+    /// did not bring, and advances the workflows nothing moves. Reading
+    /// only the running tasks keeps the frequent look cheap however long
+    /// the queue: a store with 100,000 queued tasks is not read whole
+    /// every second by every node.
+    async fn look_for_work(&self, shared: bool, whole: bool) -> Result<()> {
         self.lifecycle.retry_stalled().await;
         let now = Utc::now();
+        let store = self.records.store().tasks();
+        let tasks = if whole {
+            store.unfinished_tasks().await?
+        } else {
+            store
+                .list_tasks(&orchestrator_storage::TaskQuery {
+                    status: Some(TaskStatus::Running),
+                    limit: usize::MAX,
+                    ..Default::default()
+                })
+                .await?
+                .items
+        };
         // Workflows whose next decision comes from a task's end.
         let mut moving = HashSet::new();
-        for task in self.records.store().tasks().unfinished_tasks().await? {
+        for task in tasks {
             if task.status != TaskStatus::Pending {
                 moving.insert(task.workflow_id);
             }
@@ -233,7 +258,7 @@ impl Cluster {
                 _ => {}
             }
         }
-        if shared && advance_workflows {
+        if whole {
             self.lifecycle.advance_unfinished_workflows(&moving).await?;
         }
         Ok(())
@@ -289,7 +314,10 @@ impl Cluster {
                 // Its limit (or that it has none) is noted, so that a
                 // worker here that pops one of its tasks need not read it.
                 StoredChange::Workflow { workflow, .. } => self.queue.register_limit(workflow),
-                StoredChange::Log { .. } | StoredChange::Lost { .. } => {}
+                // What the feed missed is found by reading the whole store
+                // at the next look.
+                StoredChange::Lost { .. } => self.feed_lost.store(true, Ordering::SeqCst),
+                StoredChange::Log { .. } => {}
             }
             bus.publish(known.events_of(change));
         }

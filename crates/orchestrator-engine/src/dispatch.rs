@@ -173,6 +173,10 @@ impl Dispatcher {
     }
 
     async fn run_attempt(&self, id: TaskId, worker: OwnedSemaphorePermit) -> Result<()> {
+        if self.attempts.contains(id) {
+            // Queued twice; the attempt under way is the one.
+            return Ok(());
+        }
         let task = match self.still_ready(id).await {
             Ok(Some(task)) => task,
             Ok(None) => return Ok(()),
@@ -183,12 +187,15 @@ impl Dispatcher {
                 return Err(e);
             }
         };
+        let Some(tokens) = self.attempts.begin(id) else {
+            return Ok(());
+        };
         if !self.queue.take_slot(&task) {
+            self.attempts.end(id);
             return Ok(());
         }
         let workflow = task.workflow_id;
         let (retry_id, priority) = (task.id, task.priority);
-        let tokens = self.attempts.begin(id);
         let attempt = self.claim_and_run(task, tokens, worker).await;
         self.attempts.end(id);
         let result = match attempt {

@@ -264,13 +264,9 @@ impl Lifecycle {
                 lock(&self.running_workflows).insert(id);
                 return Ok(());
             }
-            if !matches!(before, WorkflowStatus::Queued | WorkflowStatus::Scheduled) {
+            if !workflow.start_running(Utc::now()) {
                 return Ok(());
             }
-            let now = Utc::now();
-            workflow.status = WorkflowStatus::Running;
-            workflow.started_at.get_or_insert(now);
-            workflow.updated_at = now;
             match self.records.update_workflow(&workflow, before, &[]).await {
                 Ok(_) => {
                     lock(&self.running_workflows).insert(id);

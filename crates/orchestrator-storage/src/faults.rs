@@ -165,6 +165,18 @@ impl<T: ?Sized> Faulty<T> {
     }
 }
 
+impl Faulty<dyn TaskStore> {
+    /// Holds back or fails a write of `task` that makes a [`TaskMove`],
+    /// as the switches say.
+    async fn task_move(&self, task: &Task) -> Result<()> {
+        let stored = self.inner.get_task(task.id).await?.map(|t| t.status);
+        match TaskMove::of(task, stored) {
+            Some(move_) => self.switch.on_move(move_).await,
+            None => Ok(()),
+        }
+    }
+}
+
 #[async_trait]
 impl TaskStore for Faulty<dyn TaskStore> {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
@@ -183,6 +195,9 @@ impl TaskStore for Faulty<dyn TaskStore> {
         tasks: &[Task],
     ) -> Result<(Workflow, Vec<Task>)> {
         self.switch.check("update workflow")?;
+        for task in tasks {
+            self.task_move(task).await?;
+        }
         self.inner.update_workflow_and_tasks(workflow, tasks).await
     }
 
@@ -192,10 +207,7 @@ impl TaskStore for Faulty<dyn TaskStore> {
             // Never errs: the sender lives in `self.switch`.
             let _ = switch.holding.subscribe().wait_for(|held| !held).await;
         }
-        let stored = self.inner.get_task(task.id).await?.map(|t| t.status);
-        if let Some(move_) = TaskMove::of(task, stored) {
-            switch.on_move(move_).await?;
-        }
+        self.task_move(task).await?;
         switch.check("update task")?;
         self.inner.update_task(task).await
     }

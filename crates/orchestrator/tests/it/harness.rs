@@ -229,10 +229,16 @@ pub fn spawn_serve(
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
+    let pid = child.id();
     let (found, url) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            // The service's warnings and errors go with the test's output
+            // (shown when it fails): what went wrong in the process.
+            if line.contains("WARN") || line.contains("ERROR") {
+                eprintln!("[orchestrator serve {pid}] {line}");
+            }
             if !sent && let Some(at) = line.find("listening on http://") {
                 let url = line[at + "listening on ".len()..]
                     .split_whitespace()
