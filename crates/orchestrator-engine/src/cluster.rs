@@ -298,9 +298,10 @@ impl Cluster {
             };
             let Some(change) = change else { return };
             match &change {
-                // Claimed (or ended) elsewhere: nothing for a worker here.
-                // Should this be an old change, heard after the task was
-                // queued again, the next look offers it again.
+                // Claimed (or ended): nothing for a worker here. Should
+                // this be an old change, heard after the task was queued
+                // again, the next whole-store look (10 looks at the latest)
+                // offers it again: a delay, never a loss.
                 StoredChange::Task { task, .. }
                     if !matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) =>
                 {
