@@ -357,38 +357,48 @@ async fn a_claim_slow_to_store_is_not_taken_for_a_lost_lease() {
     engine.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A claim that storage refuses leaves the task queued in the store; on
-/// a store of one node nothing else would offer it again before a
-/// restart, so the engine tries it again itself.
-#[tokio::test]
-async fn a_claim_that_could_not_be_stored_is_tried_again() {
+/// Fails the writes that make `move_` until one has failed, checks that
+/// the task at `stuck` (in `steps`) was left `left_as`, lets the writes
+/// through, and waits until the same engine, not restarted, finishes the
+/// workflow. The stuck task as it ended.
+async fn finished_after_a_failed(
+    move_: TaskMove,
+    steps: Value,
+    stuck: usize,
+    left_as: TaskStatus,
+) -> orchestrator_core::Task {
     let setup = Setup::new();
     let (store, faults) = FaultyBackend::wrap(setup.fs().await);
     let engine = setup.engine(store).await;
-    faults.fail(TaskMove::Claim, true);
-    let (view, _) = engine
-        .submit(request_of(json!([{"ref_name": "a", "script": "mark.sh"}])))
+    faults.fail(move_, true);
+    let (view, _) = engine.submit(request_of(steps)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), faults.faulted(move_, 1))
         .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), faults.faulted(TaskMove::Claim, 1))
-        .await
-        .expect("the claim reaches the store");
-    assert_eq!(
-        engine.task(view.tasks[0].id).await.unwrap().status,
-        TaskStatus::Queued
-    );
-    faults.fail(TaskMove::Claim, false);
+        .unwrap_or_else(|_| panic!("no {move_:?} reached the store"));
+    let id = view.tasks[stuck].id;
+    assert_eq!(engine.task(id).await.unwrap().status, left_as);
+    faults.fail(move_, false);
     assert!(
         engine
             .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
             .await
             .unwrap(),
-        "the task stayed queued after its claim failed"
+        "the task stayed {left_as} after its {move_:?} failed"
     );
-    let task = engine.task(view.tasks[0].id).await.unwrap();
+    let task = engine.task(id).await.unwrap();
+    engine.shutdown(Duration::from_secs(5)).await;
+    task
+}
+
+/// A claim that storage refuses leaves the task queued in the store; on
+/// a store of one node nothing else would offer it again before a
+/// restart, so the engine tries it again itself.
+#[tokio::test]
+async fn a_claim_that_could_not_be_stored_is_tried_again() {
+    let steps = json!([{"ref_name": "a", "script": "mark.sh"}]);
+    let task = finished_after_a_failed(TaskMove::Claim, steps, 0, TaskStatus::Queued).await;
     assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
     assert_eq!(task.attempts, 1);
-    engine.shutdown(Duration::from_secs(5)).await;
 }
 
 /// A follow-up that storage refuses (the next step cannot be released)
@@ -396,33 +406,12 @@ async fn a_claim_that_could_not_be_stored_is_tried_again() {
 /// else would advance it before a restart, so the engine does, later.
 #[tokio::test]
 async fn a_follow_up_that_could_not_be_stored_is_tried_again() {
-    let setup = Setup::new();
-    let (store, faults) = FaultyBackend::wrap(setup.fs().await);
-    let engine = setup.engine(store).await;
-    faults.fail(TaskMove::Release, true);
     let steps = json!([
         {"ref_name": "a", "script": "mark.sh"},
         {"ref_name": "b", "script": "mark.sh", "depends_on": ["a"]}
     ]);
-    let (view, _) = engine.submit(request_of(steps)).await.unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        faults.faulted(TaskMove::Release, 1),
-    )
-    .await
-    .expect("a's end releases b");
-    let b = view.tasks[1].id;
-    assert_eq!(engine.task(b).await.unwrap().status, TaskStatus::Pending);
-    faults.fail(TaskMove::Release, false);
-    assert!(
-        engine
-            .wait_for_workflow(view.workflow.id, Duration::from_secs(30))
-            .await
-            .unwrap(),
-        "b stayed pending after its release failed"
-    );
-    assert_eq!(engine.task(b).await.unwrap().status, TaskStatus::Completed);
-    engine.shutdown(Duration::from_secs(5)).await;
+    let b = finished_after_a_failed(TaskMove::Release, steps, 1, TaskStatus::Pending).await;
+    assert_eq!(b.status, TaskStatus::Completed, "{:?}", b.error);
 }
 
 /// Waits until the task is running, for at most 30 s.
