@@ -541,13 +541,13 @@ impl Lifecycle {
                     Ok(())
                 }
                 Ok(None) => Ok(()),
-                Err(e) => Err(e),
+                Err(e) => {
+                    lock(&self.stalled).insert(id);
+                    Err(e)
+                }
             };
             let mut advancing = lock(&self.advancing);
             let more = advancing.get_mut(&id).map(mem::take).unwrap_or_default();
-            if result.is_err() {
-                lock(&self.stalled).insert(id);
-            }
             if result.is_err() || more.is_empty() {
                 advancing.remove(&id);
                 return result;
