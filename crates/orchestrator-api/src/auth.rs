@@ -308,7 +308,7 @@ pub(crate) async fn guard(
         match &credential {
             Credential::Bearer(token) => access.authenticate(token).await,
             Credential::Session(Some(session)) => {
-                access.authenticate_token_id(&session.token_id).await
+                access.authenticate_session(&session.token_id).await
             }
             _ => None,
         }
@@ -453,7 +453,7 @@ fn credential(request: &Request, sessions: &Sessions) -> Credential {
             .filter(|t| !t.is_empty())
             .map_or(Credential::Malformed, |t| Credential::Bearer(t.to_owned()));
     }
-    match session::cookie(request.headers()) {
+    match sessions.cookie(request.headers()) {
         Some(value) => Credential::Session(sessions.verify(value, Utc::now())),
         None => Credential::None,
     }

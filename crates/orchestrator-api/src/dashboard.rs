@@ -244,11 +244,19 @@ pub(crate) async fn create_session(
             Json(session_view(&principal, None, auth)).into_response(),
         ));
     };
-    let (session, cookie) = state.sessions.issue(token_id, Utc::now());
+    // The session is a record of its own, stored before its cookie is
+    // handed out, so that signing out can end it in the store.
+    let now = Utc::now();
+    let record = state
+        .engine
+        .access()
+        .start_session(token_id, session::expiry(now))
+        .await?;
+    let (session, cookie) = state.sessions.issue(&record.id, now);
     let mut response = Json(session_view(&principal, Some(&session), auth)).into_response();
     response
         .headers_mut()
-        .insert(header::SET_COOKIE, session::set_cookie(&cookie));
+        .insert(header::SET_COOKIE, state.sessions.set_cookie(&cookie));
     Ok(no_store(response))
 }
 
@@ -283,20 +291,28 @@ pub(crate) async fn current_session(
     ))
 }
 
-/// Clears the session cookie. Needs no token.
+/// Ends the session and clears its cookie. Needs no token.
 ///
-/// The cookie itself is not recorded anywhere, so there is nothing else to
-/// undo; revoking the token ends every session made with it.
+/// The session's record is ended in the store, so its cookie, even a copy
+/// kept elsewhere, is refused from now on by this node and, within their
+/// token cache's age (5 s), by the others. Revoking the token ends every
+/// session made with it.
 #[utoipa::path(post, path = "/ui/logout", tag = "dashboard", responses(
-    (status = 204, description = "The cookie is cleared",
+    (status = 204, description = "The session is ended and the cookie cleared",
         headers(("set-cookie" = String, description = "orch_session=; Max-Age=0; ..."))),
 ))]
-pub(crate) async fn logout() -> Response {
+pub(crate) async fn logout(
+    State(state): State<AppState>,
+    session: Option<Extension<Session>>,
+) -> Result<Response, ApiError> {
+    if let Some(Extension(session)) = session {
+        state.engine.access().end_session(&session.token_id).await?;
+    }
     let mut response = StatusCode::NO_CONTENT.into_response();
     response
         .headers_mut()
-        .insert(header::SET_COOKIE, session::clear_cookie());
-    no_store(response)
+        .insert(header::SET_COOKIE, state.sessions.clear_cookie());
+    Ok(no_store(response))
 }
 
 #[cfg(test)]

@@ -54,7 +54,8 @@ pub(crate) struct AppState {
 
 impl AppState {
     pub(crate) fn new(engine: Engine) -> AppState {
-        let sessions = session::Sessions::new(engine.access().config().secret_key);
+        let config = engine.access().config();
+        let sessions = session::Sessions::new(config.secret_key, config.secure_cookies);
         AppState {
             engine,
             sessions,

@@ -23,8 +23,14 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-/// The cookie's name.
+/// The cookie's name over plain HTTP.
 pub(crate) const COOKIE: &str = "orch_session";
+
+/// The cookie's name when the service is told it is reached over HTTPS
+/// (`--secure-cookies`): browsers accept a `__Host-` cookie only with
+/// `Secure`, `Path=/` and no `Domain`, so no other host under the same
+/// domain, and no page served over plain HTTP, can set or overwrite it.
+pub(crate) const SECURE_COOKIE: &str = "__Host-orch_session";
 
 /// The header that must repeat the session's CSRF token on every request
 /// that changes something.
@@ -46,6 +52,8 @@ type HmacSha256 = Hmac<Sha256>;
 #[derive(Clone)]
 pub(crate) struct Sessions {
     key: [u8; 32],
+    /// `Secure` cookies under the `__Host-` name (behind TLS).
+    secure: bool,
 }
 
 /// What a valid cookie says.
@@ -74,7 +82,7 @@ impl Sessions {
     /// Sessions under a key derived from the service's secret key. Without
     /// one (tests, embedded use), a key drawn now: sessions then end with
     /// the process.
-    pub(crate) fn new(secret_key: Option<[u8; 32]>) -> Sessions {
+    pub(crate) fn new(secret_key: Option<[u8; 32]>, secure: bool) -> Sessions {
         let base = secret_key.unwrap_or_else(|| {
             let mut key = [0u8; 32];
             rand::rng().fill_bytes(&mut key);
@@ -87,7 +95,51 @@ impl Sessions {
         mac.update(KEY_LABEL);
         Sessions {
             key: mac.finalize().into_bytes().into(),
+            secure,
         }
+    }
+
+    /// The cookie's name: [`SECURE_COOKIE`] behind TLS, else [`COOKIE`].
+    pub(crate) fn cookie_name(&self) -> &'static str {
+        if self.secure { SECURE_COOKIE } else { COOKIE }
+    }
+
+    /// The session cookie's value in a request, if it sent one. Only the
+    /// name in use counts: behind TLS, a plain `orch_session` cookie (which
+    /// any page of the domain could have set) is ignored.
+    pub(crate) fn cookie<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        let name = self.cookie_name();
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|line| line.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(found, _)| *found == name)
+            .map(|(_, value)| value.trim_matches('"'))
+    }
+
+    /// `Set-Cookie` for a new session. `HttpOnly`: page scripts cannot
+    /// read it (an injected script cannot steal it); `SameSite=Strict`:
+    /// other sites' pages never send it; `Path=/`: the page calls the API
+    /// at the root; `Secure` behind TLS: never sent over plain HTTP.
+    pub(crate) fn set_cookie(&self, value: &str) -> HeaderValue {
+        self.cookie_header(value, LIFETIME.num_seconds())
+    }
+
+    /// `Set-Cookie` that removes the session cookie.
+    pub(crate) fn clear_cookie(&self) -> HeaderValue {
+        self.cookie_header("", 0)
+    }
+
+    fn cookie_header(&self, value: &str, max_age: i64) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let text = format!(
+            "{}={value}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}",
+            self.cookie_name()
+        );
+        // base64url and the fixed attributes are visible ASCII.
+        HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static(""))
     }
 
     fn mac(&self) -> HmacSha256 {
@@ -95,14 +147,13 @@ impl Sessions {
             .unwrap_or_else(|_| unreachable!("HMAC accepts a 32-byte key"))
     }
 
-    /// A new session for a token record, and the cookie's value.
+    /// A new session for a session record, and the cookie's value.
     pub(crate) fn issue(&self, token_id: &str, now: DateTime<Utc>) -> (Session, String) {
         let mut nonce = [0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
         let session = Session {
             token_id: token_id.to_owned(),
-            // Whole seconds: the cookie carries Unix seconds.
-            expires_at: DateTime::from_timestamp((now + LIFETIME).timestamp(), 0).unwrap_or(now),
+            expires_at: expiry(now),
             csrf: orchestrator_core::access::hex(&nonce),
         };
         let payload = serde_json::to_vec(&Payload {
@@ -138,41 +189,18 @@ impl Sessions {
     }
 }
 
+/// When a session started at `now` ends: [`LIFETIME`] later, in whole
+/// seconds, as the cookie carries Unix seconds.
+pub(crate) fn expiry(now: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp((now + LIFETIME).timestamp(), 0).unwrap_or(now)
+}
+
 impl Session {
     /// Whether a request's CSRF header repeats this session's token, in
     /// constant time.
     pub(crate) fn csrf_matches(&self, sent: &str) -> bool {
         bool::from(self.csrf.as_bytes().ct_eq(sent.as_bytes()))
     }
-}
-
-/// The session cookie's value in a request, if it sent one.
-pub(crate) fn cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|line| line.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.trim_matches('"'))
-}
-
-/// `Set-Cookie` for a new session. `HttpOnly`: page scripts cannot read it
-/// (an injected script cannot steal it); `SameSite=Strict`: other sites'
-/// pages never send it; `Path=/`: the page calls the API at the root.
-pub(crate) fn set_cookie(value: &str) -> HeaderValue {
-    let text = format!(
-        "{COOKIE}={value}; Max-Age={}; Path=/; HttpOnly; SameSite=Strict",
-        LIFETIME.num_seconds()
-    );
-    // base64url and the fixed attributes are visible ASCII.
-    HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static(""))
-}
-
-/// `Set-Cookie` that removes the session cookie.
-pub(crate) fn clear_cookie() -> HeaderValue {
-    HeaderValue::from_static("orch_session=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict")
 }
 
 #[cfg(test)]
@@ -189,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_cookie_verifies_until_it_expires() {
-        let sessions = Sessions::new(Some([7; 32]));
+        let sessions = Sessions::new(Some([7; 32]), false);
         let (session, value) = sessions.issue("tok-1", now());
         assert_eq!(session.expires_at, now() + LIFETIME);
         assert_eq!(session.csrf.len(), 32);
@@ -201,10 +229,13 @@ mod tests {
 
     #[test]
     fn a_changed_or_foreign_cookie_is_refused() {
-        let sessions = Sessions::new(Some([7; 32]));
+        let sessions = Sessions::new(Some([7; 32]), false);
         let (_, value) = sessions.issue("tok-1", now());
         // Another key (another service, or a changed secret key).
-        assert_eq!(Sessions::new(Some([8; 32])).verify(&value, now()), None);
+        assert_eq!(
+            Sessions::new(Some([8; 32]), false).verify(&value, now()),
+            None
+        );
         // A payload naming another token, or living longer, with the old tag.
         let (payload, tag) = value.split_once('.').unwrap();
         let mut decoded: serde_json::Value =
@@ -227,9 +258,12 @@ mod tests {
     #[test]
     fn keys_are_derived_not_reused() {
         // The session key is not the secret key itself, which seals secrets.
-        assert_ne!(Sessions::new(Some([7; 32])).key, [7; 32]);
+        assert_ne!(Sessions::new(Some([7; 32]), false).key, [7; 32]);
         // Without a secret key, each process draws its own.
-        assert_ne!(Sessions::new(None).key, Sessions::new(None).key);
+        assert_ne!(
+            Sessions::new(None, false).key,
+            Sessions::new(None, false).key
+        );
     }
 
     #[test]
@@ -239,18 +273,45 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("a=1; orch_session=abc.def; b=2"),
         );
-        assert_eq!(cookie(&headers), Some("abc.def"));
+        let plain = Sessions::new(None, false);
+        assert_eq!(plain.cookie(&headers), Some("abc.def"));
         headers.insert(header::COOKIE, HeaderValue::from_static("orch_sessionx=1"));
-        assert_eq!(cookie(&headers), None);
-        let text = set_cookie("abc.def").to_str().unwrap().to_owned();
+        assert_eq!(plain.cookie(&headers), None);
+        let text = plain.set_cookie("abc.def").to_str().unwrap().to_owned();
         for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"] {
             assert!(text.contains(attribute), "{text}");
         }
+        assert!(!text.contains("Secure"), "{text}");
+    }
+
+    #[test]
+    fn behind_tls_the_cookie_is_secure_and_host_only() {
+        let secure = Sessions::new(None, true);
+        let text = secure.set_cookie("abc.def").to_str().unwrap().to_owned();
+        assert!(text.starts_with("__Host-orch_session=abc.def;"), "{text}");
+        for attribute in ["Secure", "HttpOnly", "SameSite=Strict", "Path=/"] {
+            assert!(text.contains(attribute), "{text}");
+        }
+        assert!(!text.contains("Domain"), "{text}");
+        let cleared = secure.clear_cookie().to_str().unwrap().to_owned();
+        assert!(cleared.starts_with("__Host-orch_session=;") && cleared.contains("Max-Age=0"));
+        // A plain cookie of the same name is not the session behind TLS.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("orch_session=abc.def"),
+        );
+        assert_eq!(secure.cookie(&headers), None);
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("__Host-orch_session=x.y"),
+        );
+        assert_eq!(secure.cookie(&headers), Some("x.y"));
     }
 
     #[test]
     fn csrf_tokens_compare_whole() {
-        let (session, _) = Sessions::new(None).issue("t", now());
+        let (session, _) = Sessions::new(None, false).issue("t", now());
         assert!(session.csrf_matches(&session.csrf.clone()));
         assert!(!session.csrf_matches(""));
         assert!(!session.csrf_matches(&session.csrf[..31]));

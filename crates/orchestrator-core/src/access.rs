@@ -52,6 +52,15 @@ pub struct ApiToken {
     /// Raised by every change, as for tasks.
     #[serde(default)]
     pub version: u64,
+    /// For a dashboard session: the id of the API token it was made from.
+    /// A session is a record of its own so that signing out ends it in
+    /// the store, for every node, without touching its token's record
+    /// (see [`ApiToken::session`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_of: Option<String>,
+    /// When a session ends by itself; tokens do not expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl ApiToken {
@@ -65,11 +74,48 @@ impl ApiToken {
             created_at: now,
             revoked_at: None,
             version: 0,
+            session_of: None,
+            expires_at: None,
         }
     }
 
+    /// A dashboard session made from `token` (an API token's record),
+    /// ending at `expires_at` unless signed out before. Its hash is empty,
+    /// so no bearer token ever matches it: it is reached only through the
+    /// signed cookie that names it.
+    pub fn session(
+        id: String,
+        token: &ApiToken,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> ApiToken {
+        ApiToken {
+            id,
+            name: token.name.clone(),
+            role: token.role,
+            hash: String::new(),
+            created_at: now,
+            revoked_at: None,
+            version: 0,
+            session_of: Some(token.id.clone()),
+            expires_at: Some(expires_at),
+        }
+    }
+
+    /// Not revoked. A session also ends at `expires_at`: see
+    /// [`ApiToken::is_live`].
     pub fn is_active(&self) -> bool {
         self.revoked_at.is_none()
+    }
+
+    /// Not revoked, and not past its end at `now`.
+    pub fn is_live(&self, now: DateTime<Utc>) -> bool {
+        self.is_active() && self.expires_at.is_none_or(|end| now < end)
+    }
+
+    /// Whether this record is a dashboard session rather than an API token.
+    pub fn is_session(&self) -> bool {
+        self.session_of.is_some()
     }
 }
 
@@ -212,5 +258,32 @@ mod tests {
         assert_ne!(task_token(b"k", a), task_token(b"other", a));
         assert_eq!(task_token_task(&task_token(b"k", a)), Some(a));
         assert_eq!(task_token_task("task_nope_x"), None);
+    }
+
+    #[test]
+    fn a_session_takes_its_tokens_role_matches_no_bearer_and_ends() {
+        let now = Utc::now();
+        let token = ApiToken::new("t1".into(), "ci".into(), Role::Operator, "orch_t1_x", now);
+        let end = now + chrono::Duration::hours(12);
+        let session = ApiToken::session("s1".into(), &token, now, end);
+        assert_eq!(
+            (session.role, session.name.as_str()),
+            (Role::Operator, "ci")
+        );
+        assert_eq!(session.session_of.as_deref(), Some("t1"));
+        assert!(session.is_session() && !token.is_session());
+        assert!(
+            session.hash.is_empty(),
+            "no token hashes to the empty string"
+        );
+        assert!(session.is_live(now));
+        assert!(!session.is_live(end));
+        assert!(token.is_live(end + chrono::Duration::days(999)));
+        // An old record (no session fields) still reads.
+        let old: ApiToken = serde_json::from_str(
+            r#"{"id":"a","name":"n","role":"admin","hash":"h","created_at":"2026-01-01T00:00:00Z"}"#,
+        )
+        .unwrap();
+        assert!(!old.is_session() && old.expires_at.is_none());
     }
 }

@@ -39,6 +39,10 @@ pub struct AccessConfig {
     /// The key secrets are sealed with. `None`: a key for this process
     /// only (tests), so stored secrets do not survive a restart.
     pub secret_key: Option<[u8; 32]>,
+    /// The service is reached over HTTPS (TLS ends at it or at a proxy in
+    /// front): the dashboard's session cookie is `Secure`, under a
+    /// `__Host-` name.
+    pub secure_cookies: bool,
 }
 
 impl Default for AccessConfig {
@@ -48,6 +52,7 @@ impl Default for AccessConfig {
             rate_limit: 50,
             address_rate_limit: 200,
             secret_key: None,
+            secure_cookies: false,
         }
     }
 }
@@ -140,8 +145,15 @@ impl Access {
 
     async fn reload(&self) -> Result<()> {
         let tokens = self.store.access().tokens().await?;
+        let now = Utc::now();
         let mut cache = crate::lock(&self.cache);
-        cache.by_id = tokens.into_iter().map(|t| (t.id.clone(), t)).collect();
+        // Ended sessions stay in the store but not here: they are read
+        // only to be refused, and there is one per sign-in.
+        cache.by_id = tokens
+            .into_iter()
+            .filter(|t| !t.is_session() || t.is_live(now))
+            .map(|t| (t.id.clone(), t))
+            .collect();
         cache.loaded = Instant::now();
         Ok(())
     }
@@ -183,20 +195,73 @@ impl Access {
         };
         let record = self.find_cached(find).await?;
         let matches = bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes()));
-        (matches && record.is_active()).then(|| Principal::of_token(record))
+        // A session's hash is empty and matches nothing; say so anyway.
+        (matches && record.is_active() && !record.is_session()).then(|| Principal::of_token(record))
     }
 
-    /// Who the token record `id` is, if it exists and is active: for a
-    /// dashboard session, which names its token by record id (the token
-    /// itself is not kept). Asked on every request with a session, so a
-    /// revoke ends the session and a role comes from the record as it is
-    /// now. Served from the cache, reloaded as for [`Access::authenticate`].
-    pub async fn authenticate_token_id(&self, id: &str) -> Option<Principal> {
+    /// Who the dashboard session `id` (a session record, named by the
+    /// signed cookie) stands for, if the session is live and so is the
+    /// token it was made from. Asked on every request with a session, so
+    /// signing out or revoking the token ends it, and the role comes from
+    /// the token as it is now. The principal is the token's: rate limits
+    /// and stream caps count a session with its token. Served from the
+    /// cache, reloaded as for [`Access::authenticate`].
+    pub async fn authenticate_session(&self, id: &str) -> Option<Principal> {
         self.refresh_if_older(CACHE_TTL).await;
-        self.find_cached(|cache| cache.by_id.get(id).cloned())
+        let now = Utc::now();
+        let session = self
+            .find_cached(|cache| cache.by_id.get(id).cloned())
             .await
-            .filter(ApiToken::is_active)
+            .filter(|s| s.is_session() && s.is_live(now))?;
+        let token_id = session.session_of?;
+        self.find_cached(|cache| cache.by_id.get(&token_id).cloned())
+            .await
+            .filter(|t| t.is_active() && !t.is_session())
             .map(Principal::of_token)
+    }
+
+    /// Starts a dashboard session for the API token `token_id`, ending at
+    /// `expires_at`: a record of its own, stored before the cookie that
+    /// names it is handed out.
+    pub async fn start_session(
+        &self,
+        token_id: &str,
+        expires_at: chrono::DateTime<Utc>,
+    ) -> Result<ApiToken> {
+        let token = self
+            .find_cached(|cache| cache.by_id.get(token_id).cloned())
+            .await
+            .filter(|t| t.is_active() && !t.is_session())
+            .ok_or_else(|| Error::NotFound {
+                what: "token",
+                id: token_id.to_owned(),
+            })?;
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let record = ApiToken::session(id, &token, Utc::now(), expires_at);
+        self.store.access().put_token(&record).await?;
+        crate::lock(&self.cache)
+            .by_id
+            .insert(record.id.clone(), record.clone());
+        Ok(record)
+    }
+
+    /// Ends the dashboard session `id` in the store, so no node accepts
+    /// its cookie again (another node within its cache's age, 5 s).
+    /// Whether there was such a session still live.
+    pub async fn end_session(&self, id: &str) -> Result<bool> {
+        let now = Utc::now();
+        let Some(mut record) = self
+            .find_cached(|cache| cache.by_id.get(id).cloned())
+            .await
+            .filter(|s| s.is_session() && s.is_live(now))
+        else {
+            return Ok(false);
+        };
+        record.revoked_at = Some(now);
+        record.version += 1;
+        self.store.access().put_token(&record).await?;
+        crate::lock(&self.cache).by_id.remove(id);
+        Ok(true)
     }
 
     /// A token record from the cache; one it does not know reloads the
@@ -254,7 +319,12 @@ impl Access {
     /// changes nothing.
     pub async fn revoke_token(&self, id: &str) -> Result<Option<ApiToken>> {
         self.reload().await?;
-        let Some(mut record) = crate::lock(&self.cache).by_id.get(id).cloned() else {
+        let Some(mut record) = crate::lock(&self.cache)
+            .by_id
+            .get(id)
+            .filter(|t| !t.is_session())
+            .cloned()
+        else {
             return Ok(None);
         };
         if record.is_active() {
@@ -268,9 +338,12 @@ impl Access {
         Ok(Some(record))
     }
 
-    /// Every token record, oldest first.
+    /// Every token record, oldest first; dashboard sessions are not
+    /// tokens, and are left out.
     pub async fn tokens(&self) -> Result<Vec<ApiToken>> {
-        Ok(self.store.access().tokens().await?)
+        let mut tokens = self.store.access().tokens().await?;
+        tokens.retain(|t| !t.is_session());
+        Ok(tokens)
     }
 
     /// On a store without an active admin token, makes one: `supplied`
@@ -281,7 +354,7 @@ impl Access {
         let has_admin = crate::lock(&self.cache)
             .by_id
             .values()
-            .any(|t| t.is_active() && t.role == Role::Admin);
+            .any(|t| t.is_active() && !t.is_session() && t.role == Role::Admin);
         if has_admin {
             return Ok(None);
         }

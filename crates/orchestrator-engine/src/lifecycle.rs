@@ -69,10 +69,15 @@ pub(crate) struct Lifecycle {
     /// Workflows this node saw running, so that claims need not re-read
     /// them; forgotten when they finish. A std mutex, as `advancing`.
     running_workflows: Mutex<HashSet<WorkflowId>>,
-    /// Workflows whose last follow-up failed (storage refused a write or a
-    /// read): on a store of one node nothing else would advance them
-    /// before a restart, so the cluster loop tries them again
-    /// ([`Lifecycle::retry_stalled`]). A std mutex, as `advancing`.
+    /// Workflows whose last write may or may not have landed: a follow-up
+    /// storage refused, a submission or an attempt's end that reported an
+    /// error. An error does not say the write did not commit (a connection
+    /// can drop after the commit), so such a workflow may hold a task
+    /// queued that no queue here knows of, or an ended task whose
+    /// dependents were never released. On a store of one node nothing
+    /// else would look at them before a restart, so the cluster loop reads
+    /// them again ([`Lifecycle::retry_stalled`]). A std mutex, as
+    /// `advancing`.
     stalled: Mutex<HashSet<WorkflowId>>,
     /// Bumped whenever a workflow finishes here; waiters watch it.
     finished: watch::Sender<u64>,
@@ -314,6 +319,9 @@ impl Lifecycle {
                     task.fail(error.clone(), *exit_code, &self.retry, rand::random(), now)?;
                 }
             }
+            // On an error, stored or not, the next look follows this task
+            // up (`store_task`); if it was not stored, its lease runs out
+            // and it is taken over.
             let Some(stored) = self.store_task(&task, before).await? else {
                 continue;
             };
@@ -689,11 +697,29 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Advances again, in full, each workflow whose follow-up failed;
-    /// those that fail again stay for the next call.
+    /// Notes a workflow whose last write reported an error, so that the
+    /// next look reads it again, whether that write landed or not.
+    pub(crate) fn mark_uncertain(&self, id: WorkflowId) {
+        lock(&self.stalled).insert(id);
+    }
+
+    /// Reads again each workflow whose last write may or may not have
+    /// landed: queues its tasks that are stored as ready (the queue keeps
+    /// each task once, and a worker re-reads a task before it claims it),
+    /// then advances it in full. Those that fail again stay for the next
+    /// call.
     pub(crate) async fn retry_stalled(&self) {
         let stalled: Vec<WorkflowId> = lock(&self.stalled).drain().collect();
         for id in stalled {
+            match self.requeue_ready(id).await.and(Ok(())) {
+                Ok(()) => {}
+                Err(Error::NotFound { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(workflow = %id, error = %e, "a workflow whose last write failed still cannot be read");
+                    lock(&self.stalled).insert(id);
+                    continue;
+                }
+            }
             match self.advance(id).await {
                 Ok(()) => {
                     tracing::info!(workflow = %id, "advanced a workflow whose follow-up had failed")
@@ -706,6 +732,20 @@ impl Lifecycle {
                 }
             }
         }
+    }
+
+    /// Queues the tasks of workflow `id` that are stored as queued or
+    /// waiting for a retry. `NotFound` if there is no such workflow (a
+    /// submission whose write did not land after all).
+    async fn requeue_ready(&self, id: WorkflowId) -> Result<()> {
+        let workflow = self.load_workflow(id).await?;
+        self.queue.register_limit(&workflow);
+        for task in self.store().tasks().workflow_tasks(id).await? {
+            if matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
+                self.queue.push(&task);
+            }
+        }
+        Ok(())
     }
 
     /// Applies decisions until the workflow needs nothing more right now.
@@ -822,12 +862,18 @@ impl Lifecycle {
     }
 
     /// Stores a task; `None` if someone else changed it first (the next
-    /// round of decisions sees their change).
+    /// round of decisions sees their change). On any other error the
+    /// write may have landed or not, and whatever was to follow it here
+    /// (queueing the task, releasing its dependents) did not happen: its
+    /// workflow is read again at the next look (see `stalled`).
     async fn store_task(&self, task: &Task, before: TaskMark) -> Result<Option<Task>> {
         match self.records.update_task(task, before).await {
             Ok(stored) => Ok(Some(stored)),
             Err(e) if e.is_conflict() => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => {
+                self.mark_uncertain(task.workflow_id);
+                Err(e)
+            }
         }
     }
 
@@ -856,7 +902,11 @@ impl Lifecycle {
         {
             Ok(stored) => Ok(Some(stored)),
             Err(e) if e.is_conflict() => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => {
+                // As in `store_task`: read again at the next look.
+                self.mark_uncertain(workflow.id);
+                Err(e)
+            }
         }
     }
 

@@ -230,11 +230,27 @@ impl Engine {
                     what: "idempotency key" | "workflow revision",
                     ..
                 })) => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The write may have landed even so (an answer lost
+                    // after the commit): then the workflow is stored and
+                    // nothing here queued it. The next look starts it if
+                    // it exists; the client, told of the error, may send
+                    // the submission again under its Idempotency-Key.
+                    inner.lifecycle.mark_uncertain(workflow.id);
+                    return Err(e);
+                }
             }
         }
         tracing::info!(workflow = %workflow.id, template = %workflow.kind, tasks = tasks.len(), "workflow submitted");
-        if self.start_stored(&workflow, &tasks).await? {
+        let started = self
+            .start_stored(&workflow, &tasks)
+            .await
+            .inspect_err(|_| {
+                // Its first decisions may be half-stored: the next look
+                // decides again.
+                inner.lifecycle.mark_uncertain(workflow.id);
+            })?;
+        if started {
             Ok((self.workflow(workflow.id).await?, false))
         } else {
             // Nothing was decided, so the records are as inserted: no

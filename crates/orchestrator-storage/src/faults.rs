@@ -5,13 +5,19 @@
 //! while an outcome is still on its way to storage, and hold back or fail
 //! the writes that claim one, to show what goes on while a claim is.
 //!
+//! And a write can be made *ambiguous*: it reaches the store and commits,
+//! then its caller is told it failed, as when a connection drops after the
+//! database committed but before the answer came back. The caller cannot
+//! tell this from a write that never landed, so the engine must act
+//! correctly on either. Chosen by move, or at random under a seed.
+//!
 //! It wraps only the concerns it faults: the task store (workflow and task
 //! writes, log appends) and bulk transfer (imports). Reads, nodes and
 //! access records pass straight through, unwrapped.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
@@ -30,19 +36,39 @@ pub enum TaskMove {
     /// Stores as queued a task that was pending: a step released once its
     /// dependencies ended.
     Release,
+    /// Changes the checkpoint of a running task (an http step saves its
+    /// launch key and its job id this way).
+    Checkpoint,
+    /// Stores the end of an attempt: a terminal status, or a retry's wait.
+    End,
 }
 
 impl TaskMove {
     /// The move `task`, written over `stored`, makes, if it is one of these.
-    fn of(task: &Task, stored: Option<TaskStatus>) -> Option<TaskMove> {
-        match (stored, task.status) {
-            (Some(from), TaskStatus::Running) if from != TaskStatus::Running => {
-                Some(TaskMove::Claim)
+    fn of(task: &Task, stored: Option<&Task>) -> Option<TaskMove> {
+        let from = stored?;
+        match (from.status, task.status) {
+            (from, TaskStatus::Running) if from != TaskStatus::Running => Some(TaskMove::Claim),
+            (TaskStatus::Pending, TaskStatus::Queued) => Some(TaskMove::Release),
+            (TaskStatus::Running, TaskStatus::Running) if task.checkpoint != from.checkpoint => {
+                Some(TaskMove::Checkpoint)
             }
-            (Some(TaskStatus::Pending), TaskStatus::Queued) => Some(TaskMove::Release),
+            (TaskStatus::Running, to) if to.is_terminal() || to == TaskStatus::RetryWaiting => {
+                Some(TaskMove::End)
+            }
             _ => None,
         }
     }
+}
+
+/// Which writes are made ambiguous at random: each task-store write
+/// (workflow and task writes and log appends) with odds of one in
+/// `one_in`, drawn from a generator seeded by `seed`, so that a failing
+/// run can be replayed.
+#[derive(Clone, Copy, Debug)]
+pub struct AmbiguousOdds {
+    pub one_in: u32,
+    pub seed: u64,
 }
 
 /// Wraps a store: while `failing` is set, every task-store or import write
@@ -57,6 +83,8 @@ impl FaultyBackend {
             failing: Arc::new(AtomicBool::new(false)),
             holding: watch::Sender::new(false),
             moves: watch::Sender::new(Moves::default()),
+            random: Arc::new(Mutex::new(None)),
+            ambiguous_count: Arc::new(AtomicU64::new(0)),
         };
         let storage = inner
             .map_tasks(|inner| Arc::new(Faulty::new(inner, &switch)))
@@ -65,12 +93,31 @@ impl FaultyBackend {
     }
 }
 
-/// Which moves are held back or failed, and how many met their switch.
+/// Which moves are held back, failed or made ambiguous, and how many met
+/// their switch.
 #[derive(Default)]
 struct Moves {
     held: HashSet<TaskMove>,
     failed: HashSet<TaskMove>,
+    /// How many more writes of each move are to be ambiguous.
+    ambiguous: HashMap<TaskMove, usize>,
     faulted: HashMap<TaskMove, usize>,
+}
+
+/// The random draw of ambiguous writes: a xorshift64* generator, small
+/// and replayable from its seed.
+struct Draw {
+    state: u64,
+    one_in: u64,
+}
+
+impl Draw {
+    fn hit(&mut self) -> bool {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) % self.one_in == 0
+    }
 }
 
 /// The switches of a [`FaultyBackend`], kept by the test.
@@ -81,6 +128,11 @@ pub struct FaultSwitch {
     /// A watch, so that held writes wake when let through and tests wake
     /// when a count grows.
     moves: watch::Sender<Moves>,
+    /// The random draw of ambiguous writes, when on. A std mutex: a draw
+    /// is a few arithmetic steps and never awaits.
+    random: Arc<Mutex<Option<Draw>>>,
+    /// How many writes were made ambiguous, by move or at random.
+    ambiguous_count: Arc<AtomicU64>,
 }
 
 impl FaultSwitch {
@@ -108,7 +160,71 @@ impl FaultSwitch {
             .send_modify(|moves| toggle(&mut moves.failed, move_, failing));
     }
 
-    /// Waits until `n` writes that make `move_` were held back or failed.
+    /// Makes the next `times` writes that make `move_` ambiguous: they
+    /// commit, then report an error. (Every claim ambiguous for ever would
+    /// never let a step run: a count, not a switch.)
+    pub fn ambiguous(&self, move_: TaskMove, times: usize) {
+        self.moves.send_modify(|moves| {
+            moves.ambiguous.insert(move_, times);
+        });
+    }
+
+    /// Makes task-store writes ambiguous at random (`Some`), or stops
+    /// (`None`).
+    pub fn ambiguous_at_random(&self, odds: Option<AmbiguousOdds>) {
+        *lock(&self.random) = odds.map(|odds| Draw {
+            // xorshift stays at zero from zero.
+            state: odds.seed.max(1),
+            one_in: u64::from(odds.one_in.max(1)),
+        });
+    }
+
+    /// How many writes so far committed and then reported an error.
+    pub fn ambiguous_writes(&self) -> u64 {
+        self.ambiguous_count.load(Ordering::SeqCst)
+    }
+
+    /// Whether this write, once committed, is to report an error: drawn
+    /// at random, or `move_` is switched to ambiguous.
+    fn make_ambiguous(&self, move_: Option<TaskMove>) -> bool {
+        let mut by_move = false;
+        if let Some(move_) = move_ {
+            self.moves
+                .send_if_modified(|moves| match moves.ambiguous.get_mut(&move_) {
+                    Some(left) if *left > 0 => {
+                        *left -= 1;
+                        by_move = true;
+                        true
+                    }
+                    _ => false,
+                });
+        }
+        let drawn = lock(&self.random).as_mut().is_some_and(Draw::hit);
+        let ambiguous = by_move || drawn;
+        if let Some(move_) = move_.filter(|_| by_move) {
+            self.moves
+                .send_modify(|moves| *moves.faulted.entry(move_).or_default() += 1);
+        }
+        if ambiguous {
+            self.ambiguous_count.fetch_add(1, Ordering::SeqCst);
+        }
+        ambiguous
+    }
+
+    /// The answer to a write that committed: its own, or, if it is to be
+    /// ambiguous, an error that says nothing of the commit.
+    fn answer<T>(&self, what: &str, move_: Option<TaskMove>, result: Result<T>) -> Result<T> {
+        match result {
+            Ok(_) if self.make_ambiguous(move_) => Err(Error::io(
+                format!("{what} (injected fault)"),
+                std::io::Error::other("the connection dropped after the write was sent"),
+            )),
+            other => other,
+        }
+    }
+
+    /// Waits until `n` writes that make `move_` were held back, failed or
+    /// made ambiguous.
     pub async fn faulted(&self, move_: TaskMove, n: usize) {
         // Never errs: the sender lives in `self`.
         let _ = self
@@ -120,7 +236,9 @@ impl FaultSwitch {
 
     fn any_move_switched(&self) -> bool {
         let moves = self.moves.borrow();
-        !moves.held.is_empty() || !moves.failed.is_empty()
+        !moves.held.is_empty()
+            || !moves.failed.is_empty()
+            || moves.ambiguous.values().any(|n| *n > 0)
     }
 
     /// Holds back or fails a write that makes `move_`, as the switches say.
@@ -172,18 +290,19 @@ impl<T: ?Sized> Faulty<T> {
 
 impl Faulty<dyn TaskStore> {
     /// Holds back or fails a write of `task` that makes a [`TaskMove`],
-    /// as the switches say.
-    async fn task_move(&self, task: &Task) -> Result<()> {
+    /// as the switches say; returns the move, for [`FaultSwitch::answer`].
+    async fn task_move(&self, task: &Task) -> Result<Option<TaskMove>> {
         // Telling the move needs a read: only while a move is switched, so
         // that the other fault tests see the writes they always saw.
         if !self.switch.any_move_switched() {
-            return Ok(());
+            return Ok(None);
         }
-        let stored = self.inner.get_task(task.id).await?.map(|t| t.status);
-        match TaskMove::of(task, stored) {
-            Some(move_) => self.switch.on_move(move_).await,
-            None => Ok(()),
+        let stored = self.inner.get_task(task.id).await?;
+        let move_ = TaskMove::of(task, stored.as_ref());
+        if let Some(move_) = move_ {
+            self.switch.on_move(move_).await?;
         }
+        Ok(move_)
     }
 }
 
@@ -191,12 +310,14 @@ impl Faulty<dyn TaskStore> {
 impl TaskStore for Faulty<dyn TaskStore> {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
         self.switch.check("insert workflow")?;
-        self.inner.insert_workflow(workflow, tasks).await
+        let result = self.inner.insert_workflow(workflow, tasks).await;
+        self.switch.answer("insert workflow", None, result)
     }
 
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
         self.switch.check("update workflow")?;
-        self.inner.update_workflow(workflow, new_tasks).await
+        let result = self.inner.update_workflow(workflow, new_tasks).await;
+        self.switch.answer("update workflow", None, result)
     }
 
     async fn update_workflow_and_tasks(
@@ -205,10 +326,21 @@ impl TaskStore for Faulty<dyn TaskStore> {
         tasks: &[Task],
     ) -> Result<(Workflow, Vec<Task>)> {
         self.switch.check("update workflow")?;
+        let mut moves = Vec::new();
         for task in tasks {
-            self.task_move(task).await?;
+            moves.extend(self.task_move(task).await?);
         }
-        self.inner.update_workflow_and_tasks(workflow, tasks).await
+        let result = self.inner.update_workflow_and_tasks(workflow, tasks).await;
+        // Ambiguous as a whole if any of its moves is to be.
+        let move_ = moves.into_iter().find(|m| {
+            self.switch
+                .moves
+                .borrow()
+                .ambiguous
+                .get(m)
+                .is_some_and(|left| *left > 0)
+        });
+        self.switch.answer("update workflow", move_, result)
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
@@ -217,9 +349,10 @@ impl TaskStore for Faulty<dyn TaskStore> {
             // Never errs: the sender lives in `self.switch`.
             let _ = switch.holding.subscribe().wait_for(|held| !held).await;
         }
-        self.task_move(task).await?;
+        let move_ = self.task_move(task).await?;
         switch.check("update task")?;
-        self.inner.update_task(task).await
+        let result = self.inner.update_task(task).await;
+        switch.answer("update task", move_, result)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
@@ -248,7 +381,8 @@ impl TaskStore for Faulty<dyn TaskStore> {
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         self.switch.check("append log")?;
-        self.inner.append_log(id, chunk).await
+        let result = self.inner.append_log(id, chunk).await;
+        self.switch.answer("append log", None, result)
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
@@ -304,6 +438,14 @@ impl BulkTransfer for Faulty<dyn BulkTransfer> {
     async fn close(&self) -> Result<()> {
         self.inner.close().await
     }
+}
+
+/// Locks a std mutex; a panic elsewhere while holding it cannot leave
+/// the draw's state inconsistent (a number), so poisoning is ignored.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn toggle(set: &mut HashSet<TaskMove>, move_: TaskMove, on: bool) {

@@ -601,6 +601,11 @@ pub struct ServeArgs {
     /// on a loopback address.
     #[arg(long, env = "ORCHESTRATOR_NO_AUTH")]
     pub no_auth: bool,
+    /// Clients reach the service over HTTPS (TLS ends here or at a proxy in
+    /// front): the dashboard's session cookie is `Secure` and named
+    /// `__Host-orch_session`.
+    #[arg(long, env = "ORCHESTRATOR_SECURE_COOKIES")]
+    pub secure_cookies: bool,
     /// Delete finished workflows, with their tasks and logs, this long
     /// after they end (`30d`, `12h`; a workflow's `meta.retain` wins; the
     /// newest revision of a `meta.ref` stays) [default: forever].

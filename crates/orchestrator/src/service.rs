@@ -41,6 +41,15 @@ impl ServiceHandle {
 /// Opens storage, starts the engine and binds the listener. The service
 /// runs in the background until [`ServiceHandle::shutdown`].
 pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
+    start_with_store(settings, |storage| storage).await
+}
+
+/// [`start`], with the opened store passed through `wrap` before the
+/// engine sees it: the tests' fault-injection layer goes here.
+pub async fn start_with_store(
+    settings: ServeSettings,
+    wrap: impl FnOnce(orchestrator_storage::Storage) -> orchestrator_storage::Storage,
+) -> anyhow::Result<ServiceHandle> {
     // Scripts get absolute paths whatever their own cwd becomes.
     let data_dir = std::path::absolute(&settings.data_dir)
         .with_context(|| format!("--data-dir {}", settings.data_dir.display()))?;
@@ -84,7 +93,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
     // Metrics: the process's recorder is installed before any work starts,
     // and every storage call is timed whatever the backend.
     orchestrator_api::prometheus::handle();
-    let storage = orchestrator_storage::timed::TimedBackend::wrap(storage);
+    let storage = orchestrator_storage::timed::TimedBackend::wrap(wrap(storage));
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),
         work_dir: data_dir.join("work"),
@@ -133,6 +142,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 rate_limit: settings.rate_limit,
                 address_rate_limit: settings.address_rate_limit,
                 secret_key: Some(secret_key(&data_dir)?),
+                secure_cookies: settings.secure_cookies,
             },
             retention: RetentionConfig {
                 finished: settings.retain_finished,

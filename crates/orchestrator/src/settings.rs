@@ -38,6 +38,7 @@ pub struct FileConfig {
     pub poll_ms: Option<u64>,
     pub log_format: Option<String>,
     pub no_auth: Option<bool>,
+    pub secure_cookies: Option<bool>,
     pub rate_limit: Option<u32>,
     pub retain_finished: Option<Keep>,
     pub retain_audit: Option<Keep>,
@@ -92,6 +93,8 @@ pub struct ServeSettings {
     pub interpreters: HashMap<String, PathBuf>,
     /// API tokens required (the default); off only on loopback.
     pub auth: bool,
+    /// Clients come over HTTPS: `Secure`, `__Host-` session cookies.
+    pub secure_cookies: bool,
     /// Requests per second per caller; 0 for no limit.
     pub rate_limit: u32,
     /// How long finished workflows and audit records are kept.
@@ -153,6 +156,7 @@ impl ServeSettings {
             log_format: LogFormat::Pretty,
             interpreters: HashMap::new(),
             auth: true,
+            secure_cookies: false,
             rate_limit: 50,
             retain_finished: Keep::Forever,
             retain_audit: Keep::Forever,
@@ -264,6 +268,7 @@ impl ServeSettings {
             log_format,
             interpreters: file.interpreters,
             auth: !(args.no_auth || file.no_auth.unwrap_or(false)),
+            secure_cookies: args.secure_cookies || file.secure_cookies.unwrap_or(false),
             rate_limit: args
                 .rate_limit
                 .or(file.rate_limit)

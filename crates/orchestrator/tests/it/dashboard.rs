@@ -203,6 +203,114 @@ async fn a_session_stands_for_its_token_until_revoked_and_changes_need_the_csrf_
 }
 
 #[tokio::test]
+async fn signing_out_ends_the_session_in_the_service_not_only_in_the_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path()).await;
+    let (operator, _) = create_token(&service, "ops-laptop", "operator").await;
+    let (kept, _, _) = sign_in(&service, &operator).await;
+    let (copied, _, _) = sign_in(&service, &operator).await;
+    assert_ne!(kept, copied, "each sign-in is a session of its own");
+    let read = |cookie: String| {
+        let service = &service;
+        async move {
+            send(service, "GET", "/workflows", None, Some(&cookie), None)
+                .await
+                .status()
+        }
+    };
+    assert_eq!(read(copied.clone()).await, 200);
+
+    // Signing out clears the cookie, and a copy of it kept elsewhere (a
+    // stolen cookie, another tab) no longer works.
+    let response = send(&service, "POST", "/ui/logout", None, Some(&copied), None).await;
+    assert_eq!(response.status(), 204);
+    let cleared = response.headers()[SET_COOKIE].to_str().unwrap();
+    assert!(
+        cleared.starts_with("orch_session=;") && cleared.contains("Max-Age=0"),
+        "{cleared}"
+    );
+    assert_eq!(read(copied.clone()).await, 401);
+    let (status, _) =
+        json_of(send(&service, "GET", "/ui/session", None, Some(&copied), None).await).await;
+    assert_eq!(status, 401);
+    // The token's other session, and the token itself, go on.
+    assert_eq!(read(kept.clone()).await, 200);
+    let response = send(&service, "GET", "/workflows", Some(&operator), None, None).await;
+    assert_eq!(response.status(), 200);
+    // A second sign-out of the ended session changes nothing.
+    let response = send(&service, "POST", "/ui/logout", None, Some(&copied), None).await;
+    assert_eq!(response.status(), 204);
+
+    // Sessions are not tokens: the token list shows the two tokens only.
+    let (_, tokens) =
+        json_of(send(&service, "GET", "/tokens", Some(ADMIN), None, None).await).await;
+    let names: Vec<&str> = tokens["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bootstrap", "ops-laptop"], "{tokens}");
+    let (_, audit) =
+        json_of(send(&service, "GET", "/audit?limit=100", Some(ADMIN), None, None).await).await;
+    assert!(
+        audit["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["action"] == "ui.sign_out" && r["actor"] == "ops-laptop"),
+        "{audit}"
+    );
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn behind_tls_the_session_cookie_is_secure_and_host_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = fixture_settings(dir.path());
+    settings.auth = true;
+    settings.rate_limit = 0;
+    settings.secure_cookies = true;
+    settings.bootstrap_token = Some(orchestrator_storage::Secret::new(ADMIN));
+    let service = TestService::start(settings).await;
+    let response = send(&service, "POST", "/ui/session", Some(ADMIN), None, None).await;
+    assert_eq!(response.status(), 200);
+    let set_cookie = response.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(
+        set_cookie.starts_with("__Host-orch_session="),
+        "{set_cookie}"
+    );
+    for attribute in ["Secure", "HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    assert!(!set_cookie.contains("Domain"), "{set_cookie}");
+    let value = set_cookie
+        .strip_prefix("__Host-orch_session=")
+        .and_then(|rest| rest.split(';').next())
+        .unwrap();
+    let with_cookie = |cookie: String| {
+        service
+            .http
+            .get(format!("{}/workflows", service.base))
+            .header(COOKIE, cookie)
+            .send()
+    };
+    let status = with_cookie(format!("__Host-orch_session={value}"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    // The same value under the plain name, which a page served over plain
+    // HTTP from a sibling host could have set, is no session here.
+    let status = with_cookie(format!("orch_session={value}"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 401);
+    service.stop().await;
+}
+
+#[tokio::test]
 async fn roles_hold_through_a_session_and_task_tokens_get_none() {
     let dir = tempfile::tempdir().unwrap();
     let service = service(dir.path()).await;

@@ -47,8 +47,18 @@ pub struct TestService {
 
 impl TestService {
     pub async fn start(settings: ServeSettings) -> TestService {
+        Self::start_with_store(settings, |storage| storage).await
+    }
+
+    /// A service whose store goes through `wrap` (a fault-injection layer).
+    pub async fn start_with_store(
+        settings: ServeSettings,
+        wrap: impl FnOnce(orchestrator_storage::Storage) -> orchestrator_storage::Storage,
+    ) -> TestService {
         let data_dir = settings.data_dir.clone();
-        let handle = service::start(settings).await.expect("service starts");
+        let handle = service::start_with_store(settings, wrap)
+            .await
+            .expect("service starts");
         TestService {
             base: format!("http://{}", handle.addr),
             handle: Some(handle),

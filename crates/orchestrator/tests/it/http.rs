@@ -15,6 +15,7 @@ use crate::fakes::{Fake, Flavor, Plan};
 use crate::faults::wait_for_workflows;
 use crate::harness::{TestService, fixture_settings, real_scripts};
 use crate::workflows::task;
+use orchestrator_storage::faults::{FaultyBackend, TaskMove};
 
 /// The test service's settings, allowing the given ports on loopback.
 fn allowing(data_dir: &Path, ports: &[u16]) -> ServeSettings {
@@ -167,6 +168,47 @@ async fn a_job_is_launched_once_polled_to_success_and_its_outputs_feed_the_next_
     ] {
         assert!(log.contains(line), "the log lacks {line:?}:\n{log}");
     }
+    service.stop().await;
+}
+
+/// Storage that commits a checkpoint write and then reports an error (the
+/// answer lost after the commit), first for the launch key, then for the
+/// job id. Each of those attempts fails; the next one reads what was
+/// committed after all, and the job is launched once.
+#[tokio::test]
+async fn ambiguous_checkpoint_writes_never_launch_a_job_twice() {
+    let fake = Fake::start(
+        Flavor::Awx,
+        Plan::ending("successful", Duration::from_millis(200)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut switch = None;
+    let service = TestService::start_with_store(allowing(dir.path(), &[fake.port]), |storage| {
+        let (storage, faults) = FaultyBackend::wrap(storage);
+        faults.ambiguous(TaskMove::Checkpoint, 2);
+        switch = Some(faults);
+        storage
+    })
+    .await;
+    let faults = switch.unwrap();
+    let mut awx = awx_step(&fake.base);
+    awx["retries"] = json!(3);
+    let id = submit_async(&service, submission(vec![awx, report_step()])).await;
+    let view = service.wait_workflow(&id).await;
+    assert_eq!(view["status"], "completed", "{view}");
+    faults.faulted(TaskMove::Checkpoint, 2).await;
+    assert_eq!(fake.launches(), 1, "the job was launched again: {view}");
+    let awx = task(&view, "awx");
+    let errors: Vec<&str> = awx["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|attempt| attempt["error"].as_str())
+        .collect();
+    assert_eq!(errors.len(), 2, "{awx}");
+    assert!(errors[0].starts_with("not launching:"), "{errors:?}");
+    assert!(errors[1].starts_with("launched job 1, but"), "{errors:?}");
+    assert_eq!(awx["checkpoint"]["job_id"], 1);
     service.stop().await;
 }
 
