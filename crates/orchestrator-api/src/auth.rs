@@ -138,10 +138,10 @@ impl Guard {
             _ => "unauthorized",
         };
         metrics::counter!("orchestrator_auth_refusals_total", "reason" => reason).increment(1);
-        if let Some(due) =
-            self.refusals
-                .tally
-                .note(client, status.as_u16(), Instant::now())
+        if let Some(due) = self
+            .refusals
+            .tally
+            .note(client, status.as_u16(), Instant::now())
         {
             let mut record = aggregate_record(due);
             record.request_id = request_id;

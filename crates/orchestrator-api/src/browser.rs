@@ -198,7 +198,10 @@ fn normal_name(name: &str) -> String {
 
 /// `application/json` or `application/<something>+json`, parameters aside.
 fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
     let essence = value
@@ -236,24 +239,69 @@ mod tests {
         let open = BrowserRules::new(false, &["orch.example.com".to_owned()]);
         let local = [("host", "127.0.0.1:8080")];
         let json = ("content-type", "application/json; charset=utf-8");
-        let cases: &[(Method, Vec<(&str, &str)>, &'static str, u16)] = &[
+        // Method, headers, body, the status expected.
+        type Case<'a> = (Method, Vec<(&'a str, &'a str)>, &'static str, u16);
+        let cases: &[Case] = &[
             (Method::POST, vec![local[0], json], "{}", 200),
-            (Method::POST, vec![local[0], ("content-type", "text/plain")], "{}", 415),
+            (
+                Method::POST,
+                vec![local[0], ("content-type", "text/plain")],
+                "{}",
+                415,
+            ),
             (Method::POST, vec![local[0]], "{}", 415),
-            (Method::PUT, vec![local[0], ("content-type", "application/merge-patch+json")], "{}", 200),
+            (
+                Method::PUT,
+                vec![local[0], ("content-type", "application/merge-patch+json")],
+                "{}",
+                200,
+            ),
             // No body: no type needed.
             (Method::POST, vec![local[0]], "", 200),
-            (Method::GET, vec![local[0], ("content-type", "text/plain")], "x", 200),
+            (
+                Method::GET,
+                vec![local[0], ("content-type", "text/plain")],
+                "x",
+                200,
+            ),
             (Method::GET, vec![("host", "evil.example:8080")], "", 421),
             (Method::GET, vec![("host", "localhost:8080")], "", 200),
             (Method::GET, vec![("host", "[::1]:8080")], "", 200),
             (Method::GET, vec![("host", "ORCH.example.com.")], "", 200),
-            (Method::GET, vec![local[0], ("origin", "http://127.0.0.1:8080")], "", 200),
-            (Method::GET, vec![local[0], ("origin", "http://127.0.0.1:3000")], "", 403),
-            (Method::GET, vec![local[0], ("origin", "https://evil.example")], "", 403),
+            (
+                Method::GET,
+                vec![local[0], ("origin", "http://127.0.0.1:8080")],
+                "",
+                200,
+            ),
+            (
+                Method::GET,
+                vec![local[0], ("origin", "http://127.0.0.1:3000")],
+                "",
+                403,
+            ),
+            (
+                Method::GET,
+                vec![local[0], ("origin", "https://evil.example")],
+                "",
+                403,
+            ),
             (Method::GET, vec![local[0], ("origin", "null")], "", 403),
-            (Method::GET, vec![local[0], ("origin", "https://orch.example.com")], "", 200),
-            (Method::GET, vec![("host", "orch.example.com"), ("origin", "https://orch.example.com")], "", 200),
+            (
+                Method::GET,
+                vec![local[0], ("origin", "https://orch.example.com")],
+                "",
+                200,
+            ),
+            (
+                Method::GET,
+                vec![
+                    ("host", "orch.example.com"),
+                    ("origin", "https://orch.example.com"),
+                ],
+                "",
+                200,
+            ),
         ];
         for (method, headers, body, expected) in cases {
             let request = request(method.clone(), headers, body);
@@ -271,15 +319,30 @@ mod tests {
         let cookie = ("cookie", cookie_line.as_str());
         let bearer = ("authorization", "Bearer t");
         let host = ("host", "orch.internal:8080");
-        assert_eq!(status(&guarded, &request(Method::GET, &[host, foreign], "")), 200);
-        assert_eq!(status(&guarded, &request(Method::GET, &[host, foreign, cookie], "")), 403);
         assert_eq!(
-            status(&guarded, &request(Method::GET, &[host, foreign, cookie, bearer], "")),
+            status(&guarded, &request(Method::GET, &[host, foreign], "")),
+            200
+        );
+        assert_eq!(
+            status(
+                &guarded,
+                &request(Method::GET, &[host, foreign, cookie], "")
+            ),
+            403
+        );
+        assert_eq!(
+            status(
+                &guarded,
+                &request(Method::GET, &[host, foreign, cookie, bearer], "")
+            ),
             200
         );
         // The type rule holds with auth on too.
         assert_eq!(
-            status(&guarded, &request(Method::POST, &[host, ("content-type", "text/plain")], "{}")),
+            status(
+                &guarded,
+                &request(Method::POST, &[host, ("content-type", "text/plain")], "{}")
+            ),
             415
         );
     }

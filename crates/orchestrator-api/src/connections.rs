@@ -97,7 +97,8 @@ pub(crate) async fn serve(
             request.extensions_mut().insert(ConnectInfo(peer));
             router.clone().oneshot(request)
         });
-        let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             // A header timeout, a reset or a client gone mid-request ends

@@ -88,9 +88,7 @@ fn parse_entry(entry: &str) -> Option<IpAddr> {
 /// IPv4 address: one client, one key, whichever way it arrived.
 fn canonical(address: IpAddr) -> IpAddr {
     match address {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map_or(IpAddr::V6(v6), IpAddr::V4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     }
 }
@@ -102,7 +100,9 @@ pub fn parse_trusted_proxy(text: &str) -> Result<IpNet, String> {
     text.parse::<IpNet>()
         .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
         .map(|range| range.trunc())
-        .map_err(|_| format!("`{text}` is not an address or a CIDR range (10.0.0.5, 10.0.0.0/8, ::1)"))
+        .map_err(|_| {
+            format!("`{text}` is not an address or a CIDR range (10.0.0.5, 10.0.0.0/8, ::1)")
+        })
 }
 
 #[cfg(test)]
@@ -146,8 +146,16 @@ mod tests {
         // client wrote itself (the left-most) is not believed.
         check("127.0.0.1", &["198.51.100.1"], "198.51.100.1");
         check("127.0.0.1", &["6.6.6.6, 198.51.100.1"], "198.51.100.1");
-        check("127.0.0.1", &["6.6.6.6, 198.51.100.1, 10.1.2.3"], "198.51.100.1");
-        check("127.0.0.1", &["6.6.6.6", "198.51.100.1, 10.1.2.3"], "198.51.100.1");
+        check(
+            "127.0.0.1",
+            &["6.6.6.6, 198.51.100.1, 10.1.2.3"],
+            "198.51.100.1",
+        );
+        check(
+            "127.0.0.1",
+            &["6.6.6.6", "198.51.100.1, 10.1.2.3"],
+            "198.51.100.1",
+        );
         // Every hop trusted: the left-most.
         check("127.0.0.1", &["10.9.9.9, 10.1.2.3"], "10.9.9.9");
         // No header, or garbage at the right: the last address checked.
@@ -164,8 +172,14 @@ mod tests {
 
     #[test]
     fn trusted_proxies_are_addresses_or_ranges_and_anything_else_is_named() {
-        assert_eq!(parse_trusted_proxy("10.0.0.5").unwrap().to_string(), "10.0.0.5/32");
-        assert_eq!(parse_trusted_proxy("10.1.2.3/8").unwrap().to_string(), "10.0.0.0/8");
+        assert_eq!(
+            parse_trusted_proxy("10.0.0.5").unwrap().to_string(),
+            "10.0.0.5/32"
+        );
+        assert_eq!(
+            parse_trusted_proxy("10.1.2.3/8").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
         assert_eq!(parse_trusted_proxy("::1").unwrap().to_string(), "::1/128");
         let error = parse_trusted_proxy("proxy.example").unwrap_err();
         assert!(error.contains("`proxy.example`"), "{error}");

@@ -161,10 +161,8 @@ fn with_layers(
         state.sessions.clone(),
         forwarded::TrustedProxies::new(http.trusted_proxies.clone()),
     );
-    let browser = browser::BrowserRules::new(
-        state.engine.access().config().auth,
-        &http.public_hosts,
-    );
+    let browser =
+        browser::BrowserRules::new(state.engine.access().config().auth, &http.public_hosts);
     routes
         .with_state(state)
         // What another site's page could make a browser send: a foreign
@@ -237,5 +235,11 @@ pub async fn serve_with(
         header_timeout: http.header_timeout,
         max_connections: http.max_connections,
     };
-    connections::serve(listener, app_with(engine, testenvs, &http), limits, shutdown).await
+    connections::serve(
+        listener,
+        app_with(engine, testenvs, &http),
+        limits,
+        shutdown,
+    )
+    .await
 }

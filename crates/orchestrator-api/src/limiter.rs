@@ -38,7 +38,11 @@ pub(crate) type Limiter<K> = RateLimiter<K, BoundedStore<K>, DefaultClock>;
 
 /// A limiter of `quota` keeping at most `capacity` keys apart; keys
 /// beyond share the bucket of `overflow`.
-pub(crate) fn limiter<K: Hash + Eq + Clone>(quota: Quota, capacity: usize, overflow: K) -> Limiter<K> {
+pub(crate) fn limiter<K: Hash + Eq + Clone>(
+    quota: Quota,
+    capacity: usize,
+    overflow: K,
+) -> Limiter<K> {
     RateLimiter::new(
         quota,
         BoundedStore::new(capacity, overflow),
@@ -167,14 +171,20 @@ mod tests {
         let quota = Quota::per_hour(NonZeroU32::new(1).unwrap());
         let limiter = limiter(quota, 100, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         for n in 0..100 {
-            assert!(limiter.check_key(&address(n)).is_ok(), "key {n} has its own bucket");
+            assert!(
+                limiter.check_key(&address(n)).is_ok(),
+                "key {n} has its own bucket"
+            );
         }
         assert_eq!(limiter.len(), 100);
         // The table is full: the next newcomer gets the overflow bucket,
         // and every newcomer after it finds that bucket empty.
         assert!(limiter.check_key(&address(1000)).is_ok());
         for n in 1001..2000 {
-            assert!(limiter.check_key(&address(n)).is_err(), "key {n} shares the spent bucket");
+            assert!(
+                limiter.check_key(&address(n)).is_err(),
+                "key {n} shares the spent bucket"
+            );
         }
         assert_eq!(limiter.len(), 101, "capacity plus the overflow key");
         // A key known before the table filled keeps its own (spent) bucket.
@@ -210,6 +220,9 @@ mod tests {
         // still spent.
         assert_eq!(limiter.len(), 1);
         assert!(limiter.check_key(&address(7)).is_err());
-        assert!(limiter.check_key(&address(8)).is_ok(), "a forgotten key starts afresh");
+        assert!(
+            limiter.check_key(&address(8)).is_ok(),
+            "a forgotten key starts afresh"
+        );
     }
 }

@@ -15,8 +15,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::Extension;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -434,7 +434,11 @@ mod tests {
         let _second = slots.take(Some(&alice)).unwrap();
         let refused = slots.take(Some(&alice)).unwrap_err();
         assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(refused.message.contains("--max-streams"), "{}", refused.message);
+        assert!(
+            refused.message.contains("--max-streams"),
+            "{}",
+            refused.message
+        );
         // Another caller has slots of its own.
         let _theirs = slots.take(Some(&local)).unwrap();
         drop(first);

@@ -608,8 +608,16 @@ mod tests {
         assert_eq!(network.max_connections, 300);
         assert_eq!(network.header_timeout, Duration::from_secs(5));
         assert_eq!(network.max_streams, orchestrator_api::DEFAULT_MAX_STREAMS);
-        let proxies: Vec<String> = network.trusted_proxies.iter().map(|p| p.to_string()).collect();
-        assert_eq!(proxies, ["127.0.0.1/32", "::1/128"], "the flags replace the file's list");
+        let proxies: Vec<String> = network
+            .trusted_proxies
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(
+            proxies,
+            ["127.0.0.1/32", "::1/128"],
+            "the flags replace the file's list"
+        );
         assert_eq!(network.public_hosts, ["orch.example.com"]);
         for (args, expected) in [
             (

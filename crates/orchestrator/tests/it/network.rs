@@ -70,7 +70,10 @@ async fn half_a_request_and_an_idle_connection_are_closed_after_the_header_timeo
         let mut answer = Vec::new();
         // Ends when the service closes the connection (or resets it).
         let closed = tokio::time::timeout(HANG, stream.read_to_end(&mut answer)).await;
-        assert!(closed.is_ok(), "a connection that sent {what} is still open");
+        assert!(
+            closed.is_ok(),
+            "a connection that sent {what} is still open"
+        );
         let answer = String::from_utf8_lossy(&answer);
         assert!(
             answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
@@ -83,8 +86,7 @@ async fn half_a_request_and_an_idle_connection_are_closed_after_the_header_timeo
 }
 
 #[tokio::test]
-async fn connections_over_the_cap_get_a_503_naming_it_and_a_client_is_served_once_others_close()
-{
+async fn connections_over_the_cap_get_a_503_naming_it_and_a_client_is_served_once_others_close() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(
         dir.path(),
@@ -172,7 +174,10 @@ async fn each_token_holds_at_most_max_streams_event_streams_and_followed_logs() 
         assert_eq!(again.status(), 429);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(reopened.is_some(), "the closed stream's place never came back");
+    assert!(
+        reopened.is_some(),
+        "the closed stream's place never came back"
+    );
     drop((second, theirs, reopened));
     service.stop().await;
 }
@@ -256,17 +261,32 @@ async fn without_auth_what_another_site_could_make_a_browser_send_is_refused() {
     let answer = raw(&addr, &submit("text/plain;charset=UTF-8", "")).await;
     assert_eq!(status_of(&answer), 415, "{answer}");
     let message = body_of(&answer)["error"]["message"].to_string();
-    assert!(message.contains("Content-Type") && message.contains("text/plain"), "{message}");
+    assert!(
+        message.contains("Content-Type") && message.contains("text/plain"),
+        "{message}"
+    );
 
     // A name rebound to 127.0.0.1 arrives with its own Host.
     let answer = raw(&addr, &get(&addr, "/tasks", "evil.example")).await;
     assert_eq!(status_of(&answer), 421, "{answer}");
-    assert!(body_of(&answer)["error"]["message"].to_string().contains("Host `evil.example`"));
+    assert!(
+        body_of(&answer)["error"]["message"]
+            .to_string()
+            .contains("Host `evil.example`")
+    );
 
     // Another site's page, even with the right type.
-    let answer = raw(&addr, &submit("application/json", "Origin: https://evil.example\r\n")).await;
+    let answer = raw(
+        &addr,
+        &submit("application/json", "Origin: https://evil.example\r\n"),
+    )
+    .await;
     assert_eq!(status_of(&answer), 403, "{answer}");
-    assert!(body_of(&answer)["error"]["message"].to_string().contains("Origin"));
+    assert!(
+        body_of(&answer)["error"]["message"]
+            .to_string()
+            .contains("Origin")
+    );
 
     // The service's own page, a plain client, and a public name are served.
     let own_origin = format!("Origin: http://{addr}\r\n");
