@@ -198,7 +198,13 @@ fn with_layers(
                         .get("x-request-id")
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("-");
-                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+                    // The client as the limits see it: behind a trusted
+                    // proxy, the address it forwarded.
+                    let client = request
+                        .extensions()
+                        .get::<forwarded::ClientAddress>()
+                        .map_or_else(|| "-".to_owned(), |c| c.0.to_string());
+                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id, client = %client)
                 })
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
