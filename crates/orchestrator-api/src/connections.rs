@@ -85,11 +85,12 @@ pub(crate) async fn serve(
             () = &mut shutdown => break,
         };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            metrics::counter!("orchestrator_connections_refused_total").increment(1);
+            metrics::counter!("orchestrator_http_connections_refused_total").increment(1);
             refuse(stream, &refusing, limits.max_connections);
             continue;
         };
         let _ = stream.set_nodelay(true);
+        metrics::gauge!("orchestrator_http_connections").increment(1.0);
         let router = router.clone();
         // The peer address, as `ConnectInfo`: the guard and the client
         // address read it.
@@ -107,6 +108,7 @@ pub(crate) async fn serve(
                 tracing::debug!(%peer, error = %e, "connection ended");
             }
             drop(permit);
+            metrics::gauge!("orchestrator_http_connections").decrement(1.0);
         });
     }
     drop(listener);

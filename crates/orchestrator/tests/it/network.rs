@@ -125,6 +125,15 @@ async fn connections_over_the_cap_get_a_503_naming_it_and_a_client_is_served_onc
         }
     }
     assert!(served, "no place came free when a connection closed");
+    // Every refusal was counted (the others closed first: places to spare).
+    drop(held);
+    let metrics = raw(&addr, &get(&addr, "/metrics", "127.0.0.1")).await;
+    let refused: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("orchestrator_http_connections_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(refused >= 3.0, "{metrics}");
 }
 
 #[tokio::test]
