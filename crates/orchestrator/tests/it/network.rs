@@ -51,6 +51,20 @@ fn body_of(answer: &str) -> Value {
     serde_json::from_str(body).unwrap_or(Value::Null)
 }
 
+/// GETs `path` until it is not refused for the connection cap: the
+/// service frees a place once it has seen a connection close, a moment
+/// after the client closed it.
+async fn once_served(addr: &str, path: &str) -> String {
+    for _ in 0..400 {
+        let answer = raw(addr, &get(addr, path, "127.0.0.1")).await;
+        if status_of(&answer) != 503 {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no place came free for GET {path}");
+}
+
 fn get(addr: &str, path: &str, host: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
         .replace("{addr}", addr)
@@ -112,22 +126,10 @@ async fn connections_over_the_cap_get_a_503_naming_it_and_a_client_is_served_onc
     }
     // One closes: a client that tries again is served.
     drop(held.pop());
-    let mut served = false;
-    for _ in 0..200 {
-        let answer = raw(&addr, &get(&addr, "/health", "127.0.0.1")).await;
-        match status_of(&answer) {
-            200 => {
-                served = true;
-                break;
-            }
-            503 => tokio::time::sleep(Duration::from_millis(50)).await,
-            _ => panic!("{answer}"),
-        }
-    }
-    assert!(served, "no place came free when a connection closed");
-    // Every refusal was counted (the others closed first: places to spare).
-    drop(held);
-    let metrics = raw(&addr, &get(&addr, "/metrics", "127.0.0.1")).await;
+    let answer = once_served(&addr, "/health").await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    // Every refusal was counted.
+    let metrics = once_served(&addr, "/metrics").await;
     let refused: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("orchestrator_http_connections_refused_total "))
