@@ -7,24 +7,26 @@
 //! in one table ([`need`]), so a new route is covered by its method: reads
 //! need `viewer`, changes `operator`, unless the table says otherwise.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use axum::RequestExt;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, MatchedPath, RawPathParams, Request, State};
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::Quota;
 use orchestrator_core::access::{AuditRecord, Role};
 use orchestrator_engine::Engine;
 use orchestrator_engine::access::Principal;
 
 use crate::ApiError;
+use crate::forwarded::{ClientAddress, TrustedProxies};
+use crate::limiter::{Limiter, MAX_KEYS};
 use crate::refusals::{AUDIT_INTERVAL, Due, MAX_ADDRESSES, RefusalTally};
 use crate::session::{self, Session, Sessions};
 
@@ -35,11 +37,16 @@ pub(crate) struct Guard {
     engine: Engine,
     sessions: Sessions,
     /// Per token (per address for the open routes), after authentication.
-    limiter: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    /// Both limiters keep at most [`MAX_KEYS`] callers apart (see
+    /// `limiter`).
+    limiter: Option<Arc<Limiter<String>>>,
     /// Per client address, before authentication: what one address can
     /// make the service do (hash a token, refuse, answer) is bounded
     /// whatever it sends.
-    address_limiter: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
+    address_limiter: Option<Arc<Limiter<IpAddr>>>,
+    /// Whose `X-Forwarded-For` names the client (for the limits, the
+    /// refusal tally and `/metrics`).
+    trusted_proxies: TrustedProxies,
     /// Refusals of callers without a valid token, audited in aggregate.
     refusals: Arc<RefusalAudit>,
 }
@@ -60,15 +67,39 @@ fn quota(rate: NonZeroU32) -> Quota {
 }
 
 impl Guard {
-    pub(crate) fn new(engine: Engine, sessions: Sessions) -> Guard {
+    pub(crate) fn new(
+        engine: Engine,
+        sessions: Sessions,
+        trusted_proxies: TrustedProxies,
+    ) -> Guard {
         let config = engine.access().config();
-        // Off when auth is off: one local user needs no protection from itself.
+        // Off when auth is off: one local user needs no protection from
+        // itself. Callers beyond the table's cap share one bucket: the
+        // overflow keys below, which no real caller has.
         let limiter = NonZeroU32::new(config.rate_limit)
             .filter(|_| config.auth)
-            .map(|rate| Arc::new(RateLimiter::keyed(quota(rate))));
+            .map(|rate| {
+                Arc::new(crate::limiter::limiter(
+                    quota(rate),
+                    MAX_KEYS,
+                    "(other callers)".to_owned(),
+                ))
+            });
         let address_limiter = NonZeroU32::new(config.address_rate_limit)
             .filter(|_| config.auth)
-            .map(|rate| Arc::new(RateLimiter::keyed(quota(rate))));
+            .map(|rate| {
+                Arc::new(crate::limiter::limiter(
+                    quota(rate),
+                    MAX_KEYS,
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                ))
+            });
+        if let Some(limiter) = &limiter {
+            crate::limiter::prune_periodically(limiter);
+        }
+        if let Some(limiter) = &address_limiter {
+            crate::limiter::prune_periodically(limiter);
+        }
         let refusals = Arc::new(RefusalAudit {
             tally: RefusalTally::new(AUDIT_INTERVAL, MAX_ADDRESSES),
             engine: engine.clone(),
@@ -88,6 +119,7 @@ impl Guard {
             sessions,
             limiter,
             address_limiter,
+            trusted_proxies,
             refusals,
         }
     }
@@ -96,7 +128,7 @@ impl Guard {
     /// audit record if one is due now.
     async fn refused_anonymous(
         &self,
-        peer: Option<SocketAddr>,
+        client: Option<IpAddr>,
         status: StatusCode,
         request_id: Option<String>,
     ) {
@@ -106,10 +138,10 @@ impl Guard {
             _ => "unauthorized",
         };
         metrics::counter!("orchestrator_auth_refusals_total", "reason" => reason).increment(1);
-        if let Some(due) =
-            self.refusals
-                .tally
-                .note(peer.map(|p| p.ip()), status.as_u16(), Instant::now())
+        if let Some(due) = self
+            .refusals
+            .tally
+            .note(client, status.as_u16(), Instant::now())
         {
             let mut record = aggregate_record(due);
             record.request_id = request_id;
@@ -250,15 +282,16 @@ fn action(method: &Method, path: Option<&str>) -> String {
 /// tokens from one address is refused here, and counted in aggregate.
 pub(crate) async fn limit_address(
     State(guard): State<Guard>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
-    if let (Some(limiter), Some(peer)) = (&guard.address_limiter, peer)
-        && let Err(not_until) = limiter.check_key(&peer.ip())
+    // Who the client is, once for every layer after this one.
+    let client = guard.trusted_proxies.client_of(&request);
+    if let Some(client) = client {
+        request.extensions_mut().insert(ClientAddress(client));
+    }
+    if let (Some(limiter), Some(client)) = (&guard.address_limiter, client)
+        && let Err(not_until) = limiter.check_key(&client)
     {
         let request_id = request
             .headers()
@@ -266,7 +299,7 @@ pub(crate) async fn limit_address(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         guard
-            .refused_anonymous(Some(peer), StatusCode::TOO_MANY_REQUESTS, request_id)
+            .refused_anonymous(Some(client), StatusCode::TOO_MANY_REQUESTS, request_id)
             .await;
         return too_many_requests(&not_until);
     }
@@ -286,10 +319,13 @@ pub(crate) async fn guard(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned());
     let path = path.as_deref();
+    // Set by `limit_address`; read from the connection where that layer
+    // did not run (tests that build the guard alone).
     let peer = request
         .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
+        .get::<ClientAddress>()
+        .map(|c| c.0)
+        .or_else(|| guard.trusted_proxies.client_of(&request));
     let request_id = request
         .headers()
         .get("x-request-id")
@@ -482,7 +518,7 @@ fn check(
     need: Need,
     principal: Option<&Principal>,
     credential: &Credential,
-    peer: Option<SocketAddr>,
+    peer: Option<IpAddr>,
     target: &Option<String>,
 ) -> Option<ApiError> {
     let unauthorized = || {
@@ -510,7 +546,7 @@ fn check(
     match need {
         Need::Open => None,
         Need::Metrics => {
-            let local = peer.is_some_and(|p| p.ip().is_loopback());
+            let local = peer.is_some_and(|p| p.is_loopback());
             if local || principal.is_some_and(|p| p.role.is_some()) {
                 None
             } else {
@@ -535,10 +571,10 @@ fn check(
 }
 
 /// Whom a rate counts against: the token, else the caller's address.
-fn rate_key(principal: Option<&Principal>, peer: Option<SocketAddr>) -> Option<String> {
+fn rate_key(principal: Option<&Principal>, client: Option<IpAddr>) -> Option<String> {
     match principal {
         Some(p) => Some(p.token_id.clone().unwrap_or_else(|| p.actor.clone())),
-        None => peer.map(|p| p.ip().to_string()),
+        None => client.map(|c| c.to_string()),
     }
 }
 
@@ -613,8 +649,8 @@ mod tests {
 
     #[test]
     fn metrics_are_open_on_loopback_only() {
-        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
-        let remote: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        let local: IpAddr = "127.0.0.1".parse().unwrap();
+        let remote: IpAddr = "10.1.2.3".parse().unwrap();
         assert!(check(Need::Metrics, None, &Credential::None, Some(local), &None).is_none());
         let refused = check(Need::Metrics, None, &Credential::None, Some(remote), &None).unwrap();
         assert_eq!(refused.status, StatusCode::UNAUTHORIZED);

@@ -4,10 +4,14 @@
 mod admin;
 mod auth;
 mod backup;
+mod browser;
+mod connections;
 mod dashboard;
 mod error;
 mod extract;
+mod forwarded;
 mod layers;
+mod limiter;
 mod live;
 pub mod openapi;
 pub mod prometheus;
@@ -32,7 +36,9 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
+pub use browser::parse_public_host;
 pub use error::ApiError;
+pub use forwarded::parse_trusted_proxy;
 pub use layers::{REQUEST_TIMEOUT, SUBMISSION_TIMEOUT};
 
 /// Largest request body accepted; workflow submissions are small.
@@ -43,6 +49,47 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// What the HTTP side holds its clients to, and whom it believes about
+/// them: connections, streams, proxies and the names it answers to.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// How long a connection may take to send a request's head, from when
+    /// it opens or its previous response ended (so also how long an idle
+    /// keep-alive connection stays open).
+    pub header_timeout: Duration,
+    /// Connections served at once; one more gets `503`.
+    pub max_connections: usize,
+    /// Event streams and followed logs open at once per caller (token, or
+    /// the `local` principal without auth); one more gets `429`.
+    pub max_streams: usize,
+    /// Peers whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Names the service is reached by besides IP addresses and
+    /// `localhost` (behind a proxy): accepted in `Host` and `Origin`.
+    pub public_hosts: Vec<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams: DEFAULT_MAX_STREAMS,
+            trusted_proxies: Vec::new(),
+            public_hosts: Vec::new(),
+        }
+    }
+}
+
+/// See [`HttpConfig::header_timeout`].
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// See [`HttpConfig::max_connections`]; the Debian unit's `LimitNOFILE`
+/// leaves room for it.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// See [`HttpConfig::max_streams`]: a dashboard tab holds one event
+/// stream, and one followed log per log it shows.
+pub const DEFAULT_MAX_STREAMS: usize = 16;
+
 #[derive(Clone)]
 pub(crate) struct AppState {
     engine: Engine,
@@ -50,6 +97,8 @@ pub(crate) struct AppState {
     sessions: session::Sessions,
     /// Test environments, when the service runs them (`/test/...`).
     testenvs: Option<orchestrator_testenv::TestEnvs>,
+    /// The open streams of each caller, against `--max-streams`.
+    streams: live::StreamSlots,
 }
 
 impl AppState {
@@ -60,23 +109,27 @@ impl AppState {
             engine,
             sessions,
             testenvs: None,
+            streams: live::StreamSlots::new(DEFAULT_MAX_STREAMS),
         }
     }
 }
 
 /// The full router with its middleware.
 pub fn app(engine: Engine) -> Router {
-    app_with_testenvs(engine, None)
+    app_with(engine, None, &HttpConfig::default())
 }
 
-/// [`app`], with the test environment service behind `/test/...`.
-pub fn app_with_testenvs(
+/// [`app`], with the test environment service behind `/test/...` and the
+/// HTTP settings.
+pub fn app_with(
     engine: Engine,
     testenvs: Option<orchestrator_testenv::TestEnvs>,
+    http: &HttpConfig,
 ) -> Router {
     let mut state = AppState::new(engine);
     state.testenvs = testenvs;
-    with_layers(all_routes(), state, layers::Deadlines::default())
+    state.streams = live::StreamSlots::new(http.max_streams);
+    with_layers(all_routes(), state, layers::Deadlines::default(), http)
 }
 
 /// Every route, before middleware: the API's, the dashboard's and the
@@ -97,11 +150,27 @@ pub(crate) fn all_routes() -> Router<AppState> {
 
 /// The middleware stack, innermost first. `Router::layer` wraps each route
 /// (and the fallback) after routing, so every layer sees the `MatchedPath`.
-fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Deadlines) -> Router {
+fn with_layers(
+    routes: Router<AppState>,
+    state: AppState,
+    deadlines: layers::Deadlines,
+    http: &HttpConfig,
+) -> Router {
     let request_id = axum::http::HeaderName::from_static("x-request-id");
-    let guard = auth::Guard::new(state.engine.clone(), state.sessions.clone());
+    let guard = auth::Guard::new(
+        state.engine.clone(),
+        state.sessions.clone(),
+        forwarded::TrustedProxies::new(http.trusted_proxies.clone()),
+    );
+    let browser =
+        browser::BrowserRules::new(state.engine.access().config().auth, &http.public_hosts);
     routes
         .with_state(state)
+        // What another site's page could make a browser send: a foreign
+        // `Origin` or `Host`, a change whose body is not JSON. Inside the
+        // body limit (a body over it is 413 whatever its type) and the
+        // guard (401 before 415; a refused change is audited).
+        .layer(axum::middleware::from_fn_with_state(browser, browser::check))
         // Bodies over the limit: by `Content-Length` at once (413 from the
         // layer), or while a handler reads a longer body (413 from the
         // extractor). Both answer with the JSON error body.
@@ -130,7 +199,13 @@ fn with_layers(routes: Router<AppState>, state: AppState, deadlines: layers::Dea
                         .get("x-request-id")
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("-");
-                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+                    // The client as the limits see it: behind a trusted
+                    // proxy, the address it forwarded.
+                    let client = request
+                        .extensions()
+                        .get::<forwarded::ClientAddress>()
+                        .map_or_else(|| "-".to_owned(), |c| c.0.to_string());
+                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id, client = %client)
                 })
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
@@ -151,23 +226,27 @@ pub async fn serve(
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with_testenvs(listener, engine, None, shutdown).await
+    serve_with(listener, engine, None, HttpConfig::default(), shutdown).await
 }
 
-/// [`serve`], with the test environment service behind `/test/...`.
-pub async fn serve_with_testenvs(
+/// [`serve`], with the test environment service behind `/test/...` and the
+/// HTTP settings: the connections' timeout and cap (see `connections`).
+pub async fn serve_with(
     listener: TcpListener,
     engine: Engine,
     testenvs: Option<orchestrator_testenv::TestEnvs>,
+    http: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // The peer address tells the guard whether `/metrics` is asked from
-    // this machine.
-    axum::serve(
+    let limits = connections::ConnectionLimits {
+        header_timeout: http.header_timeout,
+        max_connections: http.max_connections,
+    };
+    connections::serve(
         listener,
-        app_with_testenvs(engine, testenvs)
-            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        app_with(engine, testenvs, &http),
+        limits,
+        shutdown,
     )
-    .with_graceful_shutdown(shutdown)
     .await
 }

@@ -4,21 +4,29 @@
 //! Both ride on the engine's event bus; neither polls storage in a loop
 //! while nothing happens. One `/events` stream carries every workflow's
 //! events, so a page needs one connection, however much it shows.
+//!
+//! Each stream holds a connection (and a subscription) for as long as the
+//! client keeps it: a caller may hold at most `--max-streams` of them at
+//! once, counted per token (the `local` principal without auth), and the
+//! next is refused with `429 too_many_streams` ([`StreamSlots`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
 use futures_util::stream::{self, Stream};
 use orchestrator_core::event::{Event, EventKind};
 use orchestrator_core::{TaskId, TaskStatus, WorkflowId, WorkflowStatus};
 use orchestrator_engine::Engine;
+use orchestrator_engine::access::Principal;
 use orchestrator_engine::events::Subscription;
 use orchestrator_storage::WorkflowQuery;
 use serde::{Deserialize, Serialize};
@@ -36,6 +44,79 @@ const FOLLOW_CHUNK: usize = 64 * 1024;
 /// How long a follow-stream waits for an event before looking at storage
 /// anyway (a change feed can lose events; this bounds the delay).
 const FOLLOW_RECHECK: Duration = Duration::from_secs(2);
+
+/// How many streams each caller has open, against the limit.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamSlots {
+    limit: usize,
+    /// By caller: its token's id, or its actor (`local`) without one.
+    /// Entries go when their count drops to zero, so the map holds at most
+    /// one per caller with a stream open. A std `Mutex`: one map operation
+    /// at a time, never held across an await.
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One open stream of one caller; dropped with the stream (the client
+/// went away, or the stream ended), which frees the slot.
+#[derive(Debug)]
+pub(crate) struct StreamSlot {
+    caller: String,
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl StreamSlots {
+    pub(crate) fn new(limit: usize) -> StreamSlots {
+        StreamSlots {
+            limit,
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for `principal`'s next stream, or `429 too_many_streams`
+    /// naming the limit.
+    pub(crate) fn take(&self, principal: Option<&Principal>) -> Result<StreamSlot, ApiError> {
+        let caller = principal.map_or_else(
+            || "anonymous".to_owned(),
+            |p| p.token_id.clone().unwrap_or_else(|| p.actor.clone()),
+        );
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(caller.clone()).or_default();
+        if *count >= self.limit {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_streams",
+                format!(
+                    "this caller already has {} open event streams and followed logs, the \
+                     limit (--max-streams); close one first",
+                    self.limit
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(StreamSlot {
+            caller,
+            open: self.open.clone(),
+        })
+    }
+
+    #[cfg(test)]
+    fn open_for(&self, caller: &str) -> usize {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.get(caller).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.caller) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.caller);
+            }
+        }
+    }
+}
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -191,10 +272,12 @@ fn resume_point(headers: &HeaderMap, life: &str) -> Option<u64> {
     ))]
 pub(crate) async fn events(
     State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
     headers: HeaderMap,
     QueryParams(params): QueryParams<EventParams>,
 ) -> Result<Response, ApiError> {
     let filter = Filter::parse(params)?;
+    let slot = state.streams.take(principal.as_ref().map(|p| &p.0))?;
     let engine = state.engine.clone();
     let life = engine.event_life();
     // Subscribed before the snapshot is read: a change in between shows up
@@ -217,7 +300,11 @@ pub(crate) async fn events(
             )
         }
     };
-    let stream = event_stream(first, subscription, filter, life);
+    // The slot lives as long as the stream.
+    let stream = event_stream(first, subscription, filter, life).map(move |event| {
+        let _held = &slot;
+        event
+    });
     let mut response = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response();
@@ -267,6 +354,7 @@ pub(crate) async fn follow_log(
     engine: Engine,
     id: TaskId,
     offset: u64,
+    slot: StreamSlot,
 ) -> Result<Response, ApiError> {
     // Fails with 404 before any stream starts.
     engine.task(id).await?;
@@ -320,12 +408,45 @@ pub(crate) async fn follow_log(
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    // The slot lives as long as the stream.
+    let body = body.map(move |chunk| {
+        let _held = &slot;
+        chunk
+    });
     Ok((headers, Body::from_stream(body)).into_response())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_caller_holds_at_most_the_limit_of_streams_and_a_closed_one_frees_its_slot() {
+        let slots = StreamSlots::new(2);
+        let alice = Principal {
+            actor: "alice".into(),
+            role: Some(orchestrator_core::access::Role::Viewer),
+            task: None,
+            token_id: Some("a1".into()),
+        };
+        let local = Principal::local();
+        let first = slots.take(Some(&alice)).unwrap();
+        let _second = slots.take(Some(&alice)).unwrap();
+        let refused = slots.take(Some(&alice)).unwrap_err();
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            refused.message.contains("--max-streams"),
+            "{}",
+            refused.message
+        );
+        // Another caller has slots of its own.
+        let _theirs = slots.take(Some(&local)).unwrap();
+        drop(first);
+        assert_eq!(slots.open_for("a1"), 1);
+        let _again = slots.take(Some(&alice)).unwrap();
+        drop(_theirs);
+        assert_eq!(slots.open_for("local"), 0, "an idle caller leaves no entry");
+    }
 
     #[test]
     fn filters_name_what_is_wrong() {

@@ -215,6 +215,10 @@ impl Modify for BearerAuth {
                     door.push(("401", "No token, or not a valid one"));
                     door.push(("403", "The token's role does not allow this"));
                 }
+                // A change with a body must say it is JSON (see `browser`).
+                if method != "get" && operation.request_body.is_some() {
+                    door.push(("415", "The body's `Content-Type` is not `application/json`"));
+                }
                 for (status, description) in door {
                     operation
                         .responses

@@ -102,6 +102,14 @@ fn describe() {
         "orchestrator_auth_refusals_total",
         "Requests refused without a valid token (reason: unauthorized, or rate_limited by address or before sign-in); the audit log has them in aggregate, one record per address per minute."
     );
+    metrics::describe_gauge!(
+        "orchestrator_http_connections",
+        "HTTP connections open now (at most --max-connections)."
+    );
+    describe_counter!(
+        "orchestrator_http_connections_refused_total",
+        "Connections over --max-connections, answered 503 (or closed) at once."
+    );
     describe_counter!(
         "orchestrator_http_requests_total",
         "HTTP requests answered, by method, route template and status."

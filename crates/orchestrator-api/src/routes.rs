@@ -274,15 +274,18 @@ pub(crate) struct LogParams {
     ))]
 pub(crate) async fn task_logs(
     State(state): State<AppState>,
+    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
     Path(id): Path<String>,
     QueryParams(params): QueryParams<LogParams>,
 ) -> Result<Response, ApiError> {
     let id = parse_task_id(&id)?;
     if params.follow {
+        let slot = state.streams.take(principal.as_ref().map(|p| &p.0))?;
         return crate::live::follow_log(
             state.engine.clone(),
             id,
             params.offset.map_or(0, u64::from),
+            slot,
         )
         .await;
     }

@@ -655,6 +655,37 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub http_allow: Vec<String>,
+    /// Seconds a connection may take to send a request's head, counted
+    /// from when it opens or its previous response ended (so also how long
+    /// an idle keep-alive connection is kept); then it is closed [default: 30].
+    #[arg(long, env = "ORCHESTRATOR_HEADER_TIMEOUT")]
+    pub header_timeout: Option<u64>,
+    /// Connections served at once; one more is answered 503 and closed
+    /// [default: 1024].
+    #[arg(long, env = "ORCHESTRATOR_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Event streams and followed logs open at once per token (or for the
+    /// one local user without auth); one more is answered 429 [default: 16].
+    #[arg(long, env = "ORCHESTRATOR_MAX_STREAMS")]
+    pub max_streams: Option<usize>,
+    /// A reverse proxy (address or CIDR range) whose X-Forwarded-For names
+    /// the client, for rate limits and the audit log; repeatable, or
+    /// comma-separated [default: none: the header is ignored].
+    #[arg(
+        long = "trusted-proxy",
+        env = "ORCHESTRATOR_TRUSTED_PROXY",
+        value_delimiter = ','
+    )]
+    pub trusted_proxy: Vec<String>,
+    /// A name the service is reached by (behind a proxy), accepted in the
+    /// Host and Origin headers besides IP addresses and localhost;
+    /// repeatable, or comma-separated [default: none].
+    #[arg(
+        long = "public-host",
+        env = "ORCHESTRATOR_PUBLIC_HOST",
+        value_delimiter = ','
+    )]
+    pub public_host: Vec<String>,
 }
 
 #[derive(Debug, Args)]

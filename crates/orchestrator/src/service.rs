@@ -170,6 +170,7 @@ pub async fn start_with_store(
 
     let stop = CancellationToken::new();
     let grace = settings.shutdown_grace;
+    let network = settings.network.clone();
     let task = {
         let stop = stop.clone();
         let engine = engine.clone();
@@ -180,10 +181,11 @@ pub async fn start_with_store(
             // and clients can watch them finish.
             let http_stop = CancellationToken::new();
             let http_stopped = http_stop.clone();
-            let http = tokio::spawn(orchestrator_api::serve_with_testenvs(
+            let http = tokio::spawn(orchestrator_api::serve_with(
                 listener,
                 engine.clone(),
                 Some(testenvs.clone()),
+                network,
                 async move { http_stopped.cancelled().await },
             ));
             stop.cancelled().await;

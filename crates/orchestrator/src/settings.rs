@@ -56,6 +56,14 @@ pub struct FileConfig {
     pub interpreters: HashMap<String, PathBuf>,
     /// Hosts http steps may reach: `["awx.example.com", "127.0.0.1:8081"]`.
     pub http_allow: Option<Vec<String>>,
+    // Connections, proxies and names (`HttpConfig`).
+    pub header_timeout: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub max_streams: Option<usize>,
+    /// `["10.0.0.5", "192.168.0.0/16"]`.
+    pub trusted_proxy: Option<Vec<String>>,
+    /// `["orchestrator.example.com"]`.
+    pub public_host: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +118,9 @@ pub struct ServeSettings {
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
     /// Where http steps may send requests; nowhere by default.
     pub http_allow: orchestrator_http::Allowlist,
+    /// The API's connections: header timeout, connection and stream caps,
+    /// trusted proxies, public names.
+    pub network: orchestrator_api::HttpConfig,
 }
 
 impl ServeSettings {
@@ -164,6 +175,7 @@ impl ServeSettings {
             address_rate_limit: 200,
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
+            network: orchestrator_api::HttpConfig::default(),
         }
     }
 
@@ -174,6 +186,7 @@ impl ServeSettings {
         };
         let defaults = ServeSettings::new(PathBuf::from("./data"), PathBuf::from("./scripts"));
         let surrealdb = resolve_surrealdb(&args, &file, defaults.surrealdb.clone())?;
+        let network = resolve_network(&args, &file, defaults.network.clone())?;
         let storage_type = match args.storage_type.or(file.storage_type) {
             Some(name) => name
                 .parse::<StorageType>()
@@ -291,8 +304,62 @@ impl ServeSettings {
                 .filter(|t| !t.is_empty())
                 .map(orchestrator_storage::Secret::new),
             http_allow,
+            network,
         })
     }
+}
+
+/// The API's connection settings, flag over variable over file over
+/// default. Lists from flags replace the file's, as `--http-allow` does.
+fn resolve_network(
+    args: &ServeArgs,
+    file: &FileConfig,
+    defaults: orchestrator_api::HttpConfig,
+) -> anyhow::Result<orchestrator_api::HttpConfig> {
+    let list = |flag: &Vec<String>, key: &Option<Vec<String>>| {
+        if flag.is_empty() {
+            key.clone().unwrap_or_default()
+        } else {
+            flag.clone()
+        }
+    };
+    let at_least_one = |flag: &'static str, value: Option<usize>, default: usize| match value {
+        Some(0) => bail!("{flag}: must be at least 1"),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    let trusted_proxies = list(&args.trusted_proxy, &file.trusted_proxy)
+        .iter()
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| orchestrator_api::parse_trusted_proxy(t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--trusted-proxy: {e}"))?;
+    let public_hosts = list(&args.public_host, &file.public_host)
+        .into_iter()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .map(|h| orchestrator_api::parse_public_host(&h))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--public-host: {e}"))?;
+    Ok(orchestrator_api::HttpConfig {
+        header_timeout: match args.header_timeout.or(file.header_timeout) {
+            Some(0) => bail!("--header-timeout: must be at least 1 second"),
+            Some(secs) => Duration::from_secs(secs),
+            None => defaults.header_timeout,
+        },
+        max_connections: at_least_one(
+            "--max-connections",
+            args.max_connections.or(file.max_connections),
+            defaults.max_connections,
+        )?,
+        max_streams: at_least_one(
+            "--max-streams",
+            args.max_streams.or(file.max_streams),
+            defaults.max_streams,
+        )?,
+        trusted_proxies,
+        public_hosts,
+    })
 }
 
 /// The `--surrealdb-*` settings, flag over variable over file over default.
@@ -524,6 +591,72 @@ mod tests {
             .unwrap_err()
         );
         assert!(message.contains("--http-allow: `https://x`"), "{message}");
+    }
+
+    #[test]
+    fn network_settings_come_from_flags_or_the_file_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &path,
+            "max_connections = 300\ntrusted_proxy = [\"10.0.0.5\"]\npublic_host = [\"orch.example.com\"]\n",
+        )
+        .unwrap();
+        let settings = ServeSettings::resolve(ServeArgs {
+            config: Some(path.clone()),
+            trusted_proxy: vec!["127.0.0.1/32".into(), "::1".into()],
+            header_timeout: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+        let network = &settings.network;
+        assert_eq!(network.max_connections, 300);
+        assert_eq!(network.header_timeout, Duration::from_secs(5));
+        assert_eq!(network.max_streams, orchestrator_api::DEFAULT_MAX_STREAMS);
+        let proxies: Vec<String> = network
+            .trusted_proxies
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(
+            proxies,
+            ["127.0.0.1/32", "::1/128"],
+            "the flags replace the file's list"
+        );
+        assert_eq!(network.public_hosts, ["orch.example.com"]);
+        for (args, expected) in [
+            (
+                ServeArgs {
+                    trusted_proxy: vec!["proxy.example".into()],
+                    ..Default::default()
+                },
+                "--trusted-proxy: `proxy.example`",
+            ),
+            (
+                ServeArgs {
+                    public_host: vec!["https://x".into()],
+                    ..Default::default()
+                },
+                "--public-host: `https://x`",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..Default::default()
+                },
+                "--max-connections",
+            ),
+            (
+                ServeArgs {
+                    header_timeout: Some(0),
+                    ..Default::default()
+                },
+                "--header-timeout",
+            ),
+        ] {
+            let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
+            assert!(message.contains(expected), "{message}");
+        }
     }
 
     #[test]

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use crate::harness::{TestService, fixture_settings};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
-const ADMIN: &str = "bootstrap-admin-token-for-the-auth-tests-0123456789";
+pub(crate) const ADMIN: &str = "bootstrap-admin-token-for-the-auth-tests-0123456789";
 
-fn with_auth(dir: &std::path::Path) -> ServeSettings {
+pub(crate) fn with_auth(dir: &std::path::Path) -> ServeSettings {
     let mut settings = fixture_settings(dir);
     settings.auth = true;
     settings.rate_limit = 0;
@@ -22,7 +22,7 @@ fn with_auth(dir: &std::path::Path) -> ServeSettings {
 }
 
 /// One request with an optional bearer token: (status, body).
-async fn call(
+pub(crate) async fn call(
     service: &TestService,
     method: &str,
     path: &str,
@@ -97,7 +97,7 @@ async fn a_bootstrap_token_shaped_like_the_service_s_own_is_accepted() {
     );
 }
 
-async fn create_token(service: &TestService, name: &str, role: &str) -> String {
+pub(crate) async fn create_token(service: &TestService, name: &str, role: &str) -> String {
     let (status, body) = call(
         service,
         "POST",

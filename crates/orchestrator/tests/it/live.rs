@@ -303,7 +303,11 @@ fn rss() -> u64 {
 #[tokio::test]
 async fn two_hundred_idle_streams_cost_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let service = TestService::start(fixture_settings(dir.path())).await;
+    // All of them are the one local user's: above the per-caller cap
+    // (`--max-streams`, tested in network.rs), which this is not about.
+    let mut settings = fixture_settings(dir.path());
+    settings.network.max_streams = 256;
+    let service = TestService::start(settings).await;
     // Warm up: one stream and one workflow, so that lazily built state
     // (connection pools, the first workflow) is not counted.
     let mut warm = Stream::open(&service, "", None).await;

@@ -17,6 +17,7 @@ mod harness;
 mod http;
 mod live;
 mod migrate;
+mod network;
 mod operations;
 mod provisioning;
 mod reruns;
