@@ -47,13 +47,21 @@ pub(crate) struct BrowserRules {
     auth: bool,
     /// `--public-host` names, lower-cased, without ports.
     public_hosts: Arc<[String]>,
+    /// Tells whether a request carries the session cookie (under the name
+    /// in use).
+    sessions: crate::session::Sessions,
 }
 
 impl BrowserRules {
-    pub(crate) fn new(auth: bool, public_hosts: &[String]) -> BrowserRules {
+    pub(crate) fn new(
+        auth: bool,
+        public_hosts: &[String],
+        sessions: crate::session::Sessions,
+    ) -> BrowserRules {
         BrowserRules {
             auth,
             public_hosts: public_hosts.iter().map(|h| normal_name(h)).collect(),
+            sessions,
         }
     }
 
@@ -76,7 +84,7 @@ impl BrowserRules {
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
             let cookie_only = headers.get(header::AUTHORIZATION).is_none()
-                && crate::session::cookie(headers).is_some();
+                && self.sessions.cookie(headers).is_some();
             if (!self.auth || cookie_only) && !self.is_own_origin(origin, host.as_ref()) {
                 let shown = origin.to_str().unwrap_or("(not text)");
                 return Some(ApiError::new(
@@ -236,7 +244,11 @@ mod tests {
 
     #[test]
     fn each_rule_refuses_what_a_foreign_page_could_send() {
-        let open = BrowserRules::new(false, &["orch.example.com".to_owned()]);
+        let open = BrowserRules::new(
+            false,
+            &["orch.example.com".to_owned()],
+            crate::session::Sessions::new(None, false),
+        );
         let local = [("host", "127.0.0.1:8080")];
         let json = ("content-type", "application/json; charset=utf-8");
         // Method, headers, body, the status expected.
@@ -311,7 +323,7 @@ mod tests {
 
     #[test]
     fn with_auth_any_name_is_answered_and_origin_is_checked_for_the_cookie_only() {
-        let guarded = BrowserRules::new(true, &[]);
+        let guarded = BrowserRules::new(true, &[], crate::session::Sessions::new(None, false));
         let evil_host = [("host", "evil.example")];
         assert_eq!(status(&guarded, &request(Method::GET, &evil_host, "")), 200);
         let foreign = ("origin", "https://evil.example");

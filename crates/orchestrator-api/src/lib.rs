@@ -162,8 +162,11 @@ fn with_layers(
         state.sessions.clone(),
         forwarded::TrustedProxies::new(http.trusted_proxies.clone()),
     );
-    let browser =
-        browser::BrowserRules::new(state.engine.access().config().auth, &http.public_hosts);
+    let browser = browser::BrowserRules::new(
+        state.engine.access().config().auth,
+        &http.public_hosts,
+        state.sessions.clone(),
+    );
     routes
         .with_state(state)
         // What another site's page could make a browser send: a foreign

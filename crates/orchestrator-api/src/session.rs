@@ -1,14 +1,14 @@
 //! The dashboard's session: a cookie that stands for an API token, so the
 //! page never holds the token after signing in.
 //!
-//! The cookie is stateless: `<payload>.<tag>`, both base64url, where the
-//! payload names the token record (its id, never the token), the expiry
-//! and a random CSRF nonce, and the tag is HMAC-SHA256 of the payload under
-//! a key derived from the service's secret key. Nothing is stored per
-//! session, so a session works on every node that shares the secret key,
-//! and a restart keeps it. What a signature cannot say, whether the token
-//! is still active and what its role is now, the guard asks on every
-//! request (see `auth::guard`), so revoking the token ends its sessions.
+//! The cookie is `<payload>.<tag>`, both base64url, where the payload
+//! names the session's record in the store (its id), the expiry and a
+//! random CSRF nonce, and the tag is HMAC-SHA256 of the payload under a key
+//! derived from the service's secret key. What a signature cannot say,
+//! whether the session was ended by signing out, whether its token is still
+//! active and what its role is now, the guard asks on every request (see
+//! `Access::authenticate_session`), so signing out ends the session and
+//! revoking the token ends all of its sessions.
 //!
 //! Pure functions of their inputs (the time comes in as `now`), so the
 //! rules are unit-tested below without a server.
@@ -54,6 +54,15 @@ pub(crate) struct Sessions {
     key: [u8; 32],
     /// `Secure` cookies under the `__Host-` name (behind TLS).
     secure: bool,
+}
+
+impl std::fmt::Debug for Sessions {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("secure", &self.secure)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a valid cookie says.
