@@ -5,6 +5,7 @@
 
 mod events;
 mod modules;
+mod panics;
 
 use std::collections::HashMap;
 use std::time::Duration;
