@@ -139,6 +139,7 @@ pub async fn start(settings: ServeSettings) -> anyhow::Result<ServiceHandle> {
                 audit: settings.retain_audit,
                 every: settings.retention_every,
             },
+            limits: settings.limits,
             ..EngineConfig::default()
         },
     )
