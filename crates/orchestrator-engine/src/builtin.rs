@@ -246,7 +246,8 @@ mod tests {
             "taskservs": ["containerd"], "priority": "high", "max_attempts": 2, "check_mode": true
         }))
         .unwrap();
-        let submission = request.into_request(Builtin::ClusterCreate, &Limits::default())
+        let submission = request
+            .into_request(Builtin::ClusterCreate, &Limits::default())
             .unwrap();
         match &submission.template {
             TemplateSource::Named {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use orchestrator_core::submission::submission_digest;
-use orchestrator_core::template::{Expansion, Limit, MAX_DURATION, MAX_PARALLEL_LIMIT, Template, json_size};
+use orchestrator_core::template::{
+    Expansion, Limit, MAX_DURATION, MAX_PARALLEL_LIMIT, Template, json_size,
+};
 use orchestrator_core::{Priority, Task, TaskSpec, Workflow, WorkflowStatus};
 use orchestrator_storage::WorkflowQuery;
 use serde_json::{Map, Value};
@@ -112,7 +114,11 @@ impl Engine {
         // its steps, but not free.
         let too_many_steps = |template: &Template, field: &str| {
             limits
-                .check(field, Limit::TemplateSteps, u64::try_from(template.steps.len()).ok())
+                .check(
+                    field,
+                    Limit::TemplateSteps,
+                    u64::try_from(template.steps.len()).ok(),
+                )
                 .map_err(|e| Error::validation(e.field, e.message))
         };
         match source {
@@ -177,9 +183,8 @@ impl Engine {
     pub(crate) fn plan(&self, request: &SubmitRequest) -> Result<(Workflow, Vec<Task>)> {
         check_numbers(request)?;
         let limits = &self.config().limits;
-        let too_big = |e: orchestrator_core::template::TemplateError| {
-            Error::validation(e.field, e.message)
-        };
+        let too_big =
+            |e: orchestrator_core::template::TemplateError| Error::validation(e.field, e.message);
         // The template as the caller sent it (a rerun's is the stored
         // body's); a registered one was checked when it was loaded.
         if let (TemplateSource::Inline(_), Some(sent @ Value::Object(_))) =

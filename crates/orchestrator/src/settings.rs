@@ -312,13 +312,12 @@ impl ServeSettings {
 /// must fit in a request body (else the body's limit would refuse them
 /// first, naming the wrong limit).
 fn resolve_limits(args: &ServeArgs, file: &FileConfig, defaults: Limits) -> anyhow::Result<Limits> {
-    let pick = |flag: &'static str, arg: Option<u64>, key: Option<u64>, default: u64| match arg
-        .or(key)
-    {
-        Some(0) => bail!("{flag}: must be at least 1"),
-        Some(n) => Ok(n),
-        None => Ok(default),
-    };
+    let pick =
+        |flag: &'static str, arg: Option<u64>, key: Option<u64>, default: u64| match arg.or(key) {
+            Some(0) => bail!("{flag}: must be at least 1"),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
     let limits = Limits {
         max_step_instances: pick(
             "--max-step-instances",
@@ -358,7 +357,9 @@ fn resolve_limits(args: &ServeArgs, file: &FileConfig, defaults: Limits) -> anyh
         )?,
     };
     let body = (orchestrator_api::MAX_BODY_BYTES - orchestrator_api::BODY_OVERHEAD_BYTES) as u64;
-    let sizes = limits.max_template_bytes.saturating_add(limits.max_input_bytes);
+    let sizes = limits
+        .max_template_bytes
+        .saturating_add(limits.max_input_bytes);
     if sizes > body {
         bail!(
             "--max-template-bytes ({}) and --max-input-bytes ({}) add up to more than the {body} bytes a request body may hold for them",
@@ -634,7 +635,10 @@ mod tests {
         })
         .unwrap();
         assert_eq!(settings.limits.max_step_instances, 50);
-        assert_eq!(settings.limits.max_list_items, 70, "the flag beats the file");
+        assert_eq!(
+            settings.limits.max_list_items, 70,
+            "the flag beats the file"
+        );
         assert_eq!(
             settings.limits.max_workflow_tasks,
             Limits::default().max_workflow_tasks

@@ -92,7 +92,12 @@ impl Limits {
 
     /// Refuses `count` (`None`: it overflowed `u64`) when over `limit`,
     /// naming `field`, the count, the limit and its setting.
-    pub fn check(&self, field: &str, limit: Limit, count: Option<u64>) -> Result<(), TemplateError> {
+    pub fn check(
+        &self,
+        field: &str,
+        limit: Limit,
+        count: Option<u64>,
+    ) -> Result<(), TemplateError> {
         let max = self.value(limit);
         if count.is_some_and(|n| n <= max) {
             return Ok(());
@@ -224,7 +229,10 @@ mod tests {
         // Three lists of 300: 27 million instances, refused by counting.
         check(
             &[&[300, 300, 300]],
-            Err(("steps.s0.for_each", "27000000 instances exceed the limit of 1000")),
+            Err((
+                "steps.s0.for_each",
+                "27000000 instances exceed the limit of 1000",
+            )),
         );
         // A product past u64 is refused, not wrapped into a small number.
         check(
@@ -264,7 +272,11 @@ mod tests {
             .step_instances("steps.s", &[("a", huge), ("b", 2)])
             .unwrap_err();
         assert_eq!(e.field, "steps.s.for_each");
-        assert!(e.message.starts_with("more than 18446744073709551615 instances"), "{e}");
+        assert!(
+            e.message
+                .starts_with("more than 18446744073709551615 instances"),
+            "{e}"
+        );
         // A sum of tasks past u64, too.
         assert!(limits.add_tasks(u64::MAX, 1).is_err());
     }
@@ -273,12 +285,19 @@ mod tests {
     fn list_inputs_and_sizes_are_counted() {
         let limits = limits();
         assert!(limits.check_list_input("vars.x", &json!([1, 2])).is_ok());
-        assert!(limits.check_list_input("vars.x", &json!("not a list")).is_ok());
+        assert!(
+            limits
+                .check_list_input("vars.x", &json!("not a list"))
+                .is_ok()
+        );
         let e = limits
             .check_list_input("vars.servers", &json!(vec![0; 1001]))
             .unwrap_err();
         assert_eq!(e.field, "vars.servers");
         assert!(e.message.contains("--max-list-items"), "{e}");
-        assert_eq!(json_size(&json!({"a": [1, 2]})), r#"{"a":[1,2]}"#.len() as u64);
+        assert_eq!(
+            json_size(&json!({"a": [1, 2]})),
+            r#"{"a":[1,2]}"#.len() as u64
+        );
     }
 }

@@ -96,7 +96,11 @@ fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
 #[test]
 fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c"})), false, &Limits::default())
+        .expand(
+            &vars(json!({"servers": ["a"], "cluster": "c"})),
+            false,
+            &Limits::default(),
+        )
         .unwrap();
     let names: Vec<&str> = e.tasks.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["create a", "join"]);
@@ -116,7 +120,8 @@ fn per_step_vars_override_the_template_input() {
 
 #[track_caller]
 fn check_invalid(text: &str, vars_value: Value, field: &str, mentions: &str) {
-    let result = Template::parse(text, false).and_then(|t| t.expand(&vars(vars_value), false, &Limits::default()));
+    let result = Template::parse(text, false)
+        .and_then(|t| t.expand(&vars(vars_value), false, &Limits::default()));
     match result {
         Err(e) => {
             assert_eq!(e.field, field, "{e}");
@@ -254,7 +259,9 @@ fn every_validation_error_names_the_step_and_field() {
 #[test]
 fn optional_null_inputs_are_allowed() {
     let text = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  s: {type: string, default: null}\nsteps:\n- {ref_name: a, script: s.sh, input: {s: '${workflow.input.s}'}}\n";
-    let e = template(text).expand(&Map::new(), false, &Limits::default()).unwrap();
+    let e = template(text)
+        .expand(&Map::new(), false, &Limits::default())
+        .unwrap();
     assert_eq!(e.tasks[0].input, json!({"s": null}));
 }
 
@@ -295,11 +302,19 @@ fn name_format_inputs_refuse_unsafe_names() {
         .is_ok()
     );
     let e = t
-        .expand(&vars(json!({"infra": "../etc", "hosts": []})), false, &Limits::default())
+        .expand(
+            &vars(json!({"infra": "../etc", "hosts": []})),
+            false,
+            &Limits::default(),
+        )
         .unwrap_err();
     assert_eq!(e.field, "vars.infra");
     let e = t
-        .expand(&vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})), false, &Limits::default())
+        .expand(
+            &vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})),
+            false,
+            &Limits::default(),
+        )
         .unwrap_err();
     assert_eq!(e.field, "vars.hosts[1]");
 }
@@ -311,7 +326,9 @@ fn a_step_names_its_kind_and_script_is_the_default() {
     let explicit = template(
         "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: script, script: a.sh}\n",
     );
-    let expansion = explicit.expand(&Map::new(), false, &Limits::default()).unwrap();
+    let expansion = explicit
+        .expand(&Map::new(), false, &Limits::default())
+        .unwrap();
     assert_eq!(expansion.tasks[0].step.kind, StepKind::Script);
     // The default is not written out, so stored tasks read as before.
     let stored = serde_json::to_value(&expansion.tasks[0].step).unwrap();
@@ -365,7 +382,11 @@ fn an_http_step_plans_its_block_as_the_task_input() {
     let t = template(HTTP);
     assert_eq!(t.steps[1].kind, StepKind::Http);
     let e = t
-        .expand(&vars(json!({"base": "http://awx.test"})), false, &Limits::default())
+        .expand(
+            &vars(json!({"base": "http://awx.test"})),
+            false,
+            &Limits::default(),
+        )
         .unwrap();
     let task = &e.tasks[1];
     assert_eq!(task.script, "http:awx");
@@ -544,11 +565,31 @@ fn numbers_out_of_range_are_refused_naming_the_field() {
         json!({"name": "t", "ref_name": "t", "schema_version": 1, "steps": [step]})
     };
     let cases = [
-        (step(json!({"timeout": u64::MAX})), "steps.a.timeout", "longer than the maximum"),
-        (step(json!({"timeout": "9999999999999999999h"})), "steps.a.timeout", "longer than the maximum"),
-        (step(json!({"timeout": "31d"})), "steps.a.timeout", "unknown unit"),
-        (step(json!({"timeout": 2_592_001})), "steps.a.timeout", "2592000 seconds"),
-        (step(json!({"retries": 100})), "steps.a.retries", "from 0 to 99"),
+        (
+            step(json!({"timeout": u64::MAX})),
+            "steps.a.timeout",
+            "longer than the maximum",
+        ),
+        (
+            step(json!({"timeout": "9999999999999999999h"})),
+            "steps.a.timeout",
+            "longer than the maximum",
+        ),
+        (
+            step(json!({"timeout": "31d"})),
+            "steps.a.timeout",
+            "unknown unit",
+        ),
+        (
+            step(json!({"timeout": 2_592_001})),
+            "steps.a.timeout",
+            "2592000 seconds",
+        ),
+        (
+            step(json!({"retries": 100})),
+            "steps.a.retries",
+            "from 0 to 99",
+        ),
         (
             json!({"name": "t", "ref_name": "t", "schema_version": 1, "parallel_limit": 100_001u64, "steps": [{"ref_name": "a", "script": "s.sh"}]}),
             "parallel_limit",
@@ -560,7 +601,10 @@ fn numbers_out_of_range_are_refused_naming_the_field() {
             .and_then(|t| t.validate())
             .unwrap_err();
         assert_eq!(e.field, field, "{template}: {e}");
-        assert!(e.message.contains(mentions), "{template}: `{e}` lacks `{mentions}`");
+        assert!(
+            e.message.contains(mentions),
+            "{template}: `{e}` lacks `{mentions}`"
+        );
     }
     // At the bound: allowed.
     assert!(parse_timeout(&json!(2_592_000)).is_ok());

@@ -84,5 +84,8 @@ async fn a_step_that_panics_fails_its_attempt_with_the_reason() {
         "{error}"
     );
     assert_eq!(view.tasks[1].status, TaskStatus::Completed);
-    assert!(!setup.ran().is_empty(), "the next step ran on the same worker");
+    assert!(
+        !setup.ran().is_empty(),
+        "the next step ran on the same worker"
+    );
 }
