@@ -233,7 +233,7 @@ impl ServeSettings {
                 .or(file.retry_max_ms)
                 .map_or(defaults.retry.max_delay, Duration::from_millis),
         };
-        Ok(ServeSettings {
+        let settings = ServeSettings {
             bind: args.bind.or(file.bind).unwrap_or(defaults.bind),
             port: args.port.or(file.port).unwrap_or(defaults.port),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
@@ -303,7 +303,27 @@ impl ServeSettings {
                 .map(orchestrator_storage::Secret::new),
             http_allow,
             limits,
-        })
+        };
+        // Each is added to the clock somewhere (a lease to now, a retry
+        // delay to a due time): bounded like every timeout, so that no
+        // addition can overflow.
+        for (flag, duration) in [
+            ("--retry-base-ms", settings.retry.base_delay),
+            ("--retry-max-ms", settings.retry.max_delay),
+            ("--shutdown-grace", settings.shutdown_grace),
+            ("--kill-grace", settings.kill_grace),
+            ("--lease-secs", settings.lease),
+            ("--poll-ms", settings.poll),
+        ] {
+            if duration > MAX_DURATION {
+                bail!(
+                    "{flag}: {} seconds is longer than the maximum of {} seconds (30 days)",
+                    duration.as_secs(),
+                    MAX_DURATION.as_secs()
+                );
+            }
+        }
+        Ok(settings)
     }
 }
 
@@ -490,6 +510,13 @@ mod tests {
                     ..Default::default()
                 },
                 "/nonexistent.toml",
+            ),
+            (
+                ServeArgs {
+                    lease_secs: Some(u64::MAX),
+                    ..Default::default()
+                },
+                "--lease-secs: 18446744073709551615 seconds is longer than the maximum",
             ),
             (
                 ServeArgs {
