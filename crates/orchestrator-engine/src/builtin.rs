@@ -270,6 +270,29 @@ mod tests {
     }
 
     #[test]
+    fn name_lists_are_counted_against_the_limit_before_any_name_is_checked() {
+        let limits = Limits {
+            max_list_items: 2,
+            ..Limits::default()
+        };
+        // The third name is bad too: the count is what is refused.
+        let request: BuiltinRequest = serde_json::from_value(json!({
+            "infra": "prod", "servers": ["a", "b", "../c"]
+        }))
+        .unwrap();
+        match request.into_request(Builtin::ServersCreate, &limits) {
+            Err(Error::Validation { field, message }) => {
+                assert_eq!(field, "servers");
+                assert!(
+                    message.contains("3 items exceed the limit of 2 per list (--max-list-items)"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn bad_names_are_refused_naming_the_field() {
         let cases = [
             (json!({"infra": "prod", "servers": []}), "servers"),
