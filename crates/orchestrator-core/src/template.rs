@@ -712,7 +712,12 @@ impl Template {
 
         // Counted first, from the lengths of the lists alone: a refusal
         // builds nothing (three lists of 300 would be 27 million tasks).
+        // So are the dependency checks: each instance of a step is matched
+        // against every instance of each step it depends on.
         let mut n_tasks = 0u64;
+        let mut n_checks = 0u64;
+        let mut instances_of: HashMap<&str, u64> = HashMap::new();
+        let mut deps_of: HashMap<&str, Vec<&str>> = HashMap::new();
         for ref_name in &step_order {
             let step = step_named(ref_name).ok_or_else(|| err("steps", "internal: lost a step"))?;
             let at = format!("steps.{ref_name}");
@@ -723,6 +728,14 @@ impl Template {
                 .collect();
             let instances = limits.step_instances(&at, &lengths)?;
             n_tasks = limits.add_tasks(n_tasks, instances)?;
+            let deps = step_dependencies(step, &step_named);
+            for dep in &deps {
+                let pairs = instances.checked_mul(instances_of.get(dep).copied().unwrap_or(0));
+                n_checks =
+                    limits::check_dependency_pairs(&format!("{at}.depends_on"), n_checks, pairs)?;
+            }
+            instances_of.insert(ref_name, instances);
+            deps_of.insert(ref_name, deps);
         }
 
         let mut tasks: Vec<PlannedTask> = Vec::with_capacity(usize::try_from(n_tasks).unwrap_or(0));
@@ -746,15 +759,7 @@ impl Template {
                 .map_err(|(p, m)| err(format!("{at}.input{p}"), m))?
                 .iter()
                 .any(|(_, r)| matches!(r.root, Root::StepOutput(_)));
-            let mut deps_of_step: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
-            for (_, reference) in references_in(&input, "").unwrap_or_default() {
-                if let Root::StepOutput(dep) = reference.root
-                    && let Some(s) = step_named(&dep)
-                    && !deps_of_step.contains(&s.ref_name.as_str())
-                {
-                    deps_of_step.push(&s.ref_name);
-                }
-            }
+            let deps_of_step = &deps_of[ref_name.as_str()];
             let timeout = step
                 .timeout
                 .as_ref()
@@ -782,7 +787,7 @@ impl Template {
                     },
                 };
                 let mut depends_on = Vec::new();
-                for dep in &deps_of_step {
+                for dep in deps_of_step {
                     for (index, dep_each) in
                         instances.get(dep).map(Vec::as_slice).unwrap_or_default()
                     {
@@ -842,6 +847,25 @@ impl Template {
             step_order,
         })
     }
+}
+
+/// The steps `step` waits for: its `depends_on`, and those whose outputs
+/// its input reads. (Per-step inputs of a submission are literal data and
+/// add none.)
+fn step_dependencies<'t>(
+    step: &'t StepTemplate,
+    step_named: &impl Fn(&str) -> Option<&'t StepTemplate>,
+) -> Vec<&'t str> {
+    let mut deps: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
+    for (_, reference) in references_in(&step.input_value(), "").unwrap_or_default() {
+        if let Root::StepOutput(dep) = reference.root
+            && let Some(s) = step_named(&dep)
+            && !deps.contains(&s.ref_name.as_str())
+        {
+            deps.push(&s.ref_name);
+        }
+    }
+    deps
 }
 
 /// A planned instance of a step: its task index and `for_each` values.

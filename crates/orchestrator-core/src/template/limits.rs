@@ -150,6 +150,32 @@ impl Limits {
     }
 }
 
+/// The most instance pairs matched for dependencies in one workflow: each
+/// instance of a step against each instance of a step it depends on. Fixed,
+/// not a setting: it bounds the time and the edges of a plan whose counts
+/// are within the other limits (two steps of 1,000 instances that share no
+/// `for_each` key make a million edges).
+pub const MAX_DEPENDENCY_PAIRS: u64 = 5_000_000;
+
+/// Adds one dependency's instance pairs (`None`: overflowed) to the
+/// workflow's so far, refusing a total over [`MAX_DEPENDENCY_PAIRS`].
+pub fn check_dependency_pairs(
+    field: &str,
+    total: u64,
+    pairs: Option<u64>,
+) -> Result<u64, TemplateError> {
+    match pairs.and_then(|p| total.checked_add(p)) {
+        Some(sum) if sum <= MAX_DEPENDENCY_PAIRS => Ok(sum),
+        sum => Err(err(
+            field,
+            format!(
+                "{} instance pairs to match for dependencies exceed the limit of {MAX_DEPENDENCY_PAIRS} per workflow",
+                sum.map_or_else(|| format!("more than {}", u64::MAX), |n| n.to_string())
+            ),
+        )),
+    }
+}
+
 /// The length of `value` as compact JSON, without building the text.
 pub fn json_size(value: &impl serde::Serialize) -> u64 {
     struct Counter(u64);
@@ -279,6 +305,23 @@ mod tests {
         );
         // A sum of tasks past u64, too.
         assert!(limits.add_tasks(u64::MAX, 1).is_err());
+    }
+
+    #[test]
+    fn dependency_pairs_are_bounded() {
+        assert_eq!(
+            check_dependency_pairs("s", 0, Some(1_000_000)),
+            Ok(1_000_000)
+        );
+        assert_eq!(
+            check_dependency_pairs("s", 4_000_000, Some(1_000_000)),
+            Ok(MAX_DEPENDENCY_PAIRS)
+        );
+        let e =
+            check_dependency_pairs("steps.b.depends_on", 4_000_000, Some(1_000_001)).unwrap_err();
+        assert_eq!(e.field, "steps.b.depends_on");
+        assert!(e.message.starts_with("5000001 instance pairs"), "{e}");
+        assert!(check_dependency_pairs("s", 0, None).is_err());
     }
 
     #[test]

@@ -610,3 +610,35 @@ fn numbers_out_of_range_are_refused_naming_the_field() {
     assert!(parse_timeout(&json!(2_592_000)).is_ok());
     assert!(parse_timeout(&json!("720h")).is_ok());
 }
+
+#[test]
+fn dependency_pairs_past_their_limit_are_refused_before_any_edge_is_made() {
+    // `a` over one list, six steps over another that each depend on `a`:
+    // a million pairs each, six million in all.
+    let mut steps =
+        vec![json!({"ref_name": "a", "script": "s.sh", "for_each": {"x": "${workflow.input.xs}"}})];
+    for name in ["b", "c", "d", "e", "f", "g"] {
+        steps.push(json!({"ref_name": name, "script": "s.sh", "depends_on": ["a"], "for_each": {"y": "${workflow.input.ys}"}}));
+    }
+    let text = json!({
+        "name": "t", "ref_name": "t", "schema_version": 1,
+        "inputs": {"xs": {"type": "array"}, "ys": {"type": "array"}},
+        "steps": steps,
+    });
+    let list: Vec<u32> = (0..1000).collect();
+    let e = Template::parse(&text.to_string(), true)
+        .unwrap()
+        .expand(
+            &vars(json!({"xs": list, "ys": list})),
+            false,
+            &Limits::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.field, "steps.g.depends_on", "{e}");
+    assert!(
+        e.message.contains(
+            "6000000 instance pairs to match for dependencies exceed the limit of 5000000"
+        ),
+        "{e}"
+    );
+}
