@@ -83,6 +83,14 @@ impl From<EngineError> for ApiError {
                 "shutting_down",
                 error.to_string(),
             ),
+            EngineError::Internal(_) => {
+                tracing::error!(error = %error, "request failed inside the service");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the service failed to answer; see the service log",
+                )
+            }
             error => {
                 // Details go to the log, not to the client.
                 tracing::error!(error = %error, "request failed inside the service");

@@ -41,8 +41,15 @@ pub use error::ApiError;
 pub use forwarded::parse_trusted_proxy;
 pub use layers::{REQUEST_TIMEOUT, SUBMISSION_TIMEOUT};
 
-/// Largest request body accepted; workflow submissions are small.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Largest request body accepted. An inline template at its largest
+/// (`--max-template-bytes`) with inputs at theirs (`--max-input-bytes`)
+/// must fit, with [`BODY_OVERHEAD_BYTES`] to spare: the service refuses to
+/// start with limits that would not, so a template is refused by its own
+/// limit (naming it), not by the body's.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// What a submission's body holds besides its template and inputs
+/// (options, `meta`, whitespace).
+pub const BODY_OVERHEAD_BYTES: usize = 64 * 1024;
 
 /// How long `wait: true` blocks unless the request says otherwise, and the
 /// most it may ask for.

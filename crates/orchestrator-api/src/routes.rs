@@ -685,11 +685,12 @@ pub(crate) struct WorkflowSubmission {
     /// limits, which a test compares with these).
     #[schema(minimum = 1, maximum = 100)]
     max_attempts: Option<u32>,
-    /// Per-attempt timeout in seconds; the service default when absent.
-    #[schema(minimum = 1, maximum = 4294967295u32)]
+    /// Per-attempt timeout in seconds (at most 30 days); the service
+    /// default when absent.
+    #[schema(minimum = 1, maximum = 2592000)]
     timeout_secs: Option<u32>,
     /// Most tasks of the workflow running at once; the template's when absent.
-    #[schema(minimum = 1, maximum = 4294967295u32)]
+    #[schema(minimum = 1, maximum = 100000)]
     parallel_limit: Option<u32>,
     /// Answer only when the workflow has finished (or `wait_timeout_secs`
     /// passed, then with 202).
@@ -1141,7 +1142,8 @@ async fn builtin(
     request: BuiltinRequest,
 ) -> Result<Response, ApiError> {
     let wait = wait_limit(request.wait, request.wait_timeout_secs.map(u64::from));
-    let (status, _, view) = submit_and_wait(engine, request.into_request(endpoint)?, wait).await?;
+    let submission = request.into_request(endpoint, &engine.config().limits)?;
+    let (status, _, view) = submit_and_wait(engine, submission, wait).await?;
     let finished = view.workflow.status.is_terminal();
     let body = Submitted {
         workflow_id: view.workflow.id,

@@ -424,6 +424,17 @@ fn the_documented_limits_are_the_checked_ones() {
             "{name}"
         );
     }
+    for name in ["WorkflowSubmission", "BuiltinRequest"] {
+        assert_eq!(
+            component(&doc, name)["properties"]["timeout_secs"]["maximum"],
+            orchestrator_core::template::MAX_DURATION.as_secs(),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        component(&doc, "WorkflowSubmission")["properties"]["parallel_limit"]["maximum"],
+        orchestrator_core::template::MAX_PARALLEL_LIMIT,
+    );
     for name in ["NewSchedule", "ScheduleChange"] {
         assert_eq!(
             component(&doc, name)["properties"]["catch_up_window_secs"]["maximum"],

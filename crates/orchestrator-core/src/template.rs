@@ -6,6 +6,7 @@
 //! it straight to the user.
 
 pub mod http;
+pub mod limits;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use self::http::HttpStep;
+pub use self::limits::{Limit, Limits, json_size};
 use crate::refs::{Reference, Root, Scope, references_in};
 use crate::{FailurePolicy, StepKind, StepSettings};
 
@@ -278,8 +280,20 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
 }
 
-/// Parses a duration: a number of seconds, or `<n>s`, `<n>m`, `<n>h`.
+/// The longest duration a template or request may give (a timeout, a
+/// poll interval): generous, and far enough from the clock's range that
+/// adding it to an `Instant` or a `chrono` time can not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Parses a duration: a number of seconds, or `<n>s`, `<n>m`, `<n>h`;
+/// from one second to [`MAX_DURATION`].
 pub fn parse_timeout(value: &Value) -> Result<Duration, String> {
+    let too_long = || {
+        format!(
+            "{value} is longer than the maximum of {} seconds (30 days)",
+            MAX_DURATION.as_secs()
+        )
+    };
     let seconds = match value {
         Value::Number(n) => n
             .as_u64()
@@ -291,12 +305,13 @@ pub fn parse_timeout(value: &Value) -> Result<Duration, String> {
             let n: u64 = digits.parse().map_err(|_| {
                 format!("`{s}` is not a duration like 90, \"90s\", \"5m\" or \"1h\"")
             })?;
-            match unit {
-                "" | "s" => n,
-                "m" => n * 60,
-                "h" => n * 3600,
+            let per_unit = match unit {
+                "" | "s" => 1,
+                "m" => 60,
+                "h" => 3600,
                 _ => return Err(format!("`{s}` has an unknown unit (use s, m or h)")),
-            }
+            };
+            n.checked_mul(per_unit).ok_or_else(too_long)?
         }
         other => {
             return Err(format!(
@@ -307,8 +322,17 @@ pub fn parse_timeout(value: &Value) -> Result<Duration, String> {
     if seconds == 0 {
         return Err("must be at least one second".into());
     }
+    if seconds > MAX_DURATION.as_secs() {
+        return Err(too_long());
+    }
     Ok(Duration::from_secs(seconds))
 }
+
+/// The most retries a step may ask for (so at most 100 attempts).
+pub const MAX_RETRIES: u32 = 99;
+
+/// The largest `parallel_limit` (of a template or a submission).
+pub const MAX_PARALLEL_LIMIT: usize = 100_000;
 
 impl Template {
     /// Parses YAML (JSON is YAML too, but gets JSON's error messages).
@@ -343,8 +367,14 @@ impl Template {
         if self.schema_version == 0 {
             return Err(err("schema_version", "must be at least 1"));
         }
-        if self.parallel_limit == Some(0) {
-            return Err(err("parallel_limit", "must be at least 1"));
+        if let Some(n) = self
+            .parallel_limit
+            .filter(|n| !(1..=MAX_PARALLEL_LIMIT).contains(n))
+        {
+            return Err(err(
+                "parallel_limit",
+                format!("{n} is out of range: must be from 1 to {MAX_PARALLEL_LIMIT}"),
+            ));
         }
         if self.steps.is_empty() {
             return Err(err("steps", "a template needs at least one step"));
@@ -393,8 +423,11 @@ impl Template {
             if let Some(timeout) = &step.timeout {
                 parse_timeout(timeout).map_err(|m| err(format!("{at}.timeout"), m))?;
             }
-            if step.retries.is_some_and(|r| r > 99) {
-                return Err(err(format!("{at}.retries"), "must be at most 99"));
+            if let Some(r) = step.retries.filter(|&r| r > MAX_RETRIES) {
+                return Err(err(
+                    format!("{at}.retries"),
+                    format!("{r} is out of range: must be from 0 to {MAX_RETRIES}"),
+                ));
             }
             let mut deps: Vec<&str> = Vec::new();
             for (i, dep) in step.depends_on.iter().enumerate() {
@@ -580,12 +613,19 @@ impl Template {
     }
 
     /// Applies a submission: checks and completes the inputs, then expands
-    /// every step into tasks with their dependencies.
+    /// every step into tasks with their dependencies. Every count the
+    /// `limits` bound is computed, and checked, before a task is built.
     pub fn expand(
         &self,
         vars: &Map<String, Value>,
         check_mode: bool,
+        limits: &Limits,
     ) -> Result<Expansion, TemplateError> {
+        limits.check(
+            "steps",
+            Limit::TemplateSteps,
+            u64::try_from(self.steps.len()).ok(),
+        )?;
         let step_order = self.validate()?;
         // By name: `Template::step` is a linear search, and each step is
         // looked up here, which made a submission O(steps²).
@@ -616,6 +656,7 @@ impl Template {
                 }
             };
             let null_allowed = value.is_null() && spec.default.as_ref().is_some_and(Value::is_null);
+            limits.check_list_input(&format!("vars.{key}"), &value)?;
             check_format(&format!("vars.{key}"), spec.format, &value)?;
             if !null_allowed && !spec.kind.accepts(&value) {
                 return Err(err(
@@ -669,7 +710,35 @@ impl Template {
             ..Default::default()
         };
 
-        let mut tasks: Vec<PlannedTask> = Vec::new();
+        // Counted first, from the lengths of the lists alone: a refusal
+        // builds nothing (three lists of 300 would be 27 million tasks).
+        // So are the dependency checks: each instance of a step is matched
+        // against every instance of each step it depends on.
+        let mut n_tasks = 0u64;
+        let mut n_checks = 0u64;
+        let mut instances_of: HashMap<&str, u64> = HashMap::new();
+        let mut deps_of: HashMap<&str, Vec<&str>> = HashMap::new();
+        for ref_name in &step_order {
+            let step = step_named(ref_name).ok_or_else(|| err("steps", "internal: lost a step"))?;
+            let at = format!("steps.{ref_name}");
+            let lists = for_each_lists(step, &base_scope, &at)?;
+            let lengths: Vec<(&str, usize)> = lists
+                .iter()
+                .map(|(key, items)| (key.as_str(), items.len()))
+                .collect();
+            let instances = limits.step_instances(&at, &lengths)?;
+            n_tasks = limits.add_tasks(n_tasks, instances)?;
+            let deps = step_dependencies(step, &step_named);
+            for dep in &deps {
+                let pairs = instances.checked_mul(instances_of.get(dep).copied().unwrap_or(0));
+                n_checks =
+                    limits::check_dependency_pairs(&format!("{at}.depends_on"), n_checks, pairs)?;
+            }
+            instances_of.insert(ref_name, instances);
+            deps_of.insert(ref_name, deps);
+        }
+
+        let mut tasks: Vec<PlannedTask> = Vec::with_capacity(usize::try_from(n_tasks).unwrap_or(0));
         // Per step: (task index, each values) of its instances.
         let mut instances: HashMap<&str, Vec<Instance>> = HashMap::new();
         for ref_name in &step_order {
@@ -690,15 +759,7 @@ impl Template {
                 .map_err(|(p, m)| err(format!("{at}.input{p}"), m))?
                 .iter()
                 .any(|(_, r)| matches!(r.root, Root::StepOutput(_)));
-            let mut deps_of_step: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
-            for (_, reference) in references_in(&input, "").unwrap_or_default() {
-                if let Root::StepOutput(dep) = reference.root
-                    && let Some(s) = step_named(&dep)
-                    && !deps_of_step.contains(&s.ref_name.as_str())
-                {
-                    deps_of_step.push(&s.ref_name);
-                }
-            }
+            let deps_of_step = &deps_of[ref_name.as_str()];
             let timeout = step
                 .timeout
                 .as_ref()
@@ -726,7 +787,7 @@ impl Template {
                     },
                 };
                 let mut depends_on = Vec::new();
-                for dep in &deps_of_step {
+                for dep in deps_of_step {
                     for (index, dep_each) in
                         instances.get(dep).map(Vec::as_slice).unwrap_or_default()
                     {
@@ -788,10 +849,55 @@ impl Template {
     }
 }
 
+/// The steps `step` waits for: its `depends_on`, and those whose outputs
+/// its input reads. (Per-step inputs of a submission are literal data and
+/// add none.)
+fn step_dependencies<'t>(
+    step: &'t StepTemplate,
+    step_named: &impl Fn(&str) -> Option<&'t StepTemplate>,
+) -> Vec<&'t str> {
+    let mut deps: Vec<&str> = step.depends_on.iter().map(String::as_str).collect();
+    for (_, reference) in references_in(&step.input_value(), "").unwrap_or_default() {
+        if let Root::StepOutput(dep) = reference.root
+            && let Some(s) = step_named(&dep)
+            && !deps.contains(&s.ref_name.as_str())
+        {
+            deps.push(&s.ref_name);
+        }
+    }
+    deps
+}
+
 /// A planned instance of a step: its task index and `for_each` values.
 type Instance = (usize, Option<Map<String, Value>>);
 
+/// A step's `for_each` lists, resolved: `(key, items)` each.
+fn for_each_lists(
+    step: &StepTemplate,
+    scope: &Scope<'_>,
+    at: &str,
+) -> Result<Vec<(String, Vec<Value>)>, TemplateError> {
+    let mut lists = Vec::with_capacity(step.for_each.len());
+    for (key, expression) in &step.for_each {
+        let field = format!("{at}.for_each.{key}");
+        match scope
+            .resolve(expression, &field)
+            .map_err(|(p, m)| err(p, m))?
+        {
+            Value::Array(items) => lists.push((key.clone(), items)),
+            other => {
+                return Err(err(
+                    field,
+                    format!("must be a list, got {}", value_kind(&other)),
+                ));
+            }
+        }
+    }
+    Ok(lists)
+}
+
 /// Every combination of a step's `for_each` lists, or one empty instance.
+/// Its count was checked against the limits before.
 fn for_each_combinations(
     step: &StepTemplate,
     scope: &Scope<'_>,
@@ -801,20 +907,7 @@ fn for_each_combinations(
         return Ok(vec![None]);
     }
     let mut combos = vec![Map::new()];
-    for (key, expression) in &step.for_each {
-        let field = format!("{at}.for_each.{key}");
-        let items = match scope
-            .resolve(expression, &field)
-            .map_err(|(p, m)| err(p, m))?
-        {
-            Value::Array(items) => items,
-            other => {
-                return Err(err(
-                    field,
-                    format!("must be a list, got {}", value_kind(&other)),
-                ));
-            }
-        };
+    for (key, items) in &for_each_lists(step, scope, at)? {
         combos = combos
             .into_iter()
             .flat_map(|combo| {

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::{Error, Meta, Result, SubmitRequest, TemplateSource};
 use orchestrator_core::Priority;
-use orchestrator_core::template::is_safe_name;
+use orchestrator_core::template::{Limit, Limits, is_safe_name};
 
 /// Which built-in endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +69,9 @@ pub struct BuiltinRequest {
     /// Attempts per task; the service default when absent.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
     pub max_attempts: Option<u32>,
-    /// Per-attempt timeout in seconds; the service default when absent.
-    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4294967295u32))]
+    /// Per-attempt timeout in seconds (at most 30 days); the service
+    /// default when absent.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 2592000))]
     pub timeout_secs: Option<u32>,
     /// Dry run: scripts are told to change nothing.
     #[serde(default)]
@@ -134,13 +135,19 @@ fn check_name(field: &str, value: &str) -> Result<()> {
     }
 }
 
-fn check_names(field: &str, values: &[String], allow_empty: bool) -> Result<()> {
+/// Checks a list of names: its length against the limit on list inputs
+/// first (200,000 names must not cost a check each), then each name once.
+fn check_names(field: &str, values: &[String], allow_empty: bool, limits: &Limits) -> Result<()> {
     if values.is_empty() && !allow_empty {
         return Err(Error::validation(field, "must list at least one name"));
     }
+    limits
+        .check(field, Limit::ListItems, u64::try_from(values.len()).ok())
+        .map_err(|e| Error::validation(e.field, e.message))?;
+    let mut seen = std::collections::HashSet::with_capacity(values.len());
     for (i, value) in values.iter().enumerate() {
         check_name(&format!("{field}[{i}]"), value)?;
-        if values[..i].contains(value) {
+        if !seen.insert(value) {
             return Err(Error::validation(
                 format!("{field}[{i}]"),
                 format!("`{value}` is listed twice"),
@@ -152,10 +159,10 @@ fn check_names(field: &str, values: &[String], allow_empty: bool) -> Result<()> 
 
 impl BuiltinRequest {
     /// Checks the request for `endpoint` and turns it into a submission of
-    /// the matching template.
-    pub fn into_request(self, endpoint: Builtin) -> Result<SubmitRequest> {
+    /// the matching template; its lists are held to `limits`.
+    pub fn into_request(self, endpoint: Builtin, limits: &Limits) -> Result<SubmitRequest> {
         check_name("infra", &self.infra)?;
-        check_names("servers", &self.servers, false)?;
+        check_names("servers", &self.servers, false, limits)?;
         let taskservs = match (endpoint, &self.taskservs) {
             (Builtin::ServersCreate, Some(_)) => {
                 return Err(Error::validation(
@@ -167,11 +174,16 @@ impl BuiltinRequest {
                 return Err(Error::validation("taskservs", "missing field `taskservs`"));
             }
             (Builtin::TaskservCreate, Some(list)) => {
-                check_names("taskservs", list, false)?;
+                check_names("taskservs", list, false, limits)?;
                 Some(list)
             }
             (Builtin::ClusterCreate, list) => {
-                check_names("taskservs", list.as_deref().unwrap_or_default(), true)?;
+                check_names(
+                    "taskservs",
+                    list.as_deref().unwrap_or_default(),
+                    true,
+                    limits,
+                )?;
                 list.as_ref()
             }
             (_, None) => None,
@@ -189,24 +201,6 @@ impl BuiltinRequest {
             }
             (_, None) => {}
         }
-        if self.max_attempts == Some(0) {
-            return Err(Error::validation("max_attempts", "must be at least 1"));
-        }
-        if let Some(max) = self
-            .max_attempts
-            .filter(|&n| n > crate::submit::MAX_ATTEMPTS)
-        {
-            return Err(Error::validation(
-                "max_attempts",
-                format!(
-                    "{max} is more than the limit of {}",
-                    crate::submit::MAX_ATTEMPTS
-                ),
-            ));
-        }
-        if self.timeout_secs == Some(0) {
-            return Err(Error::validation("timeout_secs", "must be at least 1"));
-        }
         let mut vars = Map::new();
         vars.insert("infra".into(), json!(self.infra));
         vars.insert("servers".into(), json!(self.servers));
@@ -219,7 +213,7 @@ impl BuiltinRequest {
         if let Some(cluster) = &self.cluster {
             vars.insert("cluster".into(), json!(cluster));
         }
-        Ok(SubmitRequest {
+        let request = SubmitRequest {
             template: TemplateSource::Named {
                 ref_name: endpoint.template().to_owned(),
                 version: None,
@@ -235,7 +229,9 @@ impl BuiltinRequest {
             idempotency_key: None,
             // The whole request, options included, is kept with the workflow.
             body: serde_json::to_value(&self).unwrap_or(Value::Null),
-        })
+        };
+        crate::submit::check_numbers(&request)?;
+        Ok(request)
     }
 }
 
@@ -250,7 +246,9 @@ mod tests {
             "taskservs": ["containerd"], "priority": "high", "max_attempts": 2, "check_mode": true
         }))
         .unwrap();
-        let submission = request.into_request(Builtin::ClusterCreate).unwrap();
+        let submission = request
+            .into_request(Builtin::ClusterCreate, &Limits::default())
+            .unwrap();
         match &submission.template {
             TemplateSource::Named {
                 ref_name,
@@ -269,6 +267,29 @@ mod tests {
         // The whole request, options included, is kept with the workflow.
         assert_eq!(submission.body["max_attempts"], 2);
         assert_eq!(submission.body["priority"], "high");
+    }
+
+    #[test]
+    fn name_lists_are_counted_against_the_limit_before_any_name_is_checked() {
+        let limits = Limits {
+            max_list_items: 2,
+            ..Limits::default()
+        };
+        // The third name is bad too: the count is what is refused.
+        let request: BuiltinRequest = serde_json::from_value(json!({
+            "infra": "prod", "servers": ["a", "b", "../c"]
+        }))
+        .unwrap();
+        match request.into_request(Builtin::ServersCreate, &limits) {
+            Err(Error::Validation { field, message }) => {
+                assert_eq!(field, "servers");
+                assert!(
+                    message.contains("3 items exceed the limit of 2 per list (--max-list-items)"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -303,7 +324,7 @@ mod tests {
         ];
         for (body, field) in cases {
             let request: BuiltinRequest = serde_json::from_value(body.clone()).unwrap();
-            match request.into_request(Builtin::ServersCreate) {
+            match request.into_request(Builtin::ServersCreate, &Limits::default()) {
                 Err(Error::Validation { field: f, .. }) => assert_eq!(f, field, "{body}"),
                 other => panic!("{body}: {other:?}"),
             }

@@ -2,10 +2,12 @@
 //! "running"), runs its step through the runner of its kind, and hands
 //! the outcome to the lifecycle.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures_util::FutureExt as _;
 use orchestrator_core::event::{Change, TaskMark};
 use orchestrator_core::{Priority, Task, TaskId, TaskStatus, WorkflowId};
 use orchestrator_executor::{Attempt, CheckpointSink, LogSink, Outcome};
@@ -393,12 +395,27 @@ impl Dispatcher {
             cancel: tokens.attempt,
             task_cancel: tokens.task,
             timeout: task.timeout(),
-            deadline: tokio::time::Instant::now() + task.timeout(),
+            // Checked: a stored timeout is bounded when submitted, but an
+            // older record may not be, and an overflow here would panic.
+            deadline: deadline_after(task.timeout()),
             log: logs,
             token: Some(self.access.task_token(task.id)),
         };
         self.records.announce(Change::started(task));
-        let outcome = runner.run(attempt).await;
+        // A step that panics fails its attempt, with the panic's message:
+        // uncaught, it would end this worker's future with the task left
+        // `running` and its lease renewed for ever.
+        let outcome = AssertUnwindSafe(runner.run(attempt))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let error = format!("the step panicked: {}", panic_message(panic.as_ref()));
+                tracing::error!(task = %task.id, %error, "step panicked");
+                Outcome::Failed {
+                    exit_code: None,
+                    error,
+                }
+            });
         drop(worker);
         let outcome = self.redact(outcome);
         // The log is complete before the final state is stored.
@@ -422,6 +439,24 @@ impl Dispatcher {
             Outcome::Cancelled => Outcome::Cancelled,
         }
     }
+}
+
+/// When an attempt of `timeout` started now must end; far in the future
+/// (a year) where the clock can not add it.
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
+/// What a panic said: its `&str` or `String` payload, as `panic!` makes them.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// The checkpoint of one claimed attempt, as its step saves it: through

@@ -64,6 +64,9 @@ pub struct EngineConfig {
     pub event_capacity: usize,
     /// How long finished workflows and audit records are kept.
     pub retention: RetentionConfig,
+    /// How much work one submission may ask for (instances, tasks, steps,
+    /// list items, bytes); checked before anything is built.
+    pub limits: orchestrator_core::template::Limits,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +83,7 @@ impl Default for EngineConfig {
             access: AccessConfig::default(),
             event_capacity: DEFAULT_CAPACITY,
             retention: RetentionConfig::default(),
+            limits: orchestrator_core::template::Limits::default(),
         }
     }
 }

@@ -13,6 +13,10 @@ pub enum Error {
     Conflict(String),
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// A fault of the service itself (a panic while planning), told to
+    /// the log, not the client.
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error(transparent)]
     Storage(#[from] orchestrator_storage::Error),
 }

@@ -65,7 +65,7 @@ impl Engine {
             ));
         }
         let submission = rerun_submission(&old, template, &request);
-        let (mut workflow, mut tasks) = self.plan(&submission)?;
+        let (mut workflow, mut tasks) = self.plan_off_workers(&submission).await?;
         let rerun = steps_to_rerun(&tasks, &request);
         if let Some(Value::Object(per_step)) = request.vars.get("steps")
             && let Some(kept) = per_step.keys().find(|s| !rerun.contains(*s))

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use orchestrator_core::submission::submission_digest;
-use orchestrator_core::template::{Expansion, Template};
+use orchestrator_core::template::{
+    Expansion, Limit, MAX_DURATION, MAX_PARALLEL_LIMIT, Template, json_size,
+};
 use orchestrator_core::{Priority, Task, TaskSpec, Workflow, WorkflowStatus};
 use orchestrator_storage::WorkflowQuery;
 use serde_json::{Map, Value};
@@ -68,11 +70,61 @@ pub struct SubmitRequest {
     pub body: Value,
 }
 
+/// The numbers of a submission's options, each within its range: what
+/// meets the clock (a timeout) is bounded so that no addition overflows.
+pub(crate) fn check_numbers(request: &SubmitRequest) -> Result<()> {
+    if let Some(n) = request
+        .max_attempts
+        .filter(|n| !(1..=MAX_ATTEMPTS).contains(n))
+    {
+        return Err(Error::validation(
+            "max_attempts",
+            format!("{n} is out of range: must be from 1 to {MAX_ATTEMPTS}"),
+        ));
+    }
+    if let Some(timeout) = request
+        .timeout
+        .filter(|t| *t < Duration::from_secs(1) || *t > MAX_DURATION)
+    {
+        return Err(Error::validation(
+            "timeout_secs",
+            format!(
+                "{} is out of range: must be from 1 to {} (30 days)",
+                timeout.as_secs(),
+                MAX_DURATION.as_secs()
+            ),
+        ));
+    }
+    if let Some(n) = request
+        .parallel_limit
+        .filter(|n| !(1..=MAX_PARALLEL_LIMIT).contains(n))
+    {
+        return Err(Error::validation(
+            "parallel_limit",
+            format!("{n} is out of range: must be from 1 to {MAX_PARALLEL_LIMIT}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Engine {
     fn template_for(&self, source: &TemplateSource) -> Result<Arc<Template>> {
+        let limits = &self.config().limits;
+        // Counted before the template is checked: checking is linear in
+        // its steps, but not free.
+        let too_many_steps = |template: &Template, field: &str| {
+            limits
+                .check(
+                    field,
+                    Limit::TemplateSteps,
+                    u64::try_from(template.steps.len()).ok(),
+                )
+                .map_err(|e| Error::validation(e.field, e.message))
+        };
         match source {
             TemplateSource::Named { ref_name, version } => {
                 let template = self.named_template(ref_name, *version)?;
+                too_many_steps(&template, "steps")?;
                 // Scripts may have changed since the start (and built-ins are
                 // not checked then): check them for every submission.
                 check(&template, self.steps())
@@ -80,6 +132,7 @@ impl Engine {
                 Ok(template)
             }
             TemplateSource::Inline(template) => {
+                too_many_steps(template, "template.steps")?;
                 check(template, self.steps())
                     .map_err(|e| Error::validation(format!("template.{}", e.field), e.message))?;
                 Ok(Arc::new((**template).clone()))
@@ -107,33 +160,50 @@ impl Engine {
 
     /// Full validation and the planned DAG, without storing or running anything.
     pub async fn validate(&self, request: &SubmitRequest) -> Result<WorkflowView> {
-        let (workflow, tasks) = self.plan(request)?;
+        let (workflow, tasks) = self.plan_off_workers(request).await?;
         Ok(WorkflowView::new(workflow, tasks))
     }
 
+    /// [`Engine::plan`] on a blocking thread: a large (allowed) template
+    /// takes a while to expand, and the async workers must go on serving
+    /// `/health` and everyone else meanwhile.
+    pub(crate) async fn plan_off_workers(
+        &self,
+        request: &SubmitRequest,
+    ) -> Result<(Workflow, Vec<Task>)> {
+        let engine = self.clone();
+        let request = request.clone();
+        tokio::task::spawn_blocking(move || engine.plan(&request))
+            .await
+            .map_err(|e| Error::Internal(format!("planning a submission failed: {e}")))?
+    }
+
+    /// Checks a submission and builds its workflow and tasks. Every limit
+    /// on its size is checked before anything is built.
     pub(crate) fn plan(&self, request: &SubmitRequest) -> Result<(Workflow, Vec<Task>)> {
-        if request.max_attempts == Some(0) {
-            return Err(Error::validation("max_attempts", "must be at least 1"));
+        check_numbers(request)?;
+        let limits = &self.config().limits;
+        let too_big =
+            |e: orchestrator_core::template::TemplateError| Error::validation(e.field, e.message);
+        // The template as the caller sent it (a rerun's is the stored
+        // body's); a registered one was checked when it was loaded.
+        if let (TemplateSource::Inline(_), Some(sent @ Value::Object(_))) =
+            (&request.template, request.body.get("template"))
+        {
+            limits
+                .check("template", Limit::TemplateBytes, Some(json_size(sent)))
+                .map_err(too_big)?;
         }
-        if let Some(max) = request.max_attempts.filter(|&n| n > MAX_ATTEMPTS) {
-            return Err(Error::validation(
-                "max_attempts",
-                format!("{max} is more than the limit of {MAX_ATTEMPTS}"),
-            ));
-        }
-        if request.timeout == Some(Duration::ZERO) {
-            return Err(Error::validation("timeout_secs", "must be at least 1"));
-        }
-        if request.parallel_limit == Some(0) {
-            return Err(Error::validation("parallel_limit", "must be at least 1"));
-        }
+        limits
+            .check("vars", Limit::InputBytes, Some(json_size(&request.vars)))
+            .map_err(too_big)?;
         let template = self.template_for(&request.template)?;
         let Expansion {
             vars,
             tasks: planned,
             ..
         } = template
-            .expand(&request.vars, request.check_mode)
+            .expand(&request.vars, request.check_mode, limits)
             .map_err(|e| Error::validation(e.field, e.message))?;
         let now = Utc::now();
         let mut workflow = Workflow::new(
@@ -218,7 +288,7 @@ impl Engine {
     pub async fn submit(&self, request: SubmitRequest) -> Result<(WorkflowView, bool)> {
         self.accepting()?;
         let inner = &self.inner;
-        let (mut workflow, tasks) = self.plan(&request)?;
+        let (mut workflow, tasks) = self.plan_off_workers(&request).await?;
         loop {
             if let Some(existing) = self.find_repeat(&mut workflow).await? {
                 return Ok((self.workflow(existing.id).await?, true));

@@ -686,6 +686,26 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub public_host: Vec<String>,
+    // Limits on the work of one submission (docs/configuration.md,
+    // docs/security.md): each counted before anything is built.
+    /// Instances of one `for_each` step (the product of its list lengths) [default: 1000].
+    #[arg(long, env = "ORCHESTRATOR_MAX_STEP_INSTANCES")]
+    pub max_step_instances: Option<u64>,
+    /// Tasks of one workflow (the instances of all its steps) [default: 10000].
+    #[arg(long, env = "ORCHESTRATOR_MAX_WORKFLOW_TASKS")]
+    pub max_workflow_tasks: Option<u64>,
+    /// Steps of one template [default: 10000].
+    #[arg(long, env = "ORCHESTRATOR_MAX_TEMPLATE_STEPS")]
+    pub max_template_steps: Option<u64>,
+    /// Items of one list input, `for_each` list or built-in name list [default: 1000].
+    #[arg(long, env = "ORCHESTRATOR_MAX_LIST_ITEMS")]
+    pub max_list_items: Option<u64>,
+    /// Bytes of an inline template, as compact JSON [default: 1048576 (1 MiB)].
+    #[arg(long, env = "ORCHESTRATOR_MAX_TEMPLATE_BYTES")]
+    pub max_template_bytes: Option<u64>,
+    /// Bytes of a submission's inputs (`vars`), as compact JSON [default: 65536 (64 KiB)].
+    #[arg(long, env = "ORCHESTRATOR_MAX_INPUT_BYTES")]
+    pub max_input_bytes: Option<u64>,
 }
 
 #[derive(Debug, Args)]

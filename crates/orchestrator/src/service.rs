@@ -149,6 +149,7 @@ pub async fn start_with_store(
                 audit: settings.retain_audit,
                 every: settings.retention_every,
             },
+            limits: settings.limits,
             ..EngineConfig::default()
         },
     )

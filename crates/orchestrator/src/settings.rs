@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use orchestrator_core::RetryPolicy;
 use orchestrator_core::retention::Keep;
+use orchestrator_core::template::{Limits, MAX_DURATION};
 use orchestrator_storage::{StorageType, SurrealdbConfig};
 use serde::Deserialize;
 
@@ -64,6 +65,13 @@ pub struct FileConfig {
     pub trusted_proxy: Option<Vec<String>>,
     /// `["orchestrator.example.com"]`.
     pub public_host: Option<Vec<String>>,
+    // Limits on the work of one submission.
+    pub max_step_instances: Option<u64>,
+    pub max_workflow_tasks: Option<u64>,
+    pub max_template_steps: Option<u64>,
+    pub max_list_items: Option<u64>,
+    pub max_template_bytes: Option<u64>,
+    pub max_input_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +129,9 @@ pub struct ServeSettings {
     /// The API's connections: header timeout, connection and stream caps,
     /// trusted proxies, public names.
     pub network: orchestrator_api::HttpConfig,
+    /// How much work one submission may ask for (`--max-step-instances`,
+    /// `--max-workflow-tasks`, ...).
+    pub limits: Limits,
 }
 
 impl ServeSettings {
@@ -176,6 +187,7 @@ impl ServeSettings {
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
             network: orchestrator_api::HttpConfig::default(),
+            limits: Limits::default(),
         }
     }
 
@@ -187,6 +199,7 @@ impl ServeSettings {
         let defaults = ServeSettings::new(PathBuf::from("./data"), PathBuf::from("./scripts"));
         let surrealdb = resolve_surrealdb(&args, &file, defaults.surrealdb.clone())?;
         let network = resolve_network(&args, &file, defaults.network.clone())?;
+        let limits = resolve_limits(&args, &file, defaults.limits)?;
         let storage_type = match args.storage_type.or(file.storage_type) {
             Some(name) => name
                 .parse::<StorageType>()
@@ -212,8 +225,11 @@ impl ServeSettings {
             bail!("--max-attempts: must be at least 1");
         }
         let task_timeout = args.task_timeout.or(file.task_timeout);
-        if task_timeout == Some(0) {
-            bail!("--task-timeout: must be at least 1 second");
+        if let Some(secs) = task_timeout.filter(|s| !(1..=MAX_DURATION.as_secs()).contains(s)) {
+            bail!(
+                "--task-timeout: {secs} is out of range: must be from 1 to {} seconds (30 days)",
+                MAX_DURATION.as_secs()
+            );
         }
         // Flags (or the variable) replace the file's list rather than add
         // to it, as every other setting does.
@@ -234,7 +250,7 @@ impl ServeSettings {
                 .or(file.retry_max_ms)
                 .map_or(defaults.retry.max_delay, Duration::from_millis),
         };
-        Ok(ServeSettings {
+        let settings = ServeSettings {
             bind: args.bind.or(file.bind).unwrap_or(defaults.bind),
             port: args.port.or(file.port).unwrap_or(defaults.port),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
@@ -305,8 +321,92 @@ impl ServeSettings {
                 .map(orchestrator_storage::Secret::new),
             http_allow,
             network,
-        })
+            limits,
+        };
+        // Each is added to the clock somewhere (a lease to now, a retry
+        // delay to a due time): bounded like every timeout, so that no
+        // addition can overflow.
+        for (flag, duration) in [
+            ("--retry-base-ms", settings.retry.base_delay),
+            ("--retry-max-ms", settings.retry.max_delay),
+            ("--shutdown-grace", settings.shutdown_grace),
+            ("--kill-grace", settings.kill_grace),
+            ("--lease-secs", settings.lease),
+            ("--poll-ms", settings.poll),
+        ] {
+            if duration > MAX_DURATION {
+                bail!(
+                    "{flag}: {} seconds is longer than the maximum of {} seconds (30 days)",
+                    duration.as_secs(),
+                    MAX_DURATION.as_secs()
+                );
+            }
+        }
+        Ok(settings)
     }
+}
+
+/// The limits on one submission, flag over variable over file over
+/// default; each at least 1, and a template and inputs at their limits
+/// must fit in a request body (else the body's limit would refuse them
+/// first, naming the wrong limit).
+fn resolve_limits(args: &ServeArgs, file: &FileConfig, defaults: Limits) -> anyhow::Result<Limits> {
+    let pick =
+        |flag: &'static str, arg: Option<u64>, key: Option<u64>, default: u64| match arg.or(key) {
+            Some(0) => bail!("{flag}: must be at least 1"),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+    let limits = Limits {
+        max_step_instances: pick(
+            "--max-step-instances",
+            args.max_step_instances,
+            file.max_step_instances,
+            defaults.max_step_instances,
+        )?,
+        max_workflow_tasks: pick(
+            "--max-workflow-tasks",
+            args.max_workflow_tasks,
+            file.max_workflow_tasks,
+            defaults.max_workflow_tasks,
+        )?,
+        max_template_steps: pick(
+            "--max-template-steps",
+            args.max_template_steps,
+            file.max_template_steps,
+            defaults.max_template_steps,
+        )?,
+        max_list_items: pick(
+            "--max-list-items",
+            args.max_list_items,
+            file.max_list_items,
+            defaults.max_list_items,
+        )?,
+        max_template_bytes: pick(
+            "--max-template-bytes",
+            args.max_template_bytes,
+            file.max_template_bytes,
+            defaults.max_template_bytes,
+        )?,
+        max_input_bytes: pick(
+            "--max-input-bytes",
+            args.max_input_bytes,
+            file.max_input_bytes,
+            defaults.max_input_bytes,
+        )?,
+    };
+    let body = (orchestrator_api::MAX_BODY_BYTES - orchestrator_api::BODY_OVERHEAD_BYTES) as u64;
+    let sizes = limits
+        .max_template_bytes
+        .saturating_add(limits.max_input_bytes);
+    if sizes > body {
+        bail!(
+            "--max-template-bytes ({}) and --max-input-bytes ({}) add up to more than the {body} bytes a request body may hold for them",
+            limits.max_template_bytes,
+            limits.max_input_bytes
+        );
+    }
+    Ok(limits)
 }
 
 /// The API's connection settings, flag over variable over file over
@@ -483,6 +583,35 @@ mod tests {
                 },
                 "/nonexistent.toml",
             ),
+            (
+                ServeArgs {
+                    lease_secs: Some(u64::MAX),
+                    ..Default::default()
+                },
+                "--lease-secs: 18446744073709551615 seconds is longer than the maximum",
+            ),
+            (
+                ServeArgs {
+                    max_step_instances: Some(0),
+                    ..Default::default()
+                },
+                "--max-step-instances: must be at least 1",
+            ),
+            (
+                ServeArgs {
+                    task_timeout: Some(u64::MAX),
+                    ..Default::default()
+                },
+                "--task-timeout: 18446744073709551615 is out of range",
+            ),
+            // A template at its limit would not fit in a request body.
+            (
+                ServeArgs {
+                    max_template_bytes: Some(2 * 1024 * 1024),
+                    ..Default::default()
+                },
+                "--max-template-bytes (2097152) and --max-input-bytes (65536) add up to more than",
+            ),
         ];
         for (args, expected) in cases {
             let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
@@ -657,6 +786,28 @@ mod tests {
             let message = format!("{:#}", ServeSettings::resolve(args).unwrap_err());
             assert!(message.contains(expected), "{message}");
         }
+    }
+
+    #[test]
+    fn limits_come_from_flags_or_the_file_with_safe_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(&path, "max_step_instances = 50\nmax_list_items = 60\n").unwrap();
+        let settings = ServeSettings::resolve(ServeArgs {
+            config: Some(path),
+            max_list_items: Some(70),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(settings.limits.max_step_instances, 50);
+        assert_eq!(
+            settings.limits.max_list_items, 70,
+            "the flag beats the file"
+        );
+        assert_eq!(
+            settings.limits.max_workflow_tasks,
+            Limits::default().max_workflow_tasks
+        );
     }
 
     #[test]

@@ -291,7 +291,7 @@ impl HttpStep {
 }
 
 /// A wait: whole seconds, or `"<n>ms"`, `"<n>s"`, `"<n>m"`, `"<n>h"`; at
-/// least 100 ms.
+/// least 100 ms, at most [`super::MAX_DURATION`].
 pub fn parse_interval(value: &Value) -> Result<Duration, String> {
     let duration = match value.as_str().map(str::trim) {
         Some(text) if text.ends_with("ms") => {
@@ -306,6 +306,13 @@ pub fn parse_interval(value: &Value) -> Result<Duration, String> {
         return Err(format!(
             "must be at least {} ms",
             MIN_POLL_INTERVAL.as_millis()
+        ));
+    }
+    // A wait is added to the clock: as bounded as a timeout.
+    if duration > super::MAX_DURATION {
+        return Err(format!(
+            "{value} is longer than the maximum of {} seconds (30 days)",
+            super::MAX_DURATION.as_secs()
         ));
     }
     Ok(duration)

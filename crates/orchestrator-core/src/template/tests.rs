@@ -50,6 +50,7 @@ fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
                 json!({"servers": ["a", "b"], "taskservs": ["containerd", "k8s"], "cluster": "c1"}),
             ),
             false,
+            &Limits::default(),
         )
         .unwrap();
     let names: Vec<&str> = e.tasks.iter().map(|t| t.name.as_str()).collect();
@@ -95,7 +96,11 @@ fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
 #[test]
 fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c"})), false)
+        .expand(
+            &vars(json!({"servers": ["a"], "cluster": "c"})),
+            false,
+            &Limits::default(),
+        )
         .unwrap();
     let names: Vec<&str> = e.tasks.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["create a", "join"]);
@@ -105,7 +110,7 @@ fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
 #[test]
 fn per_step_vars_override_the_template_input() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"size": 9, "zone": "z"}}})), false)
+        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"size": 9, "zone": "z"}}})), false, &Limits::default())
         .unwrap();
     assert_eq!(
         e.tasks[0].input,
@@ -115,7 +120,8 @@ fn per_step_vars_override_the_template_input() {
 
 #[track_caller]
 fn check_invalid(text: &str, vars_value: Value, field: &str, mentions: &str) {
-    let result = Template::parse(text, false).and_then(|t| t.expand(&vars(vars_value), false));
+    let result = Template::parse(text, false)
+        .and_then(|t| t.expand(&vars(vars_value), false, &Limits::default()));
     match result {
         Err(e) => {
             assert_eq!(e.field, field, "{e}");
@@ -253,7 +259,9 @@ fn every_validation_error_names_the_step_and_field() {
 #[test]
 fn optional_null_inputs_are_allowed() {
     let text = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  s: {type: string, default: null}\nsteps:\n- {ref_name: a, script: s.sh, input: {s: '${workflow.input.s}'}}\n";
-    let e = template(text).expand(&Map::new(), false).unwrap();
+    let e = template(text)
+        .expand(&Map::new(), false, &Limits::default())
+        .unwrap();
     assert_eq!(e.tasks[0].input, json!({"s": null}));
 }
 
@@ -262,7 +270,7 @@ fn json_templates_parse_too() {
     let text = r#"{"name": "t", "ref_name": "t", "schema_version": 2, "steps": [{"ref_name": "a", "script": "s.sh", "input": {"c": "${workflow.check_mode}"}}]}"#;
     let e = Template::parse(text, true)
         .unwrap()
-        .expand(&Map::new(), true)
+        .expand(&Map::new(), true, &Limits::default())
         .unwrap();
     assert_eq!(e.tasks[0].input, json!({"c": true}));
 }
@@ -270,7 +278,7 @@ fn json_templates_parse_too() {
 #[test]
 fn per_step_vars_are_literal_data() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"note": "${join.output}", "cost": "$${x}"}}})), false)
+        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"note": "${join.output}", "cost": "$${x}"}}})), false, &Limits::default())
         .unwrap();
     assert_eq!(e.tasks[0].input["note"], json!("${join.output}"));
     assert_eq!(e.tasks[0].input["cost"], json!("$${x}"));
@@ -288,16 +296,25 @@ fn name_format_inputs_refuse_unsafe_names() {
     assert!(
         t.expand(
             &vars(json!({"infra": "prod", "hosts": ["a-1", "b.2"]})),
-            false
+            false,
+            &Limits::default(),
         )
         .is_ok()
     );
     let e = t
-        .expand(&vars(json!({"infra": "../etc", "hosts": []})), false)
+        .expand(
+            &vars(json!({"infra": "../etc", "hosts": []})),
+            false,
+            &Limits::default(),
+        )
         .unwrap_err();
     assert_eq!(e.field, "vars.infra");
     let e = t
-        .expand(&vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})), false)
+        .expand(
+            &vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})),
+            false,
+            &Limits::default(),
+        )
         .unwrap_err();
     assert_eq!(e.field, "vars.hosts[1]");
 }
@@ -309,7 +326,9 @@ fn a_step_names_its_kind_and_script_is_the_default() {
     let explicit = template(
         "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: script, script: a.sh}\n",
     );
-    let expansion = explicit.expand(&Map::new(), false).unwrap();
+    let expansion = explicit
+        .expand(&Map::new(), false, &Limits::default())
+        .unwrap();
     assert_eq!(expansion.tasks[0].step.kind, StepKind::Script);
     // The default is not written out, so stored tasks read as before.
     let stored = serde_json::to_value(&expansion.tasks[0].step).unwrap();
@@ -363,7 +382,11 @@ fn an_http_step_plans_its_block_as_the_task_input() {
     let t = template(HTTP);
     assert_eq!(t.steps[1].kind, StepKind::Http);
     let e = t
-        .expand(&vars(json!({"base": "http://awx.test"})), false)
+        .expand(
+            &vars(json!({"base": "http://awx.test"})),
+            false,
+            &Limits::default(),
+        )
         .unwrap();
     let task = &e.tasks[1];
     assert_eq!(task.script, "http:awx");
@@ -385,6 +408,7 @@ fn an_http_step_plans_its_block_as_the_task_input() {
         .expand(
             &vars(json!({"base": "http://awx.test", "vars": {"n": 1}})),
             false,
+            &Limits::default(),
         )
         .unwrap();
     let input = &e.tasks[1].input;
@@ -482,4 +506,139 @@ fn the_step_order_takes_the_first_ready_step_in_template_order() {
         - {ref_name: e, script: s.sh, depends_on: [b, b]}\n";
     let template: Template = serde_norway::from_str(text).unwrap();
     assert_eq!(template.validate().unwrap(), ["b", "c", "a", "d", "e"]);
+}
+
+/// A step over three lists: what the limits are tried with.
+const THREE_LISTS: &str = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  a: {type: array}\n  b: {type: array}\n  c: {type: array}\nsteps:\n- {ref_name: deploy, script: s.sh, for_each: {a: '${workflow.input.a}', b: '${workflow.input.b}', c: '${workflow.input.c}'}}\n";
+
+#[test]
+fn an_expansion_over_a_limit_is_refused_naming_it() {
+    let list: Vec<u32> = (0..300).collect();
+    check_invalid(
+        THREE_LISTS,
+        json!({"a": list, "b": list, "c": list}),
+        "steps.deploy.for_each",
+        "27000000 instances exceed the limit of 1000 per step (--max-step-instances)",
+    );
+    let long: Vec<u32> = (0..1001).collect();
+    check_invalid(
+        THREE_LISTS,
+        json!({"a": long, "b": [1], "c": [1]}),
+        "vars.a",
+        "1001 items exceed the limit of 1000 per list (--max-list-items)",
+    );
+    let ten: Vec<u32> = (0..10).collect();
+    let e = template(THREE_LISTS)
+        .expand(
+            &vars(json!({"a": ten, "b": ten, "c": ten})),
+            false,
+            &Limits::default(),
+        )
+        .unwrap();
+    assert_eq!(e.tasks.len(), 1000, "the limit itself is allowed");
+}
+
+#[test]
+fn a_template_with_too_many_steps_is_refused() {
+    let limits = Limits {
+        max_template_steps: 1,
+        ..Limits::default()
+    };
+    let e = template(CLUSTER)
+        .expand(
+            &vars(json!({"servers": ["a"], "taskservs": ["k"], "cluster": "c"})),
+            false,
+            &limits,
+        )
+        .unwrap_err();
+    assert_eq!(e.field, "steps");
+    assert!(e.message.contains("--max-template-steps"), "{e}");
+}
+
+#[test]
+fn numbers_out_of_range_are_refused_naming_the_field() {
+    let step = |extra: Value| {
+        let mut step = json!({"ref_name": "a", "script": "s.sh"});
+        step.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"name": "t", "ref_name": "t", "schema_version": 1, "steps": [step]})
+    };
+    let cases = [
+        (
+            step(json!({"timeout": u64::MAX})),
+            "steps.a.timeout",
+            "longer than the maximum",
+        ),
+        (
+            step(json!({"timeout": "9999999999999999999h"})),
+            "steps.a.timeout",
+            "longer than the maximum",
+        ),
+        (
+            step(json!({"timeout": "31d"})),
+            "steps.a.timeout",
+            "unknown unit",
+        ),
+        (
+            step(json!({"timeout": 2_592_001})),
+            "steps.a.timeout",
+            "2592000 seconds",
+        ),
+        (
+            step(json!({"retries": 100})),
+            "steps.a.retries",
+            "from 0 to 99",
+        ),
+        (
+            json!({"name": "t", "ref_name": "t", "schema_version": 1, "parallel_limit": 100_001u64, "steps": [{"ref_name": "a", "script": "s.sh"}]}),
+            "parallel_limit",
+            "from 1 to 100000",
+        ),
+    ];
+    for (template, field, mentions) in cases {
+        let e = Template::parse(&template.to_string(), true)
+            .and_then(|t| t.validate())
+            .unwrap_err();
+        assert_eq!(e.field, field, "{template}: {e}");
+        assert!(
+            e.message.contains(mentions),
+            "{template}: `{e}` lacks `{mentions}`"
+        );
+    }
+    // At the bound: allowed.
+    assert!(parse_timeout(&json!(2_592_000)).is_ok());
+    assert!(parse_timeout(&json!("720h")).is_ok());
+}
+
+#[test]
+fn dependency_pairs_past_their_limit_are_refused_before_any_edge_is_made() {
+    // `a` over one list, six steps over another that each depend on `a`:
+    // a million pairs each, six million in all.
+    let mut steps =
+        vec![json!({"ref_name": "a", "script": "s.sh", "for_each": {"x": "${workflow.input.xs}"}})];
+    for name in ["b", "c", "d", "e", "f", "g"] {
+        steps.push(json!({"ref_name": name, "script": "s.sh", "depends_on": ["a"], "for_each": {"y": "${workflow.input.ys}"}}));
+    }
+    let text = json!({
+        "name": "t", "ref_name": "t", "schema_version": 1,
+        "inputs": {"xs": {"type": "array"}, "ys": {"type": "array"}},
+        "steps": steps,
+    });
+    let list: Vec<u32> = (0..1000).collect();
+    let e = Template::parse(&text.to_string(), true)
+        .unwrap()
+        .expand(
+            &vars(json!({"xs": list, "ys": list})),
+            false,
+            &Limits::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.field, "steps.g.depends_on", "{e}");
+    assert!(
+        e.message.contains(
+            "6000000 instance pairs to match for dependencies exceed the limit of 5000000"
+        ),
+        "{e}"
+    );
 }

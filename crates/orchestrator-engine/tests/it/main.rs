@@ -6,6 +6,7 @@
 mod ambiguous;
 mod events;
 mod modules;
+mod panics;
 
 use std::collections::HashMap;
 use std::time::Duration;

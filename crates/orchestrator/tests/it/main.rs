@@ -15,6 +15,7 @@ mod fakes;
 mod faults;
 mod harness;
 mod http;
+mod limits;
 mod live;
 mod migrate;
 mod network;
