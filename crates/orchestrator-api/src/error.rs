@@ -78,6 +78,9 @@ impl From<EngineError> for ApiError {
             EngineError::Conflict(message) => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", message)
             }
+            EngineError::SecretNotAllowed(message) => {
+                ApiError::new(StatusCode::FORBIDDEN, "secret_not_allowed", message)
+            }
             EngineError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",
