@@ -8,9 +8,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
+use orchestrator_core::access::SecretScope;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role};
 use orchestrator_core::retention::Keep;
-use orchestrator_core::access::SecretScope;
 use orchestrator_engine::secrets::{ScopeChange, SecretInfo};
 use orchestrator_engine::{PruneReport, PruneRequest};
 use orchestrator_storage::AuditQuery;
@@ -29,7 +29,9 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/secrets", get(list_secrets))
         .route(
             "/secrets/{name}",
-            put(put_secret).patch(change_secret_scope).delete(delete_secret),
+            put(put_secret)
+                .patch(change_secret_scope)
+                .delete(delete_secret),
         )
         .route("/backup", post(crate::backup::create_backup))
         .route("/prune", post(prune))
@@ -123,7 +125,11 @@ pub(crate) async fn put_secret(
         origins: body.origins.unwrap_or_default(),
     });
     Ok(Json(
-        state.engine.secrets().put(&name, &body.value, scope).await?,
+        state
+            .engine
+            .secrets()
+            .put(&name, &body.value, scope)
+            .await?,
     ))
 }
 

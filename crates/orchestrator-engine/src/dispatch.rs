@@ -419,7 +419,6 @@ impl Dispatcher {
         let _ = log_pump.await;
         outcome
     }
-
 }
 
 impl Dispatcher {
@@ -434,7 +433,7 @@ impl Dispatcher {
             .load_workflow(task.workflow_id)
             .await
             .map_err(|e| format!("cannot check the scope of secrets: {e}"))?;
-        let user = crate::submit::secret_user_of(&workflow);
+        let user = crate::secrets::secret_user_of(&workflow);
         self.secrets
             .check_use(user, &names)
             .await
@@ -472,7 +471,7 @@ struct ClaimedCheckpoint<'a> {
 #[async_trait::async_trait]
 impl CheckpointSink for ClaimedCheckpoint<'_> {
     async fn save(&self, entries: Map<String, Value>) -> std::result::Result<(), String> {
-        let entries = crate::engine::redacted_entries(&self.redactor, entries);
+        let entries = crate::secrets::redacted_entries(&self.redactor, entries);
         self.lifecycle
             .save_attempt_checkpoint(self.claim, entries)
             .await

@@ -371,7 +371,7 @@ impl Engine {
         id: TaskId,
         entries: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Task> {
-        let entries = redacted_entries(&self.inner.secrets.redactor(), entries);
+        let entries = crate::secrets::redacted_entries(&self.inner.secrets.redactor(), entries);
         self.inner.lifecycle.save_checkpoint(id, entries).await
     }
 
@@ -434,17 +434,5 @@ impl orchestrator_storage::live::Observer for MigrationEvents {
             .publish([orchestrator_core::event::Change::storage_migration(
                 status.clone(),
             )]);
-    }
-}
-
-/// Checkpoint entries with every secret value taken out: a checkpoint is
-/// stored as it is, and shown with its task to every role.
-pub(crate) fn redacted_entries(
-    redactor: &orchestrator_executor::Redactor,
-    entries: serde_json::Map<String, serde_json::Value>,
-) -> serde_json::Map<String, serde_json::Value> {
-    match redactor.strings(serde_json::Value::Object(entries)) {
-        serde_json::Value::Object(entries) => entries,
-        _ => serde_json::Map::new(),
     }
 }

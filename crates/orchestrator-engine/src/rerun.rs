@@ -68,7 +68,7 @@ impl Engine {
         let (mut workflow, mut tasks) = self.plan(&submission)?;
         // The re-run is submitted with the template as read back; secrets
         // are allowed as for the workflow it re-runs.
-        self.check_secret_use(crate::submit::secret_user_of(&old), &tasks)
+        self.check_secret_use(crate::secrets::secret_user_of(&old), &tasks)
             .await?;
         let rerun = steps_to_rerun(&tasks, &request);
         if let Some(Value::Object(per_step)) = request.vars.get("steps")

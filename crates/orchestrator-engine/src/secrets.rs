@@ -421,6 +421,28 @@ fn collect_names(text: &str, names: &mut BTreeSet<String>) {
     }
 }
 
+/// Who uses a secret in a stored workflow: the registered template of its
+/// kind, unless it was submitted with an inline template (a re-run keeps
+/// the body it was first submitted with).
+pub(crate) fn secret_user_of(workflow: &orchestrator_core::Workflow) -> SecretUser<'_> {
+    match workflow.input.get("template") {
+        Some(Value::Object(_)) => SecretUser::Inline,
+        _ => SecretUser::Registered(&workflow.kind),
+    }
+}
+
+/// Checkpoint entries with every secret value taken out: a checkpoint is
+/// stored as it is, and shown with its task to every role.
+pub(crate) fn redacted_entries(
+    redactor: &orchestrator_executor::Redactor,
+    entries: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    match redactor.strings(serde_json::Value::Object(entries)) {
+        serde_json::Value::Object(entries) => entries,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// A scope as stored: template names checked, origins checked and written
 /// as `scheme://host[:port]`, both sorted without repeats.
 fn checked_scope(scope: SecretScope) -> Result<SecretScope> {
@@ -429,7 +451,9 @@ fn checked_scope(scope: SecretScope) -> Result<SecretScope> {
         if !orchestrator_core::template::valid_name(&name) {
             return Err(Error::validation(
                 format!("templates[{i}]"),
-                format!("`{name}` is not a template ref_name (1 to 100 letters, digits, `_` or `-`)"),
+                format!(
+                    "`{name}` is not a template ref_name (1 to 100 letters, digits, `_` or `-`)"
+                ),
             ));
         }
         templates.insert(name);
@@ -474,9 +498,21 @@ mod tests {
 
     #[test]
     fn origins_are_checked_and_written_one_way() {
-        assert_eq!(origin_of("https://Vault.Example:443").unwrap(), "https://vault.example");
-        assert_eq!(origin_of("http://10.0.0.1:8200/").unwrap(), "http://10.0.0.1:8200");
-        for bad in ["vault.example", "ftp://x", "https://x/path", "https://u:p@x", "https://x?q"] {
+        assert_eq!(
+            origin_of("https://Vault.Example:443").unwrap(),
+            "https://vault.example"
+        );
+        assert_eq!(
+            origin_of("http://10.0.0.1:8200/").unwrap(),
+            "http://10.0.0.1:8200"
+        );
+        for bad in [
+            "vault.example",
+            "ftp://x",
+            "https://x/path",
+            "https://u:p@x",
+            "https://x?q",
+        ] {
             assert!(origin_of(bad).is_err(), "{bad}");
         }
     }

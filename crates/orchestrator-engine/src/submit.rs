@@ -43,16 +43,6 @@ impl TemplateSource {
     }
 }
 
-/// Who uses a secret in a stored workflow: the registered template of its
-/// kind, unless it was submitted with an inline template (a re-run keeps
-/// the body it was first submitted with).
-pub(crate) fn secret_user_of(workflow: &Workflow) -> SecretUser<'_> {
-    match workflow.input.get("template") {
-        Some(Value::Object(_)) => SecretUser::Inline,
-        _ => SecretUser::Registered(&workflow.kind),
-    }
-}
-
 /// Caller-side labels of a workflow.
 #[derive(Debug, Clone, Default)]
 pub struct Meta {
@@ -138,7 +128,11 @@ impl Engine {
     /// reference: written in the template, or put in by the submission's
     /// inputs (a `${secrets.x}` in an input is resolved like one in the
     /// template). Checked wherever a template and inputs become tasks.
-    pub(crate) async fn check_secret_use(&self, user: SecretUser<'_>, tasks: &[Task]) -> Result<()> {
+    pub(crate) async fn check_secret_use(
+        &self,
+        user: SecretUser<'_>,
+        tasks: &[Task],
+    ) -> Result<()> {
         let mut names = std::collections::BTreeSet::new();
         for task in tasks {
             names.extend(secrets_named(&task.input));

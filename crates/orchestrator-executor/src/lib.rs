@@ -15,9 +15,7 @@ mod resolve;
 mod run;
 mod step;
 
-pub use redact::{
-    KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive,
-};
+pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
 pub use run::{Job, kill_leftovers};
 pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};

@@ -171,9 +171,7 @@ impl Redactor {
     pub fn value(&self, value: Value) -> Value {
         match value {
             Value::String(text) => Value::String(self.text(&text)),
-            Value::Array(items) => {
-                Value::Array(items.into_iter().map(|v| self.value(v)).collect())
-            }
+            Value::Array(items) => Value::Array(items.into_iter().map(|v| self.value(v)).collect()),
             Value::Object(map) => Value::Object(
                 map.into_iter()
                     .map(|(key, value)| {
@@ -216,7 +214,11 @@ impl Redactor {
         };
         automaton
             .find_overlapping_iter(bytes)
-            .map(|found| self.secrets[self.owner[found.pattern().as_usize()]].name.as_str())
+            .map(|found| {
+                self.secrets[self.owner[found.pattern().as_usize()]]
+                    .name
+                    .as_str()
+            })
             .collect()
     }
 
@@ -386,18 +388,28 @@ mod tests {
             json[1..json.len() - 1].to_owned(),
             r#"S3cret \"pass\"/word&\u00e9"#.to_owned(),
             utf8_percent_encode(value, NON_ALPHANUMERIC).to_string(),
-            utf8_percent_encode(value, COMPONENT).to_string().to_lowercase(),
+            utf8_percent_encode(value, COMPONENT)
+                .to_string()
+                .to_lowercase(),
             form_urlencoded::byte_serialize(value.as_bytes()).collect(),
         ] {
             let text = format!("before {shown} after");
-            assert_eq!(redactor.text(&text), format!("before {REDACTED} after"), "{shown}");
+            assert_eq!(
+                redactor.text(&text),
+                format!("before {REDACTED} after"),
+                "{shown}"
+            );
         }
         // Too short to be searched for.
-        assert_eq!(super::Redactor::new([KnownSecret {
-            name: "x".into(),
-            value: "abc".into(),
-            origins: Vec::new(),
-        }]).text("abc"), "abc");
+        assert_eq!(
+            super::Redactor::new([KnownSecret {
+                name: "x".into(),
+                value: "abc".into(),
+                origins: Vec::new(),
+            }])
+            .text("abc"),
+            "abc"
+        );
     }
 
     #[test]
@@ -407,11 +419,17 @@ mod tests {
             redactor.refuse_origin("https://vault.example", &[b"token=HUNTER22"]),
             None
         );
-        assert_eq!(redactor.refuse_origin("https://other.example", &[b"nothing"]), None);
+        assert_eq!(
+            redactor.refuse_origin("https://other.example", &[b"nothing"]),
+            None
+        );
         let refusal = redactor
             .refuse_origin("http://hunter22:80", &[b"http://hunter22/x"])
             .unwrap();
-        assert!(refusal.contains("secret `vault_pw` may not be sent"), "{refusal}");
+        assert!(
+            refusal.contains("secret `vault_pw` may not be sent"),
+            "{refusal}"
+        );
         assert!(!refusal.contains("hunter22"), "{refusal}");
     }
 

@@ -173,7 +173,10 @@ impl Job<'_> {
         if !launch.accepts(answer.status.as_u16()) {
             return Err(failed(answer.unexpected("the launch", launch)));
         }
-        let id = match answer.json(&self.attempt.redactor).and_then(|body| self.job_id_in(&body)) {
+        let id = match answer
+            .json(&self.attempt.redactor)
+            .and_then(|body| self.job_id_in(&body))
+        {
             Ok(id) => id,
             Err(why) => {
                 let why = format!("its answer ({}) gave no job id: {why}", answer.status);

@@ -123,7 +123,9 @@ impl HttpExecutor {
         if let Some(refusal) = redactor.refuse_origin(&url.origin().ascii_serialization(), &parts) {
             return Err(refusal);
         }
-        let carries_secret = parts.iter().any(|part| !redactor.secrets_in(part).is_empty());
+        let carries_secret = parts
+            .iter()
+            .any(|part| !redactor.secrets_in(part).is_empty());
         self.allow.check(&url).map_err(|e| redactor.text(&e))?;
         Ok(Prepared {
             carries_secret,
@@ -207,7 +209,10 @@ impl Prepared {
             names.join(", ")
         );
         if let Some(body) = &self.body {
-            text.push_str(&format!("  body: {}\n", excerpt(redactor, body, LOGGED_BODY)));
+            text.push_str(&format!(
+                "  body: {}\n",
+                excerpt(redactor, body, LOGGED_BODY)
+            ));
         }
         redactor.text(&text)
     }

@@ -484,7 +484,9 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
         } => {
             let body = Value::Object(scope_body(templates, origins));
             let path = format!("/secrets/{name}");
-            let info: Value = api.json_body(Method::PATCH, &path, &[], Some(&body)).await?;
+            let info: Value = api
+                .json_body(Method::PATCH, &path, &[], Some(&body))
+                .await?;
             println!("{}", shown(&info));
         }
         SecretCommand::List => {

@@ -166,7 +166,10 @@ async fn a_secret_is_used_only_by_the_templates_its_scope_names() {
 
     // Granted: the template runs and its script gets the value.
     let (status, _) = service
-        .patch("/secrets/db_password", json!({"templates": ["secret-use", "deploy"]}))
+        .patch(
+            "/secrets/db_password",
+            json!({"templates": ["secret-use", "deploy"]}),
+        )
         .await;
     assert_eq!(status, 200);
     let view = run_secret_use(&service, &proof, "plain").await;
@@ -218,7 +221,10 @@ async fn a_secret_is_used_only_by_the_templates_its_scope_names() {
     assert_eq!(audit["records"].as_array().unwrap().len(), 2, "{audit}");
     // A bad origin is named.
     let (status, refused) = service
-        .patch("/secrets/db_password", json!({"origins": ["https://x/path"]}))
+        .patch(
+            "/secrets/db_password",
+            json!({"origins": ["https://x/path"]}),
+        )
         .await;
     assert_eq!(status, 422, "{refused}");
     assert!(
@@ -248,7 +254,10 @@ async fn a_secret_used_as_a_host_is_refused_and_shown_nowhere() {
     .await;
     assert_eq!(status, 200);
     let (status, view) = service
-        .post("/workflows", json!({"template": "secret-host", "wait": true}))
+        .post(
+            "/workflows",
+            json!({"template": "secret-host", "wait": true}),
+        )
         .await;
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["status"], "failed", "{view}");
