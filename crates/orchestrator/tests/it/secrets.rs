@@ -412,3 +412,85 @@ async fn a_body_excerpt_cut_through_a_secret_shows_none_of_it() {
     assert_hidden(&seen, VALUE);
     service.stop().await;
 }
+
+/// `orchestrator secret`: put (the value from stdin), scope, list and
+/// delete, against a running service, with the admin's token.
+#[tokio::test]
+async fn the_cli_stores_scopes_lists_and_deletes_secrets() {
+    const VALUE: &str = "cli-s3cret-VALUE-31337";
+    let dir = tempfile::tempdir().unwrap();
+    let (service, _) = start(dir.path(), &[]).await;
+    let cli = |args: &[&str], stdin: Option<&str>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_orchestrator"));
+        command
+            .args(args)
+            .env("ORCHESTRATOR_URL", &service.base)
+            .env("ORCHESTRATOR_TOKEN", ADMIN)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let stdin = stdin.map(str::to_owned);
+        async move {
+            let mut child = command.spawn().unwrap();
+            let mut input = child.stdin.take().unwrap();
+            if let Some(stdin) = stdin {
+                tokio::io::AsyncWriteExt::write_all(&mut input, stdin.as_bytes())
+                    .await
+                    .unwrap();
+            }
+            drop(input);
+            let output = child.wait_with_output().await.unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            (output.status.success(), text)
+        }
+    };
+    let (ok, text) = cli(
+        &["secret", "put", "db_password", "--templates", "secret-use"],
+        Some(&format!("{VALUE}\n")),
+    )
+    .await;
+    assert!(
+        ok && text.contains("templates [secret-use]  origins []"),
+        "{text}"
+    );
+    let (ok, text) = cli(
+        &[
+            "secret",
+            "scope",
+            "db_password",
+            "--origins",
+            "https://Vault.example",
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        ok && text.contains("templates [secret-use]  origins [https://vault.example]"),
+        "{text}"
+    );
+    let (ok, text) = cli(
+        &["secret", "scope", "db_password", "--origins", "ftp://x"],
+        None,
+    )
+    .await;
+    assert!(!ok && text.contains("origins[0]: `ftp://x`"), "{text}");
+    let (ok, text) = cli(&["secret", "list"], None).await;
+    assert!(ok && text.contains("db_password"), "{text}");
+    assert!(!text.contains(VALUE), "{text}");
+    // The value arrived without its newline: the template's script gets it.
+    let proof = dir.path().join("proof");
+    let view = run_secret_use(&service, &proof, "plain").await;
+    assert_eq!(view["status"], "completed", "{view}");
+    use sha2::Digest;
+    let expected = format!("{:x}", sha2::Sha256::digest(VALUE.as_bytes()));
+    assert_eq!(std::fs::read_to_string(&proof).unwrap(), expected);
+    let (ok, text) = cli(&["secret", "delete", "db_password"], None).await;
+    assert!(ok && text.contains("deleted secret db_password"), "{text}");
+    let (ok, text) = cli(&["secret", "delete", "db_password"], None).await;
+    assert!(!ok && text.contains("HTTP 404"), "{text}");
+    service.stop().await;
+}
