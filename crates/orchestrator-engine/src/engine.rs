@@ -316,8 +316,17 @@ impl Engine {
         self.inner.queue.depth()
     }
 
+    /// One task as shown: its checkpoint redacted with the secrets known
+    /// now, for a checkpoint saved before checkpoints were redacted on
+    /// saving (`GET /tasks/{id}` shows it to every role).
     pub async fn task(&self, id: TaskId) -> Result<Task> {
-        self.inner.lifecycle.load_task(id).await
+        let mut task = self.inner.lifecycle.load_task(id).await?;
+        if !task.checkpoint.is_empty() {
+            let checkpoint = std::mem::take(&mut task.checkpoint);
+            task.checkpoint =
+                crate::secrets::redacted_entries(&self.inner.secrets.redactor(), checkpoint);
+        }
+        Ok(task)
     }
 
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {

@@ -319,10 +319,22 @@ impl StreamRedactor {
 
     /// Takes the next piece; returns what can be passed on now, redacted.
     pub fn push(&mut self, piece: &[u8]) -> Vec<u8> {
-        self.held.extend_from_slice(piece);
+        self.push_owned(piece.to_vec())
+    }
+
+    /// As [`StreamRedactor::push`], without a copy when there is nothing
+    /// to look for: this runs for every byte a step prints.
+    pub fn push_owned(&mut self, piece: Vec<u8>) -> Vec<u8> {
+        if self.redactor.longest == 0 && self.held.is_empty() {
+            return piece;
+        }
+        self.held.extend_from_slice(&piece);
         let cut = self.redactor.safe_cut(&self.held);
-        let ready: Vec<u8> = self.held.drain(..cut).collect();
-        self.redactor.bytes(&ready)
+        let ready = self.redactor.bytes(&self.held[..cut]);
+        // A move of the rest, not a byte-by-byte collect: this runs for
+        // every byte a step prints.
+        self.held.drain(..cut);
+        ready
     }
 
     /// The end of the text: whatever is held, redacted.

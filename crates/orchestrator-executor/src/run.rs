@@ -394,16 +394,23 @@ struct LineCutter {
 impl LineCutter {
     /// Takes the next redacted bytes; the chunks ready for the log. At the
     /// `end`, whatever is left goes too.
-    fn push(&mut self, bytes: &[u8], end: bool) -> Vec<Vec<u8>> {
-        self.pending.extend_from_slice(bytes);
+    fn push(&mut self, bytes: Vec<u8>, end: bool) -> Vec<Vec<u8>> {
+        // A whole line read as one piece goes on as it is, uncopied.
+        if self.pending.is_empty() {
+            self.pending = bytes;
+        } else {
+            self.pending.extend_from_slice(&bytes);
+        }
         let mut chunks = Vec::new();
+        // Copies and moves of whole slices only: a script may print a
+        // gigabyte, and this runs for every byte of it.
         loop {
             let window = &self.pending[..self.pending.len().min(MAX_LINE_BYTES)];
-            if let Some(at) = window.iter().position(|&b| b == b'\n') {
-                chunks.push(self.pending.drain(..=at).collect());
+            if let Some(at) = memchr::memchr(b'\n', window) {
+                chunks.push(self.take(at + 1));
                 self.split = false;
             } else if self.pending.len() >= MAX_LINE_BYTES {
-                let mut piece: Vec<u8> = self.pending.drain(..MAX_LINE_BYTES).collect();
+                let mut piece = self.take(MAX_LINE_BYTES);
                 piece.push(b'\n');
                 if !self.split {
                     piece.extend_from_slice(
@@ -421,6 +428,16 @@ impl LineCutter {
             chunks.push(std::mem::take(&mut self.pending));
         }
         chunks
+    }
+
+    /// The first `n` pending bytes.
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        if n == self.pending.len() {
+            return std::mem::take(&mut self.pending);
+        }
+        let taken = self.pending[..n].to_vec();
+        self.pending.drain(..n);
+        taken
     }
 }
 
@@ -500,10 +517,10 @@ async fn read_lines(
             // Cut by the piece size, not by a newline or the end of the pipe.
             let cut = piece.len() == MAX_LINE_BYTES && piece.last() != Some(&b'\n');
             keeper.keep(&piece, !cut);
-            redacting.push(&piece)
+            redacting.push_owned(piece)
         };
         keeper.keep_redacted(&redacted);
-        for out in cutter.push(&redacted, end) {
+        for out in cutter.push(redacted, end) {
             // Nobody storing the log any more (`write` is false) is no
             // reason to stop: reading on gets the result and keeps the
             // pipe flowing.
