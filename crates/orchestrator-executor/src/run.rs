@@ -658,7 +658,38 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::{ExecutorConfig, ScriptExecutor};
+    use super::{LineCutter, MAX_LINE_BYTES};
+    use crate::{ExecutorConfig, KnownSecret, Redactor, ScriptExecutor, StreamRedactor};
+
+    /// A line longer than a log piece with a secret across the cut: the
+    /// log shows no half of it, however the pipe delivered the line.
+    #[test]
+    fn a_long_line_is_cut_after_it_is_redacted() {
+        let redactor = Arc::new(Redactor::new([KnownSecret {
+            name: "pw".into(),
+            value: "s3cret-VALUE".into(),
+            origins: Vec::new(),
+        }]));
+        let line = format!(
+            "{}s3cret-VALUE{}\n",
+            "x".repeat(MAX_LINE_BYTES - 6),
+            "y".repeat(10)
+        );
+        for size in [MAX_LINE_BYTES, 4096, 7] {
+            let mut stream = StreamRedactor::new(redactor.clone());
+            let mut cutter = LineCutter::default();
+            let mut log = Vec::new();
+            for piece in line.as_bytes().chunks(size) {
+                log.extend(cutter.push(stream.push(piece), false).concat());
+            }
+            log.extend(cutter.push(stream.finish(), true).concat());
+            let log = String::from_utf8(log).unwrap();
+            assert!(log.contains("the line above was split"), "{size}");
+            // The cut may fall inside the marker, never inside the secret.
+            assert!(log.contains("<redac"), "{size}");
+            assert!(!log.contains("s3cret") && !log.contains("VALUE"), "{size}");
+        }
+    }
 
     fn executor(dir: &Path, path_var: &str) -> ScriptExecutor {
         let mut executor = ScriptExecutor::new(ExecutorConfig {
