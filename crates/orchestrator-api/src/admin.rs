@@ -8,9 +8,10 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
+use orchestrator_core::access::SecretScope;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role};
 use orchestrator_core::retention::Keep;
-use orchestrator_engine::secrets::SecretInfo;
+use orchestrator_engine::secrets::{ScopeChange, SecretInfo};
 use orchestrator_engine::{PruneReport, PruneRequest};
 use orchestrator_storage::AuditQuery;
 use serde::{Deserialize, Serialize};
@@ -26,7 +27,12 @@ pub(crate) fn router() -> Router<AppState> {
         .route("/tokens/{id}", delete(revoke_token))
         .route("/audit", get(list_audit))
         .route("/secrets", get(list_secrets))
-        .route("/secrets/{name}", put(put_secret).delete(delete_secret))
+        .route(
+            "/secrets/{name}",
+            put(put_secret)
+                .patch(change_secret_scope)
+                .delete(delete_secret),
+        )
         .route("/backup", post(crate::backup::create_backup))
         .route("/prune", post(prune))
 }
@@ -69,16 +75,35 @@ pub(crate) async fn prune(
     Ok(Json(state.engine.prune(request).await?))
 }
 
-/// A secret's value, write-only.
+/// A secret's value, write-only, and who may use it.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewSecret {
     /// Not empty (the engine refuses an empty one).
     #[schema(min_length = 1)]
     value: String,
+    /// Registered templates (`ref_name`) whose workflows may use it.
+    /// Absent: the replaced secret's list is kept (a new secret: none).
+    templates: Option<Vec<String>>,
+    /// Origins (`scheme://host[:port]`) http steps may send it to.
+    /// Absent: the replaced secret's list is kept (a new secret: none).
+    origins: Option<Vec<String>>,
 }
 
-/// Stores a secret, encrypted, replacing one of the same name.
+/// A change of a secret's scope; each list given replaces the stored one.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScopeBody {
+    /// Registered templates (`ref_name`) whose workflows may use it.
+    templates: Option<Vec<String>>,
+    /// Origins (`scheme://host[:port]`) http steps may send it to.
+    origins: Option<Vec<String>>,
+}
+
+/// Stores a secret, encrypted, replacing one of the same name. A secret
+/// is usable only where its scope says: by the workflows of the registered
+/// templates it names (never an inline template), and by http steps only
+/// towards the origins it names.
 #[utoipa::path(put, path = "/secrets/{name}", tag = "admin",
     params(("name" = String, Path, description = "Secret name: 1-64 of letters, digits, `_`, `.`, `-`",
         pattern = "^[A-Za-z0-9_.-]{1,64}$")),
@@ -95,7 +120,42 @@ pub(crate) async fn put_secret(
     Path(name): Path<String>,
     JsonBody(body): JsonBody<NewSecret>,
 ) -> Result<Json<SecretInfo>, ApiError> {
-    Ok(Json(state.engine.secrets().put(&name, &body.value).await?))
+    let scope = (body.templates.is_some() || body.origins.is_some()).then(|| SecretScope {
+        templates: body.templates.unwrap_or_default(),
+        origins: body.origins.unwrap_or_default(),
+    });
+    Ok(Json(
+        state
+            .engine
+            .secrets()
+            .put(&name, &body.value, scope)
+            .await?,
+    ))
+}
+
+/// Changes who may use a secret, without its value.
+#[utoipa::path(patch, path = "/secrets/{name}", tag = "admin",
+    params(("name" = String, Path, description = "Secret name")),
+    request_body = ScopeBody,
+    responses(
+        (status = 200, description = "The secret's metadata", body = SecretInfo),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 404, description = "No such secret", body = ErrorBody),
+        (status = 422, description = "A template name or an origin is not valid", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn change_secret_scope(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<ScopeBody>,
+) -> Result<Json<SecretInfo>, ApiError> {
+    let change = ScopeChange {
+        templates: body.templates,
+        origins: body.origins,
+    };
+    Ok(Json(
+        state.engine.secrets().change_scope(&name, change).await?,
+    ))
 }
 
 /// Deletes a secret.
@@ -123,7 +183,7 @@ pub(crate) struct SecretList {
     secrets: Vec<SecretInfo>,
 }
 
-/// Secret names and metadata; never values.
+/// Secret names, metadata and scopes; never values.
 #[utoipa::path(get, path = "/secrets", tag = "admin", responses(
     (status = 200, description = "The secrets", body = SecretList),
     (status = 503, description = "Storage unavailable", body = ErrorBody),

@@ -256,6 +256,7 @@ fn action(method: &Method, path: Option<&str>) -> String {
         ("POST", "/tokens") => "token.create",
         ("DELETE", "/tokens/{id}") => "token.revoke",
         ("PUT", "/secrets/{name}") => "secret.put",
+        ("PATCH", "/secrets/{name}") => "secret.scope",
         ("DELETE", "/secrets/{name}") => "secret.delete",
         ("POST", "/ui/session") => "ui.sign_in",
         ("POST", "/ui/logout") => "ui.sign_out",

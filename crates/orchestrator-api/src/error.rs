@@ -46,7 +46,8 @@ pub(crate) struct ErrorDetail {
     /// Stable and meant for programs: `bad_request`, `invalid_json`,
     /// `not_found`, `method_not_allowed`, `conflict`, `request_timeout`,
     /// `payload_too_large`, `invalid_request`, `unauthorized`, `forbidden`,
-    /// `rate_limited`, `shutting_down`, `storage_unavailable`, ...
+    /// `secret_not_allowed`, `rate_limited`, `shutting_down`,
+    /// `storage_unavailable`, ...
     #[schema(example = "invalid_request")]
     code: &'static str,
     /// For people; names the field, parameter or id at fault.
@@ -77,6 +78,9 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound { .. } => ApiError::not_found(error.to_string()),
             EngineError::Conflict(message) => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", message)
+            }
+            EngineError::SecretNotAllowed(message) => {
+                ApiError::new(StatusCode::FORBIDDEN, "secret_not_allowed", message)
             }
             EngineError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

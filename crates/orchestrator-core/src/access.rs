@@ -199,6 +199,42 @@ pub struct SecretRecord {
     pub updated_at: DateTime<Utc>,
     #[serde(default)]
     pub version: u64,
+    /// Who may use it. A secret stored before scopes existed reads as the
+    /// empty scope: usable nowhere until an admin grants one.
+    #[serde(default)]
+    pub scope: SecretScope,
+}
+
+/// Who may use a secret: least privilege, so the empty scope (the default)
+/// lets nobody use it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecretScope {
+    /// Registered templates, by `ref_name`, whose steps may reference it
+    /// (`${secrets.<name>}`). An inline template never may.
+    #[serde(default)]
+    pub templates: Vec<String>,
+    /// Origins (`scheme://host[:port]`, the port only when not the
+    /// scheme's default) an http step may send it to, on top of the HTTP
+    /// allowlist. Empty: no http step may send it anywhere.
+    #[serde(default)]
+    pub origins: Vec<String>,
+}
+
+impl SecretScope {
+    /// Whether a workflow of the registered template `ref_name` may use it.
+    pub fn allows_template(&self, ref_name: &str) -> bool {
+        self.templates.iter().any(|t| t == ref_name)
+    }
+
+    /// How the scope reads in messages: `templates [a, b], origins [..]`.
+    pub fn describe(&self) -> String {
+        format!(
+            "templates [{}], origins [{}]",
+            self.templates.join(", "),
+            self.origins.join(", ")
+        )
+    }
 }
 
 /// Whether `name` may name a secret.

@@ -272,7 +272,9 @@ pub struct Expansion {
     pub step_order: Vec<String>,
 }
 
-pub(crate) fn valid_name(name: &str) -> bool {
+/// Whether `name` may be a template's or a step's `ref_name`: 1 to 100
+/// letters, digits, `_` or `-`.
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 100
         && name

@@ -10,7 +10,7 @@ use chrono::Utc;
 use futures_util::FutureExt as _;
 use orchestrator_core::event::{Change, TaskMark};
 use orchestrator_core::{Priority, Task, TaskId, TaskStatus, WorkflowId};
-use orchestrator_executor::{Attempt, CheckpointSink, LogSink, Outcome};
+use orchestrator_executor::{Attempt, CheckpointSink, LogSink, Outcome, Redactor, StreamRedactor};
 use serde_json::{Map, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ use crate::attempts::{Attempts, StopTokens};
 use crate::lifecycle::Lifecycle;
 use crate::queue::Queue;
 use crate::records::Records;
-use crate::secrets::{Secrets, StreamRedactor};
+use crate::secrets::Secrets;
 use crate::steps::Steps;
 
 /// Rounds of count-then-claim for a task of a limited workflow on a shared
@@ -362,7 +362,15 @@ impl Dispatcher {
                 };
             }
         };
-        // Secrets go into the step's input here, and nowhere else.
+        // Secrets go into the step's input here, and nowhere else; their
+        // scope is checked again, as the input may have gained a reference
+        // since the submission (from a step's output).
+        if let Err(error) = self.check_secret_use(task).await {
+            return Outcome::Failed {
+                exit_code: None,
+                error,
+            };
+        }
         let input = match self.secrets.resolve(&task.input).await {
             Ok(input) => input,
             Err(error) => {
@@ -372,16 +380,21 @@ impl Dispatcher {
                 };
             }
         };
+        // The secrets as they are now, for the whole attempt: the step
+        // redacts with it before it cuts anything, the log and the outcome
+        // are redacted with it again on their way to the store.
+        let redactor = self.secrets.redactor();
         let (logs, log_chunks) = LogSink::channel(LOG_CHUNKS_IN_FLIGHT);
         let log_pump = tokio::spawn(store_log(
             self.records.clone(),
-            StreamRedactor::new(self.secrets.clone()),
+            StreamRedactor::new(redactor.clone()),
             (task.id, task.workflow_id),
             log_chunks,
         ));
         let checkpoints = ClaimedCheckpoint {
             lifecycle: self.lifecycle.clone(),
             claim: task,
+            redactor: redactor.clone(),
         };
         let attempt = Attempt {
             task_id: task.id.to_string(),
@@ -399,6 +412,7 @@ impl Dispatcher {
             // older record may not be, and an overflow here would panic.
             deadline: deadline_after(task.timeout()),
             log: logs,
+            redactor: redactor.clone(),
             token: Some(self.access.task_token(task.id)),
         };
         self.records.announce(Change::started(task));
@@ -417,27 +431,48 @@ impl Dispatcher {
                 }
             });
         drop(worker);
-        let outcome = self.redact(outcome);
+        let outcome = redact(&redactor, outcome);
         // The log is complete before the final state is stored.
         let _ = log_pump.await;
         outcome
     }
+}
 
-    /// What a step said, with every secret value taken out before it is
-    /// stored or shown.
-    fn redact(&self, outcome: Outcome) -> Outcome {
-        let text = |error: String| self.secrets.redact_text(&error);
-        match outcome {
-            Outcome::Succeeded { output } => Outcome::Succeeded {
-                output: self.secrets.redact_value(output),
-            },
-            Outcome::Failed { exit_code, error } => Outcome::Failed {
-                exit_code,
-                error: text(error),
-            },
-            Outcome::TimedOut { error } => Outcome::TimedOut { error: text(error) },
-            Outcome::Cancelled => Outcome::Cancelled,
+impl Dispatcher {
+    /// Whether the task's workflow may use the secrets its input names.
+    async fn check_secret_use(&self, task: &Task) -> std::result::Result<(), String> {
+        let names = crate::secrets::secrets_named(&task.input);
+        if names.is_empty() {
+            return Ok(());
         }
+        let workflow = self
+            .lifecycle
+            .load_workflow(task.workflow_id)
+            .await
+            .map_err(|e| format!("cannot check the scope of secrets: {e}"))?;
+        let user = crate::secrets::secret_user_of(&workflow);
+        self.secrets
+            .check_use(user, &names)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What a step said, with every secret value taken out before it is
+/// stored or shown.
+fn redact(redactor: &Redactor, outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Succeeded { output } => Outcome::Succeeded {
+            output: redactor.value(output),
+        },
+        Outcome::Failed { exit_code, error } => Outcome::Failed {
+            exit_code,
+            error: redactor.text(&error),
+        },
+        Outcome::TimedOut { error } => Outcome::TimedOut {
+            error: redactor.text(&error),
+        },
+        Outcome::Cancelled => Outcome::Cancelled,
     }
 }
 
@@ -465,11 +500,13 @@ struct ClaimedCheckpoint<'a> {
     lifecycle: Arc<Lifecycle>,
     /// The task as the claim stored it: its attempt number and node.
     claim: &'a Task,
+    redactor: Arc<Redactor>,
 }
 
 #[async_trait::async_trait]
 impl CheckpointSink for ClaimedCheckpoint<'_> {
     async fn save(&self, entries: Map<String, Value>) -> std::result::Result<(), String> {
+        let entries = crate::secrets::redacted_entries(&self.redactor, entries);
         self.lifecycle
             .save_attempt_checkpoint(self.claim, entries)
             .await

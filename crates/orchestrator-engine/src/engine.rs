@@ -320,8 +320,17 @@ impl Engine {
         self.inner.queue.depth()
     }
 
+    /// One task as shown: its checkpoint redacted with the secrets known
+    /// now, for a checkpoint saved before checkpoints were redacted on
+    /// saving (`GET /tasks/{id}` shows it to every role).
     pub async fn task(&self, id: TaskId) -> Result<Task> {
-        self.inner.lifecycle.load_task(id).await
+        let mut task = self.inner.lifecycle.load_task(id).await?;
+        if !task.checkpoint.is_empty() {
+            let checkpoint = std::mem::take(&mut task.checkpoint);
+            task.checkpoint =
+                crate::secrets::redacted_entries(&self.inner.secrets.redactor(), checkpoint);
+        }
+        Ok(task)
     }
 
     pub async fn workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
@@ -367,12 +376,15 @@ impl Engine {
         Ok(report)
     }
 
-    /// Saves checkpoint entries of a running task, durably.
+    /// Saves checkpoint entries of a running task, durably, with every
+    /// secret value redacted (a checkpoint is shown to viewers with its
+    /// task).
     pub async fn save_checkpoint(
         &self,
         id: TaskId,
         entries: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Task> {
+        let entries = crate::secrets::redacted_entries(&self.inner.secrets.redactor(), entries);
         self.inner.lifecycle.save_checkpoint(id, entries).await
     }
 

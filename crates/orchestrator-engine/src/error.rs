@@ -11,6 +11,10 @@ pub enum Error {
     /// The request is valid but the target's state forbids it.
     #[error("{0}")]
     Conflict(String),
+    /// A secret's scope does not allow this use; the message names the
+    /// secret and the rule, never the value.
+    #[error("{0}")]
+    SecretNotAllowed(String),
     #[error("the service is shutting down")]
     ShuttingDown,
     /// A fault of the service itself (a panic while planning), told to

@@ -66,6 +66,10 @@ impl Engine {
         }
         let submission = rerun_submission(&old, template, &request);
         let (mut workflow, mut tasks) = self.plan_off_workers(&submission).await?;
+        // The re-run is submitted with the template as read back; secrets
+        // are allowed as for the workflow it re-runs.
+        self.check_secret_use(crate::secrets::secret_user_of(&old), &tasks)
+            .await?;
         let rerun = steps_to_rerun(&tasks, &request);
         if let Some(Value::Object(per_step)) = request.vars.get("steps")
             && let Some(kept) = per_step.keys().find(|s| !rerun.contains(*s))

@@ -1,50 +1,37 @@
-//! Secrets: stored encrypted, handed to scripts in their input, and kept
-//! out of everything else.
+//! Secrets: stored encrypted, each with a scope that says who may use it,
+//! handed to steps in their input, and kept out of everything else.
 //!
 //! A template says `${secrets.<name>}`. The stored task input keeps that
-//! text, never the value: the value is put in only when the script's input
-//! is built for an attempt. Everything that comes back (log lines, outputs,
-//! errors) has every known secret value replaced with `<redacted>` before
-//! it is stored, and output fields whose key looks sensitive are redacted
-//! whatever their value.
+//! text, never the value: the value is put in only when the step's input
+//! is built for an attempt. A secret's scope names the registered
+//! templates whose workflows may reference it (checked at submission,
+//! [`Secrets::check_use`]) and the origins an http step may send it to
+//! (checked by the step, with every reference resolved). Everything that
+//! comes back (log lines, outputs, errors, checkpoints) is redacted by one
+//! [`Redactor`] before it is stored; see `orchestrator_executor::Redactor`.
 //!
 //! Values are sealed with XChaCha20-Poly1305 under the service's key, with
 //! the secret's name as associated data, so a ciphertext cannot be moved to
 //! another name.
 
-use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use chrono::{DateTime, Utc};
-use orchestrator_core::access::{SecretRecord, valid_secret_name};
+use orchestrator_core::access::{SecretRecord, SecretScope, valid_secret_name};
 use orchestrator_core::refs::{Piece, Root, scan};
+use orchestrator_executor::{KnownSecret, Redactor};
 use orchestrator_storage::Storage;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::{Error, Result};
 
-/// What replaces a secret value wherever it would show.
-pub const REDACTED: &str = "<redacted>";
-
-/// Output keys whose values are redacted whatever they hold.
-const SENSITIVE_KEYS: [&str; 7] = [
-    "password",
-    "secret",
-    "token",
-    "credential",
-    "private_key",
-    "api_key",
-    "auth",
-];
-
-/// Values shorter than this are not searched for in text: redacting every
-/// `a` or `on` would garble logs and protect nothing.
-const MIN_REDACTED_LEN: usize = 4;
+pub use orchestrator_executor::{REDACTED, is_sensitive};
 
 /// A secret as listed: never its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,16 +40,66 @@ pub struct SecretInfo {
     pub name: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Who may use it; empty lists: nobody.
+    pub scope: SecretScope,
+}
+
+impl SecretInfo {
+    fn of(record: SecretRecord) -> SecretInfo {
+        SecretInfo {
+            name: record.name,
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+            scope: record.scope,
+        }
+    }
+}
+
+/// Which template a workflow runs, as a secret's scope sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretUser<'a> {
+    /// A registered template (the built-ins included), by `ref_name`.
+    Registered(&'a str),
+    /// A template sent with the submission: anyone with the operator role
+    /// can write one, so no scope names it.
+    Inline,
+}
+
+/// A change of scope: each list given replaces the stored one.
+#[derive(Debug, Clone, Default)]
+pub struct ScopeChange {
+    pub templates: Option<Vec<String>>,
+    pub origins: Option<Vec<String>>,
+}
+
+/// The decrypted secrets and the redactor built from them, replaced
+/// together.
+#[derive(Default)]
+struct Known {
+    secrets: BTreeMap<String, (String, SecretScope)>,
+    redactor: Arc<Redactor>,
+}
+
+impl Known {
+    fn new(secrets: BTreeMap<String, (String, SecretScope)>) -> Known {
+        let redactor = Arc::new(Redactor::new(secrets.iter().map(
+            |(name, (value, scope))| KnownSecret {
+                name: name.clone(),
+                value: value.clone(),
+                origins: scope.origins.clone(),
+            },
+        )));
+        Known { secrets, redactor }
+    }
 }
 
 pub struct Secrets {
     store: Storage,
     cipher: XChaCha20Poly1305,
-    /// Name to value, decrypted at start and kept current by this node.
-    /// An RwLock: every log line and output is redacted against it (many
-    /// readers), while puts and deletes are rare; never held across an
-    /// await.
-    values: RwLock<BTreeMap<String, String>>,
+    /// Decrypted at start and kept current by this node. An RwLock: every
+    /// log line and output is redacted against it (many readers), while
+    /// puts and deletes are rare; never held across an await.
+    known: RwLock<Known>,
 }
 
 impl Secrets {
@@ -72,21 +109,42 @@ impl Secrets {
         let secrets = Secrets {
             store,
             cipher: XChaCha20Poly1305::new(&key.into()),
-            values: RwLock::new(BTreeMap::new()),
+            known: RwLock::new(Known::default()),
         };
         secrets.reload().await?;
         Ok(secrets)
     }
 
     async fn reload(&self) -> Result<()> {
-        let mut values = BTreeMap::new();
+        let mut secrets = BTreeMap::new();
         for record in self.store.access().secrets().await? {
-            values.insert(record.name.clone(), self.open(&record)?);
+            let value = self.open(&record)?;
+            secrets.insert(record.name, (value, record.scope));
         }
-        *self.values.write().unwrap_or_else(|e| e.into_inner()) = values;
+        *self.known.write().unwrap_or_else(|e| e.into_inner()) = Known::new(secrets);
         Ok(())
     }
 
+    /// Replaces one secret in the cache (`None`: removes it).
+    fn remember(&self, name: &str, entry: Option<(String, SecretScope)>) {
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        let mut secrets = std::mem::take(&mut known.secrets);
+        match entry {
+            Some(entry) => secrets.insert(name.to_owned(), entry),
+            None => secrets.remove(name),
+        };
+        *known = Known::new(secrets);
+    }
+
+    /// The redactor of the secrets known now: an attempt keeps the one it
+    /// started with.
+    pub fn redactor(&self) -> Arc<Redactor> {
+        self.known
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .redactor
+            .clone()
+    }
     fn open(&self, record: &SecretRecord) -> Result<String> {
         let unreadable = || Error::Validation {
             field: format!("secret `{}`", record.name),
@@ -114,8 +172,15 @@ impl Secrets {
         String::from_utf8(plain).map_err(|_| unreadable())
     }
 
-    /// Stores (or replaces) a secret.
-    pub async fn put(&self, name: &str, value: &str) -> Result<SecretInfo> {
+    /// Stores (or replaces) a secret. `scope` `None` keeps the scope of
+    /// the secret it replaces (a new secret gets the empty scope: usable
+    /// nowhere until an admin grants one).
+    pub async fn put(
+        &self,
+        name: &str,
+        value: &str,
+        scope: Option<SecretScope>,
+    ) -> Result<SecretInfo> {
         if !valid_secret_name(name) {
             return Err(Error::Validation {
                 field: "name".into(),
@@ -130,6 +195,7 @@ impl Secrets {
                 message: "a secret value must not be empty".into(),
             });
         }
+        let scope = scope.map(checked_scope).transpose()?;
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
         let sealed = self
             .cipher
@@ -145,44 +211,60 @@ impl Secrets {
                 message: "cannot be encrypted".into(),
             })?;
         let now = Utc::now();
-        let previous = self
-            .store
-            .access()
-            .secrets()
-            .await?
-            .into_iter()
-            .find(|s| s.name == name);
+        let previous = self.stored(name).await?;
         let record = SecretRecord {
             name: name.to_owned(),
             nonce: BASE64.encode(nonce),
             ciphertext: BASE64.encode(sealed),
             created_at: previous.as_ref().map_or(now, |p| p.created_at),
             updated_at: now,
-            version: previous.map_or(0, |p| p.version + 1),
+            version: previous.as_ref().map_or(0, |p| p.version + 1),
+            scope: scope.unwrap_or_else(|| previous.map(|p| p.scope).unwrap_or_default()),
         };
         self.store.access().put_secret(&record).await?;
-        self.values
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_owned(), value.to_owned());
-        Ok(SecretInfo {
-            name: record.name,
-            created_at: record.created_at,
-            updated_at: record.updated_at,
-        })
+        self.remember(name, Some((value.to_owned(), record.scope.clone())));
+        Ok(SecretInfo::of(record))
+    }
+
+    /// Changes a secret's scope, its value untouched.
+    pub async fn change_scope(&self, name: &str, change: ScopeChange) -> Result<SecretInfo> {
+        let Some(mut record) = self.stored(name).await? else {
+            return Err(Error::NotFound {
+                what: "secret",
+                id: name.to_owned(),
+            });
+        };
+        let value = self.open(&record)?;
+        let stored = std::mem::take(&mut record.scope);
+        record.scope = checked_scope(SecretScope {
+            templates: change.templates.unwrap_or(stored.templates),
+            origins: change.origins.unwrap_or(stored.origins),
+        })?;
+        record.updated_at = Utc::now();
+        record.version += 1;
+        self.store.access().put_secret(&record).await?;
+        self.remember(name, Some((value, record.scope.clone())));
+        Ok(SecretInfo::of(record))
+    }
+
+    async fn stored(&self, name: &str) -> Result<Option<SecretRecord>> {
+        Ok(self
+            .store
+            .access()
+            .secrets()
+            .await?
+            .into_iter()
+            .find(|s| s.name == name))
     }
 
     /// Deletes a secret; whether there was one.
     pub async fn delete(&self, name: &str) -> Result<bool> {
         let deleted = self.store.access().delete_secret(name).await?;
-        self.values
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        self.remember(name, None);
         Ok(deleted)
     }
 
-    /// Names and dates, never values.
+    /// Names, dates and scopes, never values.
     pub async fn list(&self) -> Result<Vec<SecretInfo>> {
         Ok(self
             .store
@@ -190,19 +272,53 @@ impl Secrets {
             .secrets()
             .await?
             .into_iter()
-            .map(|s| SecretInfo {
-                name: s.name,
-                created_at: s.created_at,
-                updated_at: s.updated_at,
-            })
+            .map(SecretInfo::of)
             .collect())
     }
 
-    /// The script's input: every `${secrets.<name>}` replaced by its value.
+    /// Whether a workflow of `user` may use every secret named in `texts`
+    /// (a template, its inputs, its tasks' inputs): checked wherever a
+    /// template and inputs become tasks, and again before an attempt puts
+    /// them in. An unknown secret is refused too, as no scope can allow it.
+    /// The secrets are read from the store first: another node may have
+    /// stored one or changed a scope since.
+    pub async fn check_use(&self, user: SecretUser<'_>, names: &BTreeSet<String>) -> Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.reload().await?;
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        for name in names {
+            let Some((_, scope)) = known.secrets.get(name) else {
+                return Err(Error::validation(
+                    format!("secret `{name}`"),
+                    format!("does not exist (an admin stores it with PUT /secrets/{name})"),
+                ));
+            };
+            let allowed = match user {
+                SecretUser::Registered(ref_name) => scope.allows_template(ref_name),
+                SecretUser::Inline => false,
+            };
+            if !allowed {
+                let who = match user {
+                    SecretUser::Registered(ref_name) => format!("template `{ref_name}`"),
+                    SecretUser::Inline => "an inline template".to_owned(),
+                };
+                return Err(Error::SecretNotAllowed(format!(
+                    "secret `{name}` may not be used by {who} (its scope: {}; an admin \
+                     grants a registered template with PATCH /secrets/{name})",
+                    scope.describe()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The step's input: every `${secrets.<name>}` replaced by its value.
     /// An unknown name is an error that names it (another node may have
     /// stored it since: the cache is reloaded once first).
     pub async fn resolve(&self, input: &Value) -> std::result::Result<Value, String> {
-        if !mentions_secrets(input) {
+        if secrets_named(input).is_empty() {
             return Ok(input.clone());
         }
         match self.substitute(input) {
@@ -220,7 +336,7 @@ impl Secrets {
     fn substitute(&self, value: &Value) -> std::result::Result<Value, String> {
         match value {
             Value::String(text) if text.contains("${secrets.") => {
-                let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+                let known = self.known.read().unwrap_or_else(|e| e.into_inner());
                 let Ok(pieces) = scan(text) else {
                     return Ok(value.clone());
                 };
@@ -230,7 +346,9 @@ impl Secrets {
                         Piece::Text(t) => out.push_str(&t),
                         Piece::Ref(r) => match &r.root {
                             Root::Secret(name) => {
-                                out.push_str(values.get(name).ok_or_else(|| name.clone())?);
+                                let (value, _) =
+                                    known.secrets.get(name).ok_or_else(|| name.clone())?;
+                                out.push_str(value);
                             }
                             _ => out.push_str(&r.to_string()),
                         },
@@ -254,170 +372,124 @@ impl Secrets {
 
     /// `text` with every known secret value replaced.
     pub fn redact_text(&self, text: &str) -> String {
-        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
-        let mut out = text.to_owned();
-        for value in values.values().filter(|v| v.len() >= MIN_REDACTED_LEN) {
-            if out.contains(value.as_str()) {
-                out = out.replace(value.as_str(), REDACTED);
-            }
-        }
-        out
+        self.redactor().text(text)
     }
 
-    /// Bytes of a log, redacted as text where they are text.
+    /// Bytes of a log, with every known secret value replaced.
     pub fn redact_bytes(&self, bytes: &[u8]) -> Vec<u8> {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => self.redact_text(text).into_bytes(),
-            Err(_) => {
-                let text = String::from_utf8_lossy(bytes);
-                let redacted = self.redact_text(&text);
-                if redacted == text {
-                    bytes.to_vec()
-                } else {
-                    redacted.into_bytes()
-                }
-            }
-        }
-    }
-
-    /// The length of the longest value redaction looks for.
-    fn longest(&self) -> usize {
-        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
-        values
-            .values()
-            .filter(|v| v.len() >= MIN_REDACTED_LEN)
-            .map(String::len)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Where a known secret value lies in `bytes`: every occurrence, as
-    /// (start, end).
-    fn occurrences(&self, bytes: &[u8]) -> Vec<(usize, usize)> {
-        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
-        let mut found = Vec::new();
-        for value in values.values().filter(|v| v.len() >= MIN_REDACTED_LEN) {
-            let needle = value.as_bytes();
-            let mut from = 0;
-            while let Some(at) = bytes[from..]
-                .windows(needle.len())
-                .position(|window| window == needle)
-            {
-                found.push((from + at, from + at + needle.len()));
-                from += at + 1;
-            }
-        }
-        found
+        self.redactor().bytes(bytes)
     }
 
     /// A JSON value with every known secret value redacted, and every
     /// field whose key looks sensitive replaced whatever it holds.
     pub fn redact_value(&self, value: Value) -> Value {
+        self.redactor().value(value)
+    }
+}
+
+/// The secrets a JSON value names (`${secrets.<name>}` in any string, keys
+/// included), in any template, input or task input.
+pub fn secrets_named(value: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut strings = vec![value];
+    while let Some(value) = strings.pop() {
         match value {
-            Value::String(text) => Value::String(self.redact_text(&text)),
-            Value::Array(items) => {
-                Value::Array(items.into_iter().map(|v| self.redact_value(v)).collect())
+            Value::String(text) => collect_names(text, &mut names),
+            Value::Array(items) => strings.extend(items),
+            Value::Object(map) => {
+                for (key, value) in map {
+                    collect_names(key, &mut names);
+                    strings.push(value);
+                }
             }
-            Value::Object(map) => Value::Object(
-                map.into_iter()
-                    .map(|(key, value)| {
-                        let value = if is_sensitive(&key) && !value.is_null() {
-                            Value::String(REDACTED.into())
-                        } else {
-                            self.redact_value(value)
-                        };
-                        (key, value)
-                    })
-                    .collect(),
-            ),
-            other => other,
+            _ => {}
+        }
+    }
+    names
+}
+
+fn collect_names(text: &str, names: &mut BTreeSet<String>) {
+    if !text.contains("${secrets.") {
+        return;
+    }
+    for piece in scan(text).into_iter().flatten() {
+        if let Piece::Ref(reference) = piece
+            && let Root::Secret(name) = reference.root
+        {
+            names.insert(name);
         }
     }
 }
 
-fn mentions_secrets(value: &Value) -> bool {
-    match value {
-        Value::String(text) => text.contains("${secrets."),
-        Value::Array(items) => items.iter().any(mentions_secrets),
-        Value::Object(map) => map.values().any(mentions_secrets),
-        _ => false,
+/// Who uses a secret in a stored workflow: the registered template of its
+/// kind, unless it was submitted with an inline template (a re-run keeps
+/// the body it was first submitted with).
+pub(crate) fn secret_user_of(workflow: &orchestrator_core::Workflow) -> SecretUser<'_> {
+    match workflow.input.get("template") {
+        Some(Value::Object(_)) => SecretUser::Inline,
+        _ => SecretUser::Registered(&workflow.kind),
     }
 }
 
-/// Whether an output key names something sensitive (`db_password`,
-/// `apiKey`, `AUTH_TOKEN`, `private-key`).
-pub fn is_sensitive(key: &str) -> bool {
-    let key: String = key
-        .chars()
-        .map(|c| {
-            if c == '-' {
-                '_'
-            } else {
-                c.to_ascii_lowercase()
-            }
-        })
-        .collect();
-    let squashed = key.replace('_', "");
-    SENSITIVE_KEYS.iter().any(|&s| {
-        let found = |text: &str, word: &str| {
-            if word == "auth" {
-                // `auth`, `authorization`, `authentication`, but not an
-                // `author` or an `authority`, which name people and bodies.
-                text.match_indices("auth").any(|(at, _)| {
-                    let after = &text[at + 4..];
-                    !after.starts_with("or")
-                        || after.starts_with("oriz")
-                        || after.starts_with("oris")
-                })
-            } else {
-                text.contains(word)
-            }
-        };
-        found(&key, s) || found(&squashed, &s.replace('_', ""))
+/// Checkpoint entries with every secret value taken out: a checkpoint is
+/// stored as it is, and shown with its task to every role.
+pub(crate) fn redacted_entries(
+    redactor: &orchestrator_executor::Redactor,
+    entries: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    match redactor.strings(serde_json::Value::Object(entries)) {
+        serde_json::Value::Object(entries) => entries,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// A scope as stored: template names checked, origins checked and written
+/// as `scheme://host[:port]`, both sorted without repeats.
+fn checked_scope(scope: SecretScope) -> Result<SecretScope> {
+    let mut templates = BTreeSet::new();
+    for (i, name) in scope.templates.into_iter().enumerate() {
+        if !orchestrator_core::template::valid_name(&name) {
+            return Err(Error::validation(
+                format!("templates[{i}]"),
+                format!(
+                    "`{name}` is not a template ref_name (1 to 100 letters, digits, `_` or `-`)"
+                ),
+            ));
+        }
+        templates.insert(name);
+    }
+    let mut origins = BTreeSet::new();
+    for (i, text) in scope.origins.into_iter().enumerate() {
+        origins.insert(origin_of(&text).map_err(|why| {
+            Error::validation(format!("origins[{i}]"), format!("`{text}`: {why}"))
+        })?);
+    }
+    Ok(SecretScope {
+        templates: templates.into_iter().collect(),
+        origins: origins.into_iter().collect(),
     })
 }
 
-/// Redacts a log that arrives in pieces. A secret split across two pieces
-/// (a PEM key printed line by line and stored in batches, or any batch
-/// boundary) is still caught: the bytes that could be the start of one
-/// are held back until the next piece, or the end.
-pub struct StreamRedactor {
-    secrets: std::sync::Arc<Secrets>,
-    held: Vec<u8>,
-}
-
-impl StreamRedactor {
-    pub fn new(secrets: std::sync::Arc<Secrets>) -> StreamRedactor {
-        StreamRedactor {
-            secrets,
-            held: Vec::new(),
-        }
+/// `text` as an origin: `http` or `https`, a host, an optional port, and
+/// nothing else; written as browsers write origins (lower-case host, no
+/// default port).
+fn origin_of(text: &str) -> std::result::Result<String, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("the scheme must be http or https".into());
     }
-
-    /// Takes the next piece; returns what can be stored now, redacted.
-    pub fn push(&mut self, piece: &[u8]) -> Vec<u8> {
-        self.held.extend_from_slice(piece);
-        let longest = self.secrets.longest();
-        if longest == 0 {
-            return std::mem::take(&mut self.held);
-        }
-        // The last `longest - 1` bytes may begin a secret that the next
-        // piece completes; a whole secret across the cut moves it back.
-        let mut cut = self.held.len().saturating_sub(longest - 1);
-        for (start, end) in self.secrets.occurrences(&self.held) {
-            if start < cut && cut < end {
-                cut = start;
-            }
-        }
-        let ready: Vec<u8> = self.held.drain(..cut).collect();
-        self.secrets.redact_bytes(&ready)
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("it has no host".into());
     }
-
-    /// The end of the log: whatever is held, redacted.
-    pub fn finish(&mut self) -> Vec<u8> {
-        let rest = std::mem::take(&mut self.held);
-        self.secrets.redact_bytes(&rest)
+    if !url.username().is_empty()
+        || url.password().is_some()
+        || url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err("an origin is `scheme://host[:port]`, without user, path or query".into());
     }
+    Ok(url.origin().ascii_serialization())
 }
 
 #[cfg(test)]
@@ -425,63 +497,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sensitive_keys_are_found_in_any_spelling() {
-        for key in [
-            "password",
-            "db_password",
-            "apiKey",
-            "AUTH_TOKEN",
-            "private-key",
-            "ssh_private_key",
-            "credentials",
-            "auth",
-            "basic_auth",
-            "Authorization",
-            "authentication_header",
-            "authorisation",
+    fn origins_are_checked_and_written_one_way() {
+        assert_eq!(
+            origin_of("https://Vault.Example:443").unwrap(),
+            "https://vault.example"
+        );
+        assert_eq!(
+            origin_of("http://10.0.0.1:8200/").unwrap(),
+            "http://10.0.0.1:8200"
+        );
+        for bad in [
+            "vault.example",
+            "ftp://x",
+            "https://x/path",
+            "https://u:p@x",
+            "https://x?q",
         ] {
-            assert!(is_sensitive(key), "{key}");
-        }
-        // `auth` inside words that name people and bodies is not a secret.
-        for key in [
-            "ip",
-            "hostname",
-            "status",
-            "id",
-            "author",
-            "authors",
-            "certificate_authority",
-        ] {
-            assert!(!is_sensitive(key), "{key}");
+            assert!(origin_of(bad).is_err(), "{bad}");
         }
     }
 
-    #[tokio::test]
-    async fn a_secret_split_across_pieces_and_lines_is_still_redacted() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = orchestrator_storage::Storage::new(
-            orchestrator_storage::fs::FsBackend::open(dir.path(), Default::default())
-                .await
-                .unwrap(),
-        );
-        let secrets = std::sync::Arc::new(Secrets::load(store, [7; 32]).await.unwrap());
-        let pem = "-----BEGIN KEY-----\nMIIEpAIBAAKCAQEA7\nqwertyuiop\n-----END KEY-----";
-        secrets.put("deploy_key", pem).await.unwrap();
-        let log = format!("start\n{pem}\nend\n");
-        // Every way of cutting the log into two pieces, and one byte a piece.
-        let mut cuts: Vec<Vec<&[u8]>> = (0..log.len())
-            .map(|at| vec![&log.as_bytes()[..at], &log.as_bytes()[at..]])
-            .collect();
-        cuts.push(log.as_bytes().chunks(1).collect());
-        for pieces in cuts {
-            let mut redactor = StreamRedactor::new(secrets.clone());
-            let mut stored = Vec::new();
-            for piece in pieces {
-                stored.extend(redactor.push(piece));
-            }
-            stored.extend(redactor.finish());
-            let stored = String::from_utf8(stored).unwrap();
-            assert_eq!(stored, format!("start\n{REDACTED}\nend\n"));
-        }
+    #[test]
+    fn secrets_are_found_anywhere_in_a_value() {
+        let value = serde_json::json!({
+            "a": ["x ${secrets.one} y", {"b": "${secrets.two}"}],
+            "${secrets.three}": 1,
+            "c": "${workflow.input.x}"
+        });
+        let names: Vec<String> = secrets_named(&value).into_iter().collect();
+        assert_eq!(names, ["one", "three", "two"]);
     }
 }

@@ -15,6 +15,7 @@ use orchestrator_storage::WorkflowQuery;
 use serde_json::{Map, Value};
 
 use crate::engine::Engine;
+use crate::secrets::{SecretUser, secrets_named};
 use crate::templates::{check, input_refusal};
 use crate::{Error, Result, WorkflowView};
 
@@ -32,6 +33,16 @@ pub enum TemplateSource {
     },
     /// A template sent with the submission.
     Inline(Box<Template>),
+}
+
+impl TemplateSource {
+    /// Who uses a secret in a workflow of this template.
+    pub fn secret_user(&self) -> SecretUser<'_> {
+        match self {
+            TemplateSource::Named { ref_name, .. } => SecretUser::Registered(ref_name),
+            TemplateSource::Inline(_) => SecretUser::Inline,
+        }
+    }
 }
 
 /// Caller-side labels of a workflow.
@@ -161,7 +172,28 @@ impl Engine {
     /// Full validation and the planned DAG, without storing or running anything.
     pub async fn validate(&self, request: &SubmitRequest) -> Result<WorkflowView> {
         let (workflow, tasks) = self.plan_off_workers(request).await?;
+        self.check_secret_use(request.template.secret_user(), &tasks)
+            .await?;
         Ok(WorkflowView::new(workflow, tasks))
+    }
+
+    /// Whether the workflow's template may use every secret its tasks
+    /// reference: written in the template, or put in by the submission's
+    /// inputs (a `${secrets.x}` in an input is resolved like one in the
+    /// template). Checked wherever a template and inputs become tasks.
+    pub(crate) async fn check_secret_use(
+        &self,
+        user: SecretUser<'_>,
+        tasks: &[Task],
+    ) -> Result<()> {
+        let mut names = std::collections::BTreeSet::new();
+        for task in tasks {
+            names.extend(secrets_named(&task.input));
+            if let Some(input) = &task.step.input_template {
+                names.extend(secrets_named(input));
+            }
+        }
+        self.secrets().check_use(user, &names).await
     }
 
     /// [`Engine::plan`] on a blocking thread: a large (allowed) template
@@ -289,6 +321,8 @@ impl Engine {
         self.accepting()?;
         let inner = &self.inner;
         let (mut workflow, tasks) = self.plan_off_workers(&request).await?;
+        self.check_secret_use(request.template.secret_user(), &tasks)
+            .await?;
         loop {
             if let Some(existing) = self.find_repeat(&mut workflow).await? {
                 return Ok((self.workflow(existing.id).await?, true));

@@ -10,10 +10,12 @@
 //! executed directly with the script path as its only argument, and user
 //! input reaches the script through stdin alone.
 
+mod redact;
 mod resolve;
 mod run;
 mod step;
 
+pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript, ScriptError};
 pub use run::{Job, kill_leftovers};
 pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};

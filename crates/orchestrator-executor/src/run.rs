@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use crate::redact::{Redactor, StreamRedactor};
 use crate::step::{Attempt, LogSink, Outcome, StepRunner};
 use crate::{Launcher, ScriptExecutor};
 
@@ -41,6 +42,9 @@ pub struct Job<'a> {
     /// The script's `ORCHESTRATOR_TOKEN`: it may save this task's
     /// checkpoint through the API, and do nothing else.
     pub token: Option<String>,
+    /// Takes secret values out of the log and the stderr tail, before
+    /// either is cut.
+    pub redactor: std::sync::Arc<Redactor>,
 }
 
 enum Ending {
@@ -149,12 +153,18 @@ impl ScriptExecutor {
                     last: None,
                     line: Some(Vec::new()),
                 },
+                job.redactor.clone(),
             ))
         });
-        let stderr = child
-            .stderr
-            .take()
-            .map(|err| tokio::spawn(read_lines(err, logs, budget, LineKeeper::Tail(Vec::new()))));
+        let stderr = child.stderr.take().map(|err| {
+            tokio::spawn(read_lines(
+                err,
+                logs,
+                budget,
+                LineKeeper::Tail(Vec::new()),
+                job.redactor.clone(),
+            ))
+        });
 
         let ending = tokio::select! {
             status = child.wait() => match status {
@@ -318,7 +328,7 @@ enum LineKeeper {
         last: Option<Value>,
         line: Option<Vec<u8>>,
     },
-    /// stderr: the last bytes, for the error message.
+    /// stderr: the last bytes, redacted, for the error message.
     Tail(Vec<u8>),
 }
 
@@ -329,8 +339,9 @@ fn is_executable(path: &Path) -> bool {
 }
 
 impl LineKeeper {
-    /// Takes the next piece of a line; `ends` says whether the line ends
-    /// with it.
+    /// Takes the next piece of a line as the step wrote it (the result
+    /// is redacted by the engine as a value); `ends` says whether the line
+    /// ends with it.
     fn keep(&mut self, piece: &[u8], ends: bool) {
         match self {
             LineKeeper::LastJsonObject { last, line } => {
@@ -353,13 +364,80 @@ impl LineKeeper {
                     *line = Some(Vec::new());
                 }
             }
-            LineKeeper::Tail(tail) => {
-                tail.extend_from_slice(piece);
-                if tail.len() > STDERR_TAIL_BYTES {
-                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
-                }
+            LineKeeper::Tail(_) => {}
+        }
+    }
+
+    /// Takes the next bytes of the output once redacted: the tail is cut
+    /// from these, so that its cut never halves a secret.
+    fn keep_redacted(&mut self, bytes: &[u8]) {
+        if let LineKeeper::Tail(tail) = self {
+            tail.extend_from_slice(bytes);
+            if tail.len() > STDERR_TAIL_BYTES {
+                tail.drain(..tail.len() - STDERR_TAIL_BYTES);
             }
         }
+    }
+}
+
+/// Cuts redacted output into log chunks: whole lines, and pieces of
+/// [`MAX_LINE_BYTES`] of a longer line, the first of them followed by a
+/// line saying so. It cuts what is already redacted, so a cut never
+/// leaves two halves of a secret for no search to find.
+#[derive(Default)]
+struct LineCutter {
+    pending: Vec<u8>,
+    /// Whether the current line was split already (one notice per line).
+    split: bool,
+}
+
+impl LineCutter {
+    /// Takes the next redacted bytes; the chunks ready for the log. At the
+    /// `end`, whatever is left goes too.
+    fn push(&mut self, bytes: Vec<u8>, end: bool) -> Vec<Vec<u8>> {
+        // A whole line read as one piece goes on as it is, uncopied.
+        if self.pending.is_empty() {
+            self.pending = bytes;
+        } else {
+            self.pending.extend_from_slice(&bytes);
+        }
+        let mut chunks = Vec::new();
+        // Copies and moves of whole slices only: a script may print a
+        // gigabyte, and this runs for every byte of it.
+        loop {
+            let window = &self.pending[..self.pending.len().min(MAX_LINE_BYTES)];
+            if let Some(at) = memchr::memchr(b'\n', window) {
+                chunks.push(self.take(at + 1));
+                self.split = false;
+            } else if self.pending.len() >= MAX_LINE_BYTES {
+                let mut piece = self.take(MAX_LINE_BYTES);
+                piece.push(b'\n');
+                if !self.split {
+                    piece.extend_from_slice(
+                        format!("[orchestrator] the line above was split: lines longer than {MAX_LINE_BYTES} bytes are logged in pieces\n")
+                            .as_bytes(),
+                    );
+                }
+                self.split = true;
+                chunks.push(piece);
+            } else {
+                break;
+            }
+        }
+        if end && !self.pending.is_empty() {
+            chunks.push(std::mem::take(&mut self.pending));
+        }
+        chunks
+    }
+
+    /// The first `n` pending bytes.
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        if n == self.pending.len() {
+            return std::mem::take(&mut self.pending);
+        }
+        let taken = self.pending[..n].to_vec();
+        self.pending.drain(..n);
+        taken
     }
 }
 
@@ -420,42 +498,40 @@ async fn read_lines(
     logs: LogSink,
     budget: std::sync::Arc<LogBudget>,
     mut keeper: LineKeeper,
+    redactor: std::sync::Arc<Redactor>,
 ) -> LineKeeper {
     let mut reader = BufReader::with_capacity(MAX_LINE_BYTES, pipe);
-    // Whether the current line was split already (one notice per line).
-    let mut split = false;
+    // Redact first, then cut: see `LineCutter`.
+    let mut redacting = StreamRedactor::new(redactor);
+    let mut cutter = LineCutter::default();
     loop {
         let mut piece = Vec::new();
         let read = (&mut reader)
             .take(MAX_LINE_BYTES as u64)
             .read_until(b'\n', &mut piece)
             .await;
-        match read {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        // Cut by the piece size, not by a newline or the end of the pipe.
-        let cut = piece.len() == MAX_LINE_BYTES && piece.last() != Some(&b'\n');
-        keeper.keep(&piece, !cut);
-        let mut out = piece;
-        if cut {
-            // A line longer than a piece: this piece goes as a line of its
-            // own, and the first split of the line says so.
-            out.push(b'\n');
-            if !split {
-                out.extend_from_slice(
-                    format!("[orchestrator] the line above was split: lines longer than {MAX_LINE_BYTES} bytes are logged in pieces\n")
-                        .as_bytes(),
-                );
+        let end = matches!(read, Ok(0) | Err(_));
+        let redacted = if end {
+            redacting.finish()
+        } else {
+            // Cut by the piece size, not by a newline or the end of the pipe.
+            let cut = piece.len() == MAX_LINE_BYTES && piece.last() != Some(&b'\n');
+            keeper.keep(&piece, !cut);
+            redacting.push_owned(piece)
+        };
+        keeper.keep_redacted(&redacted);
+        for out in cutter.push(redacted, end) {
+            // Nobody storing the log any more (`write` is false) is no
+            // reason to stop: reading on gets the result and keeps the
+            // pipe flowing.
+            if budget.take(out.len() as u64) {
+                let _ = logs.write(out).await;
+            } else if let Some(notice) = budget.full_notice() {
+                let _ = logs.write(notice).await;
             }
         }
-        split = cut;
-        // Nobody storing the log any more (`write` is false) is no reason
-        // to stop: reading on gets the result and keeps the pipe flowing.
-        if budget.take(out.len() as u64) {
-            let _ = logs.write(out).await;
-        } else if let Some(notice) = budget.full_notice() {
-            let _ = logs.write(notice).await;
+        if end {
+            break;
         }
     }
     keeper
@@ -563,6 +639,7 @@ impl StepRunner for ScriptExecutor {
             timeout: attempt.timeout,
             checkpoint: attempt.checkpoint,
             token: attempt.token,
+            redactor: attempt.redactor,
         };
         ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await
     }
@@ -581,7 +658,38 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::{ExecutorConfig, ScriptExecutor};
+    use super::{LineCutter, MAX_LINE_BYTES};
+    use crate::{ExecutorConfig, KnownSecret, Redactor, ScriptExecutor, StreamRedactor};
+
+    /// A line longer than a log piece with a secret across the cut: the
+    /// log shows no half of it, however the pipe delivered the line.
+    #[test]
+    fn a_long_line_is_cut_after_it_is_redacted() {
+        let redactor = Arc::new(Redactor::new([KnownSecret {
+            name: "pw".into(),
+            value: "s3cret-VALUE".into(),
+            origins: Vec::new(),
+        }]));
+        let line = format!(
+            "{}s3cret-VALUE{}\n",
+            "x".repeat(MAX_LINE_BYTES - 6),
+            "y".repeat(10)
+        );
+        for size in [MAX_LINE_BYTES, 4096, 7] {
+            let mut stream = StreamRedactor::new(redactor.clone());
+            let mut cutter = LineCutter::default();
+            let mut log = Vec::new();
+            for piece in line.as_bytes().chunks(size) {
+                log.extend(cutter.push(stream.push(piece), false).concat());
+            }
+            log.extend(cutter.push(stream.finish(), true).concat());
+            let log = String::from_utf8(log).unwrap();
+            assert!(log.contains("the line above was split"), "{size}");
+            // The cut may fall inside the marker, never inside the secret.
+            assert!(log.contains("<redac"), "{size}");
+            assert!(!log.contains("s3cret") && !log.contains("VALUE"), "{size}");
+        }
+    }
 
     fn executor(dir: &Path, path_var: &str) -> ScriptExecutor {
         let mut executor = ScriptExecutor::new(ExecutorConfig {

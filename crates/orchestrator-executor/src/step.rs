@@ -108,6 +108,10 @@ pub struct Attempt<'a> {
     /// When the attempt times out: `timeout` after it was handed over.
     pub deadline: Instant,
     pub log: LogSink,
+    /// Takes every secret value out of what the step writes: a kind that
+    /// cuts text (a long line, an error's tail, a body excerpt) redacts
+    /// before it cuts. Also says where each secret may be sent.
+    pub redactor: std::sync::Arc<crate::Redactor>,
     /// The task's own API token, which may save its checkpoint and nothing
     /// else.
     pub token: Option<String>,

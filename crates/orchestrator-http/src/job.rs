@@ -85,6 +85,7 @@ impl Job<'_> {
         if !text.ends_with('\n') {
             text.push('\n');
         }
+        let text = self.attempt.redactor.text(&text);
         self.attempt.log.write(text.into_bytes()).await;
     }
 
@@ -172,7 +173,10 @@ impl Job<'_> {
         if !launch.accepts(answer.status.as_u16()) {
             return Err(failed(answer.unexpected("the launch", launch)));
         }
-        let id = match answer.json().and_then(|body| self.job_id_in(&body)) {
+        let id = match answer
+            .json(&self.attempt.redactor)
+            .and_then(|body| self.job_id_in(&body))
+        {
             Ok(id) => id,
             Err(why) => {
                 let why = format!("its answer ({}) gave no job id: {why}", answer.status);
@@ -233,10 +237,10 @@ impl Job<'_> {
                 Ok(Ok(answer)) => answer,
             };
             if !request.accepts(answer.status.as_u16()) {
-                self.log(answer.body_line()).await;
+                self.log(answer.body_line(&self.attempt.redactor)).await;
                 return failed(answer.unexpected(&format!("polling {job}"), &request));
             }
-            let body = match answer.json() {
+            let body = match answer.json(&self.attempt.redactor) {
                 Ok(body) => body,
                 Err(why) => {
                     return failed(format!(
@@ -248,7 +252,7 @@ impl Job<'_> {
             let status = match body.pointer(&poll.status) {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Null) | None => {
-                    self.log(answer.body_line()).await;
+                    self.log(answer.body_line(&self.attempt.redactor)).await;
                     return failed(format!(
                         "polling {job}: the answer has no status at `{}`",
                         poll.status
@@ -259,7 +263,7 @@ impl Job<'_> {
             // The body only when the status changes: a long job polled
             // every few seconds would otherwise fill its log with copies.
             if last_status.as_deref() != Some(status.as_str()) {
-                self.log(answer.body_line()).await;
+                self.log(answer.body_line(&self.attempt.redactor)).await;
             }
             self.log(format!("  {job} is `{status}`")).await;
             match poll.status_map.classify(&status) {
@@ -317,17 +321,24 @@ impl Job<'_> {
     ) -> Result<Answer, String> {
         let prepared: Prepared = self
             .http
-            .prepare(&self.spec.headers, request, extras)
+            .prepare(&self.spec.headers, request, extras, &self.attempt.redactor)
             .map_err(|e| format!("the {what} request: {e}"))?;
-        self.log(prepared.describe()).await;
+        self.log(prepared.describe(&self.attempt.redactor)).await;
         let answer = self
             .http
             .send(&prepared, self.spec.follow_redirects, self.request_timeout)
             .await
-            .map_err(|e| format!("{what}: {} {}: {e}", prepared.method, prepared.url))?;
+            .map_err(|e| {
+                let redactor = &self.attempt.redactor;
+                redactor.text(&format!(
+                    "{what}: {} {}: {e}",
+                    prepared.method,
+                    prepared.shown_url(redactor)
+                ))
+            })?;
         self.log(format!("< {}", answer.status_line())).await;
         if log_body {
-            self.log(answer.body_line()).await;
+            self.log(answer.body_line(&self.attempt.redactor)).await;
         }
         Ok(answer)
     }

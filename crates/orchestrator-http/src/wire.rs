@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use orchestrator_core::http::{Method, Request};
+use orchestrator_executor::Redactor;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use reqwest::{StatusCode, Url};
 use serde_json::Value;
@@ -20,6 +21,9 @@ pub(crate) struct Prepared {
     pub(crate) url: Url,
     headers: HeaderMap,
     body: Option<Vec<u8>>,
+    /// Whether a secret's value is in it: such a request follows no
+    /// redirect, which could carry the secret to another origin.
+    carries_secret: bool,
 }
 
 /// What came back.
@@ -52,12 +56,16 @@ pub(crate) fn id_text(id: &Value) -> String {
 
 impl HttpExecutor {
     /// Builds a request: common headers under the request's own, the job
-    /// id put in, JSON body encoded, and the URL allowed.
+    /// id put in, JSON body encoded, the URL allowed, and every secret in
+    /// it bound for an origin of the secret's scope. Checked here, with
+    /// every reference resolved: a host built from a secret is refused
+    /// before anything is sent, and the message does not show it.
     pub(crate) fn prepare(
         &self,
         common: &BTreeMap<String, String>,
         request: &Request,
         extras: &Extras<'_>,
+        redactor: &Redactor,
     ) -> Result<Prepared, String> {
         let text = |s: &str, encode: bool| match extras.job {
             Some(id) if s.contains(JOB_ID) => {
@@ -67,8 +75,8 @@ impl HttpExecutor {
             _ => s.to_owned(),
         };
         let url = text(&request.url, true);
-        let url = Url::parse(&url).map_err(|e| format!("`{url}` is not a valid URL: {e}"))?;
-        self.allow.check(&url)?;
+        let url = Url::parse(&url)
+            .map_err(|e| redactor.text(&format!("`{url}` is not a valid URL: {e}")))?;
         let mut headers = HeaderMap::new();
         for (name, value) in common.iter().chain(&request.headers) {
             let name = HeaderName::from_bytes(name.as_bytes())
@@ -108,7 +116,19 @@ impl HttpExecutor {
                 Some(bytes)
             }
         };
+        let decoded_url: Vec<u8> = percent_encoding::percent_decode_str(url.as_str()).collect();
+        let mut parts: Vec<&[u8]> = vec![url.as_str().as_bytes(), &decoded_url];
+        parts.extend(headers.values().map(HeaderValue::as_bytes));
+        parts.extend(body.as_deref());
+        if let Some(refusal) = redactor.refuse_origin(&url.origin().ascii_serialization(), &parts) {
+            return Err(refusal);
+        }
+        let carries_secret = parts
+            .iter()
+            .any(|part| !redactor.secrets_in(part).is_empty());
+        self.allow.check(&url).map_err(|e| redactor.text(&e))?;
         Ok(Prepared {
+            carries_secret,
             method: match request.method_or(extras.method) {
                 Method::Get => reqwest::Method::GET,
                 Method::Post => reqwest::Method::POST,
@@ -129,7 +149,7 @@ impl HttpExecutor {
         follow_redirects: bool,
         timeout: Duration,
     ) -> Result<Answer, String> {
-        let client = if follow_redirects {
+        let client = if follow_redirects && !request.carries_secret {
             &self.following
         } else {
             &self.direct
@@ -170,20 +190,31 @@ impl HttpExecutor {
 }
 
 impl Prepared {
-    /// The log lines of the request: method and URL, header names, body.
-    pub(crate) fn describe(&self) -> String {
+    /// The URL as messages show it: percent-decoded, so that a secret in
+    /// it is found whatever the URL parser chose to encode, then redacted.
+    pub(crate) fn shown_url(&self, redactor: &Redactor) -> String {
+        let decoded = percent_encoding::percent_decode_str(self.url.as_str()).decode_utf8_lossy();
+        redactor.text(&decoded)
+    }
+
+    /// The log lines of the request: method and URL, header names, body;
+    /// redacted before the body is cut.
+    pub(crate) fn describe(&self, redactor: &Redactor) -> String {
         let mut names: Vec<&str> = self.headers.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
         let mut text = format!(
             "> {} {}\n  headers: {}\n",
             self.method,
-            self.url,
+            self.shown_url(redactor),
             names.join(", ")
         );
         if let Some(body) = &self.body {
-            text.push_str(&format!("  body: {}\n", excerpt(body)));
+            text.push_str(&format!(
+                "  body: {}\n",
+                excerpt(redactor, body, LOGGED_BODY)
+            ));
         }
-        text
+        redactor.text(&text)
     }
 }
 
@@ -194,16 +225,16 @@ impl Answer {
     }
 
     /// The log line of the body, cut short.
-    pub(crate) fn body_line(&self) -> String {
-        format!("  body: {}\n", excerpt(&self.body))
+    pub(crate) fn body_line(&self, redactor: &Redactor) -> String {
+        format!("  body: {}\n", excerpt(redactor, &self.body, LOGGED_BODY))
     }
 
     /// The body as JSON; the reason, if it is not.
-    pub(crate) fn json(&self) -> Result<Value, String> {
+    pub(crate) fn json(&self, redactor: &Redactor) -> Result<Value, String> {
         serde_json::from_slice(&self.body).map_err(|e| {
             format!(
                 "its body is not JSON ({e}): {}",
-                excerpt(&self.body[..self.body.len().min(200)])
+                excerpt(redactor, &self.body, 200)
             )
         })
     }
@@ -238,14 +269,17 @@ fn too_large(status: StatusCode) -> String {
     format!("the answer ({status}) has a body larger than the limit of {MAX_RESPONSE_BODY} bytes")
 }
 
-/// The start of a body, as text, with its length when it was cut.
-fn excerpt(body: &[u8]) -> String {
-    if body.len() <= LOGGED_BODY {
-        return String::from_utf8_lossy(body).into_owned();
+/// The start of a body, as text, redacted, with its length when it was
+/// cut. Redacted before the cut: a cut through a secret would leave a
+/// half that no later search finds.
+fn excerpt(redactor: &Redactor, body: &[u8], limit: usize) -> String {
+    let redacted = redactor.bytes(body);
+    if redacted.len() <= limit {
+        return String::from_utf8_lossy(&redacted).into_owned();
     }
     format!(
         "{}... ({} bytes)",
-        String::from_utf8_lossy(&body[..LOGGED_BODY]),
+        String::from_utf8_lossy(&redacted[..limit]),
         body.len()
     )
 }
@@ -326,8 +360,9 @@ mod tests {
     #[test]
     fn long_bodies_are_cut_in_the_log() {
         let long = vec![b'a'; LOGGED_BODY + 10];
-        let shown = excerpt(&long);
+        let none = Redactor::default();
+        let shown = excerpt(&none, &long, LOGGED_BODY);
         assert!(shown.ends_with(&format!("... ({} bytes)", LOGGED_BODY + 10)));
-        assert_eq!(excerpt(b"{}"), "{}");
+        assert_eq!(excerpt(&none, b"{}", LOGGED_BODY), "{}");
     }
 }

@@ -50,6 +50,9 @@ pub enum Command {
     /// Create, list and revoke API tokens (needs an admin token).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Store, list, scope and delete secrets (needs an admin token).
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Read the audit log (needs an admin token).
     Audit(AuditArgs),
     /// Move every record between storage backends (`--from` is only read),
@@ -192,6 +195,37 @@ pub enum TokenCommand {
     List,
     /// Revoke a token by its id (see `token list`).
     Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Store a secret, or replace its value; the value is read from stdin
+    /// (one trailing newline dropped), never from the command line.
+    Put {
+        name: String,
+        /// Registered templates (`ref_name`, comma-separated) whose
+        /// workflows may use it. Absent: a replaced secret keeps its list,
+        /// a new one gets none (usable nowhere).
+        #[arg(long, value_delimiter = ',')]
+        templates: Option<Vec<String>>,
+        /// Origins (`scheme://host[:port]`, comma-separated) http steps
+        /// may send it to. Absent: as for `--templates`.
+        #[arg(long, value_delimiter = ',')]
+        origins: Option<Vec<String>>,
+    },
+    /// Change who may use a secret, without its value; `--templates ''`
+    /// empties a list.
+    Scope {
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        templates: Option<Vec<String>>,
+        #[arg(long, value_delimiter = ',')]
+        origins: Option<Vec<String>>,
+    },
+    /// List secrets with their scopes (never their values).
+    List,
+    /// Delete a secret.
+    Delete { name: String },
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,9 @@ use reqwest::{Client, Method, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{AuditArgs, ClientArgs, LogsArgs, PruneArgs, TaskArgs, TasksArgs, TokenCommand};
+use crate::cli::{
+    AuditArgs, ClientArgs, LogsArgs, PruneArgs, SecretCommand, TaskArgs, TasksArgs, TokenCommand,
+};
 
 pub(crate) struct Api {
     http: Client,
@@ -412,6 +414,92 @@ pub async fn token(client: &ClientArgs, command: TokenCommand) -> anyhow::Result
                 revoked["id"].as_str().unwrap_or("?"),
                 revoked["name"].as_str().unwrap_or("?")
             );
+        }
+    }
+    Ok(())
+}
+
+pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Result<()> {
+    // `--templates ''` is the empty list, not a list of one empty name.
+    let list = |items: Option<Vec<String>>| {
+        items.map(|items| {
+            items
+                .into_iter()
+                .filter(|item| !item.is_empty())
+                .collect::<Vec<_>>()
+        })
+    };
+    let scope_body = |templates, origins| {
+        let mut body = serde_json::Map::new();
+        if let Some(templates) = list(templates) {
+            body.insert("templates".into(), serde_json::json!(templates));
+        }
+        if let Some(origins) = list(origins) {
+            body.insert("origins".into(), serde_json::json!(origins));
+        }
+        body
+    };
+    let api = Api::new(client)?;
+    let shown = |info: &Value| {
+        let names = |key: &str| {
+            info["scope"][key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        format!(
+            "{:<32}  {:<25}  templates [{}]  origins [{}]",
+            info["name"].as_str().unwrap_or("?"),
+            info["updated_at"].as_str().unwrap_or("?"),
+            names("templates"),
+            names("origins"),
+        )
+    };
+    match command {
+        SecretCommand::Put {
+            name,
+            templates,
+            origins,
+        } => {
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .context("cannot read the secret's value from stdin")?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            let value = value.strip_suffix('\r').unwrap_or(value);
+            let mut body = scope_body(templates, origins);
+            body.insert("value".into(), value.into());
+            let path = format!("/secrets/{name}");
+            let info: Value = api
+                .json_body(Method::PUT, &path, &[], Some(&Value::Object(body)))
+                .await?;
+            println!("{}", shown(&info));
+        }
+        SecretCommand::Scope {
+            name,
+            templates,
+            origins,
+        } => {
+            let body = Value::Object(scope_body(templates, origins));
+            let path = format!("/secrets/{name}");
+            let info: Value = api
+                .json_body(Method::PATCH, &path, &[], Some(&body))
+                .await?;
+            println!("{}", shown(&info));
+        }
+        SecretCommand::List => {
+            let list: Value = api.json(Method::GET, "/secrets", &[]).await?;
+            println!("{:<32}  {:<25}  SCOPE", "NAME", "UPDATED");
+            for info in list["secrets"].as_array().into_iter().flatten() {
+                println!("{}", shown(info));
+            }
+        }
+        SecretCommand::Delete { name } => {
+            api.send(Method::DELETE, &format!("/secrets/{name}"), &[])
+                .await?;
+            println!("deleted secret {name}");
         }
     }
     Ok(())

@@ -47,6 +47,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Db(command) => db::run(command).await,
             Command::Migrate(args) => migrate::run(args).await,
             Command::Token(command) => client::token(&cli.client, command).await,
+            Command::Secret(command) => client::secret(&cli.client, command).await,
             Command::Audit(args) => client::audit(&cli.client, args).await,
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
             Command::Backup(args) => backup::backup(&cli.client, args).await,

@@ -51,6 +51,7 @@ fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
         timeout: Duration::from_secs(20),
         checkpoint: &NO_CHECKPOINT,
         token: None,
+        redactor: Default::default(),
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{Timelike, Utc};
 use futures_util::future::join_all;
 use orchestrator_core::ScheduleId;
-use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord};
+use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord, SecretScope};
 use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
@@ -536,10 +536,16 @@ async fn tokens_secrets_and_audit_records(store: &dyn AccessStore) {
         created_at: now,
         updated_at: now,
         version: 0,
+        scope: SecretScope {
+            templates: vec!["deploy".into()],
+            origins: vec!["https://vault.example:8200".into()],
+        },
     };
     store.put_secret(&secret).await.unwrap();
+    assert_eq!(store.secrets().await.unwrap(), vec![secret.clone()]);
     let mut changed = secret.clone();
     changed.ciphertext = "b3RoZXI=".into();
+    changed.scope.templates.push("rollout".into());
     changed.version = 1;
     store.put_secret(&changed).await.unwrap();
     assert_eq!(store.secrets().await.unwrap(), vec![changed]);
@@ -1084,6 +1090,11 @@ impl BulkFixture {
                 created_at: now,
                 updated_at: now,
                 version: 1,
+                // A scope moves with its secret.
+                scope: SecretScope {
+                    templates: vec![format!("uses-{}", name.replace('.', "-"))],
+                    origins: vec!["https://vault.example".into()],
+                },
             }));
         }
         for action in ["workflow.submit", "task.cancel", "token.create"] {

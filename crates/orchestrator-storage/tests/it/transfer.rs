@@ -147,6 +147,10 @@ pub(crate) async fn fill(store: &Storage) {
             created_at: now,
             updated_at: now,
             version: 2,
+            scope: orchestrator_core::access::SecretScope {
+                templates: vec!["deploy".into()],
+                origins: vec!["https://vault.example".into()],
+            },
         })
         .await
         .unwrap();

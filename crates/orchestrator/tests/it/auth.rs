@@ -379,6 +379,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Min::Admin,
         ),
         (
+            "PATCH",
+            "/secrets/{name}",
+            "/secrets/s1".into(),
+            Some(json!({"templates": ["chain"]})),
+            Min::Admin,
+        ),
+        (
             "DELETE",
             "/secrets/{name}",
             "/secrets/s1".into(),
@@ -976,6 +983,8 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
         .arg(&data)
         .arg("--scripts-dir")
         .arg(crate::harness::fixture_scripts())
+        .arg("--templates-dir")
+        .arg(crate::harness::fixture_templates())
         .env("ORCHESTRATOR_BOOTSTRAP_TOKEN", ADMIN)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::null())
@@ -1020,18 +1029,14 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
         let (status, body) = send(
             reqwest::Method::PUT,
             "/secrets/db_password".into(),
-            Some(json!({"value": PLANTED})),
+            Some(json!({"value": PLANTED, "templates": ["secret-use"]})),
         )
         .await;
         assert_eq!(status, 200, "{body}");
         answers.push_str(&body);
         let template = |fail: bool| {
-            json!({"template": {
-                "name": "uses a secret", "ref_name": "secret-use", "schema_version": 1,
-                "steps": [{"ref_name": "connect", "script": "secrets/leaky.py",
-                           "input": {"password": "${secrets.db_password}",
-                                     "proof": proof.display().to_string(), "fail": fail}}]
-            }, "max_attempts": 1, "wait": true})
+            json!({"template": "secret-use", "max_attempts": 1, "wait": true,
+                   "vars": {"proof": proof.display().to_string(), "fail": fail}})
         };
         for fail in [false, true] {
             let (status, body) = send(

@@ -70,7 +70,8 @@ async fn round_trip(
     let response = service
         .http
         .put(format!("{}/secrets/api_key", service.base))
-        .json(&json!({"value": "backed-up"}))
+        .json(&json!({"value": "backed-up", "templates": ["deploy"],
+                      "origins": ["https://vault.example:8200"]}))
         .send()
         .await
         .unwrap();
@@ -155,6 +156,12 @@ async fn round_trip(
     assert_eq!(finished_state(&service, &finished).await, before);
     let (_, secrets) = service.get("/secrets").await;
     assert_eq!(secrets["secrets"][0]["name"], "api_key", "{secrets}");
+    // Its scope travels with it.
+    assert_eq!(
+        secrets["secrets"][0]["scope"],
+        json!({"templates": ["deploy"], "origins": ["https://vault.example:8200"]}),
+        "{secrets}"
+    );
     let resumed = service.wait_workflow(&running).await;
     assert_eq!(resumed["status"], "completed", "{resumed}");
     service.stop().await;

@@ -82,11 +82,19 @@ async fn submit_async(service: &TestService, body: Value) -> String {
     created["id"].as_str().unwrap().to_owned()
 }
 
-async fn put_secret(service: &TestService, name: &str, value: &str) {
+/// Stores a secret that the registered `templates` may use and send to
+/// `origins`.
+async fn put_secret(
+    service: &TestService,
+    name: &str,
+    value: &str,
+    templates: &[&str],
+    origins: &[&str],
+) {
     let response = service
         .http
         .put(format!("{}/secrets/{name}", service.base))
-        .json(&json!({"value": value}))
+        .json(&json!({"value": value, "templates": templates, "origins": origins}))
         .send()
         .await
         .unwrap();
@@ -388,17 +396,38 @@ async fn a_secret_in_a_header_never_shows_in_logs_outputs_events_or_errors() {
         })
         .collect();
     let ports: Vec<u16> = fakes.iter().map(|f| f.port).collect();
-    let service = TestService::start(allowing(dir.path(), &ports)).await;
-    put_secret(&service, "awx_token", TOKEN).await;
+    // A secret is used by registered templates only: one per fake.
+    let templates = tempfile::tempdir().unwrap();
+    for (i, fake) in fakes.iter().enumerate() {
+        let mut step = awx_step(&fake.base);
+        step["http"]["headers"] = json!({"Authorization": "Bearer ${secrets.awx_token}"});
+        step["http"]["outputs"]["artifacts"] = json!("/artifacts");
+        let mut template = submission(vec![step])["template"].clone();
+        template["ref_name"] = json!(format!("drive-awx-{i}"));
+        std::fs::write(
+            templates.path().join(format!("drive-awx-{i}.json")),
+            template.to_string(),
+        )
+        .unwrap();
+    }
+    let mut settings = allowing(dir.path(), &ports);
+    settings.templates_dir = templates.path().to_path_buf();
+    let service = TestService::start(settings).await;
+    let bases: Vec<&str> = fakes.iter().map(|f| f.base.as_str()).collect();
+    put_secret(
+        &service,
+        "awx_token",
+        TOKEN,
+        &["drive-awx-0", "drive-awx-1"],
+        &bases,
+    )
+    .await;
     let engine = service.handle.as_ref().unwrap().engine.clone();
     let mut events = engine.subscribe();
 
     let mut seen = String::new();
-    for (fake, expected) in fakes.iter().zip(["completed", "failed"]) {
-        let mut step = awx_step(&fake.base);
-        step["http"]["headers"] = json!({"Authorization": "Bearer ${secrets.awx_token}"});
-        step["http"]["outputs"]["artifacts"] = json!("/artifacts");
-        let id = submit_async(&service, submission(vec![step])).await;
+    for (i, expected) in ["completed", "failed"].into_iter().enumerate() {
+        let id = submit_async(&service, json!({"template": format!("drive-awx-{i}")})).await;
         let view = service.wait_workflow(&id).await;
         assert_eq!(view["status"], expected, "{view}");
         let awx = task(&view, "awx");
@@ -477,8 +506,22 @@ async fn the_presets_load_with_nothing_allowed_and_drive_the_fakes_once_allowed(
     service.stop().await;
 
     let service = TestService::start(preset_settings(&[awx.port, tfc.port])).await;
-    put_secret(&service, "awx_token", "awx-secret-token").await;
-    put_secret(&service, "tfc_token", "tfc-secret-token").await;
+    put_secret(
+        &service,
+        "awx_token",
+        "awx-secret-token",
+        &["awx-job-launch"],
+        &[&awx.base],
+    )
+    .await;
+    put_secret(
+        &service,
+        "tfc_token",
+        "tfc-secret-token",
+        &["terraform-cloud-run"],
+        &[&tfc.base],
+    )
+    .await;
     let id = submit_async(&service, awx_job).await;
     let view = service.wait_workflow(&id).await;
     assert_eq!(view["status"], "completed", "{view}");
@@ -529,7 +572,14 @@ async fn a_workflow_runs_a_workflow_on_another_orchestrator_and_gets_its_outputs
     settings.scripts_dir = real_scripts();
     settings.templates_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../templates");
     let tier2 = TestService::start(settings).await;
-    put_secret(&tier2, "orchestrator_token", TIER1_TOKEN).await;
+    put_secret(
+        &tier2,
+        "orchestrator_token",
+        TIER1_TOKEN,
+        &["remote-workflow"],
+        &[&tier1.base],
+    )
+    .await;
     let id = submit_async(
         &tier2,
         json!({"template": "remote-workflow", "vars": {

@@ -25,6 +25,7 @@ mod reruns;
 mod restart;
 mod retention;
 mod schedules;
+mod secrets;
 mod storage_moves;
 mod systemd;
 mod tasks;
