@@ -25,6 +25,17 @@ pub enum ScriptError {
         "script `{0}` has no known interpreter extension (.nu, .sh, .py) and is not executable"
     )]
     NotExecutable(String),
+    #[error(
+        "the script sandbox needs `bwrap`, which is not on PATH ({path}): install the Debian \
+         package `bubblewrap`, or set --script-sandbox none (unsafe: scripts can then read \
+         the service's secret key, config and store)"
+    )]
+    NoSandbox { path: String },
+    #[error(
+        "this service holds capabilities without being root, and the script sandbox needs \
+         `setpriv` (Debian package `util-linux`) on PATH to keep them from scripts"
+    )]
+    NoSetpriv,
     #[error("scripts dir {} is not usable: {source}", dir.display())]
     ScriptsDir {
         dir: PathBuf,
@@ -118,6 +129,7 @@ mod tests {
             kill_grace: Duration::from_secs(1),
             interpreters: HashMap::new(),
             service_url: None,
+            sandbox: crate::Sandbox::None,
         })
         .unwrap()
     }

@@ -55,6 +55,20 @@ pub struct FileConfig {
     pub interpreters: HashMap<String, PathBuf>,
     /// Hosts http steps may reach: `["awx.example.com", "127.0.0.1:8081"]`.
     pub http_allow: Option<Vec<String>>,
+    /// `bubblewrap` or `none`.
+    pub script_sandbox: Option<String>,
+    /// Paths scripts may write in the sandbox.
+    pub script_writable: Option<Vec<PathBuf>>,
+    pub secret_key_file: Option<PathBuf>,
+}
+
+/// How scripts are isolated from the service (`--script-sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptSandbox {
+    /// Each script in its own `bwrap` sandbox (the default).
+    Bubblewrap,
+    /// Scripts as plain children of the service: unsafe.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +121,13 @@ pub struct ServeSettings {
     pub bootstrap_token: Option<orchestrator_storage::Secret>,
     /// Where http steps may send requests; nowhere by default.
     pub http_allow: orchestrator_http::Allowlist,
+    /// The config file the settings came from: scripts must not read it.
+    pub config_file: Option<PathBuf>,
+    pub script_sandbox: ScriptSandbox,
+    /// What scripts may write besides their own dirs.
+    pub script_writable: Vec<PathBuf>,
+    /// Where the secret key is read from, when not from the default places.
+    pub secret_key_file: Option<PathBuf>,
 }
 
 impl ServeSettings {
@@ -160,6 +181,10 @@ impl ServeSettings {
             address_rate_limit: 200,
             bootstrap_token: None,
             http_allow: orchestrator_http::Allowlist::default(),
+            config_file: None,
+            script_sandbox: ScriptSandbox::Bubblewrap,
+            script_writable: Vec::new(),
+            secret_key_file: None,
         }
     }
 
@@ -207,6 +232,28 @@ impl ServeSettings {
         };
         let http_allow = orchestrator_http::Allowlist::parse(&http_allow)
             .map_err(|e| anyhow::anyhow!("--http-allow: {e}"))?;
+        let script_sandbox = match args
+            .script_sandbox
+            .as_deref()
+            .or(file.script_sandbox.as_deref())
+        {
+            None | Some("bubblewrap") => ScriptSandbox::Bubblewrap,
+            Some("none") => ScriptSandbox::None,
+            Some(other) => {
+                bail!("--script-sandbox: unknown sandbox `{other}` (expected bubblewrap or none)")
+            }
+        };
+        let script_writable = if args.script_writable.is_empty() {
+            file.script_writable.clone().unwrap_or_default()
+        } else {
+            args.script_writable.clone()
+        };
+        if let Some(relative) = script_writable.iter().find(|p| !p.is_absolute()) {
+            bail!(
+                "--script-writable: `{}` must be an absolute path",
+                relative.display()
+            );
+        }
         let retry = RetryPolicy {
             base_delay: args
                 .retry_base_ms
@@ -286,6 +333,10 @@ impl ServeSettings {
                 .filter(|t| !t.is_empty())
                 .map(orchestrator_storage::Secret::new),
             http_allow,
+            config_file: args.config.clone(),
+            script_sandbox,
+            script_writable,
+            secret_key_file: args.secret_key_file.or(file.secret_key_file),
         })
     }
 }

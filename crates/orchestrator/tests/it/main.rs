@@ -22,6 +22,7 @@ mod provisioning;
 mod reruns;
 mod restart;
 mod retention;
+mod sandbox;
 mod schedules;
 mod storage_moves;
 mod systemd;

@@ -54,7 +54,7 @@ fn intervals(service: &TestService) -> HashMap<String, (f64, f64)> {
 }
 
 fn runs(service: &TestService, name: &str) -> usize {
-    std::fs::read_to_string(service.data_dir.join("runs").join(name))
+    std::fs::read_to_string(service.state_dir().join("runs").join(name))
         .map_or(0, |s| s.lines().count())
 }
 
