@@ -49,9 +49,14 @@ pub struct Bubblewrap {
     writable: Vec<PathBuf>,
     /// `setpriv`, when this process holds capabilities without being
     /// root (the test-environment drop-in grants two as ambient ones):
-    /// `bwrap` refuses to start with capabilities it does not expect, and
-    /// a script must not inherit them, so they are cleared before it.
+    /// `bwrap` refuses to start with capabilities it does not expect (it
+    /// takes them for a file-capability install it no longer supports),
+    /// and a script must not inherit them, so they are cleared before it.
     clear_caps: Option<PathBuf>,
+    /// Root without `CAP_SYS_ADMIN` (a bounding set without it): `bwrap`
+    /// cannot mount as it is, and must make a user namespace to, as it does
+    /// by itself for any other user.
+    unshare_user: bool,
 }
 
 /// One rule of a script's view of a path.
@@ -82,7 +87,9 @@ impl Bubblewrap {
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         })?;
-        let clear_caps = if holds_capabilities_without_root() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let root = nix::unistd::geteuid().is_root();
+        let clear_caps = if !root && capability_set(&status, "CapPrm") != 0 {
             Some(find_program("setpriv", path_var).ok_or(ScriptError::NoSetpriv)?)
         } else {
             None
@@ -92,6 +99,7 @@ impl Bubblewrap {
             hidden: Vec::new(),
             writable: Vec::new(),
             clear_caps,
+            unshare_user: root && capability_set(&status, "CapEff") & (1 << CAP_SYS_ADMIN) == 0,
         })
     }
 
@@ -102,6 +110,7 @@ impl Bubblewrap {
             hidden: Vec::new(),
             writable: Vec::new(),
             clear_caps: None,
+            unshare_user: false,
         }
     }
 
@@ -200,6 +209,9 @@ impl Bubblewrap {
         ]
         .map(OsString::from)
         .to_vec();
+        if self.unshare_user {
+            args.push("--unshare-user".into());
+        }
         let mut rules: Vec<(PathBuf, View)> = vec![
             (PathBuf::from("/tmp"), View::Scratch),
             (PathBuf::from("/var/tmp"), View::Scratch),
@@ -274,16 +286,8 @@ pub(crate) fn find_program(name: &str, path_var: Option<&std::ffi::OsStr>) -> Op
         .find(|candidate| crate::run::is_executable(candidate))
 }
 
-/// Whether this process has permitted capabilities without being root:
-/// `bwrap` refuses to run so (it takes them for a file-capability
-/// install it no longer supports).
-fn holds_capabilities_without_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return false;
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    capability_set(&status, "CapPrm") != 0
-}
+/// `CAP_SYS_ADMIN`'s bit in the capability sets.
+const CAP_SYS_ADMIN: u32 = 21;
 
 /// A capability set (`CapEff`, `CapPrm`, ...) from the text of a
 /// `/proc/<pid>/status`; 0 when absent.
@@ -499,6 +503,16 @@ mod tests {
             ]
         );
         assert!(strings(&args).contains(&"--cap-drop".to_owned()));
+    }
+
+    #[test]
+    fn root_without_cap_sys_admin_makes_a_user_namespace() {
+        let mut sandbox = Bubblewrap::with_program("/usr/bin/bwrap".into());
+        let (_, args) = sandbox.command_line(attempt("/", "/tmp", "/tmp"));
+        assert!(!strings(&args).contains(&"--unshare-user".to_owned()));
+        sandbox.unshare_user = true;
+        let (_, args) = sandbox.command_line(attempt("/", "/tmp", "/tmp"));
+        assert!(strings(&args).contains(&"--unshare-user".to_owned()));
     }
 
     #[test]

@@ -354,7 +354,8 @@ fn workflow_commands_submit_follow_render_and_list() {
     assert!(rendered.contains("← b"), "{rendered}");
 
     // A failing run exits non-zero; retry then reports the rerun.
-    let gate = dir.path().join("gate");
+    // In the scripts' state dir: what a sandboxed script can see.
+    let gate = crate::harness::script_state(&dir.path().join("data")).join("gate");
     let failed = daemon.cli(&[
         "workflow",
         "submit",

@@ -266,7 +266,8 @@ async fn an_optional_step_may_fail_without_failing_the_workflow() {
 async fn retry_reruns_only_what_did_not_complete() {
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(fixture_settings(dir.path())).await;
-    let gate = dir.path().join("gate");
+    // In the scripts' state dir: what a sandboxed script can see.
+    let gate = service.state_dir().join("gate");
     let view = run(
         &service,
         json!({"template": "chain", "vars": {"gate": gate.display().to_string()}}),
