@@ -73,3 +73,27 @@ pub fn script_sandbox(settings: &ServeSettings, data_dir: &Path) -> anyhow::Resu
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped scripts' state at the top of the data dir (where the
+    /// sandbox no longer lets them see it) moves into the state dir once.
+    #[test]
+    fn the_shipped_scripts_state_moves_into_the_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = dir.path().join("infra/lab/servers/web-01");
+        std::fs::create_dir_all(&server).unwrap();
+        std::fs::write(server.join("server.json"), "{}").unwrap();
+        let state = state_dir(dir.path()).unwrap();
+        assert_eq!(state, dir.path().join("script-state"));
+        assert!(state.join("infra/lab/servers/web-01/server.json").is_file());
+        assert!(!dir.path().join("infra").exists());
+        // Once there, nothing moves again.
+        std::fs::create_dir_all(dir.path().join("infra/new")).unwrap();
+        state_dir(dir.path()).unwrap();
+        assert!(dir.path().join("infra/new").is_dir());
+        assert!(!state.join("infra/new").exists());
+    }
+}
