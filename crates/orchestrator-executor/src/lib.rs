@@ -10,12 +10,15 @@
 //! executed directly with the script path as its only argument, and user
 //! input reaches the script through stdin alone.
 
+mod error;
+mod lookup;
 mod resolve;
 mod run;
 mod sandbox;
 mod step;
 
-pub use resolve::{Launcher, ResolvedScript, ScriptError};
+pub use error::ScriptError;
+pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
 pub use sandbox::{BUBBLEWRAP_PACKAGE, Bubblewrap, Sandbox, capability_set};
 pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};

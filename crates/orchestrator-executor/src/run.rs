@@ -274,7 +274,7 @@ impl ScriptExecutor {
                 break;
             }
             let candidate = dir.join(program);
-            if is_executable(&candidate) {
+            if crate::lookup::is_executable(&candidate) {
                 return candidate;
             }
         }
@@ -379,12 +379,6 @@ fn signal_group_but(pgid: Pid, spared: Pid, signal: Signal) {
             let _ = nix::sys::signal::kill(pid, signal);
         }
     }
-}
-
-/// A regular file with an execute bit: what `execvp` would run.
-pub(crate) fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 impl LineKeeper {

@@ -21,7 +21,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::ScriptError;
+use crate::error::ScriptError;
+use crate::lookup::find_program;
 
 /// The Debian package that ships `bwrap`, for messages.
 pub const BUBBLEWRAP_PACKAGE: &str = "bubblewrap";
@@ -273,17 +274,6 @@ fn plan(
 enum Kind {
     Dir,
     File,
-}
-
-/// `name` in the first absolute directory of `path_var` that has it as
-/// an executable file.
-pub(crate) fn find_program(name: &str, path_var: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
-    path_var
-        .into_iter()
-        .flat_map(std::env::split_paths)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(name))
-        .find(|candidate| crate::run::is_executable(candidate))
 }
 
 /// `CAP_SYS_ADMIN`'s bit in the capability sets.

@@ -342,7 +342,10 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
     let status = std::fs::read_to_string(format!("/proc/{postgres}/status")).unwrap();
     for set in ["CapEff", "CapPrm", "CapAmb", "CapInh", "CapBnd"] {
         let line = status.lines().find(|l| l.starts_with(set)).unwrap();
-        assert!(line.ends_with("0000000000000000"), "a node's service holds {line}");
+        assert!(
+            line.ends_with("0000000000000000"),
+            "a node's service holds {line}"
+        );
     }
     assert!(
         Command::new("kill")
