@@ -177,7 +177,9 @@ test('a running step streams its log, and can be cancelled from the page', async
 });
 
 test('a failed workflow shows every attempt, and is retried from the page', async () => {
-  const gate = join(service.dataDir, 'gate-open');
+  // In the scripts' state dir: the one part of the data dir a sandboxed
+  // script can see.
+  const gate = join(service.dataDir, 'script-state', 'gate-open');
   const submitted = await call(service, operator, 'POST', '/workflows', { template: 'ui-gate', vars: { gate } });
   assert.equal(submitted.status, 202, JSON.stringify(submitted.body));
   const id = submitted.body.id;

@@ -43,6 +43,7 @@ async fn engine(dir: &Path) -> Engine {
         kill_grace: Duration::from_millis(200),
         interpreters: [("nu".to_owned(), "bash".into())].into(),
         service_url: None,
+        sandbox: orchestrator_executor::Sandbox::None,
     })
     .unwrap();
     let templates = Templates::load(

@@ -332,7 +332,7 @@ async fn all_tasks(node: &Service, want: usize) -> Result<HashMap<String, Stored
 }
 
 /// Every start of `sleep.sh`: each node's scripts append "<task id> <time>"
-/// to `bench-ledger.txt` in that node's data directory.
+/// to `bench-ledger.txt` in that node's scripts' state directory.
 struct Ledger {
     /// Per node, the task ids it started, in order.
     starts: Vec<Vec<String>>,
@@ -349,7 +349,8 @@ impl Ledger {
 
     /// The task ids started by the node of `data_dir`.
     fn read_dir(data_dir: &Path) -> Result<Vec<String>> {
-        let path = data_dir.join("bench-ledger.txt");
+        // The scripts' state dir: their ORCHESTRATOR_DATA_DIR.
+        let path = data_dir.join("script-state").join("bench-ledger.txt");
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),

@@ -524,7 +524,8 @@ pub async fn latency_and_reads(ctx: &Ctx, backend: &str) -> Result<LatencyAndRea
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let stamps = read_stamps(&svc.data_dir.join("bench-stamps.txt"))?;
+    // The scripts' state dir: their ORCHESTRATOR_DATA_DIR.
+    let stamps = read_stamps(&svc.data_dir.join("script-state").join("bench-stamps.txt"))?;
     let mut latency = Vec::new();
     for (rate, runs_ids) in &plan {
         let mut runs = Vec::new();

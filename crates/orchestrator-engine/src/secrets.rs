@@ -148,7 +148,8 @@ impl Secrets {
     fn open(&self, record: &SecretRecord) -> Result<String> {
         let unreadable = || Error::Validation {
             field: format!("secret `{}`", record.name),
-            message: "cannot be decrypted: the secret key (ORCHESTRATOR_SECRET_KEY or \
+            message: "cannot be decrypted: the secret key (--secret-key-file, \
+                      ORCHESTRATOR_SECRET_KEY, the systemd credential secret-key or \
                       <data-dir>/secret.key) is not the one it was stored with"
                 .into(),
         };

@@ -10,14 +10,19 @@
 //! executed directly with the script path as its only argument, and user
 //! input reaches the script through stdin alone.
 
+mod error;
+mod lookup;
 mod redact;
 mod resolve;
 mod run;
+mod sandbox;
 mod step;
 
+pub use error::ScriptError;
 pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
-pub use resolve::{Launcher, ResolvedScript, ScriptError};
+pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
+pub use sandbox::{BUBBLEWRAP_PACKAGE, Bubblewrap, Sandbox, capability_set};
 pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};
 
 use std::collections::HashMap;
@@ -31,7 +36,9 @@ pub struct ExecutorConfig {
     pub scripts_dir: PathBuf,
     /// Parent of the per-task scratch dirs.
     pub work_dir: PathBuf,
-    /// The service's data dir, passed to scripts for their own state.
+    /// Where scripts keep their own state, passed to them as
+    /// `ORCHESTRATOR_DATA_DIR`; writable in the sandbox. Never the
+    /// service's own data dir when the sandbox is on: that one is hidden.
     pub data_dir: PathBuf,
     /// How long a script may take to exit after SIGTERM before SIGKILL.
     pub kill_grace: Duration,
@@ -41,6 +48,8 @@ pub struct ExecutorConfig {
     /// Base URL of the service's API, passed to scripts as `ORCHESTRATOR_URL`
     /// so that they can save checkpoints (`orchestrator checkpoint set`).
     pub service_url: Option<String>,
+    /// How scripts are kept from the service (see `sandbox`).
+    pub sandbox: Sandbox,
 }
 
 /// Runs scripts. Cheap to share: it holds configuration only.

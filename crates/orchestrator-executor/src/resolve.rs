@@ -4,34 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::ScriptExecutor;
-
-/// Why a script path was refused. Every message names the path.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScriptError {
-    #[error("script path must not be empty")]
-    Empty,
-    #[error("script path `{0}` must be relative to the scripts dir, not absolute")]
-    Absolute(String),
-    #[error("script path `{0}` must not contain `..`")]
-    ParentDir(String),
-    #[error("script `{0}` does not exist in the scripts dir")]
-    NotFound(String),
-    #[error("script `{0}` resolves outside the scripts dir (through a symlink)")]
-    EscapesScriptsDir(String),
-    #[error("script `{0}` is not a regular file")]
-    NotAFile(String),
-    #[error(
-        "script `{0}` has no known interpreter extension (.nu, .sh, .py) and is not executable"
-    )]
-    NotExecutable(String),
-    #[error("scripts dir {} is not usable: {source}", dir.display())]
-    ScriptsDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
+use crate::error::ScriptError;
 
 /// How a script is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +91,7 @@ mod tests {
             kill_grace: Duration::from_secs(1),
             interpreters: HashMap::new(),
             service_url: None,
+            sandbox: crate::Sandbox::None,
         })
         .unwrap()
     }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::redact::{Redactor, StreamRedactor};
 use crate::step::{Attempt, LogSink, Outcome, StepRunner};
-use crate::{Launcher, ScriptExecutor};
+use crate::{Launcher, Sandbox, ScriptExecutor};
 
 /// How much of stderr is kept for the error message of a failed attempt.
 const STDERR_TAIL_BYTES: usize = 2048;
@@ -79,14 +79,40 @@ impl ScriptExecutor {
         }
         let _ = std::fs::remove_file(&result_file);
 
-        let mut command = match &script.launcher {
-            Launcher::Interpreter(program) => {
-                let mut command = Command::new(self.on_path(program));
-                command.arg(&script.path);
+        let (program, script_arg) = match &script.launcher {
+            Launcher::Interpreter(program) => (self.on_path(program), Some(&script.path)),
+            Launcher::Direct => (script.path.clone(), None),
+        };
+        let mut command = match &self.config.sandbox {
+            Sandbox::None => Command::new(&program),
+            Sandbox::Bubblewrap(sandbox) => {
+                // Inside the sandbox `bwrap` starts the program, and a
+                // missing one would read as a script exiting with 1: say
+                // it as the spawn would.
+                if let Err(e) = std::fs::metadata(&program).and_then(|m| {
+                    if m.is_file() {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+                    }
+                }) {
+                    return failed_to_start(format!(
+                        "could not start `{}` for script `{}`: {e}",
+                        program.display(),
+                        script.name
+                    ));
+                }
+                let (bwrap, args) = sandbox.command_line(crate::sandbox::Attempt {
+                    scripts_dir: &self.config.scripts_dir,
+                    state_dir: &self.config.data_dir,
+                    work_dir: &work_dir,
+                });
+                let mut command = Command::new(bwrap);
+                command.args(args).arg(&program);
                 command
             }
-            Launcher::Direct => Command::new(&script.path),
         };
+        command.args(script_arg);
         command
             .env_clear()
             .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
@@ -258,7 +284,7 @@ impl ScriptExecutor {
                 break;
             }
             let candidate = dir.join(program);
-            if is_executable(&candidate) {
+            if crate::lookup::is_executable(&candidate) {
                 return candidate;
             }
         }
@@ -278,7 +304,18 @@ impl ScriptExecutor {
             let _ = child.kill().await;
             return;
         };
-        let _ = killpg(pgid, Signal::SIGTERM);
+        match (&self.config.sandbox, child.id()) {
+            // `bwrap` dies of SIGTERM at once, and its sandbox with it
+            // (SIGKILL): the script would get no grace. So the SIGTERM
+            // goes to the rest of the group; `bwrap` ends when the
+            // script does, with its status.
+            (Sandbox::Bubblewrap(_), Some(launcher)) => {
+                signal_group_but(pgid, Pid::from_raw(launcher as i32), Signal::SIGTERM);
+            }
+            _ => {
+                let _ = killpg(pgid, Signal::SIGTERM);
+            }
+        }
         if tokio::time::timeout(self.config.kill_grace, child.wait())
             .await
             .is_err()
@@ -332,10 +369,26 @@ enum LineKeeper {
     Tail(Vec<u8>),
 }
 
-/// A regular file with an execute bit: what `execvp` would run.
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// Sends `signal` to every process of the group `pgid` but `spared`.
+/// The sandbox's own first process (its PID namespace's init) ignores a
+/// signal it has no handler for, as the kernel has it for every init.
+fn signal_group_but(pgid: Pid, spared: Pid, signal: Signal) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .map(Pid::from_raw)
+        else {
+            continue;
+        };
+        if pid != spared && nix::unistd::getpgid(Some(pid)) == Ok(pgid) {
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+    }
 }
 
 impl LineKeeper {
@@ -699,6 +752,7 @@ mod tests {
             kill_grace: Duration::from_secs(1),
             interpreters: HashMap::new(),
             service_url: None,
+            sandbox: crate::Sandbox::None,
         })
         .unwrap();
         executor.inherited_env = Arc::new(vec![(OsString::from("PATH"), OsString::from(path_var))]);

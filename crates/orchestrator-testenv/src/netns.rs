@@ -31,6 +31,16 @@ const INIT_WAIT: Duration = Duration::from_secs(15);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(25);
 
+/// `setpriv`'s arguments that start a program with no capability at all:
+/// none inheritable, none ambient, and none in the bounding set (so that
+/// even uid 0 gains none at `exec`).
+const NO_CAPABILITIES: [&str; 4] = [
+    "--inh-caps=-all",
+    "--ambient-caps=-all",
+    "--bounding-set=-all",
+    "--",
+];
+
 #[derive(Debug, Clone, Default)]
 pub struct NamespaceProvider;
 
@@ -284,6 +294,10 @@ impl Provider for NamespaceProvider {
             .args(["-n", "-u", "-m", "-p"])
             .arg(format!("--wd={}", node_dir.display()))
             .arg("--")
+            // `nsenter` needs the service's capabilities to enter; what
+            // runs in the node gets none of them, root or not.
+            .arg("setpriv")
+            .args(NO_CAPABILITIES)
             .arg(program)
             .args(args)
             .current_dir(&node_dir)

@@ -30,7 +30,8 @@ pub trait Provider: Send + Sync {
 
     /// A command that runs `program` with `args` inside `node`: its
     /// namespaces, its private root as the working directory and as
-    /// `ORCHESTRATOR_DATA_DIR`. In its own process group.
+    /// `ORCHESTRATOR_DATA_DIR`. In its own process group, with no
+    /// capability: those the provider holds to make nodes stay its own.
     async fn command(
         &self,
         plan: &EnvPlan,

@@ -25,6 +25,8 @@ ok() { echo "deb-test: ok: $*"; }
 # 1. Control data and contents.
 [ "$(dpkg-deb -f "$deb" Package)" = orchestrator ] || fail "package name"
 dpkg-deb -f "$deb" Depends | grep -q adduser || fail "Depends lacks adduser"
+# Scripts run in a bubblewrap sandbox by default (docs/security.md).
+dpkg-deb -f "$deb" Depends | grep -q bubblewrap || fail "Depends lacks bubblewrap"
 # Read whole before grep looks: `grep -q` stops reading early, which
 # pipefail would count as a failure of the writer.
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
@@ -72,7 +74,9 @@ if [ "$(id -u)" != 0 ] || ! command -v debootstrap >/dev/null; then
 fi
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 cache=${ORCHESTRATOR_DEB_TEST_CACHE:-$HOME/.cache/orchestrator-deb-test}
-base="$cache/$suite-minbase.tar.gz"
+# Named after what it holds beyond minbase: a root made before bubblewrap
+# became a dependency would fail the install.
+base="$cache/$suite-minbase-adduser-systemd-bubblewrap.tar.gz"
 root=$(mktemp -d /tmp/orchestrator-deb-root.XXXXXX)
 serve_pid=
 cleanup() {
@@ -83,8 +87,9 @@ trap cleanup EXIT
 if [ ! -f "$base" ]; then
     mkdir -p "$cache"
     echo "deb-test: making a $suite root with debootstrap (cached in $base)"
-    # systemd for systemd-analyze; adduser for the maintainer scripts.
-    debootstrap --variant=minbase --include=adduser,systemd "$suite" "$root" \
+    # systemd for systemd-analyze; adduser for the maintainer scripts;
+    # bubblewrap, a dependency.
+    debootstrap --variant=minbase --include=adduser,systemd,bubblewrap "$suite" "$root" \
         http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
         || { tail "$cache/debootstrap.log" >&2; fail "debootstrap $suite"; }
     tar -C "$root" -czf "$base.tmp" . && mv "$base.tmp" "$base"
@@ -127,6 +132,9 @@ owner() { in_root stat -c '%U:%G %a' "$1"; }
     || fail "config.toml is $(owner /etc/orchestrator/config.toml)"
 [ -L "$root/etc/systemd/system/multi-user.target.wants/orchestrator.service" ] \
     || fail "the unit is not enabled"
+[ "$(owner /etc/orchestrator/secret-key)" = "root:root 600" ] \
+    || fail "/etc/orchestrator/secret-key is $(owner /etc/orchestrator/secret-key)"
+grep -Eqx '[0-9a-f]{64}' "$root/etc/orchestrator/secret-key" || fail "the secret key is not 64 hex digits"
 ok "install: user $user, state dir and config owned as they should be, unit enabled"
 
 as_service() { chroot --userspec=orchestrator:orchestrator "$root" "$@"; }
@@ -138,13 +146,24 @@ grep -q '^ok    data dir .*/var/lib/orchestrator' <<<"$doctor" \
 grep -q '^ok    scripts dir' <<<"$doctor" || { echo "$doctor" >&2; fail "doctor: the scripts dir"; }
 # Nushell is not a Debian package: the root has none, and doctor says so.
 grep -q '^FAIL  interpreter nu' <<<"$doctor" || { echo "$doctor" >&2; fail "doctor: nu"; }
-ok "doctor as the service's user: data dir and scripts ok, nu reported missing"
+# A chroot can make no user namespace (the kernel refuses it), so the
+# sandbox cannot run here; doctor must say so rather than pass.
+grep -q '^FAIL  script sandbox' <<<"$doctor" || { echo "$doctor" >&2; fail "doctor: the script sandbox"; }
+ok "doctor as the service's user: data dir and scripts ok, nu reported missing, sandbox checked"
 
 log="$root/tmp/serve.log"
+# The key as systemd's LoadCredential= hands it over: a copy only the
+# service's user can read, in $CREDENTIALS_DIRECTORY.
+credentials=/run/orchestrator-test-credentials
+mkdir -p "$root$credentials"
+install -m 400 "$root/etc/orchestrator/secret-key" "$root$credentials/secret-key"
+in_root chown -R orchestrator:orchestrator "$credentials"
 # chroot itself, not a function, in the background: $! must be the
-# process that becomes the service, for the SIGTERM below.
-chroot --userspec=orchestrator:orchestrator "$root" /usr/bin/orchestrator serve \
-    --config /etc/orchestrator/config.toml --port "$port" >"$log" 2>&1 &
+# process that becomes the service, for the SIGTERM below. Without the
+# script sandbox (none can run in a chroot: see doctor above).
+CREDENTIALS_DIRECTORY=$credentials chroot --userspec=orchestrator:orchestrator "$root" \
+    /usr/bin/orchestrator serve --config /etc/orchestrator/config.toml --port "$port" \
+    --script-sandbox none >"$log" 2>&1 &
 serve_pid=$!
 for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
@@ -156,8 +175,9 @@ wait "$serve_pid" || fail "the service did not stop cleanly"
 serve_pid=
 grep -q 'bootstrap admin token' "$log" || fail "no bootstrap token printed"
 [ -f "$root/var/lib/orchestrator/journal.jsonl" ] || fail "no store in /var/lib/orchestrator"
-[ "$(owner /var/lib/orchestrator/secret.key)" = "orchestrator:orchestrator 600" ] \
-    || fail "secret.key is $(owner /var/lib/orchestrator/secret.key)"
+# The key came from the credential: none was made in the state dir.
+[ ! -e "$root/var/lib/orchestrator/secret.key" ] || fail "the service made a secret.key beside the credential"
+grep -q 'SCRIPTS ARE NOT SANDBOXED' "$log" || fail "--script-sandbox none was not logged as unsafe"
 ok "serve as the service's user: $health"
 
 in_root dpkg -i /tmp/orchestrator.deb >/dev/null
@@ -171,6 +191,7 @@ in_root dpkg --purge orchestrator >/dev/null 2>&1
 ! in_root getent group orchestrator >/dev/null || fail "purge left the group"
 [ ! -e "$root/etc/orchestrator/config.toml" ] || fail "purge left the conffile"
 [ -f "$root/var/lib/orchestrator/journal.jsonl" ] || fail "purge deleted the data unasked"
+[ -f "$root/etc/orchestrator/secret-key" ] || fail "purge deleted the key of the kept data"
 ok "reinstall keeps the store; remove keeps config, data and user; purge removes the user, keeps the data"
 
 # The next user may get another uid than the one that owned the data.
@@ -180,5 +201,6 @@ owned=$(in_root stat -c '%U:%G' /var/lib/orchestrator/journal.jsonl)
 [ "$owned" = orchestrator:orchestrator ] || fail "a reinstall did not adopt the kept data: $owned"
 ORCHESTRATOR_PURGE_DATA=yes in_root dpkg --purge orchestrator >/dev/null 2>&1
 [ ! -e "$root/var/lib/orchestrator" ] || fail "ORCHESTRATOR_PURGE_DATA=yes kept the data"
+[ ! -e "$root/etc/orchestrator/secret-key" ] || fail "ORCHESTRATOR_PURGE_DATA=yes kept the key"
 ok "a reinstall adopts the kept data; ORCHESTRATOR_PURGE_DATA=yes purges it"
 echo "deb-test: all checks passed"

@@ -740,6 +740,30 @@ pub struct ServeArgs {
     /// Bytes of a submission's inputs (`vars`), as compact JSON [default: 65536 (64 KiB)].
     #[arg(long, env = "ORCHESTRATOR_MAX_INPUT_BYTES")]
     pub max_input_bytes: Option<u64>,
+    /// How scripts are isolated from the service: `bubblewrap` (each in
+    /// its own sandbox, without the service's files or capabilities; needs
+    /// the `bubblewrap` package) or `none` (unsafe: a script can read the
+    /// service's secret key, config and store) [default: bubblewrap].
+    #[arg(
+        long,
+        env = "ORCHESTRATOR_SCRIPT_SANDBOX",
+        value_name = "bubblewrap|none"
+    )]
+    pub script_sandbox: Option<String>,
+    /// A path scripts may write in the sandbox besides their work dir,
+    /// the state dir and their private /tmp; repeatable, or
+    /// comma-separated [default: none].
+    #[arg(
+        long = "script-writable",
+        env = "ORCHESTRATOR_SCRIPT_WRITABLE",
+        value_delimiter = ','
+    )]
+    pub script_writable: Vec<PathBuf>,
+    /// File holding the secret key (64 hex digits) that seals secrets and
+    /// signs sessions [default: $CREDENTIALS_DIRECTORY/secret-key under
+    /// systemd, else <data-dir>/secret.key, made on first start].
+    #[arg(long, env = "ORCHESTRATOR_SECRET_KEY_FILE")]
+    pub secret_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -78,6 +78,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     checks.push(free_disk(&settings.data_dir));
     checks.push(clock());
     checks.push(port(&settings).await);
+    checks.push(script_sandbox(&settings).await);
     checks.push(namespaces());
     checks.push(storage(&settings).await);
     print!("{}", render(&checks));
@@ -438,6 +439,59 @@ async fn port(settings: &ServeSettings) -> Check {
 
 /// Whether scripts started by this process could make the network and
 /// mount namespaces of test environments: the two capabilities they need.
+/// That scripts can run in their sandbox: `true`, started as a script
+/// would be.
+async fn script_sandbox(settings: &ServeSettings) -> Check {
+    let name = "script sandbox";
+    let data_dir = match std::path::absolute(&settings.data_dir) {
+        Ok(dir) => dir,
+        Err(e) => return Check::fail(name, format!("--data-dir: {e}"), "fix --data-dir"),
+    };
+    let sandbox = match crate::sandbox::script_sandbox(settings, &data_dir) {
+        Ok(orchestrator_executor::Sandbox::Bubblewrap(sandbox)) => sandbox,
+        Ok(orchestrator_executor::Sandbox::None) => {
+            return Check::warn(
+                name,
+                "off (--script-sandbox none): scripts can read the service's secret key, \
+                 config and store",
+                format!(
+                    "install the Debian package `{}` and drop --script-sandbox none",
+                    orchestrator_executor::BUBBLEWRAP_PACKAGE
+                ),
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                name,
+                format!("{e:#}"),
+                format!(
+                    "apt-get install {}",
+                    orchestrator_executor::BUBBLEWRAP_PACKAGE
+                ),
+            );
+        }
+    };
+    // The state dir may not exist before the first start: the probe then
+    // binds nothing there.
+    let state_dir = data_dir.join("script-state");
+    match sandbox.probe(&settings.scripts_dir, &state_dir).await {
+        Ok(()) => Check::ok(
+            name,
+            format!(
+                "{}: scripts run without the service's files, processes or capabilities",
+                sandbox.program().display()
+            ),
+        ),
+        Err(e) => Check::fail(
+            name,
+            e,
+            "bwrap needs user namespaces when the service is not root (Debian: \
+             kernel.unprivileged_userns_clone=1); under systemd, keep the unit's \
+             RestrictNamespaces= and SystemCallFilter= lines (see docs/deployment.md)",
+        ),
+    }
+}
+
 fn namespaces() -> Check {
     let name = "namespaces";
     let effective = std::fs::read_to_string("/proc/self/status")
@@ -464,14 +518,15 @@ fn namespaces() -> Check {
     if missing.is_empty() {
         return Check::ok(
             name,
-            "CAP_SYS_ADMIN and CAP_NET_ADMIN: scripts can create namespaces for test environments",
+            "CAP_SYS_ADMIN and CAP_NET_ADMIN: the service can create the namespaces of test \
+             environments (scripts never hold them)",
         );
     }
     Check::warn(
         name,
         format!(
-            "{} missing: scripts cannot create the namespaces of test environments (nothing \
-             else needs them)",
+            "{} missing: the service cannot create the namespaces of test environments \
+             (nothing else needs them)",
             missing.join(" and ")
         ),
         "only if you run test environments: install the unit's drop-in \

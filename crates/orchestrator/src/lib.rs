@@ -8,6 +8,7 @@ mod db;
 mod doctor;
 mod migrate;
 mod recovery;
+mod sandbox;
 mod schedules;
 pub mod service;
 pub mod settings;

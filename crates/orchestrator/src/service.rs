@@ -9,7 +9,7 @@ use orchestrator_core::StepKind;
 use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig, RetentionConfig};
-use orchestrator_executor::{ExecutorConfig, ScriptExecutor};
+use orchestrator_executor::{ExecutorConfig, Sandbox, ScriptExecutor};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -94,13 +94,27 @@ pub async fn start_with_store(
     // and every storage call is timed whatever the backend.
     orchestrator_api::prometheus::handle();
     let storage = orchestrator_storage::timed::TimedBackend::wrap(wrap(storage));
+    let state_dir = crate::sandbox::state_dir(&data_dir)?;
+    let sandbox = crate::sandbox::script_sandbox(&settings, &data_dir)?;
+    if let Sandbox::Bubblewrap(bwrap) = &sandbox {
+        bwrap
+            .probe(&settings.scripts_dir, &state_dir)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the script sandbox does not work here: {e}; see docs/deployment.md, \
+                     `orchestrator doctor`, or --script-sandbox none (unsafe)"
+                )
+            })?;
+    }
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir: settings.scripts_dir.clone(),
         work_dir: data_dir.join("work"),
-        data_dir: data_dir.clone(),
+        data_dir: state_dir,
         kill_grace: settings.kill_grace,
         interpreters: settings.interpreters.clone(),
         service_url: Some(format!("http://{}", reachable(addr))),
+        sandbox,
     })
     .context("--scripts-dir")?
     .with_max_log_bytes(settings.max_log_bytes);
@@ -141,7 +155,7 @@ pub async fn start_with_store(
                 auth: settings.auth,
                 rate_limit: settings.rate_limit,
                 address_rate_limit: settings.address_rate_limit,
-                secret_key: Some(secret_key(&data_dir)?),
+                secret_key: Some(secret_key(&data_dir, settings.secret_key_file.as_deref())?),
                 secure_cookies: settings.secure_cookies,
             },
             retention: RetentionConfig {
@@ -266,6 +280,11 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
 
 /// `orchestrator serve`: run until SIGTERM or Ctrl-C.
 pub async fn serve_from_args(args: ServeArgs) -> anyhow::Result<()> {
+    // First: no process of the same user may read this one's memory or
+    // `/proc/<pid>/environ` (secrets, the key, tokens), nor ptrace it,
+    // sandbox or not. Scripts are not affected: an exec makes a process
+    // dumpable again.
+    nix::sys::prctl::set_dumpable(false).context("cannot make the service non-dumpable")?;
     let settings = ServeSettings::resolve(args)?;
     init_logging(settings.log_format);
     // Listen for signals from the start, so that one arriving while the
@@ -357,10 +376,16 @@ async fn announce_access(engine: &Engine, settings: &ServeSettings) -> anyhow::R
     Ok(())
 }
 
-/// The key secrets are sealed with: `ORCHESTRATOR_SECRET_KEY` (64 hex
-/// digits), else `<data-dir>/secret.key`, made (mode 0600) on first start.
-/// Nodes sharing a SurrealDB server need the same key: set the variable.
-fn secret_key(data_dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
+/// The key secrets are sealed with (64 hex digits), from the first of:
+/// `--secret-key-file`; `ORCHESTRATOR_SECRET_KEY` (kept for existing
+/// setups; a file keeps it out of the environment); the systemd
+/// credential `secret-key` (`$CREDENTIALS_DIRECTORY/secret-key`, from
+/// `LoadCredential=`); `<data-dir>/secret.key`, made (mode 0600) on first
+/// start. Nodes sharing a SurrealDB server need the same key.
+fn secret_key(
+    data_dir: &std::path::Path,
+    key_file: Option<&std::path::Path>,
+) -> anyhow::Result<[u8; 32]> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
 
@@ -377,8 +402,27 @@ fn secret_key(data_dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
             .and_then(|b| b.try_into().ok())
             .with_context(|| format!("{from}: a secret key is 64 hex digits (32 bytes)"))
     };
+    let read = |path: &std::path::Path| -> anyhow::Result<[u8; 32]> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the secret key file {}", path.display()))?;
+        parse(&text, &path.display().to_string())
+    };
+    if let Some(path) = key_file {
+        return read(path).context("--secret-key-file");
+    }
     if let Ok(key) = std::env::var("ORCHESTRATOR_SECRET_KEY") {
+        tracing::warn!(
+            "the secret key comes from ORCHESTRATOR_SECRET_KEY: prefer --secret-key-file or a \
+             systemd credential (LoadCredential=secret-key:...), which keep it out of the \
+             environment"
+        );
         return parse(&key, "ORCHESTRATOR_SECRET_KEY");
+    }
+    if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        let path = std::path::Path::new(&dir).join(crate::sandbox::KEY_CREDENTIAL);
+        if path.exists() {
+            return read(&path);
+        }
     }
     let path = data_dir.join("secret.key");
     match std::fs::read_to_string(&path) {

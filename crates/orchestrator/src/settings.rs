@@ -72,6 +72,20 @@ pub struct FileConfig {
     pub max_list_items: Option<u64>,
     pub max_template_bytes: Option<u64>,
     pub max_input_bytes: Option<u64>,
+    /// `bubblewrap` or `none`.
+    pub script_sandbox: Option<String>,
+    /// Paths scripts may write in the sandbox.
+    pub script_writable: Option<Vec<PathBuf>>,
+    pub secret_key_file: Option<PathBuf>,
+}
+
+/// How scripts are isolated from the service (`--script-sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptSandbox {
+    /// Each script in its own `bwrap` sandbox (the default).
+    Bubblewrap,
+    /// Scripts as plain children of the service: unsafe.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +146,13 @@ pub struct ServeSettings {
     /// How much work one submission may ask for (`--max-step-instances`,
     /// `--max-workflow-tasks`, ...).
     pub limits: Limits,
+    /// The config file the settings came from: scripts must not read it.
+    pub config_file: Option<PathBuf>,
+    pub script_sandbox: ScriptSandbox,
+    /// What scripts may write besides their own dirs.
+    pub script_writable: Vec<PathBuf>,
+    /// Where the secret key is read from, when not from the default places.
+    pub secret_key_file: Option<PathBuf>,
 }
 
 impl ServeSettings {
@@ -188,6 +209,10 @@ impl ServeSettings {
             http_allow: orchestrator_http::Allowlist::default(),
             network: orchestrator_api::HttpConfig::default(),
             limits: Limits::default(),
+            config_file: None,
+            script_sandbox: ScriptSandbox::Bubblewrap,
+            script_writable: Vec::new(),
+            secret_key_file: None,
         }
     }
 
@@ -240,6 +265,28 @@ impl ServeSettings {
         };
         let http_allow = orchestrator_http::Allowlist::parse(&http_allow)
             .map_err(|e| anyhow::anyhow!("--http-allow: {e}"))?;
+        let script_sandbox = match args
+            .script_sandbox
+            .as_deref()
+            .or(file.script_sandbox.as_deref())
+        {
+            None | Some("bubblewrap") => ScriptSandbox::Bubblewrap,
+            Some("none") => ScriptSandbox::None,
+            Some(other) => {
+                bail!("--script-sandbox: unknown sandbox `{other}` (expected bubblewrap or none)")
+            }
+        };
+        let script_writable = if args.script_writable.is_empty() {
+            file.script_writable.clone().unwrap_or_default()
+        } else {
+            args.script_writable.clone()
+        };
+        if let Some(relative) = script_writable.iter().find(|p| !p.is_absolute()) {
+            bail!(
+                "--script-writable: `{}` must be an absolute path",
+                relative.display()
+            );
+        }
         let retry = RetryPolicy {
             base_delay: args
                 .retry_base_ms
@@ -322,6 +369,10 @@ impl ServeSettings {
             http_allow,
             network,
             limits,
+            config_file: args.config.clone(),
+            script_sandbox,
+            script_writable,
+            secret_key_file: args.secret_key_file.or(file.secret_key_file),
         };
         // Each is added to the clock somewhere (a lease to now, a retry
         // delay to a due time): bounded like every timeout, so that no

@@ -357,6 +357,8 @@ pub async fn template(client: &ClientArgs, command: TemplateCommand) -> anyhow::
                     kill_grace: Duration::from_secs(1),
                     interpreters: HashMap::new(),
                     service_url: None,
+                    // Only checks paths: runs nothing.
+                    sandbox: orchestrator_executor::Sandbox::None,
                 })
                 .with_context(|| format!("--scripts-dir {}", args.scripts_dir.display()))?;
             let http_allow = orchestrator_http::Allowlist::parse(&args.http_allow)

@@ -79,6 +79,7 @@ impl Setup {
             kill_grace: Duration::from_millis(200),
             interpreters: HashMap::new(),
             service_url: None,
+            sandbox: orchestrator_executor::Sandbox::None,
         })
         .unwrap();
         let mut config = EngineConfig {

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use orchestrator_executor::{ExecutorConfig, Job, LogSink, Outcome, ScriptExecutor};
+use orchestrator_executor::{
+    Bubblewrap, ExecutorConfig, Job, LogSink, Outcome, Sandbox, ScriptExecutor,
+};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -25,16 +27,55 @@ fn fixture(scripts: &[(&str, &str)]) -> Fixture {
         std::fs::write(path, body).unwrap();
     }
     std::fs::create_dir_all(&scripts_dir).unwrap();
+    // What the service would hide: its own files, beside the scripts'.
+    let service_dir = dir.path().join("service");
+    std::fs::create_dir_all(&service_dir).unwrap();
+    std::fs::write(service_dir.join("secret.key"), SERVICE_SECRET).unwrap();
+    let state_dir = dir.path().join("data");
+    std::fs::create_dir_all(&state_dir).unwrap();
     let executor = ScriptExecutor::new(ExecutorConfig {
         scripts_dir,
         work_dir: dir.path().join("work"),
-        data_dir: dir.path().join("data"),
+        data_dir: state_dir,
         kill_grace: Duration::from_millis(500),
         interpreters: HashMap::new(),
         service_url: None,
+        sandbox: Sandbox::Bubblewrap(sandbox().hide(&service_dir)),
     })
     .unwrap();
     Fixture { dir, executor }
+}
+
+/// A file only the service may read.
+const SERVICE_SECRET: &str = "the-service-secret-0123456789";
+
+/// The sandbox, as the service runs scripts by default (CI installs
+/// `bwrap`: `.ci/run`).
+fn sandbox() -> Bubblewrap {
+    Bubblewrap::find(std::env::var_os("PATH").as_deref())
+        .unwrap_or_else(|e| panic!("these tests run scripts in the sandbox: {e}"))
+}
+
+fn with_sandbox(fixture: &Fixture, sandbox: Sandbox) -> ScriptExecutor {
+    let mut config = fixture.executor.config().clone();
+    config.sandbox = sandbox;
+    ScriptExecutor::new(config).unwrap()
+}
+
+/// The processes (host pids) whose environment says they belong to
+/// `task_id`, as `kill_leftovers` finds them.
+fn processes_of(task_id: &str) -> Vec<i32> {
+    let needle = format!("ORCHESTRATOR_TASK_ID={task_id}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| pid_alive(*pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+        })
+        .collect()
 }
 
 static NO_CHECKPOINT: std::sync::LazyLock<serde_json::Map<String, Value>> =
@@ -183,24 +224,128 @@ async fn timeout_kills_the_whole_process_group() {
         "hang.sh",
         "sleep 300 &\necho \"$!\" > \"$ORCHESTRATOR_WORK_DIR/child.pid\"\ntrap '' TERM\nwhile true; do sleep 1; done\n",
     )]);
-    let mut j = job("hang.sh", &Value::Null);
-    j.timeout = Duration::from_millis(700);
-    let (outcome, _) = run(&f, j).await;
-    let Outcome::TimedOut { error } = outcome else {
-        panic!("{outcome:?}")
+    for sandboxed in [true, false] {
+        let executor = if sandboxed {
+            f.executor.clone()
+        } else {
+            with_sandbox(&f, Sandbox::None)
+        };
+        let mut j = job("hang.sh", &Value::Null);
+        // Its own task id: other tests run scripts at the same time.
+        j.task_id = format!("0190aaaa-0000-7000-8000-00000000010{}", u8::from(sandboxed));
+        let task_id = j.task_id.clone();
+        j.timeout = Duration::from_millis(700);
+        let (sink, _rx) = LogSink::channel(1024);
+        let outcome = executor.run(j, sink, CancellationToken::new()).await;
+        let Outcome::TimedOut { error } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(error.contains("timed out"), "{error}");
+        // The child wrote its pid (in the sandbox, as its own PID namespace
+        // numbers it): it was there.
+        let pid_file = executor.work_dir_of(&task_id).join("child.pid");
+        assert!(std::fs::read_to_string(pid_file).is_ok_and(|p| !p.trim().is_empty()));
+        // The script ignored SIGTERM, so this also proves the SIGKILL
+        // follow-up: nothing of the task is left.
+        let left = processes_of(&task_id);
+        assert!(left.is_empty(), "sandboxed {sandboxed}: {left:?} survived");
+    }
+}
+
+/// In the sandbox, SIGTERM still reaches the script first, and it gets
+/// the kill grace to finish: `bwrap` itself is spared, or it would take
+/// the sandbox down with SIGKILL at once.
+#[tokio::test]
+async fn a_sandboxed_script_gets_sigterm_and_its_grace() {
+    let f = fixture(&[(
+        "graceful.sh",
+        "trap 'sleep 0.2; echo cleaned up; exit 0' TERM
+echo started
+sleep 300 &
+wait
+",
+    )]);
+    let cancel = CancellationToken::new();
+    let (sink, mut rx) = LogSink::channel(64);
+    let trigger = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        let mut log = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            if String::from_utf8_lossy(&chunk).contains("started") {
+                trigger.cancel();
+            }
+            log.extend(chunk);
+        }
+        String::from_utf8(log).unwrap()
+    });
+    let mut j = job("graceful.sh", &Value::Null);
+    j.task_id = "0190aaaa-0000-7000-8000-000000000201".into();
+    let outcome = f.executor.run(j, sink, cancel).await;
+    assert_eq!(outcome, Outcome::Cancelled);
+    let log = watcher.await.unwrap();
+    assert!(log.contains("cleaned up"), "{log}");
+    assert!(processes_of("0190aaaa-0000-7000-8000-000000000201").is_empty());
+}
+
+/// What a sandboxed script can reach: its work dir and the state dir
+/// (read-write), the scripts dir (read-only); not what the service
+/// hides, not another process's environment, no capability.
+#[tokio::test]
+async fn a_sandboxed_script_sees_only_its_own() {
+    let f = fixture(&[(
+        "look.py",
+        r#"import glob, json, os, sys
+service = json.load(sys.stdin)["service_dir"]
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return "refused: " + type(e).__name__
+status = open("/proc/self/status").read().splitlines()
+caps = {l.split(":")[0]: l.split()[1] for l in status if l.startswith(("CapEff", "CapPrm", "CapAmb"))}
+environs = []
+for path in glob.glob("/proc/[0-9]*/environ"):
+    environs.append(attempt(lambda: open(path, "rb").read().decode(errors="replace")))
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+    return "ok"
+print(json.dumps({
+    "secret": attempt(lambda: open(os.path.join(service, "secret.key")).read()),
+    "listing": attempt(lambda: os.listdir(service)),
+    "caps": caps,
+    "environs": environs,
+    "state": attempt(lambda: write(os.path.join(os.environ["ORCHESTRATOR_DATA_DIR"], "kept"))),
+    "work": attempt(lambda: write(os.path.join(os.environ["ORCHESTRATOR_WORK_DIR"], "kept"))),
+    "scripts": attempt(lambda: write(os.path.join(os.environ["ORCHESTRATOR_SCRIPTS_DIR"], "new"))),
+}))
+"#,
+    )]);
+    let service_dir = f.dir.path().join("service");
+    let input = json!({"service_dir": service_dir});
+    let mut look = job("look.py", &input);
+    look.task_id = "0190aaaa-0000-7000-8000-000000000301".into();
+    let (outcome, log) = run(&f, look).await;
+    let Outcome::Succeeded { output } = outcome else {
+        panic!("{outcome:?}: {log}")
     };
-    assert!(error.contains("timed out"), "{error}");
-    let pid_file = f
-        .executor
-        .work_dir_of("0190aaaa-0000-7000-8000-000000000001")
-        .join("child.pid");
-    let pid: i32 = std::fs::read_to_string(pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // The script ignored SIGTERM, so this also proves the SIGKILL follow-up.
-    assert!(!pid_alive(pid), "background child {pid} survived");
+    assert_eq!(output["secret"], "refused: FileNotFoundError", "{output}");
+    // Hidden: absent (under the private /tmp, as here) or empty.
+    assert!(
+        [json!([]), json!("refused: FileNotFoundError")].contains(&output["listing"]),
+        "{output}"
+    );
+    assert_eq!(
+        output["caps"],
+        json!({"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapAmb": "0000000000000000"})
+    );
+    assert_eq!(output["state"], "ok");
+    assert_eq!(output["work"], "ok");
+    assert_eq!(output["scripts"], "refused: OSError", "{output}");
+    // Its own PID namespace: only the sandbox's init and the script.
+    assert_eq!(output["environs"].as_array().unwrap().len(), 2, "{output}");
+    assert!(!log.contains(SERVICE_SECRET));
+    assert!(f.dir.path().join("data/kept").exists());
 }
 
 #[tokio::test]

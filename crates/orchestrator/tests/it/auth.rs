@@ -975,7 +975,9 @@ fn a_planted_secret_reaches_its_script_and_nothing_else() {
     const PLANTED: &str = "PLANTED-s3cr3t-VALUE-4242";
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let proof = dir.path().join("proof");
+    // Where a sandboxed script can write and the test can read: the
+    // scripts' state dir.
+    let proof = crate::harness::script_state(&data).join("proof");
     let log_path = dir.path().join("service.log");
     let log_file = std::fs::File::create(&log_path).unwrap();
     let mut child = Command::new(BIN)

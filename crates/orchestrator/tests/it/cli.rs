@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{fixture_scripts, fixture_templates, spawn_serve};
 
-const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_orchestrator");
 
 pub(crate) struct Daemon {
     child: Child,
@@ -43,6 +43,12 @@ impl Daemon {
             .arg(fixture_templates())
             .args(extra)
             .envs(env.iter().copied());
+        let (child, url) = spawn_serve(command, Duration::from_secs(30));
+        Daemon { child, url }
+    }
+
+    /// Starts a service from a prepared `orchestrator serve --port 0`.
+    pub(crate) fn spawn(command: Command) -> Daemon {
         let (child, url) = spawn_serve(command, Duration::from_secs(30));
         Daemon { child, url }
     }
@@ -348,7 +354,8 @@ fn workflow_commands_submit_follow_render_and_list() {
     assert!(rendered.contains("← b"), "{rendered}");
 
     // A failing run exits non-zero; retry then reports the rerun.
-    let gate = dir.path().join("gate");
+    // In the scripts' state dir: what a sandboxed script can see.
+    let gate = crate::harness::script_state(&dir.path().join("data")).join("gate");
     let failed = daemon.cli(&[
         "workflow",
         "submit",

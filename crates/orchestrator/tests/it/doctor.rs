@@ -60,7 +60,7 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
         line(&text, "storage filesystem").contains("no store yet"),
         "{text}"
     );
-    assert!(text.contains("error: 2 of 10 checks failed"), "{text}");
+    assert!(text.contains("error: 2 of 11 checks failed"), "{text}");
 
     // Fixed: nothing fails (warnings, such as an unsynchronized clock, may stay).
     std::fs::write(&config, "[interpreters]\nnu = \"bash\"\n").unwrap();
@@ -68,5 +68,64 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
     let (ok, text) = doctor(&config, &data, port);
     assert!(ok, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
-    assert_eq!(text.lines().count(), 10, "{text}");
+    assert_eq!(text.lines().count(), 11, "{text}");
+    // CI installs bubblewrap (.ci/run): the sandbox runs here.
+    assert!(line(&text, "script sandbox").starts_with("ok"), "{text}");
+}
+
+/// The script sandbox: `bwrap` missing fails naming the package and the
+/// setting; turned off, a warning says what that means.
+#[test]
+fn the_script_sandbox_is_checked() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("config.toml");
+    std::fs::write(&config, "[interpreters]\nnu = \"bash\"\n").unwrap();
+    let data = root.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = Command::new(BIN)
+        .args(["doctor", "--port", &port.to_string(), "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts())
+        .env("PATH", root.path())
+        .output()
+        .unwrap();
+    let text = crate::harness::output_text(&output);
+    assert!(!output.status.success(), "{text}");
+    let sandbox = line(&text, "script sandbox");
+    assert!(
+        sandbox.starts_with("FAIL")
+            && sandbox.contains("bubblewrap")
+            && sandbox.contains("--script-sandbox none"),
+        "{sandbox}"
+    );
+
+    let output = Command::new(BIN)
+        .args([
+            "doctor",
+            "--script-sandbox",
+            "none",
+            "--port",
+            &port.to_string(),
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts())
+        .output()
+        .unwrap();
+    let text = crate::harness::output_text(&output);
+    let sandbox = line(&text, "script sandbox");
+    assert!(
+        sandbox.starts_with("WARN") && sandbox.contains("secret key"),
+        "{sandbox}"
+    );
 }

@@ -159,8 +159,9 @@ fn drill(store_args: &[&str]) {
         assert_eq!(view["status"], "completed", "{view}");
     }
 
-    let ledger = read_ledger(&[data.join("ledger.log")]);
-    let jobs = std::fs::read_to_string(data.join("jobs.log")).unwrap_or_default();
+    let state = crate::harness::script_state(&data);
+    let ledger = read_ledger(&[state.join("ledger.log")]);
+    let jobs = std::fs::read_to_string(state.join("jobs.log")).unwrap_or_default();
     check_promises(&views, &ledger, &jobs);
     // The drill did crash in the middle of work.
     let interrupted = ledger.values().flatten().filter(|e| e.attempt > 1).count();
@@ -535,13 +536,16 @@ pub(crate) mod nodes {
 
         let views = wait_for_workflows(&b, &acknowledged);
         let ledger = read_ledger(&[
-            dir.path().join("a/ledger.log"),
-            dir.path().join("b/ledger.log"),
+            crate::harness::script_state(&dir.path().join("a")).join("ledger.log"),
+            crate::harness::script_state(&dir.path().join("b")).join("ledger.log"),
         ]);
         let jobs: String = ["a", "b"]
             .iter()
             .map(|n| {
-                std::fs::read_to_string(dir.path().join(n).join("jobs.log")).unwrap_or_default()
+                std::fs::read_to_string(
+                    crate::harness::script_state(&dir.path().join(n)).join("jobs.log"),
+                )
+                .unwrap_or_default()
             })
             .collect();
         check_promises(&views, &ledger, &jobs);
@@ -618,7 +622,9 @@ pub(crate) mod nodes {
             json!({"infra": "x", "servers": ["hang-remote"]}),
         );
         let id = created["task_ids"][0].as_str().unwrap().to_owned();
-        let pid_file = |node: &str| dir.path().join(node).join("pids/hang-remote");
+        let pid_file = |node: &str| {
+            crate::harness::script_state(&dir.path().join(node)).join("pids/hang-remote")
+        };
         let started_by = Instant::now() + Duration::from_secs(30);
         while !pid_file("a").exists() && !pid_file("b").exists() {
             assert!(Instant::now() < started_by, "the script never started");
@@ -638,16 +644,13 @@ pub(crate) mod nodes {
             std::thread::sleep(Duration::from_millis(100));
         };
         assert_eq!(task["attempts"], 1);
-        let pid: i32 = std::fs::read_to_string(pid_file(runner))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        assert!(pid_file(runner).exists());
         let gone_by = Instant::now() + Duration::from_secs(10);
-        while crate::harness::pid_alive(pid) {
+        while !crate::harness::task_processes(&id).is_empty() {
             assert!(
                 Instant::now() < gone_by,
-                "the script's child {pid} survived the cancel"
+                "the script's processes {:?} survived the cancel",
+                crate::harness::task_processes(&id)
             );
             std::thread::sleep(Duration::from_millis(50));
         }

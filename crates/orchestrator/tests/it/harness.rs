@@ -199,9 +199,15 @@ impl TestService {
         }
     }
 
+    /// Where the scripts keep their state (their `ORCHESTRATOR_DATA_DIR`):
+    /// the one part of the data dir the sandbox lets them reach.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        script_state(&self.data_dir)
+    }
+
     /// Lines of the fixture scripts' trace file.
     pub fn trace(&self) -> Vec<String> {
-        std::fs::read_to_string(self.data_dir.join("trace.log"))
+        std::fs::read_to_string(self.state_dir().join("trace.log"))
             .unwrap_or_default()
             .lines()
             .map(str::to_owned)
@@ -216,6 +222,31 @@ pub fn output_text(output: &std::process::Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// The scripts' state dir of a service on `data_dir`.
+pub fn script_state(data_dir: &Path) -> std::path::PathBuf {
+    data_dir.join("script-state")
+}
+
+/// The live processes (host pids) of a task's attempts: every process
+/// whose environment holds `ORCHESTRATOR_TASK_ID=<task_id>`. A script
+/// cannot say its own host pid from inside its PID namespace.
+pub fn task_processes(task_id: &str) -> Vec<i32> {
+    let needle = format!("ORCHESTRATOR_TASK_ID={task_id}");
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|pid| pid_alive(*pid))
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub fn pid_alive(pid: i32) -> bool {

@@ -24,6 +24,7 @@ mod provisioning;
 mod reruns;
 mod restart;
 mod retention;
+mod sandbox;
 mod schedules;
 mod secrets;
 mod storage_moves;

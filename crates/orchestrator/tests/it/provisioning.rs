@@ -53,7 +53,7 @@ async fn a_cluster_is_provisioned_by_the_real_scripts() {
     assert_eq!(members[0]["ip"], server_ip("cp-01"));
     assert_eq!(members[1]["ip"], server_ip("wk-01"));
     assert_ne!(server_ip("cp-01"), server_ip("wk-01"));
-    let infra = dir.path().join("infra/production");
+    let infra = crate::harness::script_state(dir.path()).join("infra/production");
     assert!(infra.join("servers/cp-01/server.json").exists());
     assert!(
         infra
@@ -92,7 +92,11 @@ async fn check_mode_runs_the_whole_cluster_and_writes_nothing() {
         assert_eq!(task["output"]["check_mode"], true, "{task}");
         assert_eq!(task["output"]["changed"], false, "{task}");
     }
-    assert!(!dir.path().join("infra").exists());
+    assert!(
+        !crate::harness::script_state(dir.path())
+            .join("infra")
+            .exists()
+    );
     service.stop().await;
 }
 

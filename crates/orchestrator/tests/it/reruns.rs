@@ -8,7 +8,7 @@ use crate::harness::{TestService, fixture_settings};
 
 /// How many times the fixture script ran under `name` (its run counter).
 fn runs(service: &TestService, name: &str) -> usize {
-    std::fs::read_to_string(service.data_dir.join("runs").join(name))
+    std::fs::read_to_string(service.state_dir().join("runs").join(name))
         .map_or(0, |s| s.lines().count())
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::{TestService, fixture_settings, pid_alive};
+use crate::harness::{TestService, fixture_settings, task_processes};
 
 #[tokio::test]
 async fn servers_are_created_in_parallel() {
@@ -42,7 +42,12 @@ async fn servers_are_created_in_parallel() {
         "ran one after another"
     );
     for server in ["slow-1", "slow-2", "slow-3"] {
-        assert!(dir.path().join("created").join(server).exists());
+        assert!(
+            crate::harness::script_state(dir.path())
+                .join("created")
+                .join(server)
+                .exists()
+        );
     }
     service.stop().await;
 }
@@ -140,22 +145,17 @@ async fn retries_stop_when_attempts_are_used_up() {
     service.stop().await;
 }
 
-fn hang_pid(service: &TestService, server: &str) -> i32 {
-    std::fs::read_to_string(service.data_dir.join("pids").join(server))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-async fn wait_dead(pid: i32) {
+/// Waits until no process of the task is left (the script wrote its
+/// child's pid, but as its own PID namespace numbers it).
+async fn wait_dead(service: &TestService, server: &str, task_id: &str) {
+    assert!(service.state_dir().join("pids").join(server).exists());
     for _ in 0..100 {
-        if !pid_alive(pid) {
+        if task_processes(task_id).is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("process {pid} is still alive");
+    panic!("processes {:?} are still alive", task_processes(task_id));
 }
 
 #[tokio::test]
@@ -175,7 +175,7 @@ async fn a_timeout_kills_the_whole_process_group() {
         "{task}"
     );
     // The script ignored SIGTERM and left a child behind; both are gone.
-    wait_dead(hang_pid(&service, "hang-t")).await;
+    wait_dead(&service, "hang-t", ids[0].as_str()).await;
     service.stop().await;
 }
 
@@ -187,7 +187,7 @@ async fn cancel_stops_a_running_task_and_its_children() {
     service
         .wait_task(&ids[0], |t| t["status"] == "running")
         .await;
-    while !service.data_dir.join("pids/hang-c").exists() {
+    while !service.state_dir().join("pids/hang-c").exists() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (status, body) = service
@@ -198,7 +198,7 @@ async fn cancel_stops_a_running_task_and_its_children() {
     let task = service.wait_finished(&ids[0]).await;
     assert_eq!(task["status"], "cancelled", "{task}");
     assert_eq!(task["attempts"], 1);
-    wait_dead(hang_pid(&service, "hang-c")).await;
+    wait_dead(&service, "hang-c", ids[0].as_str()).await;
     let view = service.wait_workflow(&workflow).await;
     assert_eq!(view["status"], "cancelled");
     // A finished task can not be cancelled again.
@@ -304,7 +304,11 @@ async fn check_mode_reaches_the_script_and_changes_nothing() {
     assert_eq!(body["tasks"][0]["check_mode"], true);
     assert_eq!(body["tasks"][0]["output"]["check_mode"], true);
     assert_eq!(body["tasks"][0]["input"]["check_mode"], true);
-    assert!(!dir.path().join("created/ok-dry").exists());
+    assert!(
+        !crate::harness::script_state(dir.path())
+            .join("created/ok-dry")
+            .exists()
+    );
     service.stop().await;
 }
 

@@ -337,6 +337,16 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
         &["serve.py", "--service postgres"],
     )
     .expect("postgres runs in node pg");
+    // The provider needs CAP_SYS_ADMIN and CAP_NET_ADMIN (here: root's
+    // every capability) to make the node; what runs in it holds none.
+    let status = std::fs::read_to_string(format!("/proc/{postgres}/status")).unwrap();
+    for set in ["CapEff", "CapPrm", "CapAmb", "CapInh", "CapBnd"] {
+        let line = status.lines().find(|l| l.starts_with(set)).unwrap();
+        assert!(
+            line.ends_with("0000000000000000"),
+            "a node's service holds {line}"
+        );
+    }
     assert!(
         Command::new("kill")
             .args(["-9", &postgres.to_string()])

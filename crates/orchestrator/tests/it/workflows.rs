@@ -54,7 +54,7 @@ fn intervals(service: &TestService) -> HashMap<String, (f64, f64)> {
 }
 
 fn runs(service: &TestService, name: &str) -> usize {
-    std::fs::read_to_string(service.data_dir.join("runs").join(name))
+    std::fs::read_to_string(service.state_dir().join("runs").join(name))
         .map_or(0, |s| s.lines().count())
 }
 
@@ -266,7 +266,8 @@ async fn an_optional_step_may_fail_without_failing_the_workflow() {
 async fn retry_reruns_only_what_did_not_complete() {
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(fixture_settings(dir.path())).await;
-    let gate = dir.path().join("gate");
+    // In the scripts' state dir: what a sandboxed script can see.
+    let gate = service.state_dir().join("gate");
     let view = run(
         &service,
         json!({"template": "chain", "vars": {"gate": gate.display().to_string()}}),

@@ -1,0 +1,237 @@
+//! A hostile script against a real `orchestrator serve`: it tries to read
+//! the service's environment (the secret key in `ORCHESTRATOR_SECRET_KEY`),
+//! every process's environment, the data dir (the key file, the store's
+//! journal), the config file and the key file, and reports its own
+//! capabilities. Nothing of it may be reachable.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::cli::{BIN, Daemon, submit};
+use crate::harness::fixture_scripts;
+
+/// A key no script may ever see (64 hex digits).
+const KEY: &str = "5ec2e7ca7e5ec2e7ca7e5ec2e7ca7e5ec2e7ca7e5ec2e7ca7e5ec2e7ca7e0001";
+/// In the config file only.
+const CONFIG_MARKER: &str = "config-file-marker-a1b2c3";
+
+/// Runs `hostile/reach.py` as a step of `daemon` and returns its report
+/// and the task's log.
+fn reach(daemon: &Daemon, data_dir: &Path, files: &[&Path]) -> (Value, String) {
+    let created = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": {
+            "name": "hostile", "ref_name": "hostile", "schema_version": 1,
+            "steps": [{"ref_name": "reach", "script": "hostile/reach.py",
+                       "input": {"data_dir": data_dir, "files": files}}],
+        }, "max_attempts": 1}),
+    );
+    let id = created["task_ids"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    for _ in 0..600 {
+        let task = daemon.cli_json(&["task", &id, "--json"]);
+        match task["status"].as_str() {
+            Some("completed") => {
+                let log = daemon.cli(&["logs", &id]);
+                return (
+                    task["output"].clone(),
+                    String::from_utf8_lossy(&log.stdout).into_owned(),
+                );
+            }
+            Some("failed" | "cancelled") => panic!("the hostile step did not run: {task}"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    panic!("task {id} never finished");
+}
+
+/// What the report must not hold, whatever the service's setup.
+fn assert_nothing_reached(report: &Value, log: &str, data_dir: &Path, secrets: &[&str]) {
+    let text = report.to_string();
+    for secret in secrets {
+        assert!(!text.contains(secret), "the script read {secret}: {text}");
+        assert!(!log.contains(secret), "the log shows {secret}: {log}");
+    }
+    assert!(
+        !text.contains("ORCHESTRATOR_SECRET_KEY"),
+        "the script read the service's environment: {text}"
+    );
+    let data = data_dir.display().to_string();
+    let read = report["read"].as_object().unwrap();
+    assert!(
+        read.keys().all(|path| !path.starts_with(&data)),
+        "the script read files of the data dir: {:?}",
+        read.keys().collect::<Vec<_>>()
+    );
+    // All it sees of the data dir: its own dirs (the mount points of its
+    // state dir and its work dir), nothing of the service's.
+    let listed = report["listed"][&data].as_array().unwrap();
+    let own = [
+        data_dir.join("script-state").display().to_string(),
+        data_dir.join("work").display().to_string(),
+    ];
+    assert!(
+        listed.iter().all(|p| own
+            .iter()
+            .any(|o| p.as_str().unwrap().starts_with(o.as_str()))),
+        "the script listed the data dir: {listed:?}"
+    );
+    // Only its own sandbox's processes: the sandbox's init and itself.
+    let environs = read.keys().filter(|p| p.ends_with("/environ")).count();
+    assert!(environs <= 2, "it read {environs} environments: {text}");
+    for set in ["CapEff", "CapPrm", "CapAmb", "CapInh"] {
+        assert_eq!(
+            report["caps"][set], "0000000000000000",
+            "the script holds capabilities: {}",
+            report["caps"]
+        );
+    }
+}
+
+fn config_file(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!("workers = 1\nno_auth = true\nsurrealdb_password = \"{CONFIG_MARKER}\"\n"),
+    )
+    .unwrap();
+    config
+}
+
+/// As CI runs it (and as many do by hand): the service as root, the key
+/// in its environment.
+#[test]
+fn a_script_cannot_reach_the_key_the_store_or_root_s_capabilities() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let config = config_file(dir.path());
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--port", "0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts())
+        .env("ORCHESTRATOR_SECRET_KEY", KEY);
+    let daemon = Daemon::spawn(command);
+    let (report, log) = reach(&daemon, &data_dir, &[&config]);
+    assert_nothing_reached(&report, &log, &data_dir, &[KEY, CONFIG_MARKER]);
+    // The store is there and has the workflow: the script could not see it.
+    assert!(data_dir.join("journal.jsonl").exists() || data_dir.join("snapshot.jsonl").exists());
+}
+
+/// A service as an unprivileged user (`nobody`) holding CAP_SYS_ADMIN and
+/// CAP_NET_ADMIN as ambient capabilities, as the Debian unit with the
+/// test-environment drop-in runs it, with `extra` arguments. The key is
+/// in a file (`--secret-key-file`), or with `key_in_env` in
+/// `ORCHESTRATOR_SECRET_KEY`.
+struct Unprivileged {
+    dir: tempfile::TempDir,
+    daemon: Daemon,
+}
+
+impl Unprivileged {
+    fn start(extra: &[&str], key_in_env: bool) -> Unprivileged {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // `nobody` must reach the binary, the scripts and its own dirs.
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = root.join("orchestrator");
+        std::fs::copy(BIN, &bin).unwrap();
+        std::fs::create_dir_all(root.join("scripts/hostile")).unwrap();
+        std::fs::copy(
+            fixture_scripts().join("hostile/reach.py"),
+            root.join("scripts/hostile/reach.py"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::write(root.join("secret-key"), KEY).unwrap();
+        let config = config_file(root);
+        for name in ["data", "secret-key", "config.toml"] {
+            let status = Command::new("chown")
+                .arg("65534:65534")
+                .arg(root.join(name))
+                .status()
+                .unwrap();
+            assert!(status.success(), "these tests run as root, as CI does");
+        }
+        for name in ["secret-key", "config.toml"] {
+            std::fs::set_permissions(root.join(name), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        }
+        let mut command = Command::new("setpriv");
+        command
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=+sys_admin,+net_admin",
+                "--ambient-caps=+sys_admin,+net_admin",
+                "--",
+            ])
+            .arg(&bin)
+            .args(["serve", "--port", "0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(root.join("data"))
+            .arg("--scripts-dir")
+            .arg(root.join("scripts"))
+            .args(extra)
+            .current_dir(root);
+        if key_in_env {
+            command.env("ORCHESTRATOR_SECRET_KEY", KEY);
+        } else {
+            command
+                .arg("--secret-key-file")
+                .arg(root.join("secret-key"));
+        }
+        let daemon = Daemon::spawn(command);
+        Unprivileged { dir, daemon }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The capabilities of the drop-in stay with the service (its
+/// test-environment helpers); scripts get none, and the key file, the
+/// config and the data dir stay out of reach.
+#[test]
+fn a_script_gets_none_of_the_capabilities_of_the_test_environment_drop_in() {
+    let service = Unprivileged::start(&[], false);
+    let (data_dir, config, key) = (
+        service.path("data"),
+        service.path("config.toml"),
+        service.path("secret-key"),
+    );
+    let (report, log) = reach(&service.daemon, &data_dir, &[&config, &key]);
+    assert_nothing_reached(&report, &log, &data_dir, &[KEY, CONFIG_MARKER]);
+}
+
+/// Even unsandboxed, a script of the same user cannot read the service's
+/// environment: the service is not dumpable.
+#[test]
+fn the_service_s_environment_is_unreadable_even_without_the_sandbox() {
+    let service = Unprivileged::start(&["--script-sandbox", "none"], true);
+    let data_dir = service.path("data");
+    let (report, log) = reach(&service.daemon, &data_dir, &[]);
+    let text = report.to_string();
+    assert!(!text.contains(KEY), "the script read the key: {text}");
+    assert!(!log.contains(KEY));
+    assert!(
+        report["refused"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|path| path.ends_with("/environ")),
+        "{text}"
+    );
+}
