@@ -46,6 +46,7 @@ async fn a_step_that_panics_fails_its_attempt_with_the_reason() {
         kill_grace: Duration::from_millis(200),
         interpreters: HashMap::new(),
         service_url: None,
+        sandbox: orchestrator_executor::Sandbox::None,
     })
     .unwrap();
     let steps = Steps::new(scripts).with(StepKind::Testenv, Arc::new(Panicking));
