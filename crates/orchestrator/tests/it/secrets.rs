@@ -107,7 +107,7 @@ async fn a_secret_is_used_only_by_the_templates_its_scope_names() {
     const VALUE: &str = "scoped-s3cret-VALUE-77";
     let dir = tempfile::tempdir().unwrap();
     let (service, _) = start(dir.path(), &[]).await;
-    let proof = dir.path().join("proof");
+    let proof = service.state_dir().join("proof");
 
     // A secret without a scope (as every secret stored before scopes)
     // is usable nowhere.
@@ -282,7 +282,7 @@ async fn redaction_comes_before_every_cut_and_catches_every_form() {
     const VALUE: &str = "Pl@nted \"s3cr3t\"/VALUE 4242";
     let dir = tempfile::tempdir().unwrap();
     let (service, viewer) = start(dir.path(), &[]).await;
-    let proof = dir.path().join("proof");
+    let proof = service.state_dir().join("proof");
     let (status, _) = put_secret(
         &service,
         "db_password",
@@ -482,7 +482,7 @@ async fn the_cli_stores_scopes_lists_and_deletes_secrets() {
     assert!(ok && text.contains("db_password"), "{text}");
     assert!(!text.contains(VALUE), "{text}");
     // The value arrived without its newline: the template's script gets it.
-    let proof = dir.path().join("proof");
+    let proof = service.state_dir().join("proof");
     let view = run_secret_use(&service, &proof, "plain").await;
     assert_eq!(view["status"], "completed", "{view}");
     use sha2::Digest;
