@@ -23,7 +23,7 @@ before(async () => {
   browser = await launchBrowser();
   operator = await createToken(service, 'ui-operator', 'operator');
   viewer = await createToken(service, 'ui-viewer', 'viewer');
-  const put = await call(service, ADMIN, 'PUT', '/secrets/ui_password', { value: SECRET_VALUE });
+  const put = await call(service, ADMIN, 'PUT', '/secrets/ui_password', { value: SECRET_VALUE, templates: ['ui-gate'] });
   assert.equal(put.status, 200, JSON.stringify(put.body));
 });
 

@@ -18,7 +18,7 @@ before(async () => {
   operator = await createToken(service, 'ui-rerun-operator', 'operator');
   viewer = await createToken(service, 'ui-rerun-viewer', 'viewer');
   // ui-gate's check step reads this secret.
-  const put = await call(service, ADMIN, 'PUT', '/secrets/ui_password', { value: 'ui-rerun-secret' });
+  const put = await call(service, ADMIN, 'PUT', '/secrets/ui_password', { value: 'ui-rerun-secret', templates: ['ui-gate'] });
   assert.equal(put.status, 200, JSON.stringify(put.body));
 });
 

@@ -84,9 +84,11 @@ pub(crate) struct NewSecret {
     value: String,
     /// Registered templates (`ref_name`) whose workflows may use it.
     /// Absent: the replaced secret's list is kept (a new secret: none).
+    #[schema(schema_with = template_names_schema)]
     templates: Option<Vec<String>>,
     /// Origins (`scheme://host[:port]`) http steps may send it to.
     /// Absent: the replaced secret's list is kept (a new secret: none).
+    #[schema(schema_with = origins_schema)]
     origins: Option<Vec<String>>,
 }
 
@@ -95,9 +97,38 @@ pub(crate) struct NewSecret {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ScopeBody {
     /// Registered templates (`ref_name`) whose workflows may use it.
+    #[schema(schema_with = template_names_schema)]
     templates: Option<Vec<String>>,
     /// Origins (`scheme://host[:port]`) http steps may send it to.
+    #[schema(schema_with = origins_schema)]
     origins: Option<Vec<String>>,
+}
+
+/// A scope's template list: each a registered template's `ref_name`, as
+/// the engine checks it.
+fn template_names_schema() -> utoipa::openapi::schema::Array {
+    optional_strings(r"^[A-Za-z0-9_-]{1,100}$")
+}
+
+/// A scope's origins: `http` or `https`, a host name or IPv4 address, an
+/// optional port; no user, path or query. (The engine also takes IPv6
+/// hosts and any port; the document states the common subset.)
+fn origins_schema() -> utoipa::openapi::schema::Array {
+    optional_strings(
+        r"^https?://[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[1-9][0-9]{0,3})?$",
+    )
+}
+
+fn optional_strings(pattern: &str) -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
+    ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(pattern)),
+        )
+        .build()
 }
 
 /// Stores a secret, encrypted, replacing one of the same name. A secret

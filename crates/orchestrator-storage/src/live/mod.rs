@@ -895,6 +895,7 @@ async fn mirror(
     first: Changed,
 ) -> Result<(), Stop> {
     let mut pending = first;
+    let mut previous = usize::MAX;
     for _ in 0..MIRROR_ROUNDS {
         if cancel.is_cancelled() {
             return Err(Stop::Cancelled);
@@ -910,9 +911,15 @@ async fn mirror(
         .await?;
         pending = Changed::default();
         this.update(id, false, |s| s.records_mirrored += applied);
-        if n <= SMALL_ROUND {
+        // A round no smaller than the one before means the target takes
+        // writes no faster than the service makes them: each further round
+        // would take longer than the last, and the move would not end while
+        // the load lasts. The switch applies the rest with writes paused
+        // (a longer stall, but an end).
+        if n <= SMALL_ROUND || n >= previous {
             break;
         }
+        previous = n;
     }
     Ok(())
 }

@@ -80,8 +80,10 @@ impl Daemon {
         assert!(status.success());
     }
 
+    /// Waits for the service to exit (a minute at most: a service asked to
+    /// crash at a point of a slow migration may take a while to get there).
     pub(crate) fn wait(mut self) -> std::process::ExitStatus {
-        for _ in 0..300 {
+        for _ in 0..1200 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
