@@ -110,12 +110,13 @@ fn template_names_schema() -> utoipa::openapi::schema::Array {
     optional_strings(r"^[A-Za-z0-9_-]{1,100}$")
 }
 
-/// A scope's origins: `http` or `https`, a host name or IPv4 address, an
-/// optional port; no user, path or query. (The engine also takes IPv6
-/// hosts and any port; the document states the common subset.)
+/// A scope's origins: `http` or `https`, a host name, an optional port;
+/// no user, path or query. (The engine also takes IP addresses and any
+/// port; the document states the common subset. A last label that starts
+/// with a digit would be read as an IPv4 address.)
 fn origins_schema() -> utoipa::openapi::schema::Array {
     optional_strings(
-        r"^https?://[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[1-9][0-9]{0,3})?$",
+        r"^https?://([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?(:[1-9][0-9]{0,3})?$",
     )
 }
 
