@@ -195,7 +195,7 @@ struct Inner {
     admitting: tokio::sync::Mutex<()>,
     /// Stops the ttl loop.
     stop: CancellationToken,
-    /// Creates so far (counted before each submission), and the count at
+    /// Creates so far (counted after each submission), and the count at
     /// the last time the ttl loop found no environment left to watch
     /// (`u64::MAX`: it did find some). The loop lists workflows only when
     /// the two differ, so an idle service does not scan its store every
@@ -300,12 +300,18 @@ impl TestEnvs {
                      {MAX_ENVIRONMENTS}; delete one first"
                 )));
             }
-            self.submit(
-                create_template(&plan)?,
-                &plan,
-                format!("testenv-create-{}", plan.id),
-            )
-            .await?
+            let submitted = self
+                .submit(
+                    create_template(&plan)?,
+                    &plan,
+                    format!("testenv-create-{}", plan.id),
+                )
+                .await;
+            // Counted once the record is stored (or refused): a loop that
+            // reads this count lists a store holding every create counted,
+            // so it cannot note "idle" over an environment it missed.
+            self.inner.creates.fetch_add(1, Ordering::SeqCst);
+            submitted?
         };
         tracing::info!(env = %plan.id, workflow = %workflow, nodes = plan.nodes.len(), "test environment accepted");
         if let Some(limit) = wait {

@@ -176,6 +176,20 @@ async fn env_status(service: &TestService, id: &str) -> String {
     env["status"].as_str().unwrap_or_default().to_owned()
 }
 
+/// Waits until the environment is deleted; on giving up, shows it and
+/// its logs (which step of which workflow did not end as it should).
+async fn wait_deleted(service: &TestService, id: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while env_status(service, id).await != "deleted" {
+        if tokio::time::Instant::now() >= deadline {
+            let (status, env) = service.get(&format!("/test/environments/{id}")).await;
+            let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+            panic!("gave up waiting for {id} to be torn down: {status} {env:#}\nlogs: {logs:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn create(service: &TestService, body: Value) -> Value {
     let mut body = body;
     body["wait"] = json!(true);
@@ -502,12 +516,7 @@ async fn an_expired_ttl_and_auto_cleanup_tear_environments_down() {
 
     for env in [&expiring, &cleaned] {
         let id = env["id"].as_str().unwrap().to_owned();
-        wait_until("the environment is torn down", || {
-            let id = id.clone();
-            let service = &service;
-            async move { env_status(service, &id).await == "deleted" }
-        })
-        .await;
+        wait_deleted(&service, &id).await;
     }
     assert_eq!(tagged.leftovers(), Leftovers::none());
     service.stop().await;
