@@ -3,9 +3,9 @@
 //! carries its CSRF token, whether they are over their rate, and the audit
 //! record of every change and every refusal.
 //!
-//! Which route needs which role is decided here, from the route template,
-//! in one table ([`need`]), so a new route is covered by its method: reads
-//! need `viewer`, changes `operator`, unless the table says otherwise.
+//! Which route needs which role, and which calls are audited under which
+//! action, each operation declares on its handler (`x-role`, `x-audit`);
+//! the door looks them up by route template ([`Declarations`]).
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -25,6 +25,7 @@ use orchestrator_engine::Engine;
 use orchestrator_engine::access::Principal;
 
 use crate::ApiError;
+use crate::declarations::{Declarations, Need};
 use crate::forwarded::{ClientAddress, TrustedProxies};
 use crate::limiter::{Limiter, MAX_KEYS};
 use crate::refusals::{AUDIT_INTERVAL, Due, MAX_ADDRESSES, RefusalTally};
@@ -34,6 +35,8 @@ use crate::session::{self, Session, Sessions};
 /// the rate limiters and the tally of anonymous refusals.
 #[derive(Clone)]
 pub(crate) struct Guard {
+    /// What each operation needs and records.
+    declarations: Declarations,
     engine: Engine,
     sessions: Sessions,
     /// Per token (per address for the open routes), after authentication.
@@ -68,6 +71,7 @@ fn quota(rate: NonZeroU32) -> Quota {
 
 impl Guard {
     pub(crate) fn new(
+        declarations: Declarations,
         engine: Engine,
         sessions: Sessions,
         trusted_proxies: TrustedProxies,
@@ -115,6 +119,7 @@ impl Guard {
             runtime.spawn(flush_refusals(Arc::downgrade(&refusals), AUDIT_INTERVAL));
         }
         Guard {
+            declarations,
             engine,
             sessions,
             limiter,
@@ -184,99 +189,6 @@ async fn flush_refusals(audit: Weak<RefusalAudit>, interval: Duration) {
     }
 }
 
-/// What a route requires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Need {
-    /// Anyone: liveness and the API's own description.
-    Open,
-    /// Anyone on loopback; elsewhere any valid token.
-    Metrics,
-    /// The task's own token, or an operator.
-    Checkpoint,
-    Role(Role),
-}
-
-/// The table. `path` is the route template (`/tasks/{id}`), `None` when no
-/// route matched: such a request is answered 401 before 404, so that
-/// probing without a token learns nothing.
-pub(crate) fn need(method: &Method, path: Option<&str>) -> Need {
-    match path {
-        // The dashboard's files load before anyone signs in; signing out
-        // only clears the caller's own cookie.
-        Some("/health" | "/openapi.json" | "/ui" | "/ui/" | "/ui/{*path}" | "/ui/logout") => {
-            Need::Open
-        }
-        // The page asks who it is on every load, signed in or not: the
-        // handler answers 401 itself, so that a visit before signing in is
-        // not an audited refusal.
-        Some("/ui/session") if *method == Method::GET => Need::Open,
-        Some("/metrics") => Need::Metrics,
-        Some("/tasks/{id}/checkpoint") => Need::Checkpoint,
-        Some(p)
-            if p.starts_with("/tokens")
-                || p.starts_with("/secrets")
-                || p == "/audit"
-                || p == "/backup"
-                || p == "/prune"
-                || p.starts_with("/admin/") =>
-        {
-            Need::Role(Role::Admin)
-        }
-        // Checking a template changes nothing; any role may open a
-        // dashboard session.
-        Some("/workflows/validate" | "/ui/session") => Need::Role(Role::Viewer),
-        _ if matches!(*method, Method::GET | Method::HEAD) => Need::Role(Role::Viewer),
-        None => Need::Role(Role::Viewer),
-        Some(_) => Need::Role(Role::Operator),
-    }
-}
-
-/// Whether a call changes something, and so is audited whatever its outcome.
-fn is_change(method: &Method, path: Option<&str>) -> bool {
-    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-        && path.is_some_and(|p| p != "/workflows/validate")
-}
-
-/// `<resource>.<verb>` for the audit log, from the route template.
-fn action(method: &Method, path: Option<&str>) -> String {
-    let path = path.unwrap_or("unknown");
-    let named = match (method.as_str(), path) {
-        ("POST", "/workflows") => "workflow.submit",
-        ("POST", "/workflows/servers/create") => "workflow.submit_servers",
-        ("POST", "/workflows/taskserv/create") => "workflow.submit_taskservs",
-        ("POST", "/workflows/cluster/create") => "workflow.submit_cluster",
-        ("POST", "/workflows/{id}/cancel") => "workflow.cancel",
-        ("POST", "/workflows/{id}/retry") => "workflow.retry",
-        ("POST", "/workflows/{id}/rerun") => "workflow.rerun",
-        ("POST", "/schedules") => "schedule.create",
-        ("PATCH", "/schedules/{id}") => "schedule.update",
-        ("DELETE", "/schedules/{id}") => "schedule.delete",
-        ("POST", "/tasks/{id}/cancel") => "task.cancel",
-        ("PUT", "/tasks/{id}/checkpoint") => "task.checkpoint",
-        ("POST", "/tokens") => "token.create",
-        ("DELETE", "/tokens/{id}") => "token.revoke",
-        ("PUT", "/secrets/{name}") => "secret.put",
-        ("PATCH", "/secrets/{name}") => "secret.scope",
-        ("DELETE", "/secrets/{name}") => "secret.delete",
-        ("POST", "/ui/session") => "ui.sign_in",
-        ("POST", "/ui/logout") => "ui.sign_out",
-        ("POST", "/backup") => "backup.create",
-        ("POST", "/prune") => "prune.run",
-        ("POST", "/admin/storage/migrations") => "storage.migrate",
-        ("POST", "/admin/storage/migrations/{id}/cancel") => "storage.migration_cancel",
-        ("POST", "/admin/storage/rollback") => "storage.rollback",
-        ("POST", "/test/environments/create") => "testenv.create",
-        ("POST", "/test/environments/{id}/run") => "testenv.run",
-        ("DELETE", "/test/environments/{id}") => "testenv.delete",
-        _ => "",
-    };
-    if named.is_empty() {
-        format!("{} {path}", method.as_str().to_lowercase())
-    } else {
-        named.to_owned()
-    }
-}
-
 /// The per-address limit: the outermost layer, so that a request over it
 /// costs a hash map lookup and a short answer, before any span, log line,
 /// request id, metric or token check is spent on it. A flood of wrong
@@ -320,6 +232,7 @@ pub(crate) async fn guard(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned());
     let path = path.as_deref();
+    let declared = guard.declarations.of(&method, path);
     // Set by `limit_address`; read from the connection where that layer
     // did not run (tests that build the guard alone).
     let peer = request
@@ -361,7 +274,13 @@ pub(crate) async fn guard(
             time: Utc::now(),
             actor: principal.map_or_else(|| "anonymous".to_owned(), |p| p.actor.clone()),
             role: principal.and_then(|p| p.role),
-            action: action(&method, path),
+            action: declared.audit.clone().unwrap_or_else(|| {
+                format!(
+                    "{} {}",
+                    method.as_str().to_lowercase(),
+                    path.unwrap_or("unknown")
+                )
+            }),
             target,
             outcome: outcome.to_owned(),
             status: status.as_u16(),
@@ -370,7 +289,7 @@ pub(crate) async fn guard(
         }
     };
 
-    let need = need(&method, path);
+    let need = declared.need;
     let refusal = check(need, principal.as_ref(), &credential, peer, &target).or_else(|| {
         // A browser sends the cookie with every request to this origin, so
         // a change made with it must also prove that it comes from the
@@ -380,7 +299,7 @@ pub(crate) async fn guard(
             return None;
         };
         let changes = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
-        (access.config().auth && changes && need != Need::Open)
+        (access.config().auth && changes && !need.is_open())
             .then(|| csrf_refusal(session, request.headers()))
             .flatten()
     });
@@ -405,7 +324,7 @@ pub(crate) async fn guard(
         && let Err(not_until) = limiter.check_key(&key)
     {
         match &principal {
-            Some(principal) if is_change(&method, path) => {
+            Some(principal) if declared.audit.is_some() => {
                 access
                     .record(audit(
                         StatusCode::TOO_MANY_REQUESTS,
@@ -431,7 +350,7 @@ pub(crate) async fn guard(
         request.extensions_mut().insert(session);
     }
     let response = next.run(request).await;
-    if !is_change(&method, path) {
+    if declared.audit.is_none() {
         return response;
     }
     // What was created has no id in the path: take it from the answer.
@@ -545,7 +464,7 @@ fn check(
         ))
     };
     match need {
-        Need::Open => None,
+        Need::Open | Need::Optional => None,
         Need::Metrics => {
             let local = peer.is_some_and(|p| p.is_loopback());
             if local || principal.is_some_and(|p| p.role.is_some()) {
@@ -612,43 +531,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_table_gives_reads_to_viewers_and_changes_to_operators() {
-        let get = Method::GET;
-        let post = Method::POST;
-        assert_eq!(need(&get, Some("/health")), Need::Open);
-        assert_eq!(need(&get, Some("/tasks")), Need::Role(Role::Viewer));
-        assert_eq!(need(&post, Some("/workflows")), Need::Role(Role::Operator));
-        assert_eq!(
-            need(&post, Some("/workflows/validate")),
-            Need::Role(Role::Viewer)
-        );
-        assert_eq!(need(&post, Some("/tokens")), Need::Role(Role::Admin));
-        assert_eq!(need(&get, Some("/audit")), Need::Role(Role::Admin));
-        // A backup holds every record: token hashes and sealed secrets too.
-        assert_eq!(need(&post, Some("/backup")), Need::Role(Role::Admin));
-        assert_eq!(need(&post, Some("/prune")), Need::Role(Role::Admin));
-        assert_eq!(
-            need(&Method::PUT, Some("/secrets/{name}")),
-            Need::Role(Role::Admin)
-        );
-        assert_eq!(
-            need(&Method::PUT, Some("/tasks/{id}/checkpoint")),
-            Need::Checkpoint
-        );
-        assert_eq!(need(&Method::DELETE, None), Need::Role(Role::Viewer));
-        assert_eq!(need(&get, Some("/metrics")), Need::Metrics);
-        // The dashboard's files and sign-out are open; a session needs a role.
-        assert_eq!(need(&get, Some("/ui/{*path}")), Need::Open);
-        assert_eq!(need(&post, Some("/ui/logout")), Need::Open);
-        assert_eq!(need(&post, Some("/ui/session")), Need::Role(Role::Viewer));
-        assert_eq!(need(&get, Some("/ui/session")), Need::Open);
-        assert_eq!(
-            need(&get, Some("/workflows/counts")),
-            Need::Role(Role::Viewer)
-        );
-    }
-
-    #[test]
     fn metrics_are_open_on_loopback_only() {
         let local: IpAddr = "127.0.0.1".parse().unwrap();
         let remote: IpAddr = "10.1.2.3".parse().unwrap();
@@ -688,26 +570,5 @@ mod tests {
             )
             .is_some()
         );
-    }
-
-    #[test]
-    fn actions_name_resource_and_verb() {
-        assert_eq!(
-            action(&Method::POST, Some("/workflows/{id}/cancel")),
-            "workflow.cancel"
-        );
-        assert_eq!(
-            action(&Method::DELETE, Some("/tokens/{id}")),
-            "token.revoke"
-        );
-        assert_eq!(action(&Method::POST, Some("/backup")), "backup.create");
-        assert_eq!(action(&Method::POST, Some("/prune")), "prune.run");
-        assert_eq!(
-            action(&Method::PATCH, Some("/tasks/{id}")),
-            "patch /tasks/{id}"
-        );
-        assert!(is_change(&Method::POST, Some("/workflows")));
-        assert!(!is_change(&Method::POST, Some("/workflows/validate")));
-        assert!(!is_change(&Method::GET, Some("/audit")));
     }
 }

@@ -1,12 +1,10 @@
 //! The HTTP API. This is the only crate that knows HTTP: it maps requests
 //! onto the engine and engine results (and errors) onto responses.
 
-mod admin;
 mod auth;
-mod backup;
 mod browser;
 mod connections;
-mod dashboard;
+mod declarations;
 mod error;
 mod extract;
 mod forwarded;
@@ -17,10 +15,7 @@ pub mod openapi;
 pub mod prometheus;
 mod refusals;
 mod routes;
-mod schedules;
 mod session;
-mod storage;
-mod testenv;
 #[cfg(test)]
 mod tests;
 
@@ -29,7 +24,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
 use orchestrator_engine::Engine;
 use tokio::net::TcpListener;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -136,35 +130,43 @@ pub fn app_with(
     let mut state = AppState::new(engine);
     state.testenvs = testenvs;
     state.streams = live::StreamSlots::new(http.max_streams);
-    with_layers(all_routes(), state, layers::Deadlines::default(), http)
+    let (routes, declarations) = all_routes();
+    with_layers(
+        routes,
+        declarations,
+        state,
+        layers::Deadlines::default(),
+        http,
+    )
 }
 
-/// Every route, before middleware: the API's, the dashboard's and the
-/// operational ones.
-pub(crate) fn all_routes() -> Router<AppState> {
-    routes::router()
-        .merge(admin::router())
-        .merge(storage::router())
-        .merge(dashboard::router())
-        .merge(schedules::router())
-        .merge(testenv::router())
-        .merge(
-            Router::new()
-                .route("/metrics", get(prometheus::metrics))
-                .route("/openapi.json", get(openapi::openapi_json)),
-        )
+/// Every route, before middleware (the API's, the dashboard's and the
+/// operational ones), and what each declared.
+pub(crate) fn all_routes() -> (Router<AppState>, declarations::Declarations) {
+    let (router, _) = routes::operations().split_for_parts();
+    let router = router
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed);
+    // The declarations of the whole document (with the one operation the
+    // router cannot carry, see `openapi::ApiDoc`). A route without a role
+    // is a programming error, caught by the tests before it ships.
+    let declarations = declarations::Declarations::from_document(&openapi::document_model())
+        .unwrap_or_else(|e| panic!("{e}"));
+    (router, declarations)
 }
 
 /// The middleware stack, innermost first. `Router::layer` wraps each route
 /// (and the fallback) after routing, so every layer sees the `MatchedPath`.
 fn with_layers(
     routes: Router<AppState>,
+    declarations: declarations::Declarations,
     state: AppState,
     deadlines: layers::Deadlines,
     http: &HttpConfig,
 ) -> Router {
     let request_id = axum::http::HeaderName::from_static("x-request-id");
     let guard = auth::Guard::new(
+        declarations,
         state.engine.clone(),
         state.sessions.clone(),
         forwarded::TrustedProxies::new(http.trusted_proxies.clone()),

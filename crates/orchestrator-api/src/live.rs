@@ -260,6 +260,7 @@ fn resume_point(headers: &HeaderMap, life: &str) -> Option<u64> {
 /// server-sent events: a `snapshot` first, then `change` events (each with
 /// an `id` for `Last-Event-ID`), and `resync` when events were lost.
 #[utoipa::path(get, path = "/events", tag = "operations",
+    extensions(("x-role" = json!("viewer"))),
     params(
         EventParams,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"),

@@ -12,28 +12,45 @@
 //! the engine checks are stated next to the field (`#[schema(minimum =
 //! ...)]`), and the tests compare them with the constants the checks use.
 
+use std::sync::LazyLock;
+
 use axum::Json;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
 
+use crate::declarations::Need;
 use crate::error::ErrorBody;
-use crate::{admin, backup, dashboard, live, prometheus, routes, schedules, storage};
+use crate::routes;
 
 /// This document. Needs no token.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses(
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", extensions(("x-role" = json!("open"))),
+    responses(
     (status = 200, description = "The OpenAPI document", body = Object),
 ))]
 pub(crate) async fn openapi_json() -> Response {
-    Json(document()).into_response()
+    static DOCUMENT: LazyLock<Value> = LazyLock::new(document);
+    Json(&*DOCUMENT).into_response()
 }
 
 /// The document, as JSON.
 pub fn document() -> Value {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let mut doc = serde_json::to_value(document_model()).unwrap_or_default();
     spell_links(&mut doc);
     doc
+}
+
+/// The document as utoipa's model: the base below (info, tags, the
+/// schemes) with every operation of [`routes::operations`], and what the
+/// door adds to each (its schemes and answers, from the role it declares).
+pub(crate) fn document_model() -> utoipa::openapi::OpenApi {
+    let mut document = OpenApiRouter::<crate::AppState>::with_openapi(ApiDoc::openapi())
+        .merge(routes::operations())
+        .into_openapi();
+    Door.modify(&mut document);
+    document
 }
 
 /// utoipa 5.5 writes a link's `operationId` as `operation_id` (and
@@ -74,34 +91,10 @@ fn spell_links(doc: &mut Value) {
         description = "Runs provisioning scripts as tasks and workflows. See docs/api.md for the prose.",
         license(name = "Apache-2.0"),
     ),
-    paths(
-        routes::health, prometheus::metrics, openapi_json,
-        routes::list_workflows, routes::submit_workflow, routes::validate_workflow,
-        routes::get_workflow, routes::cancel_workflow, routes::retry_workflow,
-        routes::rerun_workflow, routes::count_workflows,
-        schedules::list_schedules, schedules::create_schedule, schedules::get_schedule,
-        schedules::update_schedule, schedules::delete_schedule,
-        routes::create_servers, routes::create_taskservs, routes::create_cluster,
-        routes::list_templates, routes::get_template,
-        routes::list_tasks, routes::get_task, routes::task_logs, routes::cancel_task,
-        routes::get_checkpoint, routes::save_checkpoint,
-        live::events,
-        routes::list_nodes,
-        dashboard::index, dashboard::index_slash, dashboard::file,
-        dashboard::current_session, dashboard::create_session, dashboard::logout,
-        admin::list_tokens, admin::create_token, admin::revoke_token, admin::list_audit,
-        admin::list_secrets, admin::put_secret, admin::change_secret_scope,
-        admin::delete_secret,
-        backup::create_backup, admin::prune,
-        storage::current_store, storage::start_migration, storage::list_migrations,
-        storage::get_migration, storage::cancel_migration, storage::rollback,
-        crate::testenv::doc::create_environment, crate::testenv::doc::list_environments,
-        crate::testenv::doc::get_environment, crate::testenv::doc::run_environment,
-        crate::testenv::doc::delete_environment, crate::testenv::doc::environment_logs,
-        crate::testenv::doc::list_topologies, crate::testenv::doc::get_topology,
-    ),
+    // Every operation comes from the router (`routes::operations`) but
+    // this one: its route is a catch-all, which OpenAPI cannot say.
+    paths(routes::dashboard::file),
     components(schemas(ErrorBody)),
-    modifiers(&BearerAuth),
     tags(
         (name = "workflows", description = "Submitting, watching, cancelling and retrying workflows"),
         (name = "tasks", description = "Tasks, their logs and checkpoints"),
@@ -115,31 +108,14 @@ fn spell_links(doc: &mut Value) {
 )]
 struct ApiDoc;
 
-/// Paths that need no token (the others need `Authorization: Bearer`, or
-/// the dashboard's session cookie).
-pub(crate) const OPEN_PATHS: &[&str] = &[
-    "/health",
-    "/openapi.json",
-    "/ui",
-    "/ui/",
-    "/ui/{path}",
-    "/ui/logout",
-];
-
-/// Operations that may be called without a credential, and answer more
-/// (or differently) with one: `/metrics` needs a token only when asked
-/// from another machine; `GET /ui/session` answers 401 itself to a caller
-/// who is not signed in. Their `security` lists the empty requirement too.
-pub(crate) const OPTIONAL_CREDENTIAL: &[(&str, &str)] =
-    &[("/metrics", "get"), ("/ui/session", "get")];
-
 /// Declares the `bearerAuth` and `sessionCookie` schemes, requires either
-/// everywhere, lifts them from the open paths (an empty `security` list),
-/// makes them optional where a credential is optional, and adds the door's
-/// answers (429, and 401 and 403 where a credential is needed).
-struct BearerAuth;
+/// everywhere, lifts them from the open operations (`x-role: open`: an
+/// empty `security` list), makes them optional where a credential is
+/// optional (`optional`, `local-or-token`), and adds the door's answers
+/// (429, and 401 and 403 where a credential is needed).
+struct Door;
 
-impl Modify for BearerAuth {
+impl Modify for Door {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
@@ -183,8 +159,7 @@ impl Modify for BearerAuth {
                 )
                 .build()
         };
-        for (path, item) in openapi.paths.paths.iter_mut() {
-            let open = OPEN_PATHS.contains(&path.as_str());
+        for item in openapi.paths.paths.values_mut() {
             for (method, operation) in [
                 ("get", &mut item.get),
                 ("put", &mut item.put),
@@ -195,10 +170,16 @@ impl Modify for BearerAuth {
                 let Some(operation) = operation else {
                     continue;
                 };
-                let optional = OPTIONAL_CREDENTIAL.contains(&(path.as_str(), method));
+                let role = operation
+                    .extensions
+                    .as_ref()
+                    .and_then(|e| e.get("x-role"))
+                    .and_then(|v| v.as_str())
+                    .and_then(Need::parse);
+                let open = role == Some(Need::Open);
                 if open {
                     operation.security = Some(Vec::new());
-                } else if optional {
+                } else if matches!(role, Some(Need::Optional | Need::Metrics)) {
                     // The empty requirement first: no credential is one
                     // way in.
                     let mut ways = vec![utoipa::openapi::security::SecurityRequirement::default()];

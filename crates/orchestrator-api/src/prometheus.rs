@@ -179,7 +179,8 @@ fn method_label(method: &Method) -> &'static str {
 /// metrics. Needs no token when asked from loopback (the `security` of
 /// this operation lists "none" as one way in); from elsewhere, any valid
 /// token.
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+#[utoipa::path(get, path = "/metrics", tag = "operations", extensions(("x-role" = json!("local-or-token"))),
+    responses(
     (status = 200, description = "The metrics", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
 ))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
@@ -227,7 +228,7 @@ async fn levels(state: &AppState, out: &mut String) {
     );
     let _ = writeln!(out, "orchestrator_workers {}", engine.config().workers);
 
-    let by_status = crate::routes::count_by_status(engine, &WorkflowQuery::default())
+    let by_status = crate::routes::workflows::count_by_status(engine, &WorkflowQuery::default())
         .await
         .inspect_err(|e| {
             // The events still render; the levels need storage.

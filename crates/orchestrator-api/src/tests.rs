@@ -93,7 +93,7 @@ fn request(method: Method, uri: &str, body: impl Into<Body>) -> Request<Body> {
 /// The route templates registered in the router, read from the router
 /// itself (its `Debug` lists them), so a route added anywhere is seen.
 fn router_paths() -> BTreeSet<String> {
-    let debug = format!("{:?}", all_routes());
+    let debug = format!("{:?}", all_routes().0);
     // `Router { path_router: .., fallback_router: .., .. }`: the routes are
     // in the first part, the fallback's own paths in the second.
     let (routes, _) = debug
@@ -120,7 +120,7 @@ fn concrete(path: &str) -> String {
 /// Each route with the methods it answers, found by asking the router
 /// (without middleware) which methods are not `405`.
 async fn router_routes(state: AppState) -> BTreeSet<(String, String)> {
-    let router = all_routes().with_state(state);
+    let router = all_routes().0.with_state(state);
     let mut routes = BTreeSet::new();
     for path in router_paths() {
         for method in [

@@ -2,11 +2,9 @@
 //! `auth::need`).
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::SecretScope;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role};
@@ -20,21 +18,17 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::ErrorBody;
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/tokens", get(list_tokens).post(create_token))
-        .route("/tokens/{id}", delete(revoke_token))
-        .route("/audit", get(list_audit))
-        .route("/secrets", get(list_secrets))
-        .route(
-            "/secrets/{name}",
-            put(put_secret)
-                .patch(change_secret_scope)
-                .delete(delete_secret),
-        )
-        .route("/backup", post(crate::backup::create_backup))
-        .route("/prune", post(prune))
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(list_audit))
+        .routes(routes!(list_secrets))
+        .routes(routes!(put_secret, change_secret_scope, delete_secret))
+        .routes(routes!(prune))
 }
 
 /// `POST /prune`: one retention pass now, as `orchestrator prune`.
@@ -56,7 +50,8 @@ pub(crate) struct PruneBody {
 /// Deletes finished workflows and audit records past keeping, now (the
 /// service also does it in the background under `--retain-finished` and
 /// `--retain-audit`).
-#[utoipa::path(post, path = "/prune", tag = "admin", request_body = PruneBody,
+#[utoipa::path(post, path = "/prune", tag = "admin", extensions(("x-role" = json!("admin")), ("x-audit" = json!("prune.run"))),
+    request_body = PruneBody,
     responses(
         (status = 200, description = "What went (or would go)", body = PruneReport),
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
@@ -139,6 +134,7 @@ fn optional_strings(pattern: &str) -> utoipa::openapi::schema::Array {
 /// templates it names (never an inline template), and by http steps only
 /// towards the origins it names.
 #[utoipa::path(put, path = "/secrets/{name}", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("secret.put"))),
     params(("name" = String, Path, description = "Secret name: 1-64 of letters, digits, `_`, `.`, `-`",
         pattern = "^[A-Za-z0-9_.-]{1,64}$")),
     request_body = NewSecret,
@@ -169,6 +165,7 @@ pub(crate) async fn put_secret(
 
 /// Changes who may use a secret, without its value.
 #[utoipa::path(patch, path = "/secrets/{name}", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("secret.scope"))),
     params(("name" = String, Path, description = "Secret name")),
     request_body = ScopeBody,
     responses(
@@ -194,6 +191,7 @@ pub(crate) async fn change_secret_scope(
 
 /// Deletes a secret.
 #[utoipa::path(delete, path = "/secrets/{name}", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("secret.delete"))),
     params(("name" = String, Path, description = "Secret name")),
     responses(
         (status = 204, description = "Deleted"),
@@ -218,7 +216,8 @@ pub(crate) struct SecretList {
 }
 
 /// Secret names, metadata and scopes; never values.
-#[utoipa::path(get, path = "/secrets", tag = "admin", responses(
+#[utoipa::path(get, path = "/secrets", tag = "admin", extensions(("x-role" = json!("admin"))),
+    responses(
     (status = 200, description = "The secrets", body = SecretList),
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
@@ -280,7 +279,8 @@ pub(crate) struct IssuedToken {
 }
 
 /// Creates a token.
-#[utoipa::path(post, path = "/tokens", tag = "admin", request_body = NewToken, responses(
+#[utoipa::path(post, path = "/tokens", tag = "admin", extensions(("x-role" = json!("admin")), ("x-audit" = json!("token.create"))),
+    request_body = NewToken, responses(
     (status = 201, description = "The token, shown once", body = IssuedToken, links(
         ("revoke" = (operation_id = "revoke_token", parameters(("id" = "$response.body#/id")))),
     )),
@@ -321,7 +321,8 @@ pub(crate) struct TokenList {
 }
 
 /// Every token, active or revoked.
-#[utoipa::path(get, path = "/tokens", tag = "admin", responses(
+#[utoipa::path(get, path = "/tokens", tag = "admin", extensions(("x-role" = json!("admin"))),
+    responses(
     (status = 200, description = "The tokens", body = TokenList),
     (status = 503, description = "Storage unavailable", body = ErrorBody),
 ))]
@@ -341,6 +342,7 @@ pub(crate) async fn list_tokens(
 
 /// Revokes a token.
 #[utoipa::path(delete, path = "/tokens/{id}", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("token.revoke"))),
     params(("id" = String, Path, description = "Token id")),
     responses(
         (status = 200, description = "The revoked token", body = TokenView),
@@ -408,6 +410,7 @@ fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>
 
 /// The audit log, newest first.
 #[utoipa::path(get, path = "/audit", tag = "admin",
+    extensions(("x-role" = json!("admin"))),
     params(AuditParams),
     responses(
         (status = 200, description = "A page of audit records", body = AuditPage),

@@ -15,6 +15,12 @@ use tokio::io::AsyncReadExt;
 
 use crate::error::ErrorBody;
 use crate::{ApiError, AppState};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_backup))
+}
 
 /// Bytes of the archive sent per chunk of the response.
 const CHUNK: usize = 256 * 1024;
@@ -23,6 +29,7 @@ const CHUNK: usize = 256 * 1024;
 /// and checksums; see docs/deployment.md), for `orchestrator backup` when
 /// the store cannot be read from outside the service (embedded SurrealDB).
 #[utoipa::path(post, path = "/backup", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("backup.create"))),
     responses(
         (status = 200, description = "The archive", content_type = "application/zstd", body = Vec<u8>),
         (status = 409, description = "The store kept changing; try again later", body = ErrorBody),

@@ -11,11 +11,9 @@ use std::sync::LazyLock;
 
 use axum::Extension;
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::Role;
 use orchestrator_engine::access::Principal;
@@ -26,14 +24,19 @@ use utoipa::ToSchema;
 use crate::error::ErrorBody;
 use crate::session::{self, Session};
 use crate::{ApiError, AppState};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/ui", get(index))
-        .route("/ui/", get(index_slash))
-        .route("/ui/{*path}", get(file))
-        .route("/ui/session", get(current_session).post(create_session))
-        .route("/ui/logout", post(logout))
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(index))
+        .routes(routes!(index_slash))
+        .routes(routes!(current_session, create_session))
+        .routes(routes!(logout))
+        // `{*path}` takes the rest of the path (`js/app.js`); OpenAPI has no
+        // such parameter, so the document declares it as `/ui/{path}`
+        // (`openapi::ApiDoc`) and the route is added here by hand.
+        .route("/ui/{*path}", axum::routing::get(file))
 }
 
 /// One embedded file.
@@ -49,7 +52,7 @@ macro_rules! asset {
         Asset {
             path: $path,
             content_type: $content_type,
-            bytes: include_bytes!(concat!("../ui/", $path)),
+            bytes: include_bytes!(concat!("../../ui/", $path)),
         }
     };
 }
@@ -96,6 +99,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 
 /// The dashboard's page. Needs no token; the page signs in itself.
 #[utoipa::path(get, path = "/ui", tag = "dashboard",
+    extensions(("x-role" = json!("open"))),
     params(("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has")),
     responses(
         (status = 200, description = "The page", content_type = "text/html; charset=utf-8", body = String,
@@ -108,6 +112,7 @@ pub(crate) async fn index(headers: HeaderMap) -> Response {
 
 /// The dashboard's page, as at `/ui`.
 #[utoipa::path(get, path = "/ui/", tag = "dashboard",
+    extensions(("x-role" = json!("open"))),
     params(("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has")),
     responses(
         (status = 200, description = "The page", content_type = "text/html; charset=utf-8", body = String),
@@ -121,6 +126,7 @@ pub(crate) async fn index_slash(headers: HeaderMap) -> Response {
 /// for a path without an extension, so that a link to a page under `/ui/`
 /// opens the dashboard.
 #[utoipa::path(get, path = "/ui/{path}", tag = "dashboard",
+    extensions(("x-role" = json!("open"))),
     params(
         ("path" = String, Path, description = "A file under /ui/, e.g. app.js"),
         ("If-None-Match" = Option<String>, Header, description = "The ETag of a copy the client has"),
@@ -222,7 +228,8 @@ fn no_store(mut response: Response) -> Response {
 /// The token comes in the `Authorization` header (the guard has checked
 /// it, and it is never in a URL or a body that might be logged); the
 /// answer sets the cookie and gives the page its CSRF token.
-#[utoipa::path(post, path = "/ui/session", tag = "dashboard", responses(
+#[utoipa::path(post, path = "/ui/session", tag = "dashboard", extensions(("x-role" = json!("viewer")), ("x-audit" = json!("ui.sign_in"))),
+    responses(
     (status = 200, description = "Signed in; the cookie is in `Set-Cookie` (none without auth)", body = SessionView,
         headers(("set-cookie" = String, description = "orch_session=...; Max-Age=43200; Path=/; HttpOnly; SameSite=Strict"))),
 ))]
@@ -266,7 +273,8 @@ pub(crate) async fn create_session(
 /// The page keeps the CSRF token in memory only, so it asks after a
 /// reload. Another site cannot read this answer (no CORS) and its pages
 /// never send the cookie (`SameSite=Strict`).
-#[utoipa::path(get, path = "/ui/session", tag = "dashboard", responses(
+#[utoipa::path(get, path = "/ui/session", tag = "dashboard", extensions(("x-role" = json!("optional"))),
+    responses(
     (status = 200, description = "Signed in", body = SessionView),
 ))]
 pub(crate) async fn current_session(
@@ -297,7 +305,8 @@ pub(crate) async fn current_session(
 /// kept elsewhere, is refused from now on by this node and, within their
 /// token cache's age (5 s), by the others. Revoking the token ends every
 /// session made with it.
-#[utoipa::path(post, path = "/ui/logout", tag = "dashboard", responses(
+#[utoipa::path(post, path = "/ui/logout", tag = "dashboard", extensions(("x-role" = json!("open")), ("x-audit" = json!("ui.sign_out"))),
+    responses(
     (status = 204, description = "The session is ended and the cookie cleared",
         headers(("set-cookie" = String, description = "orch_session=; Max-Age=0; ..."))),
 ))]

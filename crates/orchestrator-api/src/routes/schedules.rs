@@ -2,11 +2,9 @@
 //! delete), each with its OpenAPI declaration.
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use chrono::{DateTime, Utc};
 use orchestrator_core::ScheduleId;
 use orchestrator_core::schedule::{CatchUp, Overlap};
@@ -18,16 +16,13 @@ use utoipa::ToSchema;
 use crate::error::ErrorBody;
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/schedules", get(list_schedules).post(create_schedule))
-        .route(
-            "/schedules/{id}",
-            get(get_schedule)
-                .patch(update_schedule)
-                .delete(delete_schedule),
-        )
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_schedules, create_schedule))
+        .routes(routes!(get_schedule, update_schedule, delete_schedule))
 }
 
 fn parse_schedule_id(raw: &str) -> Result<ScheduleId, ApiError> {
@@ -126,6 +121,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 
 /// Creates a schedule.
 #[utoipa::path(post, path = "/schedules", tag = "schedules",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("schedule.create"))),
     request_body = NewSchedule,
     responses(
         (status = 201, description = "Stored; its first run comes at `next_due`", body = ScheduleView, links(
@@ -170,6 +166,7 @@ pub(crate) struct ScheduleList {
 
 /// Every schedule, oldest first.
 #[utoipa::path(get, path = "/schedules", tag = "schedules",
+    extensions(("x-role" = json!("viewer"))),
     responses(
         (status = 200, description = "The schedules", body = ScheduleList),
         (status = 503, description = "Storage unavailable", body = ErrorBody),
@@ -183,6 +180,7 @@ pub(crate) async fn list_schedules(
 
 /// One schedule with its newest runs.
 #[utoipa::path(get, path = "/schedules/{id}", tag = "schedules",
+    extensions(("x-role" = json!("viewer"))),
     params(("id" = uuid::Uuid, Path, description = "Schedule id")),
     responses(
         (status = 200, description = "The schedule", body = ScheduleView),
@@ -199,6 +197,7 @@ pub(crate) async fn get_schedule(
 
 /// Changes a schedule: pause, resume, a new cron expression, ...
 #[utoipa::path(patch, path = "/schedules/{id}", tag = "schedules",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("schedule.update"))),
     params(("id" = uuid::Uuid, Path, description = "Schedule id")),
     request_body = ScheduleChange,
     responses(
@@ -234,6 +233,7 @@ pub(crate) async fn update_schedule(
 
 /// Deletes a schedule; runs already started go on.
 #[utoipa::path(delete, path = "/schedules/{id}", tag = "schedules",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("schedule.delete"))),
     params(("id" = uuid::Uuid, Path, description = "Schedule id")),
     responses(
         (status = 204, description = "Deleted"),

@@ -2,11 +2,9 @@
 //! another store, watch it, cancel it, roll it back.
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use orchestrator_core::migration::MigrationStatus;
 use orchestrator_storage::live::{LiveError, LiveMigrations, StoreInfo};
 use serde::{Deserialize, Serialize};
@@ -15,20 +13,16 @@ use utoipa::ToSchema;
 use crate::error::ErrorBody;
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/admin/storage", get(current_store))
-        .route(
-            "/admin/storage/migrations",
-            get(list_migrations).post(start_migration),
-        )
-        .route("/admin/storage/migrations/{id}", get(get_migration))
-        .route(
-            "/admin/storage/migrations/{id}/cancel",
-            post(cancel_migration),
-        )
-        .route("/admin/storage/rollback", post(rollback))
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(current_store))
+        .routes(routes!(list_migrations, start_migration))
+        .routes(routes!(get_migration))
+        .routes(routes!(cancel_migration))
+        .routes(routes!(rollback))
 }
 
 /// Most records read and written per batch.
@@ -99,6 +93,7 @@ impl From<LiveError> for ApiError {
 /// The store this service works on, and the one it left at its last
 /// switch.
 #[utoipa::path(get, path = "/admin/storage", tag = "admin",
+    extensions(("x-role" = json!("admin"))),
     responses(
         (status = 200, description = "The current store", body = StoreInfo),
         (status = 409, description = "Started without live migration", body = ErrorBody),
@@ -115,6 +110,7 @@ pub(crate) async fn current_store(
 /// milliseconds. Watch it at the `Location`, or as `storage_migration`
 /// events.
 #[utoipa::path(post, path = "/admin/storage/migrations", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("storage.migrate"))),
     request_body = MigrationRequest,
     responses(
         (status = 202, description = "Started; the body is its first status", body = MigrationStatus,
@@ -163,6 +159,7 @@ pub(crate) async fn start_migration(
 
 /// The migrations this service remembers, oldest first.
 #[utoipa::path(get, path = "/admin/storage/migrations", tag = "admin",
+    extensions(("x-role" = json!("admin"))),
     responses(
         (status = 200, description = "The migrations", body = MigrationList),
         (status = 409, description = "Started without live migration", body = ErrorBody),
@@ -178,6 +175,7 @@ pub(crate) async fn list_migrations(
 /// One migration: its phase, records copied, rate and ETA, the time of
 /// each phase, and the stall at the switch.
 #[utoipa::path(get, path = "/admin/storage/migrations/{id}", tag = "admin",
+    extensions(("x-role" = json!("admin"))),
     params(("id" = String, Path, description = "The migration's id")),
     responses(
         (status = 200, description = "The migration", body = MigrationStatus),
@@ -195,6 +193,7 @@ pub(crate) async fn get_migration(
 /// store, and the target is left incomplete (a new migration to it
 /// continues it).
 #[utoipa::path(post, path = "/admin/storage/migrations/{id}/cancel", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("storage.migration_cancel"))),
     params(("id" = String, Path, description = "The migration's id")),
     responses(
         (status = 202, description = "Cancelling; the body is its status before", body = MigrationStatus),
@@ -211,6 +210,7 @@ pub(crate) async fn cancel_migration(
 /// Switches back to the store left at the last switch, while nothing has
 /// been written since (it is still level); otherwise 409 with the reason.
 #[utoipa::path(post, path = "/admin/storage/rollback", tag = "admin",
+    extensions(("x-role" = json!("admin")), ("x-audit" = json!("storage.rollback"))),
     responses(
         (status = 200, description = "Rolled back; the store now current", body = StoreInfo),
         (status = 409, description = "No switch to undo, a migration runs, or the old store is behind", body = ErrorBody),

@@ -1,0 +1,614 @@
+//! Workflows: listing and counts, one workflow, cancel, retry and
+//! rerun; submissions from a template, and their validation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use orchestrator_core::{Priority, WorkflowId, WorkflowStatus};
+use orchestrator_engine::{Engine, Meta, SubmitRequest, TemplateSource, WorkflowView};
+use orchestrator_storage::WorkflowQuery;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{page_bounds, parse_workflow_id};
+use crate::error::ErrorBody;
+use crate::extract::{JsonBody, QueryParams};
+use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_workflows, submit_workflow))
+        .routes(routes!(validate_workflow))
+        .routes(routes!(count_workflows))
+        .routes(routes!(get_workflow))
+        .routes(routes!(cancel_workflow))
+        .routes(routes!(retry_workflow))
+        .routes(routes!(rerun_workflow))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WorkflowListParams {
+    /// Only workflows in this status.
+    #[param(value_type = Option<WorkflowStatus>)]
+    status: Option<String>,
+    /// Only workflows of this template ref_name.
+    template: Option<String>,
+    /// Only revisions of this meta.ref.
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    /// Only workflows with this meta.trace_id.
+    trace_id: Option<String>,
+    /// Page size, default 50.
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<u32>,
+    /// Records to skip.
+    #[param(minimum = 0, maximum = 4294967295u32)]
+    offset: Option<u32>,
+}
+
+/// A workflow without its tasks, for listings.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowSummary {
+    id: WorkflowId,
+    /// The template's `ref_name`.
+    template: String,
+    name: String,
+    status: WorkflowStatus,
+    #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
+    revision: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
+    created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_at: Option<DateTime<Utc>>,
+    task_count: usize,
+}
+
+/// A page of workflows, newest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowList {
+    workflows: Vec<WorkflowSummary>,
+    /// How many workflows match, in all pages.
+    total: usize,
+    limit: usize,
+    offset: usize,
+}
+
+/// Workflows, newest first.
+#[utoipa::path(get, path = "/workflows", tag = "workflows",
+    extensions(("x-role" = json!("viewer"))),
+    params(WorkflowListParams),
+    responses(
+        (status = 200, description = "A page of workflows", body = WorkflowList),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn list_workflows(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<WorkflowListParams>,
+) -> Result<Json<WorkflowList>, ApiError> {
+    let (limit, offset) = page_bounds(params.limit, params.offset)?;
+    let status = params
+        .status
+        .as_deref()
+        .map(|s| {
+            s.parse::<WorkflowStatus>()
+                .map_err(|e| ApiError::bad_request(format!("status: {e}")))
+        })
+        .transpose()?;
+    let query = WorkflowQuery {
+        status,
+        kind: params.template,
+        reference: params.reference,
+        trace_id: params.trace_id,
+        idempotency_key: None,
+        limit,
+        offset,
+    };
+    let page = state.engine.list_workflows(&query).await?;
+    let workflows: Vec<WorkflowSummary> = page
+        .items
+        .into_iter()
+        .map(|w| WorkflowSummary {
+            id: w.id,
+            template: w.kind,
+            name: w.name,
+            status: w.status,
+            reference: w.reference,
+            revision: w.revision,
+            trace_id: w.trace_id,
+            created_at: w.created_at,
+            finished_at: w.finished_at,
+            task_count: w.task_ids.len(),
+        })
+        .collect();
+    Ok(Json(WorkflowList {
+        workflows,
+        total: page.total,
+        limit,
+        offset,
+    }))
+}
+
+/// How many workflows match `base` (its status, limit and offset
+/// ignored), by status: one count per status, each answered by storage
+/// as the total of an empty page, so nothing is loaded.
+pub(crate) async fn count_by_status(
+    engine: &Engine,
+    base: &WorkflowQuery,
+) -> orchestrator_engine::Result<Vec<(WorkflowStatus, usize)>> {
+    let mut counts = Vec::with_capacity(WorkflowStatus::ALL.len());
+    for &status in WorkflowStatus::ALL {
+        let query = WorkflowQuery {
+            status: Some(status),
+            limit: 0,
+            offset: 0,
+            ..base.clone()
+        };
+        counts.push((status, engine.list_workflows(&query).await?.total));
+    }
+    Ok(counts)
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct CountParams {
+    /// Only workflows of this template ref_name.
+    template: Option<String>,
+    /// Only revisions of this meta.ref.
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    /// Only workflows with this meta.trace_id.
+    trace_id: Option<String>,
+}
+
+/// Workflows by status.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct WorkflowCounts {
+    /// Every status, with how many workflows are in it.
+    counts: BTreeMap<&'static str, usize>,
+    /// The sum of `counts`.
+    total: usize,
+}
+
+/// How many workflows are in each status, with the listing's other
+/// filters, for the dashboard's counters.
+#[utoipa::path(get, path = "/workflows/counts", tag = "workflows",
+    extensions(("x-role" = json!("viewer"))),
+    params(CountParams),
+    responses(
+        (status = 200, description = "The counts", body = WorkflowCounts),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn count_workflows(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<CountParams>,
+) -> Result<Json<WorkflowCounts>, ApiError> {
+    let base = WorkflowQuery {
+        kind: params.template,
+        reference: params.reference,
+        trace_id: params.trace_id,
+        ..WorkflowQuery::default()
+    };
+    let counts = count_by_status(&state.engine, &base).await?;
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    let counts = counts
+        .into_iter()
+        .map(|(status, n)| (status.as_str(), n))
+        .collect();
+    Ok(Json(WorkflowCounts { counts, total }))
+}
+
+/// One workflow with its steps, edges and tasks.
+#[utoipa::path(get, path = "/workflows/{id}", tag = "workflows",
+    extensions(("x-role" = json!("viewer"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn get_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(state.engine.workflow(parse_workflow_id(&id)?).await?))
+}
+
+/// Cancels a workflow.
+#[utoipa::path(post, path = "/workflows/{id}/cancel", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.cancel"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow after the request", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow already finished", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn cancel_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state
+            .engine
+            .cancel_workflow(parse_workflow_id(&id)?)
+            .await?,
+    ))
+}
+
+/// Re-runs what did not complete in a finished workflow.
+#[utoipa::path(post, path = "/workflows/{id}/retry", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.retry"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow, running again", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "Not finished, or nothing to retry", body = ErrorBody),
+        (status = 503, description = "Storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn retry_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state.engine.retry_workflow(parse_workflow_id(&id)?).await?,
+    ))
+}
+
+/// `POST /workflows/{id}/rerun`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Rerun {
+    /// The `ref_name` of the first step to run again.
+    from: String,
+    /// Whether the steps after `from` run again too; default true.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    include_downstream: bool,
+    /// New inputs for the steps that run again, checked like a submission's.
+    #[serde(default)]
+    vars: Map<String, Value>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Re-runs a finished workflow from a step, as a new revision.
+#[utoipa::path(post, path = "/workflows/{id}/rerun", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.rerun"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    request_body = Rerun,
+    responses(
+        (status = 202, description = "The new revision, running; steps before `from` keep their outputs", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID, or the body is empty or malformed", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow has not finished", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "An unknown step, or bad `vars`; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn rerun_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(rerun): JsonBody<Rerun>,
+) -> Result<Response, ApiError> {
+    let request = orchestrator_engine::RerunRequest {
+        from: rerun.from,
+        include_downstream: rerun.include_downstream,
+        vars: rerun.vars,
+    };
+    let view = state
+        .engine
+        .rerun_workflow(parse_workflow_id(&id)?, request)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(view)).into_response())
+}
+
+/// `POST /workflows`: a template by name or inline, with inputs.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "template": "servers-create",
+    "vars": {"infra": "demo", "servers": ["web-01"]},
+    "meta": {"ref": "demo-web"},
+    "check_mode": true
+}))]
+pub(crate) struct WorkflowSubmission {
+    template: TemplateField,
+    /// Pick a `schema_version` of a named template (newest by default).
+    #[schema(minimum = 0, maximum = 4294967295u32)]
+    version: Option<u32>,
+    /// The template's inputs.
+    #[serde(default)]
+    vars: Map<String, Value>,
+    #[serde(default)]
+    meta: MetaField,
+    schedule: Option<Schedule>,
+    /// Dry run: scripts are told to change nothing.
+    #[serde(default)]
+    check_mode: bool,
+    #[serde(default)]
+    priority: Priority,
+    /// Attempts per task; the service default when absent (the engine's
+    /// limits, which a test compares with these).
+    #[schema(minimum = 1, maximum = 100)]
+    max_attempts: Option<u32>,
+    /// Per-attempt timeout in seconds (at most 30 days); the service
+    /// default when absent.
+    #[schema(minimum = 1, maximum = 2592000)]
+    timeout_secs: Option<u32>,
+    /// Most tasks of the workflow running at once; the template's when absent.
+    #[schema(minimum = 1, maximum = 100000)]
+    parallel_limit: Option<u32>,
+    /// Answer only when the workflow has finished (or `wait_timeout_secs`
+    /// passed, then with 202).
+    #[serde(default)]
+    wait: bool,
+    /// The most seconds `wait` may block (default 120; more than 600
+    /// waits 600).
+    #[schema(minimum = 0, maximum = 4294967295u32)]
+    wait_timeout_secs: Option<u32>,
+}
+
+/// A template's `ref_name`, or a whole template object. Kept as JSON until
+/// it is read, so that a bad inline template gets a message with its path.
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub(crate) struct TemplateField(Value);
+
+/// What [`TemplateField`] accepts: a string or an object (the template
+/// model of docs/templates.md, checked by the core with path-named errors).
+impl utoipa::PartialSchema for TemplateField {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .description(Some("A registered template's `ref_name`")),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .description(Some("A whole template (see docs/templates.md)")),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for TemplateField {}
+
+impl TemplateField {
+    fn source(self, version: Option<u32>) -> Result<TemplateSource, ApiError> {
+        match self.0 {
+            serde_json::Value::String(ref_name) => Ok(TemplateSource::Named { ref_name, version }),
+            inline @ serde_json::Value::Object(_) => {
+                let template: orchestrator_core::template::Template =
+                    crate::extract::from_value(inline).map_err(|mut e| {
+                        e.message = format!("template.{}", e.message);
+                        e
+                    })?;
+                Ok(TemplateSource::Inline(Box::new(template)))
+            }
+            _ => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                "template: expected a template ref_name or a template object",
+            )),
+        }
+    }
+}
+
+/// The caller's names for a submission.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MetaField {
+    /// The caller's own name for what this workflow does: a later
+    /// submission with the same `ref` and another body is its next revision.
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    trace_id: Option<String>,
+    /// The workflow's name; the template's by default.
+    name: Option<String>,
+    description: Option<String>,
+    /// How long to keep the workflow once finished, instead of the
+    /// service's `--retain-finished`: `30d`, `12h`, or `forever`.
+    retain: Option<orchestrator_core::retention::Keep>,
+}
+
+/// When a submission starts: `{"when": "now"}` or `{"when": "at",
+/// "start": "<RFC 3339>"}`.
+#[derive(Deserialize, ToSchema)]
+#[serde(tag = "when", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Schedule {
+    Now,
+    At { start: DateTime<Utc> },
+}
+
+impl WorkflowSubmission {
+    fn into_request(
+        self,
+        body: serde_json::Value,
+        idempotency_key: Option<String>,
+    ) -> Result<SubmitRequest, ApiError> {
+        let template = self.template.source(self.version)?;
+        Ok(SubmitRequest {
+            template,
+            vars: self.vars,
+            meta: Meta {
+                reference: self.meta.reference,
+                trace_id: self.meta.trace_id,
+                name: self.meta.name,
+                description: self.meta.description,
+                retain: self.meta.retain,
+            },
+            start_at: match self.schedule {
+                Some(Schedule::At { start }) => Some(start),
+                Some(Schedule::Now) | None => None,
+            },
+            check_mode: self.check_mode,
+            priority: self.priority,
+            max_attempts: self.max_attempts,
+            timeout: self.timeout_secs.map(|s| Duration::from_secs(s.into())),
+            parallel_limit: self.parallel_limit.map(|n| n as usize),
+            idempotency_key,
+            body,
+        })
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .ok_or_else(|| {
+            ApiError::bad_request("Idempotency-Key: must be 1-255 visible ASCII characters")
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+/// Submits a workflow from a template.
+#[utoipa::path(post, path = "/workflows", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit"))),
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "1-255 visible ASCII characters (spaces inside; around them, ignored); a repeat returns the first workflow",
+        pattern = "^[\t ]*[!-~]([\t -~]{0,253}[!-~])?[\t ]*$")),
+    request_body = WorkflowSubmission,
+    responses(
+        (status = 200, description = "With `wait`, the workflow finished; or a repeat (`idempotent-replayed: true`)", body = WorkflowView),
+        (status = 202, description = "Stored and running", body = WorkflowView, links(
+            ("get" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/id")))),
+            ("cancel" = (operation_id = "cancel_workflow", parameters(("id" = "$response.body#/id")))),
+            ("retry" = (operation_id = "retry_workflow", parameters(("id" = "$response.body#/id")))),
+            ("rerun" = (operation_id = "rerun_workflow", parameters(("id" = "$response.body#/id")))),
+            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+            ("task_logs" = (operation_id = "task_logs", parameters(("id" = "$response.body#/task_ids/0")))),
+        )),
+        (status = 400, description = "Empty body, malformed JSON, or a bad Idempotency-Key", body = ErrorBody),
+        (status = 408, description = "The request took too long", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for a different body", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The submission is invalid; the message names the field", body = ErrorBody),
+        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+    ))]
+pub(crate) async fn submit_workflow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let submission: WorkflowSubmission = parse_body(&body)?;
+    let wait = wait_limit(submission.wait, submission.wait_timeout_secs.map(u64::from));
+    let request = submission.into_request(body, idempotency_key(&headers)?)?;
+    submit(&state.engine, request, wait).await
+}
+
+/// A valid submission, and the workflow it would create.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Validated {
+    /// Always `true`: an invalid one gets 422.
+    valid: bool,
+    workflow: WorkflowView,
+}
+
+/// Validates a submission and shows its DAG, storing nothing.
+#[utoipa::path(post, path = "/workflows/validate", tag = "workflows",
+    extensions(("x-role" = json!("viewer"))),
+    request_body = WorkflowSubmission,
+    responses(
+        (status = 200, description = "Valid; the workflow it would create", body = Validated),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "The submission is invalid", body = ErrorBody),
+    ))]
+pub(crate) async fn validate_workflow(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Json<Validated>, ApiError> {
+    let submission: WorkflowSubmission = parse_body(&body)?;
+    let workflow = state
+        .engine
+        .validate(&submission.into_request(body, None)?)
+        .await?;
+    Ok(Json(Validated {
+        valid: true,
+        workflow,
+    }))
+}
+
+/// Typed view of a body already parsed as JSON, with the same 422 errors.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    crate::extract::from_value(body.clone())
+}
+
+/// A node sharing the store, and whether it is alive.
+
+/// How long to block for the outcome, if at all.
+pub(super) fn wait_limit(wait: bool, secs: Option<u64>) -> Option<Duration> {
+    wait.then(|| secs.map_or(DEFAULT_WAIT, Duration::from_secs).min(MAX_WAIT))
+}
+
+/// Submits and, with `wait`, blocks (up to the cap) for the outcome.
+/// 201 for a new workflow, 200 for an idempotent repeat or a finished wait,
+/// 202 while it still runs.
+pub(super) async fn submit_and_wait(
+    engine: &Engine,
+    request: SubmitRequest,
+    wait: Option<Duration>,
+) -> Result<(StatusCode, bool, WorkflowView), ApiError> {
+    let (view, replayed) = engine.submit(request).await?;
+    let id = view.workflow.id;
+    match wait {
+        Some(limit) => {
+            let finished = engine.wait_for_workflow(id, limit).await?;
+            let view = engine.workflow(id).await?;
+            Ok((
+                if finished {
+                    StatusCode::OK
+                } else {
+                    StatusCode::ACCEPTED
+                },
+                replayed,
+                view,
+            ))
+        }
+        None if replayed => Ok((StatusCode::OK, true, view)),
+        None => Ok((StatusCode::ACCEPTED, false, view)),
+    }
+}
+
+async fn submit(
+    engine: &Engine,
+    request: SubmitRequest,
+    wait: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let (status, replayed, view) = submit_and_wait(engine, request, wait).await?;
+    let mut response = (status, Json(view)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
