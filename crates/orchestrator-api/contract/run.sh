@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The API contract test: schemathesis against a real `orchestrator serve`
-# (the debug build, the filesystem backend in a temporary data dir, a real
-# admin token), every operation of /openapi.json, all checks, all phases
-# (examples, coverage, fuzzing, stateful). `make contract-test` installs
+# as it ships (the debug build, the filesystem backend in a temporary data
+# dir, the project's own templates/ and scripts/, every limit at its
+# default, a real admin token), every operation of /openapi.json, all
+# checks, all phases (examples, coverage, fuzzing, stateful). `make contract-test` installs
 # schemathesis and calls this; see docs/api.md ("The contract test").
 #
 #   run.sh <orchestrator binary> <schemathesis binary>
@@ -13,7 +14,7 @@ set -euo pipefail
 bin="$1"
 st="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-fixtures="$here/../../orchestrator/tests/fixtures"
+root="$(cd "$here/../../.." && pwd)"
 
 work="$(mktemp -d)"
 server=""
@@ -23,26 +24,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The fixture scripts are bash under the `.nu` names the templates use.
-cat > "$work/config.toml" <<TOML
-[interpreters]
-nu = "bash"
-TOML
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 token="contract-test-admin-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 base="http://127.0.0.1:$port"
 
-# No rate limits: the run sends requests as fast as it can from one
-# address, and a 429 (documented on every operation) would only hide the
-# answers it is here to check. The limits have their own tests.
+# The rate limits stay at their defaults: schemathesis honours the
+# documented `429` and its `Retry-After` (`rate-limit = "auto"` in
+# schemathesis.toml). The scripts are the shipped Nushell ones (`nu` on
+# PATH, as `make` sets it).
 ORCHESTRATOR_BOOTSTRAP_TOKEN="$token" "$bin" serve \
-  --config "$work/config.toml" \
   --port "$port" \
   --data-dir "$work/data" \
-  --scripts-dir "$fixtures/scripts" \
-  --templates-dir "$fixtures/templates" \
-  --workers 2 --retry-base-ms 50 --retry-max-ms 200 --kill-grace 1 --shutdown-grace 5 \
-  --rate-limit 0 --address-rate-limit 0 \
+  --scripts-dir "$root/scripts" \
+  --templates-dir "$root/templates" \
   > "$work/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 100); do

@@ -339,7 +339,7 @@ pub(crate) struct WorkflowSubmission {
     vars: Map<String, Value>,
     #[serde(default)]
     meta: MetaField,
-    schedule: Option<Schedule>,
+    schedule: Option<StartWhen>,
     /// Dry run: scripts are told to change nothing.
     #[serde(default)]
     check_mode: bool,
@@ -434,10 +434,11 @@ pub(crate) struct MetaField {
 }
 
 /// When a submission starts: `{"when": "now"}` or `{"when": "at",
-/// "start": "<RFC 3339>"}`.
+/// "start": "<RFC 3339>"}`. (Not `Schedule`: that schema is a recurring
+/// run's, `GET /schedules`; two types of one name would share a schema.)
 #[derive(Deserialize, ToSchema)]
 #[serde(tag = "when", rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum Schedule {
+pub(crate) enum StartWhen {
     Now,
     At { start: DateTime<Utc> },
 }
@@ -460,8 +461,8 @@ impl WorkflowSubmission {
                 retain: self.meta.retain,
             },
             start_at: match self.schedule {
-                Some(Schedule::At { start }) => Some(start),
-                Some(Schedule::Now) | None => None,
+                Some(StartWhen::At { start }) => Some(start),
+                Some(StartWhen::Now) | None => None,
             },
             check_mode: self.check_mode,
             priority: self.priority,
