@@ -418,14 +418,19 @@ fn the_documented_limits_are_the_checked_ones() {
             "{path}"
         );
     }
-    for name in ["WorkflowSubmission", "BuiltinRequest"] {
+    let builtins = [
+        "ServersCreateRequest",
+        "TaskservCreateRequest",
+        "ClusterCreateRequest",
+    ];
+    for name in std::iter::once("WorkflowSubmission").chain(builtins) {
         assert_eq!(
             component(&doc, name)["properties"]["max_attempts"]["maximum"],
             orchestrator_engine::MAX_ATTEMPTS,
             "{name}"
         );
     }
-    for name in ["WorkflowSubmission", "BuiltinRequest"] {
+    for name in std::iter::once("WorkflowSubmission").chain(builtins) {
         assert_eq!(
             component(&doc, name)["properties"]["timeout_secs"]["maximum"],
             orchestrator_core::template::MAX_DURATION.as_secs(),
@@ -443,15 +448,17 @@ fn the_documented_limits_are_the_checked_ones() {
             "{name}"
         );
     }
-    let builtin = &component(&doc, "BuiltinRequest")["properties"];
-    assert_eq!(
-        builtin["infra"]["pattern"],
-        orchestrator_engine::builtin::NAME_PATTERN
-    );
-    assert_eq!(
-        builtin["servers"]["items"]["pattern"],
-        orchestrator_engine::builtin::NAME_PATTERN
-    );
+    for name in builtins {
+        let builtin = &component(&doc, name)["properties"];
+        assert_eq!(
+            builtin["infra"]["pattern"],
+            orchestrator_engine::builtin::NAME_PATTERN
+        );
+        assert_eq!(
+            builtin["servers"]["items"]["pattern"],
+            orchestrator_engine::builtin::NAME_PATTERN
+        );
+    }
 }
 
 /// What schemathesis found in issue 17, each checked where it was wrong:

@@ -24,7 +24,40 @@ pub enum Builtin {
     ClusterCreate,
 }
 
+/// How an endpoint takes a field that only some endpoints take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldUse {
+    Required,
+    Optional,
+    Refused,
+}
+
 impl Builtin {
+    /// Every endpoint.
+    pub const ALL: [Builtin; 3] = [
+        Builtin::ServersCreate,
+        Builtin::TaskservCreate,
+        Builtin::ClusterCreate,
+    ];
+
+    /// The fields of [`BuiltinRequest`] that differ by endpoint.
+    pub const PER_ENDPOINT: [&'static str; 2] = ["taskservs", "cluster"];
+
+    /// How this endpoint takes `field` (one of [`Builtin::PER_ENDPOINT`];
+    /// any other is taken alike everywhere). The checks of
+    /// [`BuiltinRequest::into_request`] and the API's document of each
+    /// endpoint both read it.
+    pub fn field_use(self, field: &str) -> FieldUse {
+        match (self, field) {
+            (Builtin::TaskservCreate, "taskservs") | (Builtin::ClusterCreate, "cluster") => {
+                FieldUse::Required
+            }
+            (Builtin::ClusterCreate, "taskservs") => FieldUse::Optional,
+            (_, "taskservs" | "cluster") => FieldUse::Refused,
+            _ => FieldUse::Optional,
+        }
+    }
+
     fn template(self) -> &'static str {
         match self {
             Builtin::ServersCreate => "servers-create",
@@ -163,42 +196,33 @@ impl BuiltinRequest {
     pub fn into_request(self, endpoint: Builtin, limits: &Limits) -> Result<SubmitRequest> {
         check_name("infra", &self.infra)?;
         check_names("servers", &self.servers, false, limits)?;
-        let taskservs = match (endpoint, &self.taskservs) {
-            (Builtin::ServersCreate, Some(_)) => {
+        let taskservs = match (endpoint.field_use("taskservs"), &self.taskservs) {
+            (FieldUse::Refused, Some(_)) => {
                 return Err(Error::validation(
                     "taskservs",
                     "servers/create does not install taskservs; use /workflows/taskserv/create",
                 ));
             }
-            (Builtin::TaskservCreate, None) => {
+            (FieldUse::Required, None) => {
                 return Err(Error::validation("taskservs", "missing field `taskservs`"));
             }
-            (Builtin::TaskservCreate, Some(list)) => {
-                check_names("taskservs", list, false, limits)?;
+            (use_, Some(list)) => {
+                check_names("taskservs", list, use_ == FieldUse::Optional, limits)?;
                 Some(list)
-            }
-            (Builtin::ClusterCreate, list) => {
-                check_names(
-                    "taskservs",
-                    list.as_deref().unwrap_or_default(),
-                    true,
-                    limits,
-                )?;
-                list.as_ref()
             }
             (_, None) => None,
         };
-        match (endpoint, &self.cluster) {
-            (Builtin::ClusterCreate, Some(cluster)) => check_name("cluster", cluster)?,
-            (Builtin::ClusterCreate, None) => {
-                return Err(Error::validation("cluster", "missing field `cluster`"));
-            }
-            (_, Some(_)) => {
+        match (endpoint.field_use("cluster"), &self.cluster) {
+            (FieldUse::Refused, Some(_)) => {
                 return Err(Error::validation(
                     "cluster",
                     "only /workflows/cluster/create takes a cluster",
                 ));
             }
+            (FieldUse::Required, None) => {
+                return Err(Error::validation("cluster", "missing field `cluster`"));
+            }
+            (_, Some(cluster)) => check_name("cluster", cluster)?,
             (_, None) => {}
         }
         let mut vars = Map::new();

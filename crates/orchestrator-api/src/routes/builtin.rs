@@ -6,9 +6,11 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use orchestrator_core::{Task, TaskId, WorkflowId, WorkflowStatus};
 use orchestrator_engine::Engine;
-use orchestrator_engine::builtin::{Builtin, BuiltinRequest};
+use orchestrator_engine::builtin::{Builtin, BuiltinRequest, FieldUse};
 use serde::Serialize;
-use utoipa::ToSchema;
+use serde_json::json;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::workflows::{submit_and_wait, wait_limit};
 use crate::error::ErrorBody;
@@ -24,6 +26,62 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_cluster))
 }
 
+/// One endpoint's request schema: [`BuiltinRequest`]'s, with what
+/// [`Builtin::field_use`] says of the fields that differ by endpoint:
+/// required ones listed as required, refused ones left out (the schema
+/// admits no other property). So the document states what the checks do.
+fn request_schema(endpoint: Builtin) -> RefOr<Schema> {
+    let mut schema = <BuiltinRequest as PartialSchema>::schema();
+    if let RefOr::T(Schema::Object(object)) = &mut schema {
+        for field in Builtin::PER_ENDPOINT {
+            match endpoint.field_use(field) {
+                FieldUse::Required => object.required.push(field.to_owned()),
+                FieldUse::Refused => {
+                    object.properties.remove(field);
+                }
+                FieldUse::Optional => {}
+            }
+        }
+        object.examples = vec![match endpoint {
+            Builtin::ServersCreate => {
+                json!({"infra": "demo", "servers": ["web-01"], "check_mode": true})
+            }
+            Builtin::TaskservCreate => {
+                json!({"infra": "demo", "servers": ["web-01"], "taskservs": ["containerd"], "check_mode": true})
+            }
+            Builtin::ClusterCreate => {
+                json!({"infra": "demo", "servers": ["cp-01"], "cluster": "k8s", "check_mode": true})
+            }
+        }];
+        object.example = None;
+    }
+    schema
+}
+
+/// The request schema of each endpoint, named for the document (see
+/// [`request_schema`]); the handlers all read [`BuiltinRequest`].
+macro_rules! endpoint_schema {
+    ($name:ident, $endpoint:expr) => {
+        pub(crate) struct $name;
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                request_schema($endpoint)
+            }
+        }
+
+        impl ToSchema for $name {
+            fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+                <BuiltinRequest as ToSchema>::schemas(schemas);
+            }
+        }
+    };
+}
+
+endpoint_schema!(ServersCreateRequest, Builtin::ServersCreate);
+endpoint_schema!(TaskservCreateRequest, Builtin::TaskservCreate);
+endpoint_schema!(ClusterCreateRequest, Builtin::ClusterCreate);
+
 /// The answer to a built-in submission.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Submitted {
@@ -38,7 +96,7 @@ pub(crate) struct Submitted {
 /// Creates servers (template `servers-create`).
 #[utoipa::path(post, path = "/workflows/servers/create", tag = "workflows",
     extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_servers"))),
-    request_body = BuiltinRequest,
+    request_body = ServersCreateRequest,
     responses(
         (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
         (status = 202, description = "Stored and running", body = Submitted, links(
@@ -61,7 +119,7 @@ pub(crate) async fn create_servers(
 /// Installs task services on servers, in order (template `taskserv-create`).
 #[utoipa::path(post, path = "/workflows/taskserv/create", tag = "workflows",
     extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_taskservs"))),
-    request_body = BuiltinRequest,
+    request_body = TaskservCreateRequest,
     responses(
         (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
         (status = 202, description = "Stored and running", body = Submitted, links(
@@ -84,7 +142,7 @@ pub(crate) async fn create_taskservs(
 /// Servers, then task services, then the cluster join (template `cluster-create`).
 #[utoipa::path(post, path = "/workflows/cluster/create", tag = "workflows",
     extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_cluster"))),
-    request_body = BuiltinRequest,
+    request_body = ClusterCreateRequest,
     responses(
         (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
         (status = 202, description = "Stored and running", body = Submitted, links(
@@ -122,4 +180,57 @@ async fn builtin(
         tasks: view.tasks,
     };
     Ok((status, Json(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use orchestrator_core::template::Limits;
+    use serde_json::Value;
+
+    use super::*;
+
+    fn check(endpoint: Builtin, body: &Value) -> Result<(), String> {
+        let request: BuiltinRequest =
+            serde_json::from_value(body.clone()).map_err(|e| e.to_string())?;
+        request
+            .into_request(endpoint, &Limits::default())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The document of each endpoint says what its checks do: its example
+    /// passes them, each field it lists as required is missed when absent,
+    /// and each field it leaves out is refused when sent.
+    #[test]
+    fn each_endpoint_documents_what_it_requires_and_refuses() {
+        for endpoint in Builtin::ALL {
+            let RefOr::T(Schema::Object(schema)) = request_schema(endpoint) else {
+                panic!("{endpoint:?}: not an object schema");
+            };
+            let example = schema.examples[0].clone();
+            check(endpoint, &example).unwrap_or_else(|e| panic!("{endpoint:?}: {e}"));
+            for field in &schema.required {
+                let mut body = example.clone();
+                body.as_object_mut().unwrap().remove(field);
+                let error = check(endpoint, &body).expect_err(field);
+                assert!(
+                    error.contains(field.as_str()),
+                    "{endpoint:?} {field}: {error}"
+                );
+            }
+            for field in Builtin::PER_ENDPOINT {
+                if schema.properties.contains_key(field) {
+                    continue;
+                }
+                let mut body = example.clone();
+                body[field] = json!(if field == "cluster" {
+                    json!("k8s")
+                } else {
+                    json!(["etcd"])
+                });
+                let error = check(endpoint, &body).expect_err(field);
+                assert!(error.contains(field), "{endpoint:?} {field}: {error}");
+            }
+        }
+    }
 }
