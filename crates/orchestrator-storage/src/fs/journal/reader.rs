@@ -1,6 +1,6 @@
 //! The one reader of the journal and the snapshot, and the one rule for a
 //! torn last line. Every place that reads those files reads them here: the
-//! service's replay at open, and both ways [`super::super::IndexedStore`]
+//! service's replay at open, and both ways [`crate::fs::IndexedStore`]
 //! opens a store.
 //!
 //! The rule: a crash in the middle of an append can only damage the
