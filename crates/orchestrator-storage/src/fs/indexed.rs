@@ -27,10 +27,11 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use orchestrator_core::TaskId;
 
-use super::journal::{decode_line, encode_line};
+use super::journal::reader::{Damage, LineFile, LinePlace, LineReader, parse_line, read_strictly};
 use super::layout::{Access, LAYOUT_FILE, check_layout};
+use super::line::Line;
 use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
-use super::{JOURNAL_FILE, LOGS_DIR, Line, SNAPSHOT_FILE, file_identity};
+use super::{JOURNAL_FILE, LOGS_DIR, SNAPSHOT_FILE, open_data_dir};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
 /// Where a record's latest line is, and the record's version there.
@@ -50,6 +51,9 @@ type LastLine = ((bool, u64), Vec<Record>);
 /// Damaged records, by kind and key, with why.
 type Damaged = BTreeMap<(RecordKind, String), String>;
 
+/// Where each record's latest line is, by kind and key.
+type Index = BTreeMap<(RecordKind, String), Loc>;
+
 pub struct IndexedStore {
     dir: PathBuf,
     logs_dir: PathBuf,
@@ -59,7 +63,7 @@ pub struct IndexedStore {
     journal: Vec<u8>,
     /// Opened for import: the journal, appended to, and the lock.
     writer: Option<Writer>,
-    index: Mutex<BTreeMap<(RecordKind, String), Loc>>,
+    index: Mutex<Index>,
     /// Records whose latest line is damaged: a migration reports them
     /// instead of silently taking an older version.
     damaged: Damaged,
@@ -112,14 +116,21 @@ impl IndexedStore {
                 file.metadata().ok().map(|m| (m.dev(), m.ino()))
             });
             if let Some(file) = &snapshot {
-                index_snapshot(file, &snapshot_path, &mut index, &mut damaged)?;
+                let read_error = |e| Error::io(format!("read {}", snapshot_path.display()), e);
+                let mut handle = file;
+                handle.seek(SeekFrom::Start(0)).map_err(read_error)?;
+                // Read a line at a time, never holding more than one.
+                let lines = BufReader::with_capacity(1 << 20, handle);
+                index_leniently(lines, LineFile::Snapshot, &mut index, &mut damaged)
+                    .map_err(read_error)?;
             }
             let journal = match std::fs::read(&journal_path) {
                 Ok(bytes) => bytes,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => return Err(Error::io(format!("read {}", journal_path.display()), e)),
             };
-            index_journal(&journal, &mut index, &mut damaged);
+            index_leniently(&journal[..], LineFile::Journal, &mut index, &mut damaged)
+                .map_err(|e| Error::io(format!("read {}", journal_path.display()), e))?;
             let settled = file_identity(&snapshot_path) == before && opened == before;
             if settled || attempts >= 10 {
                 return Ok(IndexedStore {
@@ -148,56 +159,31 @@ impl IndexedStore {
     }
 
     fn open_for_import_blocking(dir: PathBuf) -> Result<IndexedStore> {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("create data dir {}", dir.display()), e))?;
-        let lock_path = dir.join("LOCK");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| Error::io(format!("open {}", lock_path.display()), e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked { dir }),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(Error::io(format!("lock {}", lock_path.display()), e));
-            }
-        }
-        check_layout(&dir, Access::Upgrade)?;
+        let lock = open_data_dir(&dir)?;
         let logs_dir = dir.join(LOGS_DIR);
-        std::fs::create_dir_all(&logs_dir)
-            .map_err(|e| Error::io(format!("create {}", logs_dir.display()), e))?;
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let journal_path = dir.join(JOURNAL_FILE);
-        let mut index = BTreeMap::new();
+        let mut index = Index::new();
+        // The lock is held: nothing changes the files between their reading
+        // and their opening here.
+        read_strictly(&snapshot_path, LineFile::Snapshot, |line, place| {
+            index_record(line, place, false, &mut index)
+        })?;
         let snapshot = match File::open(&snapshot_path) {
-            Ok(file) => {
-                index_strictly(&file, &snapshot_path, false, &mut index)?;
-                Some(file)
-            }
+            Ok(file) => Some(file),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io(format!("open {}", snapshot_path.display()), e)),
         };
-        let io = |e| Error::io(format!("open {}", journal_path.display()), e);
+        let kept = read_strictly(&journal_path, LineFile::Journal, |line, place| {
+            index_record(line, place, true, &mut index)
+        })?;
         let journal = OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .append(true)
             .open(&journal_path)
-            .map_err(io)?;
-        let kept = index_strictly(&journal, &journal_path, true, &mut index)?;
-        if journal.metadata().map_err(io)?.len() > kept {
-            tracing::warn!(
-                path = %journal_path.display(),
-                "dropping a torn write at the end of the journal"
-            );
-            journal
-                .set_len(kept)
-                .and_then(|()| journal.sync_all())
-                .map_err(|e| Error::io(format!("truncate {}", journal_path.display()), e))?;
-        }
+            .map_err(|e| Error::io(format!("open {}", journal_path.display()), e))?;
         Ok(IndexedStore {
             dir,
             logs_dir,
@@ -217,7 +203,7 @@ impl IndexedStore {
         self.writer.as_ref().ok_or_else(|| self.read_only())
     }
 
-    fn lock_index(&self) -> std::sync::MutexGuard<'_, BTreeMap<(RecordKind, String), Loc>> {
+    fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -260,15 +246,12 @@ impl IndexedStore {
                 read.map_err(|e| Error::io(format!("read {}", self.dir.join(name).display()), e))?;
                 &owned
             };
-            let parsed = decode_line(line)
-                .ok_or_else(|| "checksum mismatch on a second read".to_owned())
-                .and_then(|json| {
-                    serde_json::from_slice::<Line>(json)
-                        .map_err(|e| format!("unreadable record: {e}"))
-                });
-            let records = match parsed {
+            let records = match parse_line(line) {
                 Ok(line) => line.into_records(),
-                Err(reason) => return Ok(Err(reason)),
+                Err(Damage::Checksum) => {
+                    return Ok(Err("checksum mismatch on a second read".to_owned()));
+                }
+                Err(damage) => return Ok(Err(damage.to_string())),
             };
             *last = Some((place, records));
         }
@@ -285,213 +268,89 @@ impl IndexedStore {
     }
 }
 
-impl Line {
-    /// The records this line stores.
-    fn into_records(self) -> Vec<Record> {
-        match self {
-            Line::Workflow(w) => vec![Record::Workflow(w)],
-            Line::Task(t) => vec![Record::Task(t)],
-            Line::Submission { workflow, tasks } => std::iter::once(Record::Workflow(workflow))
-                .chain(tasks.into_iter().map(Record::Task))
-                .collect(),
-            Line::Token(t) => vec![Record::Token(t)],
-            Line::Secret(s) => vec![Record::Secret(s)],
-            Line::SecretDeleted { .. } => Vec::new(),
-            Line::Audit(a) => vec![Record::Audit(a)],
-            Line::Schedule(s) => vec![Record::Schedule(s)],
-            Line::ScheduleDeleted { .. } | Line::Pruned { .. } => Vec::new(),
-            Line::ScheduleClaim(c) => vec![Record::ScheduleClaim(c)],
-        }
-    }
+/// Which file a snapshot's or a compaction's rename put under `path`
+/// (device and inode), to notice one while reading.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Indexes one complete line (without its newline) found at `loc`, as
-/// replaying it would apply it: a record's older version never replaces a
-/// newer one, a good line clears its records' damage marks, and a damaged
-/// line marks the records it names (or, naming none, its own `place`).
-fn index_line(
-    line: &[u8],
-    mut loc: Loc,
-    place: impl FnOnce() -> String,
-    skip_damage: bool,
-    index: &mut BTreeMap<(RecordKind, String), Loc>,
+/// Indexes a file of a store opened to be read by a migration: a damaged
+/// line marks the records it names as damaged (or, naming none, its own
+/// place) instead of refusing the store, so that every good record can
+/// be rescued. The journal's torn tail is left out, as the service leaves
+/// it out.
+fn index_leniently(
+    input: impl BufRead,
+    file: LineFile,
+    index: &mut Index,
     damaged: &mut Damaged,
-) {
-    let problem = match decode_line(line) {
-        Some(json) => match serde_json::from_slice::<Line>(json) {
-            Ok(parsed) => {
-                for key in parsed.keys() {
+) -> std::io::Result<()> {
+    let (name, in_journal) = match file {
+        LineFile::Journal => (JOURNAL_FILE, true),
+        LineFile::Snapshot => (SNAPSHOT_FILE, false),
+    };
+    let mut lines = LineReader::new(input, file);
+    while let Some(line) = lines.next_line()? {
+        match line.record {
+            Ok(record) => {
+                // A good line supersedes an older damaged one of its records.
+                for key in record.keys() {
                     damaged.remove(&key);
                 }
-                if let Line::SecretDeleted { name } = &parsed {
-                    index.remove(&(RecordKind::Secret, name.clone()));
-                    return;
-                }
-                if let Line::ScheduleDeleted { id } = &parsed {
-                    index.remove(&(RecordKind::Schedule, id.clone()));
-                    return;
-                }
-                if let Line::Pruned { .. } = &parsed {
-                    for key in parsed.keys() {
-                        index.remove(&key);
-                    }
-                    return;
-                }
-                for record in parsed.into_records() {
-                    loc.version = record.version();
-                    let key = (record.kind(), record.key());
-                    if index.get(&key).is_none_or(|old| old.version <= loc.version) {
-                        index.insert(key, loc);
-                    }
-                }
-                return;
+                let place = LinePlace {
+                    offset: line.offset,
+                    len: line.bytes.len(),
+                };
+                index_record(record, place, in_journal, index);
             }
-            Err(e) => format!("unreadable record: {e}"),
-        },
-        None if skip_damage => return,
-        None => "checksum mismatch".to_owned(),
-    };
-    let place = place();
-    let named = Line::keys_in_damaged(line.get(9..).unwrap_or_default());
-    if named.is_empty() {
-        // Listed with the tasks, the bulk of any store, under its place.
-        let reason = format!("{problem}; the line names no record");
-        damaged.insert((RecordKind::Task, place), reason);
-    } else {
-        for key in named {
-            damaged.insert(key, format!("{place}: {problem}"));
+            Err(damage) => {
+                let place = format!("{name} line {}", line.number);
+                let named = Line::keys_in_damaged(line.bytes.get(9..).unwrap_or_default());
+                if named.is_empty() {
+                    // Listed with the tasks, the bulk of any store, under its place.
+                    let reason = format!("{damage}; the line names no record");
+                    damaged.insert((RecordKind::Task, place), reason);
+                } else {
+                    for key in named {
+                        damaged.insert(key, format!("{place}: {damage}"));
+                    }
+                }
+            }
         }
-    }
-}
-
-/// Indexes the snapshot a line at a time, never holding more than one.
-fn index_snapshot(
-    file: &File,
-    path: &Path,
-    index: &mut BTreeMap<(RecordKind, String), Loc>,
-    damaged: &mut Damaged,
-) -> Result<()> {
-    let mut handle = file;
-    handle
-        .seek(SeekFrom::Start(0))
-        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    let mut reader = BufReader::with_capacity(1 << 20, handle);
-    let mut line = Vec::new();
-    let mut offset = 0u64;
-    let mut line_no = 0usize;
-    loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        // The end, or a last line without its newline: a write in progress.
-        let Some(body) = line.strip_suffix(b"\n") else {
-            break;
-        };
-        line_no += 1;
-        let loc = Loc {
-            in_journal: false,
-            offset,
-            len: body.len(),
-            version: 0,
-        };
-        index_line(
-            body,
-            loc,
-            || format!("{SNAPSHOT_FILE} line {line_no}"),
-            false,
-            index,
-            damaged,
-        );
-        offset += n as u64;
     }
     Ok(())
 }
 
-/// Indexes a file of a store opened for import, as the service replays
-/// it: damage is refused with its line, except, in the journal, a last
-/// line torn by a crash, which is left out. Returns the bytes kept.
-fn index_strictly(
-    file: &File,
-    path: &Path,
-    is_journal: bool,
-    index: &mut BTreeMap<(RecordKind, String), Loc>,
-) -> Result<u64> {
-    let io = |e| Error::io(format!("read {}", path.display()), e);
-    let mut handle = file;
-    handle.seek(SeekFrom::Start(0)).map_err(io)?;
-    let mut reader = BufReader::with_capacity(1 << 20, handle);
-    let mut line = Vec::new();
-    let mut next = Vec::new();
-    let mut offset = 0u64;
-    let mut line_no = 0usize;
-    reader.read_until(b'\n', &mut line).map_err(io)?;
-    while !line.is_empty() {
-        line_no += 1;
-        next.clear();
-        reader.read_until(b'\n', &mut next).map_err(io)?;
-        let is_last = next.is_empty();
-        let good = line.strip_suffix(b"\n").is_some_and(|body| {
-            let loc = Loc {
-                in_journal: is_journal,
-                offset,
-                len: body.len(),
-                version: 0,
-            };
-            let mut damaged = Damaged::new();
-            index_line(body, loc, String::new, false, index, &mut damaged);
-            damaged.is_empty()
-        });
-        if !good {
-            if is_journal && is_last {
-                return Ok(offset);
-            }
-            return Err(Error::Corrupt {
-                path: path.to_path_buf(),
-                line: line_no,
-                reason: "checksum mismatch or unreadable record in the middle of the file; \
-                         restore the data dir from a backup"
-                    .into(),
-            });
-        }
-        offset += line.len() as u64;
-        std::mem::swap(&mut line, &mut next);
+/// Indexes one good line at `place`, as replaying it would apply it: a
+/// record's older version never replaces a newer one, and a deletion
+/// removes its records.
+fn index_record(line: Line, place: LinePlace, in_journal: bool, index: &mut Index) {
+    if let Line::SecretDeleted { name } = &line {
+        index.remove(&(RecordKind::Secret, name.clone()));
+        return;
     }
-    Ok(offset)
-}
-
-/// Indexes the journal, held in memory. A damaged last line is a write
-/// torn by a crash or still in progress: the service drops it too.
-fn index_journal(
-    bytes: &[u8],
-    index: &mut BTreeMap<(RecordKind, String), Loc>,
-    damaged: &mut Damaged,
-) {
-    let mut lines = bytes
-        .split_inclusive(|&b| b == b'\n')
-        .enumerate()
-        .peekable();
-    let mut offset = 0u64;
-    while let Some((i, line)) = lines.next() {
-        let Some(body) = line.strip_suffix(b"\n") else {
-            break;
-        };
-        let is_last = lines.peek().is_none_or(|(_, next)| !next.ends_with(b"\n"));
+    if let Line::ScheduleDeleted { id } = &line {
+        index.remove(&(RecordKind::Schedule, id.clone()));
+        return;
+    }
+    if let Line::Pruned { .. } = &line {
+        for key in line.keys() {
+            index.remove(&key);
+        }
+        return;
+    }
+    for record in line.into_records() {
         let loc = Loc {
-            in_journal: true,
-            offset,
-            len: body.len(),
-            version: 0,
+            in_journal,
+            offset: place.offset,
+            len: place.len,
+            version: record.version(),
         };
-        index_line(
-            body,
-            loc,
-            || format!("{JOURNAL_FILE} line {}", i + 1),
-            is_last,
-            index,
-            damaged,
-        );
-        offset += line.len() as u64;
+        let key = (record.kind(), record.key());
+        if index.get(&key).is_none_or(|old| old.version <= loc.version) {
+            index.insert(key, loc);
+        }
     }
 }
 
@@ -589,10 +448,10 @@ impl BulkTransfer for IndexedStore {
         let mut bytes = Vec::new();
         let mut lines = Vec::with_capacity(records.len());
         for record in records {
-            let json = serde_json::to_vec(&Line::of(record.clone()))
-                .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
             let start = bytes.len();
-            encode_line(&json, &mut bytes);
+            Line::of(record.clone())
+                .encode_into(&mut bytes)
+                .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
             lines.push((record, start, bytes.len() - start - 1));
         }
         let (file, base) = {

@@ -124,3 +124,54 @@ pub(super) fn read_log_file(path: &Path, offset: u64, max_bytes: usize) -> Resul
         data,
     })
 }
+
+/// Appends `chunk` to the log at `path`; returns the log's length after it.
+/// An append-mode write leaves this handle's position at the end of what
+/// it wrote, even with other appends racing it.
+pub(super) fn append_log_file(path: &Path, chunk: &[u8]) -> Result<u64> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| {
+            file.write_all(chunk)?;
+            file.stream_position()
+        })
+        .map_err(|e| Error::io(format!("append to {}", path.display()), e))
+}
+
+/// Removes the logs of pruned tasks; after a prune that deleted something,
+/// also any log that no stored task names (left by a crash mid-prune).
+pub(super) fn remove_logs(
+    logs_dir: &Path,
+    pruned: &[TaskId],
+    sweep: bool,
+    live: &std::collections::HashSet<TaskId>,
+) -> Result<()> {
+    let remove = |path: &Path| match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}", path.display()), e))
+        }
+        _ => Ok(()),
+    };
+    for id in pruned {
+        remove(&log_path(logs_dir, *id))?;
+    }
+    if !sweep {
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(logs_dir)
+        .map_err(|e| Error::io(format!("read {}", logs_dir.display()), e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let orphan = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|id| id.parse::<uuid::Uuid>().ok())
+            .is_some_and(|id| !live.contains(&TaskId::from_uuid(id)));
+        if orphan {
+            remove(&entry.path())?;
+        }
+    }
+    Ok(())
+}

@@ -4,9 +4,9 @@
 use std::io::Write;
 
 use chrono::Utc;
-use orchestrator_core::TaskStatus;
+use orchestrator_core::{Task, TaskStatus};
 use orchestrator_storage::fs::{FsBackend, FsOptions};
-use orchestrator_storage::{Error, Storage, TaskQuery};
+use orchestrator_storage::{BulkTransfer, Error, Record, RecordKind, Storage, TaskQuery};
 use serde_json::json;
 
 use crate::conformance::{self, Harness, workflow_with_tasks};
@@ -203,6 +203,231 @@ async fn damage_in_the_middle_of_the_journal_is_refused_with_its_line() {
         Error::Corrupt { line, .. } => assert_eq!(line, 1),
         other => panic!("unexpected {other}"),
     }
+}
+
+fn fs_config(dir: &std::path::Path) -> orchestrator_storage::StorageConfig {
+    orchestrator_storage::StorageConfig {
+        storage_type: orchestrator_storage::StorageType::Filesystem,
+        data_dir: dir.to_path_buf(),
+        surrealdb: Default::default(),
+    }
+}
+
+/// The task under `id` as a store opened by `orchestrator migrate` reads
+/// it: the read-only source, or the import target.
+async fn task_read_in_bulk(store: &dyn BulkTransfer, task: &Task) -> Task {
+    let found = store
+        .fetch(RecordKind::Task, &[task.id.to_string()])
+        .await
+        .unwrap();
+    match found.into_iter().next().map(|scanned| scanned.record) {
+        Some(Ok(Record::Task(task))) => task,
+        other => panic!("task {} read as {other:?}", task.id),
+    }
+}
+
+/// The rule for a write torn by a crash, cut at every byte of the
+/// journal's last record: the service, a migration's read-only source and
+/// its import target all open the store with exactly the records before
+/// it, and a store opened to be written cuts the tail off, so that what
+/// it appends next is read back after a reopen.
+#[tokio::test]
+async fn a_journal_cut_at_every_byte_of_its_last_record_opens_with_the_records_before_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    let (workflow, tasks) = workflow_with_tasks(2);
+    let mut started = tasks[0].clone();
+    started.start(Utc::now()).unwrap();
+    let updated = {
+        let store = open(&dir, FsOptions::default()).await;
+        let tasks_store = store.tasks();
+        tasks_store
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
+        let updated = tasks_store.update_task(&started).await.unwrap();
+        store.close().await.unwrap();
+        updated
+    };
+    let journal = dir.join("journal.jsonl");
+    let whole = std::fs::read(&journal).unwrap();
+    assert!(whole.ends_with(b"\n"));
+    // The last record is the update's line; it starts after the previous
+    // line's newline.
+    let start = whole[..whole.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .unwrap()
+        + 1;
+    // Every cut from nothing of the last line to all of it but its newline,
+    // then the whole line as the control.
+    for cut in start..=whole.len() {
+        let context = format!("journal cut at {cut} of {}", whole.len());
+        let complete = cut == whole.len();
+        let expected = if complete { &updated } else { &tasks[0] };
+        std::fs::write(&journal, &whole[..cut]).unwrap();
+
+        let source = orchestrator_storage::open_read_only(&fs_config(&dir))
+            .await
+            .unwrap();
+        assert_eq!(
+            &task_read_in_bulk(&*source, &tasks[0]).await,
+            expected,
+            "{context}"
+        );
+        let scanned = source.scan(RecordKind::Task, None, 10).await.unwrap();
+        assert_eq!(scanned.len(), 2, "{context}");
+        assert!(
+            scanned.iter().all(|s| s.record.is_ok()),
+            "{context}: {scanned:?}"
+        );
+        source.close().await.unwrap();
+        assert_eq!(
+            std::fs::read(&journal).unwrap(),
+            &whole[..cut],
+            "{context}: read only"
+        );
+
+        let target = orchestrator_storage::open_for_import(&fs_config(&dir))
+            .await
+            .unwrap();
+        assert_eq!(
+            &task_read_in_bulk(&*target, &tasks[0]).await,
+            expected,
+            "{context}"
+        );
+        target.close().await.unwrap();
+        let kept = if complete { whole.len() } else { start };
+        assert_eq!(
+            std::fs::read(&journal).unwrap(),
+            &whole[..kept],
+            "{context}: import"
+        );
+
+        std::fs::write(&journal, &whole[..cut]).unwrap();
+        let store = open(&dir, FsOptions::default()).await;
+        let tasks_store = store.tasks();
+        assert_eq!(
+            crate::conformance::workflow_tasks(tasks_store, workflow.id).await,
+            [expected.clone(), tasks[1].clone()],
+            "{context}"
+        );
+        assert_eq!(
+            std::fs::read(&journal).unwrap(),
+            &whole[..kept],
+            "{context}: service"
+        );
+        // An append after the repair follows the last good line.
+        let mut next = expected.clone();
+        next.input = json!({"after": cut});
+        let next = tasks_store.update_task(&next).await.unwrap();
+        store.close().await.unwrap();
+        let store = open(&dir, FsOptions::default()).await;
+        assert_eq!(
+            store.tasks().get_task(next.id).await.unwrap(),
+            Some(next),
+            "{context}"
+        );
+        store.close().await.unwrap();
+    }
+}
+
+/// A corrupt line before the journal's last is damage, never a torn write:
+/// the service and an import refuse the store, naming the file and line,
+/// and change nothing; a migration's source reads past it.
+#[tokio::test]
+async fn a_corrupt_line_in_the_middle_is_refused_by_every_writer_and_named_by_the_reader() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    let (workflow, tasks) = workflow_with_tasks(1);
+    {
+        let store = open(&dir, FsOptions::default()).await;
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
+        let mut started = tasks[0].clone();
+        started.start(Utc::now()).unwrap();
+        let started = store.tasks().update_task(&started).await.unwrap();
+        let mut finished = started.clone();
+        finished.input = json!({"last": true});
+        store.tasks().update_task(&finished).await.unwrap();
+        store.close().await.unwrap();
+    }
+    // Flip one byte of the second of three lines, as a bad disk would.
+    let journal = dir.join("journal.jsonl");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let second = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let third = second + bytes[second..].iter().position(|&b| b == b'\n').unwrap() + 1;
+    bytes[(second + third) / 2] ^= 0x01;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    let expected = format!(
+        "{}:2: corrupt record: checksum mismatch or unreadable record in the middle of the file; \
+         restore the data dir from a backup",
+        journal.display()
+    );
+    let refused = FsBackend::open(&dir, FsOptions::default())
+        .await
+        .err()
+        .expect("the service refuses it");
+    assert!(
+        matches!(refused, Error::Corrupt { line: 2, .. }),
+        "{refused}"
+    );
+    assert_eq!(refused.to_string(), expected);
+    let refused = orchestrator_storage::open_for_import(&fs_config(&dir))
+        .await
+        .expect_err("an import refuses it");
+    assert_eq!(refused.to_string(), expected);
+    assert_eq!(std::fs::read(&journal).unwrap(), bytes, "nothing was cut");
+
+    // A migration's source reads past it: the record's last line is good.
+    let source = orchestrator_storage::open_read_only(&fs_config(&dir))
+        .await
+        .unwrap();
+    let task = task_read_in_bulk(&*source, &tasks[0]).await;
+    assert_eq!(task.input, json!({"last": true}));
+}
+
+/// The snapshot is only ever replaced whole: a cut in its last line is
+/// damage, not a torn write, and is refused rather than dropped.
+#[tokio::test]
+async fn a_snapshot_cut_short_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().to_path_buf();
+    let compacting = FsOptions {
+        compact_after_bytes: 1,
+    };
+    let (workflow, tasks) = workflow_with_tasks(2);
+    {
+        let store = open(&dir, compacting).await;
+        store
+            .tasks()
+            .insert_workflow(&workflow, &tasks)
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+    }
+    let snapshot = dir.join("snapshot.jsonl");
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.join("journal.jsonl")).unwrap().len(),
+        0
+    );
+    bytes.truncate(bytes.len() - 1);
+    std::fs::write(&snapshot, &bytes).unwrap();
+    let refused = FsBackend::open(&dir, FsOptions::default())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(refused, Error::Corrupt { line: 3, .. }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("incomplete line"), "{refused}");
+    assert_eq!(std::fs::read(&snapshot).unwrap(), bytes, "nothing was cut");
 }
 
 #[tokio::test]

@@ -1,9 +1,7 @@
-//! The append-only journal: checksummed JSON lines, written by one thread
-//! that batches concurrent appends into a single `fdatasync` (group commit).
-//!
-//! A line is `<crc32 of the JSON, 8 hex digits> <JSON>\n`. A line whose
-//! checksum does not match, or the last line without its newline, is a torn
-//! write and is never read as data.
+//! The journal writer: one thread that appends the lines queued under the
+//! state lock, batching concurrent appends into a single `fdatasync`
+//! (group commit), and that replaces the snapshot and empties the journal
+//! when a compaction is queued, in the order of the appends.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -13,40 +11,11 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use tokio::sync::oneshot;
 
+use crate::fs::snapshot::write_atomically;
 use crate::{Error, Result};
 
 /// Most commands folded into one write-and-sync.
 const MAX_BATCH: usize = 4096;
-
-pub(crate) fn encode_line(json: &[u8], out: &mut Vec<u8>) {
-    let crc = crc32fast::hash(json);
-    out.extend_from_slice(format!("{crc:08x} ").as_bytes());
-    out.extend_from_slice(json);
-    out.push(b'\n');
-}
-
-/// Splits a line (without its newline) into its JSON payload if the checksum holds.
-pub(crate) fn decode_line(line: &[u8]) -> Option<&[u8]> {
-    if line.len() < 10 || line[8] != b' ' {
-        return None;
-    }
-    let crc = u32::from_str_radix(std::str::from_utf8(&line[..8]).ok()?, 16).ok()?;
-    let json = &line[9..];
-    (crc32fast::hash(json) == crc).then_some(json)
-}
-
-/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    {
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
-}
 
 type Done = oneshot::Sender<std::result::Result<(), String>>;
 
@@ -255,22 +224,4 @@ fn flush(file: &mut File, buffer: &mut Vec<u8>) -> io::Result<()> {
     file.sync_data()?;
     buffer.clear();
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_round_trip_and_detect_damage() {
-        let mut out = Vec::new();
-        encode_line(br#"{"a":1}"#, &mut out);
-        let line = &out[..out.len() - 1];
-        assert_eq!(decode_line(line), Some(&br#"{"a":1}"#[..]));
-        let mut damaged = line.to_vec();
-        damaged[12] = b'2';
-        assert_eq!(decode_line(&damaged), None);
-        assert_eq!(decode_line(&line[..line.len() - 2]), None);
-        assert_eq!(decode_line(b"short"), None);
-    }
 }

@@ -1,0 +1,51 @@
+//! The filesystem backend's tokens, secrets and audit records
+//! ([`crate::AccessStore`]).
+
+use async_trait::async_trait;
+use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+
+use super::FsBackend;
+use super::line::Line;
+use crate::{AccessStore, AuditQuery, Page, RecordKind, Result};
+
+#[async_trait]
+impl AccessStore for FsBackend {
+    async fn put_token(&self, token: &ApiToken) -> Result<()> {
+        self.write(Line::Token(token.clone())).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>> {
+        Ok(self.lock_state().tokens().cloned().collect())
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        self.write(Line::Secret(secret.clone())).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.record(RecordKind::Secret, name).is_none() {
+                return Ok(false);
+            }
+            let line = Line::SecretDeleted {
+                name: name.to_owned(),
+            };
+            self.commit(&mut state, line)?
+        };
+        pending.durable().await?;
+        Ok(true)
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        Ok(self.lock_state().secrets().cloned().collect())
+    }
+
+    async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
+        self.write(Line::Audit(record.clone())).await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        Ok(self.lock_state().list_audit(query))
+    }
+}

@@ -1,0 +1,101 @@
+//! The filesystem backend's retention ([`crate::RetentionStore`]): pruned
+//! records leave memory and the journal under the state lock, then the
+//! disk with the compaction queued right after, then their logs.
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use orchestrator_core::{TaskId, WorkflowId};
+
+use super::FsBackend;
+use super::line::Line;
+use super::logs::remove_logs;
+use crate::{Error, Pruned, Result, RetentionStore};
+
+/// Audit records deleted per journal line: bounds the line, not the prune.
+const AUDIT_PRUNED_PER_LINE: usize = 1000;
+
+#[async_trait]
+impl RetentionStore for FsBackend {
+    async fn prune_workflows(&self, workflows: &[(WorkflowId, u64)]) -> Result<Pruned> {
+        let mut pruned = Pruned::default();
+        let mut task_ids = Vec::new();
+        let pending = {
+            let mut state = self.lock_state();
+            let mut pending = None;
+            for &(id, version) in workflows {
+                // Checked under the lock that orders every write: a retry
+                // that revived it, or any change, has bumped its version.
+                let still_finished = state
+                    .workflow(id)
+                    .is_some_and(|w| w.version == version && w.status.is_terminal());
+                if !still_finished {
+                    continue;
+                }
+                let tasks = state.workflow_task_ids(id);
+                let line = Line::Pruned {
+                    workflows: vec![id],
+                    tasks: tasks.clone(),
+                    audit: Vec::new(),
+                };
+                pending = Some(self.commit(&mut state, line)?);
+                pruned.workflows.push(id);
+                pruned.tasks += tasks.len() as u64;
+                task_ids.extend(tasks);
+            }
+            if pending.is_some() {
+                // Compact now, so that the deleted records leave the disk
+                // too, not only memory.
+                self.queue_compaction(&mut state)?;
+            }
+            pending
+        };
+        if let Some(pending) = pending {
+            // Lines are durable in order: the last one covers the others.
+            pending.durable().await?;
+        }
+        // The records are gone for good; their logs go after them. A crash
+        // in between leaves log files that no task names, which the next
+        // prune removes.
+        let logs_dir = self.logs_dir.clone();
+        let live: HashSet<TaskId> = if pruned.workflows.is_empty() {
+            Default::default()
+        } else {
+            self.lock_state().tasks().map(|t| t.id).collect()
+        };
+        let removed = pruned.workflows.len();
+        tokio::task::spawn_blocking(move || remove_logs(&logs_dir, &task_ids, removed > 0, &live))
+            .await
+            .map_err(|e| Error::io("remove logs", std::io::Error::other(e)))??;
+        Ok(pruned)
+    }
+
+    async fn prune_audit(&self, before: DateTime<Utc>) -> Result<u64> {
+        let (pending, count) = {
+            let mut state = self.lock_state();
+            let old: Vec<String> = state
+                .audit()
+                .take_while(|a| a.time < before)
+                .map(|a| a.id.clone())
+                .collect();
+            let mut pending = None;
+            for ids in old.chunks(AUDIT_PRUNED_PER_LINE) {
+                let line = Line::Pruned {
+                    workflows: Vec::new(),
+                    tasks: Vec::new(),
+                    audit: ids.to_vec(),
+                };
+                pending = Some(self.commit(&mut state, line)?);
+            }
+            if pending.is_some() {
+                self.queue_compaction(&mut state)?;
+            }
+            (pending, old.len() as u64)
+        };
+        if let Some(pending) = pending {
+            pending.durable().await?;
+        }
+        Ok(count)
+    }
+}

@@ -1,0 +1,172 @@
+//! The filesystem backend's tasks, workflows and task logs
+//! ([`crate::TaskStore`]): every check and change under the state lock,
+//! durability awaited after it.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
+
+use super::line::Line;
+use super::logs::{append_log_file, log_file_length, read_log_file};
+use super::{FsBackend, same_version};
+use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery, next_versions};
+
+#[async_trait]
+impl TaskStore for FsBackend {
+    async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.workflow(workflow.id).is_some() {
+                return Err(Error::AlreadyExists {
+                    what: "workflow",
+                    id: workflow.id.to_string(),
+                });
+            }
+            if let Some(task) = tasks.iter().find(|t| state.task(t.id).is_some()) {
+                return Err(Error::AlreadyExists {
+                    what: "task",
+                    id: task.id.to_string(),
+                });
+            }
+            if let Some(key) = &workflow.idempotency_key
+                && state.workflow_by_idempotency_key(key).is_some()
+            {
+                return Err(Error::AlreadyExists {
+                    what: "idempotency key",
+                    id: key.clone(),
+                });
+            }
+            if let Some(reference) = &workflow.reference
+                && state
+                    .workflow_revision(reference, workflow.revision)
+                    .is_some()
+            {
+                return Err(Error::AlreadyExists {
+                    what: "workflow revision",
+                    id: format!("{reference}#{}", workflow.revision),
+                });
+            }
+            let record = Line::Submission {
+                workflow: workflow.clone(),
+                tasks: tasks.to_vec(),
+            };
+            self.commit(&mut state, record)?
+        };
+        pending.durable().await
+    }
+
+    async fn update_task(&self, task: &Task) -> Result<Task> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
+            same_version("task", task.id, task.version, current.version)?;
+            let mut stored = task.clone();
+            stored.version += 1;
+            let pending = self.commit(&mut state, Line::Task(stored.clone()))?;
+            (pending, stored)
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state
+                .workflow(workflow.id)
+                .ok_or(Error::WorkflowNotFound(workflow.id))?;
+            same_version("workflow", workflow.id, workflow.version, current.version)?;
+            if let Some(task) = new_tasks.iter().find(|t| state.task(t.id).is_some()) {
+                return Err(Error::AlreadyExists {
+                    what: "task",
+                    id: task.id.to_string(),
+                });
+            }
+            let mut stored = workflow.clone();
+            stored.version += 1;
+            let record = Line::Submission {
+                workflow: stored.clone(),
+                tasks: new_tasks.to_vec(),
+            };
+            (self.commit(&mut state, record)?, stored)
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn update_workflow_and_tasks(
+        &self,
+        workflow: &Workflow,
+        tasks: &[Task],
+    ) -> Result<(Workflow, Vec<Task>)> {
+        let (pending, stored) = {
+            let mut state = self.lock_state();
+            let current = state
+                .workflow(workflow.id)
+                .ok_or(Error::WorkflowNotFound(workflow.id))?;
+            same_version("workflow", workflow.id, workflow.version, current.version)?;
+            for task in tasks {
+                let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
+                same_version("task", task.id, task.version, current.version)?;
+            }
+            let (stored, stored_tasks) = next_versions(workflow, tasks);
+            // One checksummed line: a crash keeps all of it or none.
+            let record = Line::Submission {
+                workflow: stored.clone(),
+                tasks: stored_tasks.clone(),
+            };
+            (self.commit(&mut state, record)?, (stored, stored_tasks))
+        };
+        pending.durable().await?;
+        Ok(stored)
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        Ok(self.lock_state().task(id).cloned())
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
+        Ok(self.lock_state().list_tasks(query))
+    }
+
+    async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
+        Ok(self.lock_state().workflow_tasks(id))
+    }
+
+    async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
+        Ok(self.lock_state().unfinished_tasks())
+    }
+
+    async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
+        Ok(self.lock_state().workflow(id).cloned())
+    }
+
+    async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
+        Ok(self.lock_state().list_workflows(query))
+    }
+
+    async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
+        self.writer()?.check_usable()?;
+        let path = self.log_path(id);
+        if chunk.is_empty() {
+            return blocking(move || log_file_length(&path)).await;
+        }
+        // Off the async workers: a write can stall on a slow or full disk.
+        // The pump batches a task's output, so this is one hop per batch.
+        let chunk = chunk.to_vec();
+        blocking(move || append_log_file(&path, &chunk)).await
+    }
+
+    async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        let path = self.log_path(id);
+        blocking(move || read_log_file(&path, offset, max_bytes)).await
+    }
+}
+
+/// Runs file I/O on the blocking pool, not on an async worker.
+async fn blocking<T: Send + 'static>(io: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .map_err(|e| Error::io("file I/O", std::io::Error::other(e)))?
+}

@@ -1,0 +1,107 @@
+//! The filesystem backend as either end of a migration
+//! ([`crate::BulkTransfer`]): records scanned from memory, imports appended
+//! without compacting meanwhile.
+
+use async_trait::async_trait;
+use orchestrator_core::TaskId;
+
+use super::FsBackend;
+use super::line::Line;
+use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
+use crate::{Backend, BulkTransfer, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
+
+#[async_trait]
+impl BulkTransfer for FsBackend {
+    fn name(&self) -> &'static str {
+        "filesystem"
+    }
+
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Scanned>> {
+        // Opened with the lock, a store has no damaged record: damage
+        // refuses the open (a migration reads through `IndexedStore`).
+        Ok(self
+            .lock_state()
+            .records_after(kind, after)
+            .take(limit)
+            .map(|record| Scanned {
+                key: record.key(),
+                record: Ok(record),
+            })
+            .collect())
+    }
+
+    async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
+        let state = self.lock_state();
+        let mut found: Vec<Scanned> = keys
+            .iter()
+            .filter_map(|key| {
+                state.record(kind, key).map(|record| Scanned {
+                    key: key.clone(),
+                    record: Ok(record),
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    async fn count(&self, kind: RecordKind) -> Result<u64> {
+        Ok(self.lock_state().count(kind) as u64)
+    }
+
+    /// Compacts a journal that imports left longer than the threshold, and
+    /// waits for it: a live migration does it after its copy, while the
+    /// service still works on the other store, rather than at the first
+    /// write after its switch.
+    async fn settle(&self) -> Result<()> {
+        let pending = {
+            let mut state = self.lock_state();
+            if state.journal_bytes <= self.options.compact_after_bytes {
+                return Ok(());
+            }
+            self.compaction(&mut state)?
+        };
+        pending.durable().await
+    }
+
+    async fn import(&self, records: &[Record]) -> Result<()> {
+        self.writer()?.check_usable()?;
+        let pending = {
+            let mut state = self.lock_state();
+            records
+                .iter()
+                .map(|record| self.append(&mut state, Line::of(record.clone())))
+                .collect::<Result<Vec<_>>>()?
+        };
+        // Queued together, so the writer makes them durable with one sync.
+        for write in pending {
+            write.durable().await?;
+        }
+        Ok(())
+    }
+
+    async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
+        log_file_lengths_off(&self.logs_dir, ids).await
+    }
+
+    async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
+        self.writer()?.check_usable()?;
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        import_log_files(&self.logs_dir, pieces).await
+    }
+
+    async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        read_log_files_off(&self.logs_dir, asks).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        Backend::close(self).await
+    }
+}
