@@ -101,10 +101,18 @@ pub struct BuiltinRequest {
     pub priority: Priority,
     /// Attempts per task; the service default when absent.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     pub max_attempts: Option<u32>,
     /// Per-attempt timeout in seconds (at most 30 days); the service
     /// default when absent.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 2592000))]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     pub timeout_secs: Option<u32>,
     /// Dry run: scripts are told to change nothing.
     #[serde(default)]
@@ -114,6 +122,10 @@ pub struct BuiltinRequest {
     pub wait: bool,
     /// Honoured by the API: the most seconds `wait` may block.
     #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 4294967295u32))]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     pub wait_timeout_secs: Option<u32>,
 }
 

@@ -9,6 +9,7 @@ use orchestrator_engine::Engine;
 use orchestrator_engine::builtin::{Builtin, BuiltinRequest, FieldUse};
 use serde::Serialize;
 use serde_json::json;
+use utoipa::openapi::schema::{SchemaType, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
@@ -35,7 +36,13 @@ fn request_schema(endpoint: Builtin) -> RefOr<Schema> {
     if let RefOr::T(Schema::Object(object)) = &mut schema {
         for field in Builtin::PER_ENDPOINT {
             match endpoint.field_use(field) {
-                FieldUse::Required => object.required.push(field.to_owned()),
+                FieldUse::Required => {
+                    object.required.push(field.to_owned());
+                    // Required means a value: `null` is refused as missing.
+                    if let Some(RefOr::T(property)) = object.properties.get_mut(field) {
+                        not_null(property);
+                    }
+                }
                 FieldUse::Refused => {
                     object.properties.remove(field);
                 }
@@ -56,6 +63,21 @@ fn request_schema(endpoint: Builtin) -> RefOr<Schema> {
         object.example = None;
     }
     schema
+}
+
+/// `schema` without `null` among its types.
+fn not_null(schema: &mut Schema) {
+    let types = match schema {
+        Schema::Object(object) => &mut object.schema_type,
+        Schema::Array(array) => &mut array.schema_type,
+        _ => return,
+    };
+    if let SchemaType::Array(list) = types {
+        list.retain(|t| *t != Type::Null);
+        if let [only] = list.as_slice() {
+            *types = SchemaType::Type(only.clone());
+        }
+    }
 }
 
 /// The request schema of each endpoint, named for the document (see

@@ -333,6 +333,10 @@ pub(crate) struct WorkflowSubmission {
     template: TemplateField,
     /// Pick a `schema_version` of a named template (newest by default).
     #[schema(minimum = 0, maximum = 4294967295u32)]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     version: Option<u32>,
     /// The template's inputs.
     #[serde(default)]
@@ -348,13 +352,25 @@ pub(crate) struct WorkflowSubmission {
     /// Attempts per task; the service default when absent (the engine's
     /// limits, which a test compares with these).
     #[schema(minimum = 1, maximum = 100)]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     max_attempts: Option<u32>,
     /// Per-attempt timeout in seconds (at most 30 days); the service
     /// default when absent.
     #[schema(minimum = 1, maximum = 2592000)]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     timeout_secs: Option<u32>,
     /// Most tasks of the workflow running at once; the template's when absent.
     #[schema(minimum = 1, maximum = 100000)]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     parallel_limit: Option<u32>,
     /// Answer only when the workflow has finished (or `wait_timeout_secs`
     /// passed, then with 202).
@@ -363,6 +379,10 @@ pub(crate) struct WorkflowSubmission {
     /// The most seconds `wait` may block (default 120; more than 600
     /// waits 600).
     #[schema(minimum = 0, maximum = 4294967295u32)]
+    #[serde(
+        default,
+        deserialize_with = "orchestrator_core::whole_number::option_u32"
+    )]
     wait_timeout_secs: Option<u32>,
 }
 

@@ -35,7 +35,7 @@ mod line;
 mod logs;
 mod retention;
 mod schedules;
-mod snapshot;
+pub(crate) mod snapshot;
 mod state;
 mod tasks;
 mod transfer;

@@ -7,5 +7,3 @@ pub(super) mod reader;
 mod writer;
 
 pub(crate) use self::writer::{JournalWriter, Pending};
-// `live::files` writes its own small files the same way.
-pub(crate) use crate::fs::snapshot::write_atomically;
