@@ -46,12 +46,23 @@ fn print_config_merges_file_variables_and_flags_and_masks_secrets() {
              data_dir = \"{}\"\nhttp_allow = [\"file.example\"]\n\
              surrealdb_url = \"surreal+ws://admin:url-pass@db.example:8000\"\n\
              surrealdb_password = \"file-pass\"\n\
-             secret_key_file = \"/etc/orchestrator/secret-key\"\n",
+             secret_key_file = \"/etc/orchestrator/secret-key\"\n\
+             templates_dir = \"/file/templates\"\nsurrealdb_namespace = \"file-ns\"\n\
+             surrealdb_database = \"file-db\"\n",
             data_dir.display()
         ),
     );
     let output = print_config(
-        &["--config", &config, "--port", "9100", "--max-streams", "4"],
+        &[
+            "--config",
+            &config,
+            "--port",
+            "9100",
+            "--max-streams",
+            "4",
+            "--surrealdb-database",
+            "flag-db",
+        ],
         &[
             ("ORCHESTRATOR_PORT", "9050"),
             ("ORCHESTRATOR_WORKERS", "5"),
@@ -62,6 +73,9 @@ fn print_config_merges_file_variables_and_flags_and_masks_secrets() {
             ),
             ("ORCHESTRATOR_SURREALDB_PASSWORD", "env-pass"),
             ("ORCHESTRATOR_RETAIN_AUDIT", "30d"),
+            ("ORCHESTRATOR_TEMPLATES_DIR", "/env/templates"),
+            ("ORCHESTRATOR_SURREALDB_NAMESPACE", "env-ns"),
+            ("ORCHESTRATOR_SURREALDB_DATABASE", "env-db"),
         ],
     );
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -71,6 +85,9 @@ fn print_config_merges_file_variables_and_flags_and_masks_secrets() {
     assert_eq!(shown["workers"].as_integer(), Some(5), "{stdout}");
     assert_eq!(shown["rate_limit"].as_integer(), Some(7), "{stdout}");
     assert_eq!(shown["log_format"].as_str(), Some("json"));
+    assert_eq!(shown["templates_dir"].as_str(), Some("/env/templates"));
+    assert_eq!(shown["surrealdb_namespace"].as_str(), Some("env-ns"));
+    assert_eq!(shown["surrealdb_database"].as_str(), Some("flag-db"));
     assert_eq!(shown["max_streams"].as_integer(), Some(4));
     assert_eq!(shown["address_rate_limit"].as_integer(), Some(200));
     assert_eq!(shown["storage_type"].as_str(), Some("filesystem"));
