@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the orchestrator service.
-    Serve(ServeArgs),
+    Serve(ServeCommand),
     /// List tasks of a running service.
     Tasks(TasksArgs),
     /// Show one task.
@@ -564,13 +564,26 @@ pub struct ClientArgs {
     pub token: Option<orchestrator_storage::Secret>,
 }
 
+/// `serve`: the service's settings, and whether to only show them.
+#[derive(Debug, Args)]
+pub struct ServeCommand {
+    #[command(flatten)]
+    pub settings: ServeArgs,
+    /// Print the merged settings (defaults, config file, variables, flags)
+    /// as TOML, secrets masked, and exit without starting.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
 /// Service settings. Each can also come from an `ORCHESTRATOR_*` variable
 /// or the config file; a flag beats the variable, which beats the file,
-/// which beats the default.
-#[derive(Debug, Args, Default)]
+/// which beats the default (`crate::settings` merges them). Serialized,
+/// these are the top layer: only the flags and variables given count.
+#[derive(Debug, Args, Default, serde::Serialize)]
 pub struct ServeArgs {
     /// TOML config file.
     #[arg(long, env = "ORCHESTRATOR_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Port to listen on [default: 8080].
     #[arg(long, env = "ORCHESTRATOR_PORT")]
@@ -665,6 +678,7 @@ pub struct ServeArgs {
     /// SurrealDB password [default: root]; prefer the variable or the
     /// config file to a flag, which other users can see in `ps`.
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_PASSWORD", hide_env_values = true)]
+    #[serde(serialize_with = "crate::settings::expose_given_secret")]
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
     /// SurrealDB namespace [default: orchestrator].
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_NAMESPACE")]

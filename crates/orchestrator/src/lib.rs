@@ -36,7 +36,8 @@ pub fn run(cli: Cli) -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => service::serve_from_args(args).await,
+            Command::Serve(serve) if serve.print_config => settings::print_config(serve.settings),
+            Command::Serve(serve) => service::serve_from_args(serve.settings).await,
             Command::Tasks(args) => client::tasks(&cli.client, args).await,
             Command::Task(args) => client::task(&cli.client, args).await,
             Command::Logs(args) => client::logs(&cli.client, args).await,

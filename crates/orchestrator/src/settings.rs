@@ -1,82 +1,182 @@
-//! Service settings: command-line flags and `ORCHESTRATOR_*` variables
-//! (both through clap), then the TOML config file, then defaults.
+//! Service settings, layered by figment: the defaults of [`ServeConfig`],
+//! then the TOML config file, then `ORCHESTRATOR_*` variables and flags
+//! (clap reads both into [`ServeArgs`], a flag over its variable); then
+//! checked into the [`ServeSettings`] the service runs with.
+//!
+//! A new setting is a field of [`ServeConfig`] with its default in
+//! `ServeConfig::default`, a flag of [`ServeArgs`] of the same name, its
+//! check in [`ServeConfig::into_settings`] and a row in
+//! docs/configuration.md; the tests below hold the four together.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 use orchestrator_core::RetryPolicy;
 use orchestrator_core::retention::Keep;
 use orchestrator_core::template::{Limits, MAX_DURATION};
-use orchestrator_storage::{StorageType, SurrealdbConfig};
-use serde::Deserialize;
+use orchestrator_storage::{Secret, StorageType, SurrealdbConfig};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cli::ServeArgs;
 
-/// The config file. Every key is optional and named like its flag, with
-/// underscores (`data_dir`, `storage_type`, ...).
-#[derive(Debug, Default, Deserialize)]
+/// What `--print-config` shows instead of a secret.
+const MASK: &str = "***";
+
+/// Every `serve` setting, named as in the config file (the flag's name
+/// with underscores), in the units the file uses. The layers are merged
+/// into this one struct, and `--print-config` prints it as TOML: a valid
+/// config file. Unknown keys are refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub port: Option<u16>,
-    pub bind: Option<IpAddr>,
-    pub data_dir: Option<PathBuf>,
-    pub storage_type: Option<String>,
-    pub scripts_dir: Option<PathBuf>,
-    pub templates_dir: Option<PathBuf>,
-    pub workers: Option<usize>,
-    pub max_attempts: Option<u32>,
-    pub task_timeout: Option<u64>,
-    pub retry_base_ms: Option<u64>,
-    pub retry_max_ms: Option<u64>,
-    pub shutdown_grace: Option<u64>,
-    pub kill_grace: Option<u64>,
-    pub max_log_bytes: Option<u64>,
+pub struct ServeConfig {
+    pub port: u16,
+    pub bind: IpAddr,
+    pub data_dir: PathBuf,
+    /// `filesystem`, `surrealdb-embedded` or `surrealdb-server`.
+    pub storage_type: String,
+    pub scripts_dir: PathBuf,
+    pub templates_dir: PathBuf,
+    pub workers: usize,
+    pub max_attempts: u32,
+    /// Seconds.
+    pub task_timeout: u64,
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// Seconds.
+    pub shutdown_grace: u64,
+    /// Seconds.
+    pub kill_grace: u64,
+    pub max_log_bytes: u64,
+    /// Absent: read (or create) `<data-dir>/node-id` at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
-    pub lease_secs: Option<u64>,
-    pub poll_ms: Option<u64>,
-    pub log_format: Option<String>,
-    pub no_auth: Option<bool>,
-    pub secure_cookies: Option<bool>,
-    pub rate_limit: Option<u32>,
-    pub retain_finished: Option<Keep>,
-    pub retain_audit: Option<Keep>,
-    pub address_rate_limit: Option<u32>,
-    pub surrealdb_url: Option<String>,
-    pub surrealdb_username: Option<String>,
-    pub surrealdb_password: Option<orchestrator_storage::Secret>,
-    pub surrealdb_namespace: Option<String>,
-    pub surrealdb_database: Option<String>,
-    pub surrealdb_engine: Option<String>,
-    pub surrealdb_connect_timeout: Option<u64>,
-    pub surrealdb_request_timeout: Option<u64>,
-    /// Interpreter per script extension, e.g. `nu = "/opt/nu/bin/nu"`.
-    #[serde(default)]
-    pub interpreters: HashMap<String, PathBuf>,
+    pub lease_secs: u64,
+    pub poll_ms: u64,
+    /// `pretty` or `json`.
+    pub log_format: String,
+    pub no_auth: bool,
+    pub secure_cookies: bool,
+    #[serde(serialize_with = "period")]
+    pub retain_finished: Keep,
+    #[serde(serialize_with = "period")]
+    pub retain_audit: Keep,
+    pub rate_limit: u32,
+    pub address_rate_limit: u32,
     /// Hosts http steps may reach: `["awx.example.com", "127.0.0.1:8081"]`.
-    pub http_allow: Option<Vec<String>>,
-    // Connections, proxies and names (`HttpConfig`).
-    pub header_timeout: Option<u64>,
-    pub max_connections: Option<usize>,
-    pub max_streams: Option<usize>,
+    pub http_allow: Vec<String>,
+    // The API's connections (`HttpConfig`).
+    /// Seconds.
+    pub header_timeout: u64,
+    pub max_connections: usize,
+    pub max_streams: usize,
     /// `["10.0.0.5", "192.168.0.0/16"]`.
-    pub trusted_proxy: Option<Vec<String>>,
+    pub trusted_proxy: Vec<String>,
     /// `["orchestrator.example.com"]`.
-    pub public_host: Option<Vec<String>>,
-    // Limits on the work of one submission.
-    pub max_step_instances: Option<u64>,
-    pub max_workflow_tasks: Option<u64>,
-    pub max_template_steps: Option<u64>,
-    pub max_list_items: Option<u64>,
-    pub max_template_bytes: Option<u64>,
-    pub max_input_bytes: Option<u64>,
+    pub public_host: Vec<String>,
+    // Limits on the work of one submission (`Limits`).
+    pub max_step_instances: u64,
+    pub max_workflow_tasks: u64,
+    pub max_template_steps: u64,
+    pub max_list_items: u64,
+    pub max_template_bytes: u64,
+    pub max_input_bytes: u64,
     /// `bubblewrap` or `none`.
-    pub script_sandbox: Option<String>,
+    pub script_sandbox: String,
     /// Paths scripts may write in the sandbox.
-    pub script_writable: Option<Vec<PathBuf>>,
+    pub script_writable: Vec<PathBuf>,
+    /// A path, not a secret: shown as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_key_file: Option<PathBuf>,
+    // How to reach SurrealDB (`SurrealdbConfig`).
+    pub surrealdb_url: String,
+    pub surrealdb_username: String,
+    /// Serialized as itself, so that the layers can be merged;
+    /// [`ServeConfig::masked`] hides it before anything is shown.
+    #[serde(serialize_with = "expose_secret")]
+    pub surrealdb_password: Secret,
+    pub surrealdb_namespace: String,
+    pub surrealdb_database: String,
+    /// `surrealkv` or `rocksdb`.
+    pub surrealdb_engine: String,
+    /// Seconds.
+    pub surrealdb_connect_timeout: u64,
+    /// Seconds.
+    pub surrealdb_request_timeout: u64,
+    /// Interpreter per script extension, e.g. `nu = "/opt/nu/bin/nu"`;
+    /// only in the file. Last, as a TOML table must be.
+    pub interpreters: BTreeMap<String, PathBuf>,
+}
+
+/// The defaults, the one place they are written; those of a part that
+/// another crate owns (the store, the API's connections, the limits, the
+/// retry policy, the log cap) come from that crate.
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let surrealdb = SurrealdbConfig::default();
+        let network = orchestrator_api::HttpConfig::default();
+        let limits = Limits::default();
+        let retry = RetryPolicy::default();
+        ServeConfig {
+            port: 8080,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            data_dir: PathBuf::from("./data"),
+            storage_type: StorageType::Filesystem.as_str().to_owned(),
+            scripts_dir: PathBuf::from("./scripts"),
+            templates_dir: PathBuf::from("./templates"),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_attempts: 3,
+            task_timeout: 3600,
+            retry_base_ms: millis(retry.base_delay),
+            retry_max_ms: millis(retry.max_delay),
+            shutdown_grace: 30,
+            kill_grace: 10,
+            max_log_bytes: orchestrator_executor::DEFAULT_MAX_LOG_BYTES,
+            node_id: None,
+            lease_secs: 15,
+            poll_ms: 1000,
+            log_format: "pretty".to_owned(),
+            no_auth: false,
+            secure_cookies: false,
+            retain_finished: Keep::Forever,
+            retain_audit: Keep::Forever,
+            rate_limit: 50,
+            address_rate_limit: 200,
+            http_allow: Vec::new(),
+            header_timeout: network.header_timeout.as_secs(),
+            max_connections: network.max_connections,
+            max_streams: network.max_streams,
+            trusted_proxy: Vec::new(),
+            public_host: Vec::new(),
+            max_step_instances: limits.max_step_instances,
+            max_workflow_tasks: limits.max_workflow_tasks,
+            max_template_steps: limits.max_template_steps,
+            max_list_items: limits.max_list_items,
+            max_template_bytes: limits.max_template_bytes,
+            max_input_bytes: limits.max_input_bytes,
+            script_sandbox: "bubblewrap".to_owned(),
+            script_writable: Vec::new(),
+            secret_key_file: None,
+            surrealdb_url: surrealdb.url,
+            surrealdb_username: surrealdb.username,
+            surrealdb_password: surrealdb.password,
+            surrealdb_namespace: surrealdb.namespace,
+            surrealdb_database: surrealdb.database,
+            surrealdb_engine: surrealdb.engine.as_str().to_owned(),
+            surrealdb_connect_timeout: surrealdb.connect_timeout.as_secs(),
+            surrealdb_request_timeout: surrealdb.request_timeout.as_secs(),
+            interpreters: BTreeMap::new(),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// How scripts are isolated from the service (`--script-sandbox`).
@@ -178,201 +278,223 @@ impl ServeSettings {
 
     /// Defaults for a data dir and scripts dir, as `serve` with no flags.
     pub fn new(data_dir: PathBuf, scripts_dir: PathBuf) -> ServeSettings {
-        ServeSettings {
-            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 8080,
+        ServeConfig {
             data_dir,
-            storage_type: StorageType::Filesystem,
-            surrealdb: SurrealdbConfig::default(),
             scripts_dir,
-            templates_dir: PathBuf::from("./templates"),
-            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            max_attempts: 3,
-            task_timeout: Duration::from_secs(3600),
-            retry: RetryPolicy::default(),
-            shutdown_grace: Duration::from_secs(30),
-            kill_grace: Duration::from_secs(10),
-            max_log_bytes: orchestrator_executor::DEFAULT_MAX_LOG_BYTES,
-            node_id: None,
-            lease: Duration::from_secs(15),
-            poll: Duration::from_secs(1),
-            log_format: LogFormat::Pretty,
-            interpreters: HashMap::new(),
-            auth: true,
-            secure_cookies: false,
-            rate_limit: 50,
-            retain_finished: Keep::Forever,
-            retain_audit: Keep::Forever,
-            retention_every: Duration::from_secs(600),
-            address_rate_limit: 200,
-            bootstrap_token: None,
-            http_allow: orchestrator_http::Allowlist::default(),
-            network: orchestrator_api::HttpConfig::default(),
-            limits: Limits::default(),
-            config_file: None,
-            script_sandbox: ScriptSandbox::Bubblewrap,
-            script_writable: Vec::new(),
-            secret_key_file: None,
+            ..ServeConfig::default()
+        }
+        .into_settings(None)
+        .expect("the defaults are valid settings")
+    }
+
+    /// The settings of `serve` (and of the commands that take its flags):
+    /// the layers merged, then checked.
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeSettings> {
+        let mut settings = ServeConfig::layered(&args)?.into_settings(args.config)?;
+        // Only a variable: a flag would show it in `ps`, and the file is
+        // for what stays.
+        settings.bootstrap_token = std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(Secret::new);
+        Ok(settings)
+    }
+}
+
+/// `orchestrator serve --print-config`: the merged settings as TOML,
+/// checked as `serve` checks them, secrets masked. Starts nothing.
+pub fn print_config(args: ServeArgs) -> anyhow::Result<()> {
+    print!("{}", printed_config(&args)?);
+    Ok(())
+}
+
+/// What [`print_config`] prints.
+pub fn printed_config(args: &ServeArgs) -> anyhow::Result<String> {
+    let config = ServeConfig::layered(args)?;
+    config.clone().into_settings(args.config.clone())?;
+    toml::to_string(&config.masked()).context("cannot print the settings")
+}
+
+impl ServeConfig {
+    /// The defaults, then the config file (`--config`), then the variables
+    /// and flags that were given: each layer replaces the values the one
+    /// below set, a list as a whole.
+    pub fn layered(args: &ServeArgs) -> anyhow::Result<ServeConfig> {
+        let mut layers = Figment::from(Serialized::defaults(ServeConfig::default()));
+        if let Some(path) = &args.config {
+            // figment would only say that it cannot read it, at the end.
+            std::fs::File::open(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            layers = layers.merge(Toml::file_exact(path));
+        }
+        // The variables and flags are typed like the fields, so whatever
+        // fails to fit is the file's.
+        layers
+            .merge(GivenArgs(args))
+            .extract()
+            // The key at fault and what is wrong with it; figment's own
+            // text adds the profile and the provider, which say nothing here.
+            .map_err(|e| match e.path.is_empty() {
+                true => anyhow!("{}", e.kind),
+                false => anyhow!("{}: {}", e.path.join("."), e.kind),
+            })
+            .with_context(|| match &args.config {
+                Some(path) => format!("invalid config file {}", path.display()),
+                None => "invalid settings".to_owned(),
+            })
+    }
+
+    /// A copy safe to show: the SurrealDB password, and any user and
+    /// password in its URL, become `***`.
+    pub fn masked(&self) -> ServeConfig {
+        ServeConfig {
+            surrealdb_password: Secret::new(MASK),
+            surrealdb_url: mask_url_credentials(&self.surrealdb_url),
+            ..self.clone()
         }
     }
 
-    pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeSettings> {
-        let file = match &args.config {
-            Some(path) => read_config_file(path)?,
-            None => FileConfig::default(),
+    /// Checks every value and builds what the service runs with. An error
+    /// names the setting by its flag, and the value at fault.
+    pub fn into_settings(self, config_file: Option<PathBuf>) -> anyhow::Result<ServeSettings> {
+        let surrealdb = SurrealdbConfig {
+            engine: self
+                .surrealdb_engine
+                .parse()
+                .map_err(|e| anyhow!("--surrealdb-engine: {e}"))?,
+            connect_timeout: whole_seconds(
+                "--surrealdb-connect-timeout",
+                self.surrealdb_connect_timeout,
+            )?,
+            request_timeout: whole_seconds(
+                "--surrealdb-request-timeout",
+                self.surrealdb_request_timeout,
+            )?,
+            url: self.surrealdb_url,
+            username: self.surrealdb_username,
+            password: self.surrealdb_password,
+            namespace: self.surrealdb_namespace,
+            database: self.surrealdb_database,
         };
-        let defaults = ServeSettings::new(PathBuf::from("./data"), PathBuf::from("./scripts"));
-        let surrealdb = resolve_surrealdb(&args, &file, defaults.surrealdb.clone())?;
-        let network = resolve_network(&args, &file, defaults.network.clone())?;
-        let limits = resolve_limits(&args, &file, defaults.limits)?;
-        let storage_type = match args.storage_type.or(file.storage_type) {
-            Some(name) => name
-                .parse::<StorageType>()
-                .map_err(|e| anyhow::anyhow!("--storage-type: {e}"))?,
-            None => defaults.storage_type,
+        let network = orchestrator_api::HttpConfig {
+            header_timeout: whole_seconds("--header-timeout", self.header_timeout)?,
+            max_connections: at_least_one("--max-connections", self.max_connections)?,
+            max_streams: at_least_one("--max-streams", self.max_streams)?,
+            trusted_proxies: self
+                .trusted_proxy
+                .iter()
+                .filter(|t| !t.trim().is_empty())
+                .map(|t| orchestrator_api::parse_trusted_proxy(t))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow!("--trusted-proxy: {e}"))?,
+            public_hosts: self
+                .public_host
+                .iter()
+                .map(|h| h.trim())
+                .filter(|h| !h.is_empty())
+                .map(orchestrator_api::parse_public_host)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow!("--public-host: {e}"))?,
         };
-        let log_format = match args.log_format.or(file.log_format).as_deref() {
-            None | Some("pretty") => LogFormat::Pretty,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                bail!("--log-format: unknown format `{other}` (expected pretty or json)")
-            }
+        let limits = Limits {
+            max_step_instances: at_least_one("--max-step-instances", self.max_step_instances)?,
+            max_workflow_tasks: at_least_one("--max-workflow-tasks", self.max_workflow_tasks)?,
+            max_template_steps: at_least_one("--max-template-steps", self.max_template_steps)?,
+            max_list_items: at_least_one("--max-list-items", self.max_list_items)?,
+            max_template_bytes: at_least_one("--max-template-bytes", self.max_template_bytes)?,
+            max_input_bytes: at_least_one("--max-input-bytes", self.max_input_bytes)?,
         };
-        let workers = args.workers.or(file.workers).unwrap_or(defaults.workers);
-        if workers == 0 {
-            bail!("--workers: must be at least 1");
-        }
-        let max_attempts = args
-            .max_attempts
-            .or(file.max_attempts)
-            .unwrap_or(defaults.max_attempts);
-        if max_attempts == 0 {
-            bail!("--max-attempts: must be at least 1");
-        }
-        let task_timeout = args.task_timeout.or(file.task_timeout);
-        if let Some(secs) = task_timeout.filter(|s| !(1..=MAX_DURATION.as_secs()).contains(s)) {
+        // A template and inputs at their limits must fit in a request
+        // body, else the body's limit would refuse them first, naming the
+        // wrong limit.
+        let body =
+            (orchestrator_api::MAX_BODY_BYTES - orchestrator_api::BODY_OVERHEAD_BYTES) as u64;
+        if limits
+            .max_template_bytes
+            .saturating_add(limits.max_input_bytes)
+            > body
+        {
             bail!(
-                "--task-timeout: {secs} is out of range: must be from 1 to {} seconds (30 days)",
+                "--max-template-bytes ({}) and --max-input-bytes ({}) add up to more than the {body} bytes a request body may hold for them",
+                limits.max_template_bytes,
+                limits.max_input_bytes
+            );
+        }
+        let storage_type = self
+            .storage_type
+            .parse::<StorageType>()
+            .map_err(|e| anyhow!("--storage-type: {e}"))?;
+        let log_format = match self.log_format.as_str() {
+            "pretty" => LogFormat::Pretty,
+            "json" => LogFormat::Json,
+            other => bail!("--log-format: unknown format `{other}` (expected pretty or json)"),
+        };
+        let task_timeout = self.task_timeout;
+        if !(1..=MAX_DURATION.as_secs()).contains(&task_timeout) {
+            bail!(
+                "--task-timeout: {task_timeout} is out of range: must be from 1 to {} seconds (30 days)",
                 MAX_DURATION.as_secs()
             );
         }
-        // Flags (or the variable) replace the file's list rather than add
-        // to it, as every other setting does.
-        let http_allow = if args.http_allow.is_empty() {
-            file.http_allow.clone().unwrap_or_default()
-        } else {
-            args.http_allow.clone()
-        };
-        let http_allow = orchestrator_http::Allowlist::parse(&http_allow)
-            .map_err(|e| anyhow::anyhow!("--http-allow: {e}"))?;
-        let script_sandbox = match args
-            .script_sandbox
-            .as_deref()
-            .or(file.script_sandbox.as_deref())
-        {
-            None | Some("bubblewrap") => ScriptSandbox::Bubblewrap,
-            Some("none") => ScriptSandbox::None,
-            Some(other) => {
+        let http_allow = orchestrator_http::Allowlist::parse(&self.http_allow)
+            .map_err(|e| anyhow!("--http-allow: {e}"))?;
+        let script_sandbox = match self.script_sandbox.as_str() {
+            "bubblewrap" => ScriptSandbox::Bubblewrap,
+            "none" => ScriptSandbox::None,
+            other => {
                 bail!("--script-sandbox: unknown sandbox `{other}` (expected bubblewrap or none)")
             }
         };
-        let script_writable = if args.script_writable.is_empty() {
-            file.script_writable.clone().unwrap_or_default()
-        } else {
-            args.script_writable.clone()
-        };
-        if let Some(relative) = script_writable.iter().find(|p| !p.is_absolute()) {
+        if let Some(relative) = self.script_writable.iter().find(|p| !p.is_absolute()) {
             bail!(
                 "--script-writable: `{}` must be an absolute path",
                 relative.display()
             );
         }
-        let retry = RetryPolicy {
-            base_delay: args
-                .retry_base_ms
-                .or(file.retry_base_ms)
-                .map_or(defaults.retry.base_delay, Duration::from_millis),
-            max_delay: args
-                .retry_max_ms
-                .or(file.retry_max_ms)
-                .map_or(defaults.retry.max_delay, Duration::from_millis),
-        };
+        if self.max_log_bytes < 1024 {
+            bail!(
+                "--max-log-bytes: {} is too small; give at least 1024",
+                self.max_log_bytes
+            );
+        }
         let settings = ServeSettings {
-            bind: args.bind.or(file.bind).unwrap_or(defaults.bind),
-            port: args.port.or(file.port).unwrap_or(defaults.port),
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or(defaults.data_dir),
+            bind: self.bind,
+            port: self.port,
+            data_dir: self.data_dir,
             storage_type,
             surrealdb,
-            scripts_dir: args
-                .scripts_dir
-                .or(file.scripts_dir)
-                .unwrap_or(defaults.scripts_dir),
-            templates_dir: args
-                .templates_dir
-                .or(file.templates_dir)
-                .unwrap_or(defaults.templates_dir),
-            workers,
-            max_attempts,
-            task_timeout: task_timeout.map_or(defaults.task_timeout, Duration::from_secs),
-            retry,
-            shutdown_grace: args
-                .shutdown_grace
-                .or(file.shutdown_grace)
-                .map_or(defaults.shutdown_grace, Duration::from_secs),
-            kill_grace: args
-                .kill_grace
-                .or(file.kill_grace)
-                .map_or(defaults.kill_grace, Duration::from_secs),
-            max_log_bytes: match args.max_log_bytes.or(file.max_log_bytes) {
-                Some(bytes) if bytes < 1024 => {
-                    bail!("--max-log-bytes: {bytes} is too small; give at least 1024")
-                }
-                Some(bytes) => bytes,
-                None => defaults.max_log_bytes,
+            scripts_dir: self.scripts_dir,
+            templates_dir: self.templates_dir,
+            workers: at_least_one("--workers", self.workers)?,
+            max_attempts: at_least_one("--max-attempts", self.max_attempts)?,
+            task_timeout: Duration::from_secs(task_timeout),
+            retry: RetryPolicy {
+                base_delay: Duration::from_millis(self.retry_base_ms),
+                max_delay: Duration::from_millis(self.retry_max_ms),
             },
-            node_id: args.node_id.or(file.node_id),
-            lease: match args.lease_secs.or(file.lease_secs) {
-                Some(0) => bail!("--lease-secs: must be at least 1"),
-                Some(secs) => Duration::from_secs(secs),
-                None => defaults.lease,
-            },
-            poll: match args.poll_ms.or(file.poll_ms) {
-                Some(0) => bail!("--poll-ms: must be at least 1"),
-                Some(ms) => Duration::from_millis(ms),
-                None => defaults.poll,
-            },
+            shutdown_grace: Duration::from_secs(self.shutdown_grace),
+            kill_grace: Duration::from_secs(self.kill_grace),
+            max_log_bytes: self.max_log_bytes,
+            node_id: self.node_id,
+            lease: Duration::from_secs(at_least_one("--lease-secs", self.lease_secs)?),
+            poll: Duration::from_millis(at_least_one("--poll-ms", self.poll_ms)?),
             log_format,
-            interpreters: file.interpreters,
-            auth: !(args.no_auth || file.no_auth.unwrap_or(false)),
-            secure_cookies: args.secure_cookies || file.secure_cookies.unwrap_or(false),
-            rate_limit: args
-                .rate_limit
-                .or(file.rate_limit)
-                .unwrap_or(defaults.rate_limit),
-            retain_finished: args
-                .retain_finished
-                .or(file.retain_finished)
-                .unwrap_or(defaults.retain_finished),
-            retain_audit: args
-                .retain_audit
-                .or(file.retain_audit)
-                .unwrap_or(defaults.retain_audit),
-            retention_every: defaults.retention_every,
-            address_rate_limit: args
-                .address_rate_limit
-                .or(file.address_rate_limit)
-                .unwrap_or(defaults.address_rate_limit),
-            bootstrap_token: std::env::var("ORCHESTRATOR_BOOTSTRAP_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty())
-                .map(orchestrator_storage::Secret::new),
+            interpreters: self.interpreters.into_iter().collect(),
+            auth: !self.no_auth,
+            secure_cookies: self.secure_cookies,
+            rate_limit: self.rate_limit,
+            retain_finished: self.retain_finished,
+            retain_audit: self.retain_audit,
+            retention_every: Duration::from_secs(600),
+            address_rate_limit: self.address_rate_limit,
+            bootstrap_token: None,
             http_allow,
             network,
             limits,
-            config_file: args.config.clone(),
+            config_file,
             script_sandbox,
-            script_writable,
-            secret_key_file: args.secret_key_file.or(file.secret_key_file),
+            script_writable: self.script_writable,
+            secret_key_file: self.secret_key_file,
         };
         // Each is added to the clock somewhere (a lease to now, a retry
         // delay to a due time): bounded like every timeout, so that no
@@ -397,210 +519,319 @@ impl ServeSettings {
     }
 }
 
-/// The limits on one submission, flag over variable over file over
-/// default; each at least 1, and a template and inputs at their limits
-/// must fit in a request body (else the body's limit would refuse them
-/// first, naming the wrong limit).
-fn resolve_limits(args: &ServeArgs, file: &FileConfig, defaults: Limits) -> anyhow::Result<Limits> {
-    let pick =
-        |flag: &'static str, arg: Option<u64>, key: Option<u64>, default: u64| match arg.or(key) {
-            Some(0) => bail!("{flag}: must be at least 1"),
-            Some(n) => Ok(n),
-            None => Ok(default),
-        };
-    let limits = Limits {
-        max_step_instances: pick(
-            "--max-step-instances",
-            args.max_step_instances,
-            file.max_step_instances,
-            defaults.max_step_instances,
-        )?,
-        max_workflow_tasks: pick(
-            "--max-workflow-tasks",
-            args.max_workflow_tasks,
-            file.max_workflow_tasks,
-            defaults.max_workflow_tasks,
-        )?,
-        max_template_steps: pick(
-            "--max-template-steps",
-            args.max_template_steps,
-            file.max_template_steps,
-            defaults.max_template_steps,
-        )?,
-        max_list_items: pick(
-            "--max-list-items",
-            args.max_list_items,
-            file.max_list_items,
-            defaults.max_list_items,
-        )?,
-        max_template_bytes: pick(
-            "--max-template-bytes",
-            args.max_template_bytes,
-            file.max_template_bytes,
-            defaults.max_template_bytes,
-        )?,
-        max_input_bytes: pick(
-            "--max-input-bytes",
-            args.max_input_bytes,
-            file.max_input_bytes,
-            defaults.max_input_bytes,
-        )?,
-    };
-    let body = (orchestrator_api::MAX_BODY_BYTES - orchestrator_api::BODY_OVERHEAD_BYTES) as u64;
-    let sizes = limits
-        .max_template_bytes
-        .saturating_add(limits.max_input_bytes);
-    if sizes > body {
-        bail!(
-            "--max-template-bytes ({}) and --max-input-bytes ({}) add up to more than the {body} bytes a request body may hold for them",
-            limits.max_template_bytes,
-            limits.max_input_bytes
-        );
+/// A count that must be at least 1.
+fn at_least_one<N: PartialEq + Default>(flag: &str, value: N) -> anyhow::Result<N> {
+    if value == N::default() {
+        bail!("{flag}: must be at least 1");
     }
-    Ok(limits)
+    Ok(value)
 }
 
-/// The API's connection settings, flag over variable over file over
-/// default. Lists from flags replace the file's, as `--http-allow` does.
-fn resolve_network(
-    args: &ServeArgs,
-    file: &FileConfig,
-    defaults: orchestrator_api::HttpConfig,
-) -> anyhow::Result<orchestrator_api::HttpConfig> {
-    let list = |flag: &Vec<String>, key: &Option<Vec<String>>| {
-        if flag.is_empty() {
-            key.clone().unwrap_or_default()
-        } else {
-            flag.clone()
+/// A timeout in seconds that must be at least 1.
+fn whole_seconds(flag: &str, secs: u64) -> anyhow::Result<Duration> {
+    if secs == 0 {
+        bail!("{flag}: must be at least 1 second");
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// `scheme://user:password@host/...` with what comes before the `@` of
+/// its authority replaced by `***` (a user name alone may be a token).
+fn mask_url_credentials(url: &str) -> String {
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[authority_start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}{MASK}{}", &url[..authority_start], &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+/// The layer of the variables and flags: only those given, so that an
+/// absent flag (`None`, a `false` switch, an empty list) leaves the value
+/// of the layers below. A switch can only turn its setting on.
+struct GivenArgs<'a>(&'a ServeArgs);
+
+impl Provider for GivenArgs<'_> {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("flags and ORCHESTRATOR_* variables")
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut data = Serialized::defaults(self.0).data()?;
+        for dict in data.values_mut() {
+            dict.retain(|_, value| match value {
+                Value::Empty(..) => false,
+                Value::Bool(_, on) => *on,
+                Value::Array(_, items) => !items.is_empty(),
+                _ => true,
+            });
         }
+        Ok(data)
+    }
+}
+
+/// A period in its largest whole unit (`90d` rather than humantime's
+/// `2months 29days 2h 52m 48s`), which reads back as the same period.
+fn period<S: Serializer>(keep: &Keep, serializer: S) -> Result<S::Ok, S::Error> {
+    let Keep::For(duration) = keep else {
+        return keep.serialize(serializer);
     };
-    let at_least_one = |flag: &'static str, value: Option<usize>, default: usize| match value {
-        Some(0) => bail!("{flag}: must be at least 1"),
-        Some(n) => Ok(n),
-        None => Ok(default),
-    };
-    let trusted_proxies = list(&args.trusted_proxy, &file.trusted_proxy)
-        .iter()
-        .filter(|t| !t.trim().is_empty())
-        .map(|t| orchestrator_api::parse_trusted_proxy(t))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("--trusted-proxy: {e}"))?;
-    let public_hosts = list(&args.public_host, &file.public_host)
+    let secs = duration.as_secs();
+    if secs == 0 || duration.subsec_nanos() != 0 {
+        return keep.serialize(serializer);
+    }
+    let (count, unit) = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")]
         .into_iter()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .map(|h| orchestrator_api::parse_public_host(&h))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("--public-host: {e}"))?;
-    Ok(orchestrator_api::HttpConfig {
-        header_timeout: match args.header_timeout.or(file.header_timeout) {
-            Some(0) => bail!("--header-timeout: must be at least 1 second"),
-            Some(secs) => Duration::from_secs(secs),
-            None => defaults.header_timeout,
-        },
-        max_connections: at_least_one(
-            "--max-connections",
-            args.max_connections.or(file.max_connections),
-            defaults.max_connections,
-        )?,
-        max_streams: at_least_one(
-            "--max-streams",
-            args.max_streams.or(file.max_streams),
-            defaults.max_streams,
-        )?,
-        trusted_proxies,
-        public_hosts,
-    })
+        .find(|(unit_secs, _)| secs % unit_secs == 0)
+        .map_or((secs, "s"), |(unit_secs, unit)| (secs / unit_secs, unit));
+    serializer.collect_str(&format_args!("{count}{unit}"))
 }
 
-/// The `--surrealdb-*` settings, flag over variable over file over default.
-fn resolve_surrealdb(
-    args: &ServeArgs,
-    file: &FileConfig,
-    defaults: SurrealdbConfig,
-) -> anyhow::Result<SurrealdbConfig> {
-    let text = |flag: &Option<String>, key: &Option<String>, default: String| {
-        flag.clone().or_else(|| key.clone()).unwrap_or(default)
-    };
-    let engine = match args
-        .surrealdb_engine
-        .as_ref()
-        .or(file.surrealdb_engine.as_ref())
-    {
-        Some(name) => name
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--surrealdb-engine: {e}"))?,
-        None => defaults.engine,
-    };
-    let seconds = |flag: &'static str, value: Option<u64>, default: Duration| match value {
-        Some(0) => bail!("{flag}: must be at least 1 second"),
-        Some(secs) => Ok(Duration::from_secs(secs)),
-        None => Ok(default),
-    };
-    Ok(SurrealdbConfig {
-        url: text(&args.surrealdb_url, &file.surrealdb_url, defaults.url),
-        username: text(
-            &args.surrealdb_username,
-            &file.surrealdb_username,
-            defaults.username,
-        ),
-        password: args
-            .surrealdb_password
-            .clone()
-            .or_else(|| file.surrealdb_password.clone())
-            .unwrap_or(defaults.password),
-        namespace: text(
-            &args.surrealdb_namespace,
-            &file.surrealdb_namespace,
-            defaults.namespace,
-        ),
-        database: text(
-            &args.surrealdb_database,
-            &file.surrealdb_database,
-            defaults.database,
-        ),
-        engine,
-        connect_timeout: seconds(
-            "--surrealdb-connect-timeout",
-            args.surrealdb_connect_timeout
-                .or(file.surrealdb_connect_timeout),
-            defaults.connect_timeout,
-        )?,
-        request_timeout: seconds(
-            "--surrealdb-request-timeout",
-            args.surrealdb_request_timeout
-                .or(file.surrealdb_request_timeout),
-            defaults.request_timeout,
-        )?,
-    })
+/// A password as itself, for merging the layers (never for showing).
+fn expose_secret<S: Serializer>(secret: &Secret, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(secret.expose())
 }
 
-fn read_config_file(path: &Path) -> anyhow::Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+/// [`expose_secret`] for a flag that may be absent.
+pub(crate) fn expose_given_secret<S: Serializer>(
+    secret: &Option<Secret>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(secret) => serializer.serialize_some(secret.expose()),
+        None => serializer.serialize_none(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    /// `orchestrator serve <flags>` through the real parser.
+    fn serve_flags(flags: &[&str]) -> ServeArgs {
+        let cli = Cli::try_parse_from(["orchestrator", "serve"].iter().chain(flags)).unwrap();
+        match cli.command {
+            Command::Serve(serve) => serve.settings,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    fn config_file(dir: &tempfile::TempDir, text: &str) -> String {
+        let path = dir.path().join("orchestrator.toml");
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
 
     #[test]
-    fn flags_beat_the_file_which_beats_defaults() {
+    fn each_layer_beats_the_one_below_for_every_kind_of_setting() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("orchestrator.toml");
-        std::fs::write(&path, "port = 9000\nworkers = 7\ndata_dir = \"/var/lib/orch\"\n[interpreters]\nnu = \"/opt/nu\"\n").unwrap();
-        let args = ServeArgs {
-            config: Some(path),
-            port: Some(9100),
-            ..Default::default()
-        };
-        let settings = ServeSettings::resolve(args).unwrap();
-        assert_eq!(settings.port, 9100);
-        assert_eq!(settings.workers, 7);
-        assert_eq!(settings.data_dir, PathBuf::from("/var/lib/orch"));
-        assert_eq!(settings.scripts_dir, PathBuf::from("./scripts"));
-        assert_eq!(settings.interpreters["nu"], PathBuf::from("/opt/nu"));
+        let path = config_file(
+            &dir,
+            "port = 9000\nworkers = 7\ndata_dir = \"/var/lib/orch\"\nnode_id = \"file-node\"\n\
+             log_format = \"json\"\nno_auth = true\nhttp_allow = [\"a.example\", \"b.example\"]\n\
+             surrealdb_password = \"file-secret\"\nretain_finished = \"30d\"\n",
+        );
+        // The file over the defaults.
+        let from_file = ServeSettings::resolve(serve_flags(&["--config", &path])).unwrap();
+        assert_eq!(from_file.port, 9000);
+        assert_eq!(from_file.workers, 7);
+        assert_eq!(from_file.data_dir, PathBuf::from("/var/lib/orch"));
+        assert_eq!(from_file.node_id.as_deref(), Some("file-node"));
+        assert_eq!(from_file.log_format, LogFormat::Json);
+        assert!(!from_file.auth);
+        assert_eq!(
+            from_file.http_allow.to_string(),
+            "allowed: a.example, b.example"
+        );
+        assert_eq!(from_file.surrealdb.password.expose(), "file-secret");
+        assert_eq!(from_file.retain_finished, "30d".parse().unwrap());
+        // What the file leaves out keeps its default.
+        let defaults = ServeConfig::default();
+        assert_eq!(from_file.scripts_dir, defaults.scripts_dir);
+        assert_eq!(from_file.rate_limit, defaults.rate_limit);
+        assert!(!from_file.secure_cookies);
+
+        // The flags over the file: a number, a string, a list (replaced
+        // whole), a secret, a period, a switch; the rest stays the file's.
+        let from_flags = ServeSettings::resolve(serve_flags(&[
+            "--config",
+            &path,
+            "--port",
+            "9100",
+            "--node-id",
+            "flag-node",
+            "--http-allow",
+            "c.example",
+            "--surrealdb-password",
+            "flag-secret",
+            "--retain-finished",
+            "12h",
+            "--secure-cookies",
+        ]))
+        .unwrap();
+        assert_eq!(from_flags.port, 9100);
+        assert_eq!(from_flags.node_id.as_deref(), Some("flag-node"));
+        assert_eq!(from_flags.http_allow.to_string(), "allowed: c.example");
+        assert_eq!(from_flags.surrealdb.password.expose(), "flag-secret");
+        assert_eq!(from_flags.retain_finished, "12h".parse().unwrap());
+        assert!(from_flags.secure_cookies);
+        assert_eq!(from_flags.workers, 7);
+        assert_eq!(from_flags.log_format, LogFormat::Json);
+        // A switch not given does not turn the file's setting off.
+        assert!(!from_flags.auth);
+
+        // No file, no flags: the defaults.
+        let settings = ServeSettings::resolve(serve_flags(&[])).unwrap();
+        assert_eq!(settings.port, defaults.port);
+        assert_eq!(settings.surrealdb.password.expose(), "root");
+        assert!(settings.auth);
+        assert!(settings.http_allow.is_empty());
+    }
+
+    #[test]
+    fn printed_config_masks_secrets_and_reads_back_as_a_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_file(
+            &dir,
+            "surrealdb_url = \"ws://admin:url-secret@db.example:8000/rpc\"\n\
+             surrealdb_password = \"file-secret\"\nsecret_key_file = \"/etc/orchestrator/secret-key\"\n\
+             [interpreters]\nnu = \"/opt/nu\"\n",
+        );
+        let printed = printed_config(&serve_flags(&["--config", &path, "--port", "9100"])).unwrap();
+        assert!(!printed.contains("file-secret"), "{printed}");
+        assert!(!printed.contains("url-secret"), "{printed}");
+        let shown: toml::Table = toml::from_str(&printed).unwrap();
+        assert_eq!(shown["port"].as_integer(), Some(9100));
+        assert_eq!(shown["surrealdb_password"].as_str(), Some("***"));
+        assert_eq!(
+            shown["surrealdb_url"].as_str(),
+            Some("ws://***@db.example:8000/rpc")
+        );
+        // A key file's path is not a secret.
+        assert_eq!(
+            shown["secret_key_file"].as_str(),
+            Some("/etc/orchestrator/secret-key")
+        );
+        assert_eq!(shown["interpreters"]["nu"].as_str(), Some("/opt/nu"));
+        // What is printed is a config file that gives the same settings.
+        let again = config_file(&dir, &printed);
+        assert_eq!(
+            printed_config(&serve_flags(&["--config", &again])).unwrap(),
+            printed
+        );
+        // A bad value is refused, naming its setting, before anything is printed.
+        let message = format!(
+            "{:#}",
+            printed_config(&serve_flags(&["--max-connections", "0"])).unwrap_err()
+        );
+        assert_eq!(message, "--max-connections: must be at least 1");
+    }
+
+    #[test]
+    fn url_credentials_are_masked_whatever_their_form() {
+        for (url, shown) in [
+            ("ws://127.0.0.1:8000", "ws://127.0.0.1:8000"),
+            ("surreal+ws://user:pass@host", "surreal+ws://***@host"),
+            ("wss://token@db.example/rpc", "wss://***@db.example/rpc"),
+            ("ws://u:p@ss@host:1/x@y", "ws://***@host:1/x@y"),
+            (
+                "ws://host/path@not-credentials",
+                "ws://host/path@not-credentials",
+            ),
+            ("user:pass@host", "***@host"),
+        ] {
+            assert_eq!(mask_url_credentials(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn periods_print_in_their_largest_whole_unit_and_read_back() {
+        for (given, shown) in [
+            ("90d", "90d"),
+            ("2w", "14d"),
+            ("36h", "36h"),
+            ("1h 30m", "90m"),
+            ("61s", "61s"),
+            ("forever", "forever"),
+        ] {
+            let config = ServeConfig {
+                retain_audit: given.parse().unwrap(),
+                ..ServeConfig::default()
+            };
+            let printed = toml::Table::try_from(&config).unwrap();
+            assert_eq!(printed["retain_audit"].as_str(), Some(shown), "{given}");
+            assert_eq!(
+                shown.parse::<Keep>().unwrap(),
+                config.retain_audit,
+                "{given}"
+            );
+        }
+    }
+
+    /// The flags, their variables, their help's `[default: ...]`, the
+    /// file's keys and the defaults all name the same settings.
+    #[test]
+    fn flags_variables_keys_and_defaults_agree() {
+        let defaults = toml::Table::try_from(ServeConfig::default()).unwrap();
+        let command = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+        let mut keys_with_a_flag = Vec::new();
+        for arg in command.get_arguments() {
+            let Some(flag) = arg.get_long() else { continue };
+            if flag == "config" {
+                continue;
+            }
+            let key = flag.replace('-', "_");
+            assert_eq!(
+                arg.get_env().and_then(|v| v.to_str()),
+                Some(format!("ORCHESTRATOR_{}", key.to_uppercase()).as_str()),
+                "--{flag}"
+            );
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let documented = help
+                .split_once("[default: ")
+                .map(|(_, rest)| rest.split([' ', ']']).next().unwrap_or_default())
+                .map(|word| word.trim_end_matches([':', ',', ';']));
+            let default = match defaults.get(&key) {
+                Some(toml::Value::String(text)) => Some(text.clone()),
+                Some(toml::Value::Integer(n)) => Some(n.to_string()),
+                Some(toml::Value::Array(items)) if items.is_empty() => Some("none".to_owned()),
+                Some(toml::Value::Boolean(_)) | None => None,
+                Some(other) => panic!("--{flag}: no rule for a default like {other}"),
+            };
+            assert!(
+                defaults.contains_key(&key) || ["node_id", "secret_key_file"].contains(&&*key),
+                "--{flag} has no config file key"
+            );
+            // The number of CPUs is this machine's.
+            if let (Some(documented), Some(default), false) =
+                (documented, default, key == "workers")
+            {
+                assert_eq!(documented, default, "--{flag}: {help}");
+            }
+            keys_with_a_flag.push(key);
+        }
+        for key in defaults.keys() {
+            assert!(
+                keys_with_a_flag.contains(key) || key == "interpreters",
+                "`{key}` has no flag"
+            );
+        }
+        // docs/configuration.md has a row for each.
+        let docs = include_str!("../../../docs/configuration.md");
+        for key in keys_with_a_flag {
+            let flag = format!("`--{}", key.replace('_', "-"));
+            let variable = format!("`ORCHESTRATOR_{}`", key.to_uppercase());
+            let key = format!("`{key}`");
+            assert!(
+                docs.lines().any(|row| row.contains(&flag)
+                    && row.contains(&variable)
+                    && row.contains(&key)),
+                "docs/configuration.md has no row for {key}"
+            );
+        }
     }
 
     #[test]
