@@ -116,7 +116,9 @@ impl Draw {
         self.state ^= self.state >> 12;
         self.state ^= self.state << 25;
         self.state ^= self.state >> 27;
-        self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) % self.one_in == 0
+        self.state
+            .wrapping_mul(0x2545_F491_4F6C_DD1D)
+            .is_multiple_of(self.one_in)
     }
 }
 
