@@ -12,6 +12,11 @@
 //! core's `progress`). A step's cost thus does not grow with the size of
 //! its workflow (issue 18). The index this needs is memory only, derived
 //! from the store and checked against the workflow's version on every use.
+//!
+//! What each move makes of the records is decided in [`decide`], with no
+//! I/O; this module reads, calls it, and writes and announces the result.
+
+mod decide;
 
 use std::collections::{HashMap, HashSet};
 use std::mem;
@@ -21,14 +26,12 @@ use chrono::Utc;
 use futures_util::future::join_all;
 use orchestrator_core::event::TaskMark;
 use orchestrator_core::progress::{Progress, Scan, follows_incrementally};
-use orchestrator_core::release::resolve_input;
 use orchestrator_core::{
-    Decision, RetryPolicy, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId,
-    WorkflowStatus, decide, decide_task,
+    Decision, RetryPolicy, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
+    decide_task,
 };
 use orchestrator_executor::Outcome;
 use orchestrator_storage::{Storage, WorkflowQuery};
-use serde_json::json;
 use tokio::sync::watch;
 
 use crate::attempts::Attempts;
@@ -36,14 +39,7 @@ use crate::queue::Queue;
 use crate::records::Records;
 use crate::steps::Steps;
 use crate::{Error, Result, lock};
-
-/// Whether `task`, as stored now, is still running the attempt this node
-/// claimed (`claimed`, as the claim stored it).
-fn holds(task: &Task, claimed: &Task) -> bool {
-    task.status == TaskStatus::Running
-        && task.attempts == claimed.attempts
-        && task.node == claimed.node
-}
+use decide::{AfterEnd, WorkflowChange};
 
 /// Tasks' and workflows' moves.
 pub(crate) struct Lifecycle {
@@ -146,26 +142,20 @@ impl Lifecycle {
         let mut requeued = 0usize;
         for task in self.store().tasks().unfinished_tasks().await? {
             match task.status {
-                TaskStatus::Queued | TaskStatus::RetryWaiting => {
+                status if decide::waits_in_queue(status) => {
                     self.queue.push(&task);
                     requeued += 1;
                 }
-                TaskStatus::Running => {
-                    // The previous life of this node died during this
-                    // attempt. On a shared store the task may instead be
-                    // another live node's: leave those to their lease.
-                    let ours = !shared
-                        || task.node.as_deref() == Some(self.node_id.as_str())
-                        || task.lease_until.is_none_or(|until| until < Utc::now());
-                    if ours {
-                        let error = format!(
-                            "interrupted: the service stopped during attempt {}",
-                            task.attempts
-                        );
-                        let stored = self.take_over(task, error).await?;
-                        if stored.is_some_and(|t| t.status == TaskStatus::RetryWaiting) {
-                            requeued += 1;
-                        }
+                // The previous life of this node died during this attempt.
+                // On a shared store the task may instead be another live
+                // node's: those are left to their lease.
+                TaskStatus::Running
+                    if decide::is_orphaned(&task, shared, &self.node_id, Utc::now()) =>
+                {
+                    let error = decide::stopped_during(task.attempts);
+                    let stored = self.take_over(task, error).await?;
+                    if stored.is_some_and(|t| t.status == TaskStatus::RetryWaiting) {
+                        requeued += 1;
                     }
                 }
                 _ => {}
@@ -196,21 +186,14 @@ impl Lifecycle {
             }
         }
         let before = TaskMark::of(&task);
-        let now = Utc::now();
-        if task.cancel_requested {
-            task.finish_cancel(now)?;
-        } else {
-            // The service died, not the step: not counted against the
-            // task's attempts (up to the core's cap).
-            task.fail_interrupted(error, &self.retry, rand::random(), now)?;
-        }
+        decide::end_orphaned(&mut task, error, &self.retry, rand::random(), Utc::now())?;
         let Some(stored) = self.store_task(&task, before).await? else {
             return Ok(None);
         };
         tracing::warn!(task = %stored.id, status = %stored.status, "recovered an interrupted attempt");
-        match stored.status {
-            TaskStatus::RetryWaiting => self.queue.push(&stored),
-            _ => self.advance(stored.workflow_id).await?,
+        match decide::after_end(stored.status) {
+            AfterEnd::Queue => self.queue.push(&stored),
+            AfterEnd::FollowUp => self.advance(stored.workflow_id).await?,
         }
         Ok(Some(stored))
     }
@@ -293,7 +276,7 @@ impl Lifecycle {
             // Only the attempt this node claimed may be ended by it: if its
             // lease ran out and another node took the task over, this
             // outcome is stale and must not land on the newer attempt.
-            if !holds(&task, &claimed) {
+            if !decide::holds(&task, &claimed) {
                 tracing::warn!(
                     task = %id, attempt = claimed.attempts,
                     "the attempt ended after another node took the task over; its outcome is discarded"
@@ -302,23 +285,7 @@ impl Lifecycle {
             }
             let before = TaskMark::of(&task);
             let now = Utc::now();
-            match &outcome {
-                Outcome::Succeeded { output } => task.complete(output.clone(), now)?,
-                Outcome::Cancelled if !task.cancel_requested => task.interrupt(
-                    format!(
-                        "interrupted: the service shut down during attempt {}",
-                        task.attempts
-                    ),
-                    now,
-                )?,
-                Outcome::Cancelled => task.finish_cancel(now)?,
-                Outcome::TimedOut { error } => {
-                    task.fail(error.clone(), None, &self.retry, rand::random(), now)?;
-                }
-                Outcome::Failed { exit_code, error } => {
-                    task.fail(error.clone(), *exit_code, &self.retry, rand::random(), now)?;
-                }
-            }
+            decide::end_attempt(&mut task, &outcome, &self.retry, rand::random(), now)?;
             // On an error, stored or not, the next look follows this task
             // up (`store_task`); if it was not stored, its lease runs out
             // and it is taken over.
@@ -340,10 +307,11 @@ impl Lifecycle {
                 metrics::counter!("orchestrator_task_retries_total", "script" => stored.script.clone())
                     .increment(1);
             }
-            match stored.status {
-                // Interrupted by shutdown: back in the queue for the next start.
-                TaskStatus::RetryWaiting | TaskStatus::Queued => self.queue.push(&stored),
-                _ => self.advance_soon(stored).await?,
+            match decide::after_end(stored.status) {
+                // A retry, or interrupted by shutdown: back in the queue
+                // (for the next start).
+                AfterEnd::Queue => self.queue.push(&stored),
+                AfterEnd::FollowUp => self.advance_soon(stored).await?,
             }
             return Ok(());
         }
@@ -379,7 +347,7 @@ impl Lifecycle {
         loop {
             let mut task = self.load_task(id).await?;
             if let Some(claimed) = claimed
-                && !holds(&task, claimed)
+                && !decide::holds(&task, claimed)
             {
                 return Err(Error::Conflict(format!(
                     "task {id} is no longer held by attempt {} of this node",
@@ -421,16 +389,8 @@ impl Lifecycle {
     pub(crate) async fn cancel_workflow(&self, id: WorkflowId) -> Result<()> {
         loop {
             let mut workflow = self.load_workflow(id).await?;
-            if workflow.status.is_terminal() {
-                return Err(Error::Conflict(format!(
-                    "workflow {id} already finished as {}",
-                    workflow.status
-                )));
-            }
-            if !workflow.cancel_requested {
-                let before = workflow.status;
-                workflow.cancel_requested = true;
-                workflow.updated_at = Utc::now();
+            let before = workflow.status;
+            if decide::request_cancel(&mut workflow, Utc::now())? {
                 match self.records.update_workflow(&workflow, before, &[]).await {
                     Ok(_) => {}
                     Err(e) if e.is_conflict() => continue,
@@ -456,52 +416,13 @@ impl Lifecycle {
     /// not-started steps, and `always_run` steps. Completed steps keep their
     /// outputs and do not run again.
     pub(crate) async fn retry_workflow(&self, id: WorkflowId) -> Result<()> {
-        let now = Utc::now();
-        let mut workflow = self.load_workflow(id).await?;
-        if !workflow.status.is_terminal() {
-            return Err(Error::Conflict(format!(
-                "workflow {id} is {}; only a finished workflow can be retried",
-                workflow.status
-            )));
-        }
-        if workflow.status == WorkflowStatus::Completed
-            && !self
-                .store()
-                .tasks()
-                .workflow_tasks(id)
-                .await?
-                .iter()
-                .any(|t| t.reruns_on_retry() && t.step.rollback_of.is_none())
-        {
-            return Err(Error::Conflict(format!(
-                "workflow {id} completed; it has nothing to retry"
-            )));
-        }
+        let workflow = self.load_workflow(id).await?;
         let tasks = self.store().tasks().workflow_tasks(id).await?;
-        // Steps a rollback undid must run again too, or later steps would
-        // read outputs describing what no longer exists.
-        let undone: HashSet<TaskId> = tasks
-            .iter()
-            .filter(|t| t.status == TaskStatus::Completed)
-            .filter_map(|t| t.step.rollback_of)
-            .collect();
-        let mut reset = Vec::new();
-        for task in tasks {
-            if task.step.rollback_of.is_none()
-                && (task.reruns_on_retry() || undone.contains(&task.id))
-            {
-                let before = TaskMark::of(&task);
-                let mut task = Task::clone(&task);
-                task.rerun_even_if_completed(now)?;
-                reset.push((task, before));
-            }
-        }
-        let before = workflow.status;
-        workflow.status = WorkflowStatus::Running;
-        workflow.halt = None;
-        workflow.cancel_requested = false;
-        workflow.finished_at = None;
-        workflow.updated_at = now;
+        let decide::Retry {
+            workflow,
+            before,
+            reset,
+        } = decide::retry(&workflow, &tasks, Utc::now())?;
         // The workflow and every task it resets in one write: a conflict or
         // a crash leaves all of it as it was, never a running workflow with
         // only some of its tasks reset.
@@ -637,9 +558,7 @@ impl Lifecycle {
                 let now = Utc::now();
                 let before = TaskMark::of(&task);
                 match decision {
-                    Decision::Release(_) => {
-                        self.prepare_release(&workflow, &mut task, &by_id, now)?;
-                    }
+                    Decision::Release(_) => decide::release(&workflow, &mut task, &by_id, now)?,
                     Decision::Skip(_, reason) => task.skip(reason, now)?,
                     // Not made about a pending task while the workflow runs
                     // undisturbed; if it ever is, the full round decides.
@@ -676,27 +595,6 @@ impl Lifecycle {
         self.advance_from(id, None, true).await
     }
 
-    /// Resolves a task's input and releases it, or fails it as unrunnable
-    /// if its input cannot be resolved. `by_id` holds (at least) its
-    /// dependencies.
-    fn prepare_release(
-        &self,
-        workflow: &Workflow,
-        task: &mut Task,
-        by_id: &HashMap<TaskId, &Task>,
-        now: chrono::DateTime<Utc>,
-    ) -> Result<()> {
-        match resolve_input(workflow, task, by_id) {
-            Ok(input) => {
-                task.input = input;
-                task.not_before = workflow.start_at.filter(|at| *at > now);
-                task.release(now)?;
-            }
-            Err(error) => task.fail_unrunnable(error, now)?,
-        }
-        Ok(())
-    }
-
     /// Notes a workflow whose last write reported an error, so that the
     /// next look reads it again, whether that write landed or not.
     pub(crate) fn mark_uncertain(&self, id: WorkflowId) {
@@ -711,21 +609,19 @@ impl Lifecycle {
     pub(crate) async fn retry_stalled(&self) {
         let stalled: Vec<WorkflowId> = lock(&self.stalled).drain().collect();
         for id in stalled {
-            match self.requeue_ready(id).await.and(Ok(())) {
-                Ok(()) => {}
-                Err(Error::NotFound { .. }) => continue,
-                Err(e) => {
+            if let Err(e) = self.requeue_ready(id).await {
+                if decide::stays_stalled(&e) {
                     tracing::warn!(workflow = %id, error = %e, "a workflow whose last write failed still cannot be read");
                     lock(&self.stalled).insert(id);
-                    continue;
                 }
+                continue;
             }
             match self.advance(id).await {
                 Ok(()) => {
                     tracing::info!(workflow = %id, "advanced a workflow whose follow-up had failed")
                 }
                 // Deleted meanwhile (retention): nothing left to advance.
-                Err(Error::NotFound { .. }) => {}
+                Err(e) if !decide::stays_stalled(&e) => {}
                 Err(e) => {
                     tracing::warn!(workflow = %id, error = %e, "a workflow whose follow-up failed still cannot advance");
                     lock(&self.stalled).insert(id);
@@ -741,7 +637,7 @@ impl Lifecycle {
         let workflow = self.load_workflow(id).await?;
         self.queue.register_limit(&workflow);
         for task in self.store().tasks().workflow_tasks(id).await? {
-            if matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting) {
+            if decide::waits_in_queue(task.status) {
                 self.queue.push(&task);
             }
         }
@@ -768,80 +664,65 @@ impl Lifecycle {
                 None => self.load_workflow(id).await?,
             };
             let tasks = self.store().tasks().workflow_tasks(id).await?;
-            let decisions = decide(&workflow, &tasks);
+            let decisions = orchestrator_core::decide(&workflow, &tasks);
             if decisions.is_empty() {
                 let running = !workflow.status.is_terminal();
                 return Ok((index && running).then(|| Progress::new(&workflow, &tasks)));
             }
             let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, &**t)).collect();
+            let round = decide::round(&workflow, decisions, &by_id, Utc::now())?;
             // Another round is needed only when a decision ended a task or
             // changed the workflow (which may enable further decisions), or
             // lost a race; a plain release does neither. Each round re-reads
             // the whole workflow, so skipping the needless one matters.
             let mut again = false;
             let mut finished = false;
-            // Task decisions are independent of each other: their writes go
-            // out together, so the storage can make them durable in one go.
-            let mut changed: Vec<(Task, TaskMark)> = Vec::new();
-            for decision in decisions {
-                let now = Utc::now();
-                match decision {
-                    Decision::Release(task_id) => {
-                        let mut task = by_id[&task_id].clone();
-                        let before = TaskMark::of(&task);
-                        self.prepare_release(&workflow, &mut task, &by_id, now)?;
-                        changed.push((task, before));
-                    }
-                    Decision::Skip(task_id, reason) => {
-                        let mut task = by_id[&task_id].clone();
-                        let before = TaskMark::of(&task);
-                        task.skip(reason, now)?;
-                        changed.push((task, before));
-                    }
-                    Decision::Abandon(task_id, reason) => {
-                        let mut task = by_id[&task_id].clone();
-                        let before = TaskMark::of(&task);
-                        task.abandon(reason, now)?;
-                        changed.push((task, before));
-                    }
-                    Decision::Halt(halt) => {
+            match round.workflow {
+                None => {}
+                Some(WorkflowChange::Halt(halted)) => {
+                    if let Some(halt) = &halted.halt {
                         tracing::warn!(workflow = %id, reason = %halt.reason, rollback = halt.rollback, "workflow halted");
-                        let mut workflow = workflow.clone();
-                        workflow.halt = Some(halt);
-                        workflow.updated_at = now;
-                        self.store_workflow(&workflow, &[]).await?;
-                        again = true;
-                        break;
                     }
-                    Decision::Rollback(undo) => {
-                        self.start_rollback(&workflow, &undo, &by_id).await?;
-                        again = true;
-                        break;
-                    }
-                    Decision::Finish(status) => {
-                        let before = workflow.status;
-                        let mut workflow = workflow.clone();
-                        workflow.status = status;
-                        workflow.finished_at = Some(now);
-                        workflow.updated_at = now;
-                        if self
-                            .store_workflow_from(&workflow, before, &[])
-                            .await?
-                            .is_some()
-                        {
-                            tracing::info!(workflow = %id, %status, "workflow finished");
-                            self.forget_workflow(id);
-                            self.finished.send_modify(|n| *n += 1);
-                            finished = true;
-                        } else {
-                            again = true;
+                    self.store_workflow(&halted, &[]).await?;
+                    again = true;
+                }
+                Some(WorkflowChange::Rollback {
+                    workflow,
+                    before,
+                    tasks,
+                }) => {
+                    if self
+                        .store_workflow_from(&workflow, before, &tasks)
+                        .await?
+                        .is_some()
+                    {
+                        tracing::warn!(workflow = %id, steps = tasks.len(), "rolling back completed steps");
+                        for task in tasks.iter().filter(|t| t.status == TaskStatus::Queued) {
+                            self.queue.push(task);
                         }
-                        break;
+                    }
+                    again = true;
+                }
+                Some(WorkflowChange::Finish { workflow, before }) => {
+                    if self
+                        .store_workflow_from(&workflow, before, &[])
+                        .await?
+                        .is_some()
+                    {
+                        tracing::info!(workflow = %id, status = %workflow.status, "workflow finished");
+                        self.forget_workflow(id);
+                        self.finished.send_modify(|n| *n += 1);
+                        finished = true;
+                    } else {
+                        again = true;
                     }
                 }
             }
+            // Task decisions are independent of each other: their writes go
+            // out together, so the storage can make them durable in one go.
             let stored = join_all(
-                changed
+                round
+                    .tasks
                     .iter()
                     .map(|(task, before)| self.store_task(task, *before)),
             )
@@ -908,63 +789,5 @@ impl Lifecycle {
                 Err(e)
             }
         }
-    }
-
-    /// Creates one rollback task per step to undo, chained in the given
-    /// order, in the same write that marks the rollback as started.
-    async fn start_rollback(
-        &self,
-        workflow: &Workflow,
-        undo: &[TaskId],
-        by_id: &HashMap<TaskId, &Task>,
-    ) -> Result<()> {
-        let now = Utc::now();
-        let mut tasks: Vec<Task> = Vec::with_capacity(undo.len());
-        for id in undo {
-            let done = by_id[id];
-            let Some(script) = done.step.rollback.clone() else {
-                continue;
-            };
-            let spec = TaskSpec {
-                name: format!("rollback {}", done.name),
-                script,
-                // The undo script sees what the step was given and what it made.
-                input: json!({"step": done.step.ref_name, "each": done.step.each, "input": done.input, "output": done.output}),
-                priority: done.priority,
-                max_attempts: done.max_attempts,
-                timeout: done.timeout(),
-                check_mode: done.check_mode,
-                depends_on: tasks.last().map(|t| vec![t.id]).unwrap_or_default(),
-                step: StepSettings {
-                    ref_name: done.step.ref_name.clone(),
-                    rollback_of: Some(done.id),
-                    ..Default::default()
-                },
-            };
-            tasks.push(Task::new(workflow.id, spec, now));
-        }
-        let before = workflow.status;
-        let mut workflow = workflow.clone();
-        if let Some(halt) = workflow.halt.as_mut() {
-            halt.rollback_started = true;
-        }
-        workflow.status = if tasks.is_empty() {
-            workflow.status
-        } else {
-            WorkflowStatus::RollingBack
-        };
-        workflow.task_ids.extend(tasks.iter().map(|t| t.id));
-        workflow.updated_at = now;
-        if self
-            .store_workflow_from(&workflow, before, &tasks)
-            .await?
-            .is_some()
-        {
-            tracing::warn!(workflow = %workflow.id, steps = tasks.len(), "rolling back completed steps");
-            for task in tasks.iter().filter(|t| t.status == TaskStatus::Queued) {
-                self.queue.push(task);
-            }
-        }
-        Ok(())
     }
 }

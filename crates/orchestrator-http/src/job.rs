@@ -8,7 +8,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use orchestrator_core::http::{HttpStep, JobState, Method, Request};
+use orchestrator_core::backoff::{Backoff, Jitter};
+use orchestrator_core::http::{HttpStep, JobState, Method, Poll, Request};
 use orchestrator_executor::{Attempt, Outcome};
 use serde_json::{Map, Value, json};
 
@@ -33,8 +34,8 @@ pub(crate) async fn run(http: &HttpExecutor, attempt: Attempt<'_>) -> Outcome {
             ));
         }
     };
-    let (request_timeout, schedule) = match (spec.request_timeout(), spec.poll.schedule()) {
-        (Ok(timeout), Ok(schedule)) => (timeout, schedule),
+    let (request_timeout, poll_waits) = match (spec.request_timeout(), poll_waits(&spec.poll)) {
+        (Ok(timeout), Ok(waits)) => (timeout, waits),
         (Err(e), _) | (_, Err(e)) => return failed(e),
     };
     let job = Job {
@@ -42,7 +43,7 @@ pub(crate) async fn run(http: &HttpExecutor, attempt: Attempt<'_>) -> Outcome {
         spec: &spec,
         attempt: &attempt,
         request_timeout,
-        schedule,
+        poll_waits,
     };
     if attempt.check_mode && !spec.run_in_check_mode {
         return job.dry_run().await;
@@ -52,6 +53,18 @@ pub(crate) async fn run(http: &HttpExecutor, attempt: Attempt<'_>) -> Outcome {
         Err(outcome) => return outcome,
     };
     job.poll(&id).await
+}
+
+/// The waits between polls: the block's `interval`, times `backoff` after
+/// each poll, up to `max_interval`.
+fn poll_waits(poll: &Poll) -> Result<Backoff, String> {
+    let (initial, factor, max) = poll.schedule()?;
+    Ok(Backoff {
+        initial,
+        factor,
+        max,
+        jitter: Jitter::None,
+    })
 }
 
 fn failed(error: String) -> Outcome {
@@ -74,8 +87,9 @@ struct Job<'a> {
     spec: &'a HttpStep,
     attempt: &'a Attempt<'a>,
     request_timeout: Duration,
-    /// First wait between polls, backoff factor, longest wait.
-    schedule: (Duration, f64, Duration),
+    /// The waits between polls: the block's `interval`, times `backoff`
+    /// after each poll, up to `max_interval`.
+    poll_waits: Backoff,
 }
 
 impl Job<'_> {
@@ -223,8 +237,8 @@ impl Job<'_> {
             job: Some(id),
             idempotency: None,
         };
-        let (first, backoff, longest) = self.schedule;
-        let mut wait = first;
+        // Polls that found the job still running.
+        let mut polled = 0;
         let mut last_status: Option<String> = None;
         let job = format!("job {}", id_text(id));
         loop {
@@ -282,10 +296,11 @@ impl Job<'_> {
                 }
             }
             last_status = Some(status);
+            let wait = self.poll_waits.delay(polled, 0.0);
             if let Err(stop) = self.race(tokio::time::sleep(wait)).await {
                 return self.stopped(stop, Some(id)).await;
             }
-            wait = wait.mul_f64(backoff).min(longest);
+            polled += 1;
         }
     }
 
@@ -422,5 +437,48 @@ impl Job<'_> {
             ),
             Err(e) => format!("{why}; cancelling {job} failed: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(timing: Value, expected_ms: &[u64]) {
+        let mut block = json!({
+            "url": "https://jobs.example.com/${job.id}",
+            "status": "/status",
+            "status_map": {"success": ["done"], "running": ["running"], "failure": ["failed"]}
+        });
+        block
+            .as_object_mut()
+            .unwrap()
+            .extend(timing.as_object().unwrap().clone());
+        let poll: Poll = serde_json::from_value(block).unwrap();
+        let waits = poll_waits(&poll).unwrap();
+        let got: Vec<u128> = (0..expected_ms.len() as u32)
+            .map(|n| waits.delay(n, 0.5).as_millis())
+            .collect();
+        let expected: Vec<u128> = expected_ms.iter().map(|&ms| u128::from(ms)).collect();
+        assert_eq!(got, expected, "{timing}");
+    }
+
+    /// docs/templates.md: the first wait is `interval`, each next one the
+    /// one before times `backoff`, at most `max_interval`.
+    #[test]
+    fn polls_wait_as_the_block_says() {
+        check(
+            json!({"interval": "500ms", "backoff": 2, "max_interval": "3s"}),
+            &[500, 1000, 2000, 3000, 3000],
+        );
+        check(
+            json!({"interval": "1s", "backoff": 1.5, "max_interval": "4s"}),
+            &[1000, 1500, 2250, 3375, 4000],
+        );
+        check(
+            json!({"interval": "2s", "max_interval": "10s"}),
+            &[2000, 2000, 2000],
+        );
     }
 }

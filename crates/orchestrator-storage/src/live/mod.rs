@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use orchestrator_core::backoff::Backoff;
 use orchestrator_core::migration::{MigrationPhase, MigrationStatus};
 use tokio_util::sync::CancellationToken;
 
@@ -844,6 +845,10 @@ impl Run {
 /// Attempts after the first, when a store is unavailable for a moment.
 const RETRIES: u32 = 5;
 
+/// The waits before those attempts: 0.25 s, doubling, 4 s before the last.
+const RETRY_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(4));
+
 /// Runs `step` again (`attempt` counts from 0) while it fails because a
 /// store did not answer, waiting longer each time: every step of a
 /// migration before its switch can be run again without harm. Other
@@ -860,7 +865,7 @@ where
                 TransferError::Source(Error::Unavailable(e))
                 | TransferError::Target(Error::Unavailable(e)),
             ) if attempt < RETRIES => {
-                let wait = Duration::from_millis(250 << attempt);
+                let wait = RETRY_BACKOFF.delay(attempt, 0.0);
                 tracing::warn!(error = %e, ?wait, "live migration: {what} failed for a moment; trying again");
                 tokio::time::sleep(wait).await;
                 attempt += 1;

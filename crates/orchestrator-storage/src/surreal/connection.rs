@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use orchestrator_core::backoff::Backoff;
 use surrealdb::engine::any::{self, Any};
 use surrealdb::opt::auth::Root;
 use surrealdb::{IndexedResults, Surreal};
@@ -19,15 +20,15 @@ use crate::{EmbeddedEngine, Error, Result, StorageConfig, StorageType};
 /// The health probe's own deadline: `/health` should answer quickly.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(super) const PROBE_BACKOFF_MIN: Duration = Duration::from_millis(250);
-
-pub(super) const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The waits between health probes of a server that stopped answering.
+pub(super) const PROBE_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
 
 /// Checks the server until it answers, waiting longer after each failure.
 pub(super) async fn probe(db: Weak<Surreal<Any>>, link: Arc<Link>, location: String) {
-    let mut delay = PROBE_BACKOFF_MIN;
+    let mut failed = 0;
     loop {
-        tokio::time::sleep(delay).await;
+        tokio::time::sleep(PROBE_BACKOFF.delay(failed, 0.0)).await;
         let Some(db) = db.upgrade() else {
             break;
         };
@@ -40,7 +41,7 @@ pub(super) async fn probe(db: Weak<Surreal<Any>>, link: Arc<Link>, location: Str
             tracing::info!(%location, "surrealdb answers again");
             break;
         }
-        delay = (delay * 2).min(PROBE_BACKOFF_MAX);
+        failed += 1;
     }
     link.probing.store(false, Ordering::Release);
 }

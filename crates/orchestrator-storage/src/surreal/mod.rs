@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use orchestrator_core::backoff::{Backoff, Jitter};
 use serde::de::DeserializeOwned;
 use surrealdb::engine::any::Any;
 use surrealdb::types::Variables;
@@ -69,6 +70,13 @@ use crate::{
 /// times; a compare-and-set then sees the winner's version and reports
 /// `Conflict`.
 const CONFLICT_RETRIES: u32 = 8;
+
+/// The waits between those retries: up to 10 ms, then 20, 40, 80 and at
+/// most 160 ms, each spread over all of its range so that racing writers
+/// retry apart.
+const CONFLICT_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(10), Duration::from_millis(160))
+        .with_jitter(Jitter::Full);
 
 pub struct SurrealBackend {
     name: &'static str,
@@ -277,10 +285,9 @@ impl SurrealBackend {
             match first_error(&mut response) {
                 None => return Ok(response),
                 Some(e) if is_retryable(&e) && attempt < CONFLICT_RETRIES => {
+                    let wait = CONFLICT_BACKOFF.delay(attempt, clock_sample());
                     attempt += 1;
-                    // Spread the retries of racing writers apart.
-                    let jitter = rand_millis(5 << attempt.min(5));
-                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                    tokio::time::sleep(wait).await;
                 }
                 Some(e) => return Err(classify(context, e)),
             }
@@ -404,13 +411,13 @@ pub(crate) fn page_sql<C: AsRef<str>>(
     )
 }
 
-/// A few milliseconds of jitter; exactness does not matter, so no RNG
-/// dependency: the clock's nanoseconds will do.
-fn rand_millis(max: u64) -> u64 {
+/// A sample in `[0, 1)` for a few milliseconds of jitter; exactness does
+/// not matter, so no RNG dependency: the clock's nanoseconds will do.
+fn clock_sample() -> f64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::from(d.subsec_nanos()));
-    1 + nanos % max.max(1)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(nanos) / 1e9
 }
 
 #[async_trait]

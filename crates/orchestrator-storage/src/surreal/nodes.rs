@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
+use orchestrator_core::backoff::Backoff;
 use orchestrator_core::{Node, TaskId};
 use surrealdb::engine::any::Any;
 use surrealdb::method::QueryStream;
@@ -41,8 +42,8 @@ use crate::{Change, ChangeFeed, ChangeSink, Error, NodeStore, Result, StorageCon
 const FEED_CAPACITY: usize = 1024;
 /// Waits between attempts to subscribe again: doubling from the first to
 /// the last.
-const RESUBSCRIBE_BACKOFF_MIN: Duration = Duration::from_millis(250);
-const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+const RESUBSCRIBE_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
 
 /// The live queries of one feed, in one request. Tables are constants;
 /// nothing else is put in the statement.
@@ -161,7 +162,8 @@ enum Notified {
 
 impl Pump {
     async fn run(mut self) {
-        let mut delay = RESUBSCRIBE_BACKOFF_MIN;
+        // Failed subscriptions since the feed last followed.
+        let mut failed = 0;
         loop {
             if self.db.strong_count() == 0 {
                 return;
@@ -181,13 +183,13 @@ impl Pump {
                     tokio::select! {
                         _ = store_closed(&mut self.closing) => return,
                         () = self.sink.closed() => return,
-                        () = tokio::time::sleep(delay) => {}
+                        () = tokio::time::sleep(RESUBSCRIBE_BACKOFF.delay(failed, 0.0)) => {}
                     }
-                    delay = (delay * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+                    failed += 1;
                     continue;
                 }
             };
-            delay = RESUBSCRIBE_BACKOFF_MIN;
+            failed = 0;
             self.sink.set_following(true);
             let Some(reason) = self.follow(&mut subscription).await else {
                 // The SDK's streams cannot end their live queries themselves
