@@ -23,7 +23,7 @@ pub use crate::routes::storage_moves::MigrationList;
 pub use crate::routes::tasks::TaskList;
 pub use crate::routes::templates::{TemplateList, TemplateSummary};
 pub use crate::routes::testenv::{EnvironmentList, EnvironmentLogs, TopologyList};
-pub use crate::routes::workflows::{WorkflowCounts, WorkflowList, WorkflowSummary};
+pub use crate::routes::workflows::{Validated, WorkflowCounts, WorkflowList, WorkflowSummary};
 pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
 pub use orchestrator_core::access::AuditRecord;
@@ -312,6 +312,15 @@ impl Client {
     pub async fn submit_workflow(&self, submission: &Value) -> Result<WorkflowView> {
         self.call(self.request(Method::POST, "/workflows").json(submission))
             .await
+    }
+
+    /// Checks a submission and shows the workflow it would make, storing
+    /// nothing.
+    pub async fn validate_workflow(&self, submission: &Value) -> Result<Validated> {
+        let request = self
+            .request(Method::POST, "/workflows/validate")
+            .json(submission);
+        self.call(request).await
     }
 
     pub async fn cancel_workflow(&self, id: &str) -> Result<WorkflowView> {

@@ -209,7 +209,7 @@ pub(crate) async fn delete_secret(
     }
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SecretList {
     /// Names and metadata, never values.
     pub secrets: Vec<SecretInfo>,
@@ -245,7 +245,7 @@ pub(crate) struct NewToken {
 }
 
 /// A token as listed: never its hash.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TokenView {
     pub id: String,
     pub name: String,
@@ -268,7 +268,7 @@ impl From<ApiToken> for TokenView {
 }
 
 /// A new token; `token` is shown this once only.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct IssuedToken {
     pub id: String,
     pub name: String,
@@ -315,7 +315,7 @@ pub(crate) async fn create_token(
     ))
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TokenList {
     pub tokens: Vec<TokenView>,
 }
@@ -385,7 +385,7 @@ pub(crate) struct AuditParams {
 }
 
 /// A page of the audit log, newest first.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct AuditPage {
     pub records: Vec<AuditRecord>,
     /// How many records match, in all pages.

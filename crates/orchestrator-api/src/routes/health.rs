@@ -21,7 +21,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Liveness and load.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     /// `ok`, or `unhealthy` with a 503.
     #[schema(example = "ok")]
@@ -70,7 +70,7 @@ pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<H
     }
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct NodeView {
     #[serde(flatten)]
     pub node: Node,
@@ -80,7 +80,7 @@ pub struct NodeView {
     pub this_node: bool,
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct NodeList {
     pub nodes: Vec<NodeView>,
 }

@@ -158,7 +158,7 @@ pub(crate) async fn create_schedule(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ScheduleList {
     /// Oldest first; `runs` is empty in listings.
     pub schedules: Vec<ScheduleView>,

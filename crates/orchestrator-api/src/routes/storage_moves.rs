@@ -44,7 +44,7 @@ pub(crate) struct MigrationRequest {
     batch_size: Option<usize>,
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct MigrationList {
     /// Oldest first; the last 20 are kept.
     pub migrations: Vec<MigrationStatus>,

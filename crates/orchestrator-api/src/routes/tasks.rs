@@ -44,7 +44,7 @@ pub(crate) struct ListParams {
 }
 
 /// A page of tasks, newest first.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TaskList {
     pub tasks: Vec<Task>,
     /// How many tasks match, in all pages.

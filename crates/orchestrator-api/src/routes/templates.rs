@@ -21,7 +21,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// A registered template, as listed.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TemplateSummary {
     pub ref_name: String,
     pub schema_version: u32,
@@ -34,7 +34,7 @@ pub struct TemplateSummary {
     pub steps: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TemplateList {
     pub templates: Vec<TemplateSummary>,
 }

@@ -96,13 +96,13 @@ fn wait_for(wait: bool) -> Option<Duration> {
 }
 
 /// `GET /test/environments`.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct EnvironmentList {
     pub environments: Vec<EnvView>,
 }
 
 /// `GET /test/environments/{id}/logs`.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct EnvironmentLogs {
     pub id: String,
     /// Every step's and check's output: create, runs, teardown.
@@ -110,7 +110,7 @@ pub struct EnvironmentLogs {
 }
 
 /// `GET /test/topologies`.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TopologyList {
     pub topologies: Vec<Topology>,
     /// The taskservs a node can run.

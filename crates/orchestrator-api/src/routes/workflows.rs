@@ -57,7 +57,7 @@ pub(crate) struct WorkflowListParams {
 }
 
 /// A workflow without its tasks, for listings.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WorkflowSummary {
     pub id: WorkflowId,
     /// The template's `ref_name`.
@@ -76,7 +76,7 @@ pub struct WorkflowSummary {
 }
 
 /// A page of workflows, newest first.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WorkflowList {
     pub workflows: Vec<WorkflowSummary>,
     /// How many workflows match, in all pages.
@@ -174,7 +174,7 @@ pub(crate) struct CountParams {
 }
 
 /// Workflows by status.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WorkflowCounts {
     /// Every status, with how many workflows are in it.
     pub counts: BTreeMap<Cow<'static, str>, usize>,
@@ -526,7 +526,7 @@ pub(crate) async fn submit_workflow(
 }
 
 /// A valid submission, and the workflow it would create.
-#[derive(Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Validated {
     /// Always `true`: an invalid one gets 422.
     pub valid: bool,

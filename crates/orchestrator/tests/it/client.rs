@@ -73,6 +73,12 @@ async fn every_operation_of_the_cli_reads_what_the_service_sends() {
     assert!(chain.inputs.contains_key("sleep"));
     assert_eq!(chain.steps.first().map(String::as_str), Some("a"));
 
+    let validated = client
+        .validate_workflow(&json!({"template": "chain"}))
+        .await
+        .unwrap();
+    assert!(validated.valid);
+    assert_eq!(validated.workflow.workflow.kind, "chain");
     let submitted = client
         .submit_workflow(&json!({"template": "chain", "meta": {"ref": "client-test"}}))
         .await
@@ -270,7 +276,7 @@ async fn every_operation_of_the_cli_reads_what_the_service_sends() {
     );
     let error = client.rollback_store().await.unwrap_err();
     assert_eq!(refusal(error).0, 409);
-    let target = format!("fs:{}", dir.path().join("moved").display());
+    let target = format!("filesystem:{}", dir.path().join("moved").display());
     let started = client.start_migration(&target, Some(50)).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let moved = loop {
