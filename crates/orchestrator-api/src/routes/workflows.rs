@@ -563,8 +563,6 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiErro
     crate::extract::from_value(body.clone())
 }
 
-/// A node sharing the store, and whether it is alive.
-
 /// How long to block for the outcome, if at all.
 pub(super) fn wait_limit(wait: bool, secs: Option<u64>) -> Option<Duration> {
     wait.then(|| secs.map_or(DEFAULT_WAIT, Duration::from_secs).min(MAX_WAIT))
