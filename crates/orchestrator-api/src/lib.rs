@@ -3,6 +3,8 @@
 
 mod auth;
 mod browser;
+#[cfg(feature = "client")]
+pub mod client;
 mod connections;
 mod declarations;
 mod error;

@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{Task, TaskId, TaskStatus, Workflow};
 
 /// One template step of a workflow: its instances and their overall state.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepView {
     pub ref_name: String,
@@ -19,7 +19,7 @@ pub struct StepView {
 }
 
 /// A workflow with its tasks, steps and DAG edges.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowView {
     #[serde(flatten)]

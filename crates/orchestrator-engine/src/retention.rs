@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::retention::{Keep, prunable};
 use orchestrator_core::{Workflow, WorkflowId, WorkflowStatus};
 use orchestrator_storage::{AuditQuery, Storage, WorkflowQuery};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::Result;
@@ -49,7 +49,7 @@ pub struct PruneRequest {
 }
 
 /// What a prune deleted (or, dry, would delete).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PruneReport {
     pub dry_run: bool,

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use orchestrator_core::schedule::{CatchUp, Overlap, Schedule, ScheduleClaim};
 use orchestrator_core::{Priority, ScheduleId, WorkflowId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::engine::Engine;
@@ -59,7 +59,7 @@ pub struct SchedulePatch {
 }
 
 /// A schedule with when it is next due and its newest runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScheduleView {
     #[serde(flatten)]

@@ -26,7 +26,7 @@ use orchestrator_core::access::{SecretRecord, SecretScope, valid_secret_name};
 use orchestrator_core::refs::{Piece, Root, scan};
 use orchestrator_executor::{KnownSecret, Redactor};
 use orchestrator_storage::Storage;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{Error, Result};
@@ -34,7 +34,7 @@ use crate::{Error, Result};
 pub use orchestrator_executor::{REDACTED, is_sensitive};
 
 /// A secret as listed: never its value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SecretInfo {
     pub name: String,

@@ -19,7 +19,7 @@ use orchestrator_core::{Priority, TaskStatus, Workflow, WorkflowId, WorkflowStat
 use orchestrator_engine::Engine;
 use orchestrator_engine::{Meta, SubmitRequest, TemplateSource};
 use orchestrator_storage::WorkflowQuery;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
@@ -45,7 +45,7 @@ const MAX_LISTED: usize = 2000;
 const CANCEL_WAIT: Duration = Duration::from_secs(60);
 
 /// Where an environment is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EnvStatus {
     /// Its create workflow runs.
@@ -72,7 +72,7 @@ impl EnvStatus {
 }
 
 /// One check of a run.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CheckResult {
     pub name: String,
     pub node: String,
@@ -85,7 +85,7 @@ pub struct CheckResult {
 }
 
 /// A run: its workflow and each check's result.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RunView {
     #[schema(value_type = String)]
     pub workflow_id: WorkflowId,
@@ -97,7 +97,7 @@ pub struct RunView {
 }
 
 /// An environment as `GET /test/environments/{id}` shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EnvView {
     pub id: String,
     pub name: String,
@@ -130,7 +130,7 @@ pub struct EnvView {
 }
 
 /// One step's or check's output, for `logs`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LogEntry {
     #[schema(value_type = String)]
     pub workflow_id: WorkflowId,

@@ -9,10 +9,8 @@ use anyhow::{Context, bail};
 use orchestrator_storage::backup::{self, BackupOptions, Manifest};
 use orchestrator_storage::transfer::Silent;
 use orchestrator_storage::{RecordKind, StorageConfig, StorageType};
-use reqwest::Method;
 
 use crate::cli::{BackupArgs, ClientArgs, RestoreArgs};
-use crate::client::Api;
 use crate::migrate;
 use crate::settings::ServeSettings;
 
@@ -130,21 +128,18 @@ async fn through_the_service(
         ip => ip.to_string(),
     };
     let url = format!("http://{host}:{}", settings.port);
-    let api = Api::new(&ClientArgs {
+    let api = crate::client::connect(&ClientArgs {
         url: url.clone(),
         token: client.token.clone(),
     })?;
-    let mut response = api
-        .send(Method::POST, "/backup", &[])
-        .await
-        .with_context(|| {
-            format!(
-                "the embedded SurrealDB store in {} is held by a running service, so the \
+    let mut response = api.backup().await.with_context(|| {
+        format!(
+            "the embedded SurrealDB store in {} is held by a running service, so the \
                  backup has to come from it (with an admin token: --token or \
                  ORCHESTRATOR_TOKEN), and asking it failed",
-                settings.data_dir.display()
-            )
-        })?;
+            settings.data_dir.display()
+        )
+    })?;
     while let Some(chunk) = response
         .chunk()
         .await

@@ -4,133 +4,57 @@
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use orchestrator_core::Task;
-use reqwest::{Client, Method, Response};
-use serde::Deserialize;
-use serde_json::Value;
+use orchestrator_api::client::{AuditFilter, Client, ClientError, TaskFilter};
+use orchestrator_core::{Task, TaskStatus};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::{
     AuditArgs, ClientArgs, LogsArgs, PruneArgs, SecretCommand, TaskArgs, TasksArgs, TokenCommand,
 };
 
-pub(crate) struct Api {
-    http: Client,
-    base: String,
+/// The typed client of the service named by `--url`, with `--token`.
+pub(crate) fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+    let token = args.token.as_ref().map(|t| t.expose());
+    let client = Client::new(&args.url, token).map_err(|e| match e {
+        ClientError::InvalidToken => anyhow!("--token: not a valid header value"),
+        e => e.into(),
+    })?;
+    Ok(client.with_unauthorized_hint(
+        "pass --token or set ORCHESTRATOR_TOKEN \
+         (the first start of the service printed an admin token)",
+    ))
 }
 
-impl Api {
-    pub(crate) fn new(args: &ClientArgs) -> anyhow::Result<Api> {
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(token) = &args.token {
-            let mut value =
-                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose()))
-                    .context("--token: not a valid header value")?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
-        let http = Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .default_headers(headers)
-            .build()
-            .context("cannot build the HTTP client")?;
-        Ok(Api {
-            http,
-            base: args.url.trim_end_matches('/').to_owned(),
-        })
-    }
-
-    /// Sends a request; a non-2xx answer becomes an error carrying the
-    /// service's own message.
-    pub(crate) async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-    ) -> anyhow::Result<Response> {
-        self.send_body(method, path, query, None).await
-    }
-
-    /// Like [`Api::send`], with an optional JSON body.
-    pub(crate) async fn send_body(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<&Value>,
-    ) -> anyhow::Result<Response> {
-        let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url).query(query);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = request.send().await.map_err(|e| {
-            anyhow!(
-                "cannot reach the orchestrator at {}: {e} (is `orchestrator serve` running?)",
-                self.base
-            )
-        })?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        let message = body["error"]["message"].as_str().unwrap_or("no details");
-        if status == reqwest::StatusCode::UNAUTHORIZED {
-            bail!(
-                "{message} (HTTP 401); pass --token or set ORCHESTRATOR_TOKEN \
-                 (the first start of the service printed an admin token)"
-            )
-        }
-        bail!("{message} (HTTP {})", status.as_u16())
-    }
-
-    pub(crate) async fn json<T: serde::de::DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-    ) -> anyhow::Result<T> {
-        self.json_body(method, path, query, None).await
-    }
-
-    /// [`Api::json`], with an optional JSON body.
-    pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, String)],
-        body: Option<&Value>,
-    ) -> anyhow::Result<T> {
-        self.send_body(method, path, query, body)
-            .await?
-            .json()
-            .await
-            .context("the service answered with unexpected JSON")
-    }
+/// Prints an answer as pretty JSON with its keys sorted, as `--json` always
+/// has: through `Value`, whose maps sort their keys.
+pub(crate) fn print_json<T: Serialize>(answer: &T) -> anyhow::Result<()> {
+    let value = serde_json::to_value(answer)?;
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
 }
 
-#[derive(Deserialize, serde::Serialize)]
-struct TaskList {
-    tasks: Vec<Task>,
-    total: usize,
-    limit: usize,
-    offset: usize,
+/// A field for a human table, as the service wrote it: text as is,
+/// `null` as `-`, anything else as JSON.
+pub(crate) fn shown<T: Serialize>(field: &T) -> String {
+    match serde_json::to_value(field) {
+        Ok(Value::String(s)) => s,
+        Ok(Value::Null) | Err(_) => "-".to_owned(),
+        Ok(other) => other.to_string(),
+    }
 }
 
 pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
-    let mut query = vec![
-        ("limit", args.limit.to_string()),
-        ("offset", args.offset.to_string()),
-    ];
-    if let Some(status) = args.status {
-        query.push(("status", status));
-    }
-    if let Some(workflow) = args.workflow {
-        query.push(("workflow", workflow));
-    }
-    let list: TaskList = api.json(Method::GET, "/tasks", &query).await?;
+    let api = connect(client)?;
+    let filter = TaskFilter {
+        status: args.status,
+        workflow: args.workflow,
+        limit: Some(args.limit),
+        offset: Some(args.offset),
+    };
+    let list = api.list_tasks(&filter).await?;
     if args.json {
+        // In the fields' order, as this command always printed it.
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
@@ -190,72 +114,52 @@ pub(crate) fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]
 }
 
 pub async fn task(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
-    let task: Value = api
-        .json(Method::GET, &format!("/tasks/{}", args.id), &[])
-        .await?;
+    let task = connect(client)?.task(&args.id).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&task)?);
-        return Ok(());
+        return print_json(&task);
     }
     print_task(&task);
     Ok(())
 }
 
-fn print_task(task: &Value) {
-    let text = |key: &str| match &task[key] {
-        Value::Null => "-".to_owned(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    for (label, key) in [
-        ("id", "id"),
-        ("name", "name"),
-        ("status", "status"),
-        ("workflow", "workflow_id"),
-        ("script", "script"),
-        ("priority", "priority"),
-        ("check mode", "check_mode"),
-        ("created", "created_at"),
-        ("started", "started_at"),
-        ("finished", "finished_at"),
-        ("exit code", "exit_code"),
-        ("error", "error"),
+fn print_task(task: &Task) {
+    for (label, value) in [
+        ("id", shown(&task.id)),
+        ("name", shown(&task.name)),
+        ("status", shown(&task.status)),
+        ("workflow", shown(&task.workflow_id)),
+        ("script", shown(&task.script)),
+        ("priority", shown(&task.priority)),
+        ("check mode", shown(&task.check_mode)),
+        ("created", shown(&task.created_at)),
+        ("started", shown(&task.started_at)),
+        ("finished", shown(&task.finished_at)),
+        ("exit code", shown(&task.exit_code)),
+        ("error", shown(&task.error)),
     ] {
-        println!("{label:<11} {}", text(key));
+        println!("{label:<11} {value}");
     }
-    println!(
-        "{:<11} {}/{}",
-        "attempts",
-        text("attempts"),
-        text("max_attempts")
-    );
-    if !task["output"].is_null() {
+    println!("{:<11} {}/{}", "attempts", task.attempts, task.max_attempts);
+    if let Some(output) = &task.output {
         println!("output:");
         println!(
             "{}",
-            serde_json::to_string_pretty(&task["output"]).unwrap_or_default()
+            serde_json::to_string_pretty(output).unwrap_or_default()
         );
     }
 }
 
 pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
     use std::io::Write;
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     let mut offset = 0u64;
     loop {
-        // `follow=true`: the service streams the log as it is written and
-        // ends the response once the task has ended.
-        let mut query = vec![("offset", offset.to_string())];
-        if args.follow {
-            query.push(("follow", "true".to_owned()));
-        }
-        let mut response = api
-            .send(Method::GET, &format!("/tasks/{}/logs", args.id), &query)
-            .await?;
+        // `follow`: the service streams the log as it is written and ends
+        // the response once the task has ended.
+        let mut stream = api.task_log(&args.id, offset, args.follow).await?;
         let mut stdout = std::io::stdout();
         loop {
-            match response.chunk().await {
+            match stream.chunk().await {
                 Ok(Some(bytes)) => {
                     offset += bytes.len() as u64;
                     stdout.write_all(&bytes)?;
@@ -275,20 +179,9 @@ pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
         }
         // The stream ends when the task ends; make sure it did, rather
         // than a proxy or a restart having cut it.
-        let task: Value = api
-            .json(Method::GET, &format!("/tasks/{}", args.id), &[])
-            .await?;
-        let finished = task["status"]
-            .as_str()
-            .and_then(|s| s.parse::<orchestrator_core::TaskStatus>().ok())
-            .is_none_or(|s| s.is_terminal());
-        if finished {
+        if api.task(&args.id).await?.status.is_terminal() {
             let rest = api
-                .send(
-                    Method::GET,
-                    &format!("/tasks/{}/logs", args.id),
-                    &[("offset", offset.to_string())],
-                )
+                .task_log(&args.id, offset, false)
                 .await?
                 .bytes()
                 .await
@@ -302,13 +195,10 @@ pub async fn logs(client: &ClientArgs, args: LogsArgs) -> anyhow::Result<()> {
 }
 
 pub async fn cancel(client: &ClientArgs, args: TaskArgs) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
-    let task: Value = api
-        .json(Method::POST, &format!("/tasks/{}/cancel", args.id), &[])
-        .await?;
+    let task = connect(client)?.cancel_task(&args.id).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&task)?);
-    } else if task["status"] == "cancelled" {
+        print_json(&task)?;
+    } else if task.status == TaskStatus::Cancelled {
         println!("task {} cancelled", args.id);
     } else {
         println!(
@@ -324,35 +214,25 @@ pub async fn checkpoint(
     command: crate::cli::CheckpointCommand,
 ) -> anyhow::Result<()> {
     use crate::cli::CheckpointCommand;
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         CheckpointCommand::Set(args) => {
             let value = serde_json::from_str(&args.value).unwrap_or(Value::String(args.value));
-            let body = serde_json::json!({ args.key: value });
-            api.send_body(
-                Method::PUT,
-                &format!("/tasks/{}/checkpoint", args.task),
-                &[],
-                Some(&body),
-            )
-            .await?;
+            let entries = Map::from_iter([(args.key, value)]);
+            api.save_checkpoint(&args.task, &entries).await?;
             Ok(())
         }
         CheckpointCommand::Get(args) => {
-            let saved: Value = api
-                .json(
-                    Method::GET,
-                    &format!("/tasks/{}/checkpoint", args.task),
-                    &[],
-                )
-                .await?;
+            let saved = api.checkpoint(&args.task).await?;
             match args.key {
-                Some(key) => match &saved[&key] {
-                    Value::Null => bail!("checkpoint of task {} has no key `{key}`", args.task),
-                    Value::String(s) => println!("{s}"),
-                    other => println!("{other}"),
+                Some(key) => match saved.get(&key) {
+                    None | Some(Value::Null) => {
+                        bail!("checkpoint of task {} has no key `{key}`", args.task)
+                    }
+                    Some(Value::String(s)) => println!("{s}"),
+                    Some(other) => println!("{other}"),
                 },
-                None => println!("{saved}"),
+                None => println!("{}", Value::Object(saved)),
             }
             Ok(())
         }
@@ -369,51 +249,40 @@ pub async fn token(client: &ClientArgs, command: TokenCommand) -> anyhow::Result
     {
         return crate::recovery::create_token_locally(&name, &role, *store).await;
     }
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         TokenCommand::Create { name, role, .. } => {
-            let body = serde_json::json!({"name": name, "role": role});
-            let created: Value = api
-                .send_body(Method::POST, "/tokens", &[], Some(&body))
-                .await?
-                .json()
-                .await
-                .context("the service answered with unexpected JSON")?;
+            let created = api.create_token(&name, &role).await?;
             println!(
                 "created token {} ({}, {}); it is shown only this once:\n\n{}",
-                created["id"].as_str().unwrap_or("?"),
-                created["name"].as_str().unwrap_or("?"),
-                created["role"].as_str().unwrap_or("?"),
-                created["token"].as_str().unwrap_or("?"),
+                created.id,
+                created.name,
+                shown(&created.role),
+                created.token,
             );
         }
         TokenCommand::List => {
-            let list: Value = api.json(Method::GET, "/tokens", &[]).await?;
+            let list = api.list_tokens().await?;
             println!(
                 "{:<32}  {:<20}  {:<8}  {:<25}  STATE",
                 "ID", "NAME", "ROLE", "CREATED"
             );
-            for token in list["tokens"].as_array().into_iter().flatten() {
+            for token in &list.tokens {
                 println!(
                     "{:<32}  {:<20}  {:<8}  {:<25}  {}",
-                    token["id"].as_str().unwrap_or("?"),
-                    token["name"].as_str().unwrap_or("?"),
-                    token["role"].as_str().unwrap_or("?"),
-                    token["created_at"].as_str().unwrap_or("?"),
-                    token["revoked_at"]
-                        .as_str()
-                        .map_or_else(|| "active".to_owned(), |t| format!("revoked {t}")),
+                    token.id,
+                    token.name,
+                    shown(&token.role),
+                    shown(&token.created_at),
+                    token
+                        .revoked_at
+                        .map_or_else(|| "active".to_owned(), |t| format!("revoked {}", shown(&t))),
                 );
             }
         }
         TokenCommand::Revoke { id } => {
-            let path = format!("/tokens/{id}");
-            let revoked: Value = api.json(Method::DELETE, &path, &[]).await?;
-            println!(
-                "revoked token {} ({})",
-                revoked["id"].as_str().unwrap_or("?"),
-                revoked["name"].as_str().unwrap_or("?")
-            );
+            let revoked = api.revoke_token(&id).await?;
+            println!("revoked token {} ({})", revoked.id, revoked.name);
         }
     }
     Ok(())
@@ -430,7 +299,7 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
         })
     };
     let scope_body = |templates, origins| {
-        let mut body = serde_json::Map::new();
+        let mut body = Map::new();
         if let Some(templates) = list(templates) {
             body.insert("templates".into(), serde_json::json!(templates));
         }
@@ -439,23 +308,14 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
         }
         body
     };
-    let api = Api::new(client)?;
-    let shown = |info: &Value| {
-        let names = |key: &str| {
-            info["scope"][key]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+    let api = connect(client)?;
+    let shown_secret = |info: &orchestrator_api::client::SecretInfo| {
         format!(
             "{:<32}  {:<25}  templates [{}]  origins [{}]",
-            info["name"].as_str().unwrap_or("?"),
-            info["updated_at"].as_str().unwrap_or("?"),
-            names("templates"),
-            names("origins"),
+            info.name,
+            shown(&info.updated_at),
+            info.scope.templates.join(","),
+            info.scope.origins.join(","),
         )
     };
     match command {
@@ -471,11 +331,8 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
             let value = value.strip_suffix('\r').unwrap_or(value);
             let mut body = scope_body(templates, origins);
             body.insert("value".into(), value.into());
-            let path = format!("/secrets/{name}");
-            let info: Value = api
-                .json_body(Method::PUT, &path, &[], Some(&Value::Object(body)))
-                .await?;
-            println!("{}", shown(&info));
+            let info = api.put_secret(&name, &Value::Object(body)).await?;
+            println!("{}", shown_secret(&info));
         }
         SecretCommand::Scope {
             name,
@@ -483,22 +340,18 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
             origins,
         } => {
             let body = Value::Object(scope_body(templates, origins));
-            let path = format!("/secrets/{name}");
-            let info: Value = api
-                .json_body(Method::PATCH, &path, &[], Some(&body))
-                .await?;
-            println!("{}", shown(&info));
+            let info = api.change_secret_scope(&name, &body).await?;
+            println!("{}", shown_secret(&info));
         }
         SecretCommand::List => {
-            let list: Value = api.json(Method::GET, "/secrets", &[]).await?;
+            let list = api.list_secrets().await?;
             println!("{:<32}  {:<25}  SCOPE", "NAME", "UPDATED");
-            for info in list["secrets"].as_array().into_iter().flatten() {
-                println!("{}", shown(info));
+            for info in &list.secrets {
+                println!("{}", shown_secret(info));
             }
         }
         SecretCommand::Delete { name } => {
-            api.send(Method::DELETE, &format!("/secrets/{name}"), &[])
-                .await?;
+            api.delete_secret(&name).await?;
             println!("deleted secret {name}");
         }
     }
@@ -506,43 +359,31 @@ pub async fn secret(client: &ClientArgs, command: SecretCommand) -> anyhow::Resu
 }
 
 pub async fn audit(client: &ClientArgs, args: AuditArgs) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
-    let mut query = vec![
-        ("limit", args.limit.to_string()),
-        ("offset", args.offset.to_string()),
-    ];
-    for (name, value) in [
-        ("since", args.since),
-        ("until", args.until),
-        ("actor", args.actor),
-        ("action", args.action),
-        ("target", args.target),
-    ] {
-        if let Some(value) = value {
-            query.push((name, value));
-        }
-    }
-    let page: Value = api.json(Method::GET, "/audit", &query).await?;
+    let filter = AuditFilter {
+        since: args.since,
+        until: args.until,
+        actor: args.actor,
+        action: args.action,
+        target: args.target,
+        limit: Some(args.limit),
+        offset: Some(args.offset),
+    };
+    let page = connect(client)?.audit(&filter).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&page)?);
-        return Ok(());
+        return print_json(&page);
     }
-    for record in page["records"].as_array().into_iter().flatten() {
+    for record in &page.records {
         println!(
             "{}  {:<16} {:<26} {:<8} {:>3}  {}",
-            record["time"].as_str().unwrap_or("?"),
-            record["actor"].as_str().unwrap_or("?"),
-            record["action"].as_str().unwrap_or("?"),
-            record["outcome"].as_str().unwrap_or("?"),
-            record["status"],
-            record["target"].as_str().unwrap_or("-"),
+            shown(&record.time),
+            record.actor,
+            record.action,
+            record.outcome,
+            record.status,
+            record.target.as_deref().unwrap_or("-"),
         );
     }
-    println!(
-        "{} of {} records",
-        page["records"].as_array().map_or(0, Vec::len),
-        page["total"]
-    );
+    println!("{} of {} records", page.records.len(), page.total);
     Ok(())
 }
 
@@ -550,21 +391,14 @@ pub async fn prune(client: &ClientArgs, args: PruneArgs) -> anyhow::Result<()> {
     if args.older_than.is_none() && args.audit_older_than.is_none() {
         anyhow::bail!("say what to prune: --older-than PERIOD and/or --audit-older-than PERIOD");
     }
-    let api = Api::new(client)?;
     let body = serde_json::json!({
         "older_than": args.older_than.map(|k| k.to_string()),
         "audit_older_than": args.audit_older_than.map(|k| k.to_string()),
         "dry_run": args.dry_run,
     });
-    let report: Value = api
-        .send_body(Method::POST, "/prune", &[], Some(&body))
-        .await?
-        .json()
-        .await
-        .context("the service answered with unexpected JSON")?;
+    let report = connect(client)?.prune(&body).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        return print_json(&report);
     }
     let verb = if args.dry_run {
         "would delete"
@@ -573,7 +407,7 @@ pub async fn prune(client: &ClientArgs, args: PruneArgs) -> anyhow::Result<()> {
     };
     println!(
         "{verb} {} finished workflows ({} tasks) and {} audit records",
-        report["workflows"], report["tasks"], report["audit_records"]
+        report.workflows, report.tasks, report.audit_records
     );
     Ok(())
 }

@@ -1,44 +1,41 @@
 //! `orchestrator schedule …`: recurring runs of a template, through the
 //! service's `/schedules` routes.
 
-use reqwest::Method;
-use serde_json::{Value, json};
+use orchestrator_api::client::{Client, ScheduleView};
+use serde_json::{Map, Value, json};
 
 use crate::cli::{ClientArgs, ScheduleCommand, ScheduleCreateArgs};
-use crate::client::{Api, print_table};
+use crate::client::{connect, print_json, print_table, shown};
 use crate::workflows::parse_inputs;
 
 pub async fn run(client: &ClientArgs, command: ScheduleCommand) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         ScheduleCommand::Create(args) => {
             let json = args.json;
             let body = create_body(*args)?;
-            let schedule = send(&api, Method::POST, "/schedules", Some(&body)).await?;
-            print_schedule(&schedule, json)
+            print_schedule(&api.create_schedule(&body).await?, json)
         }
         ScheduleCommand::List(args) => {
-            let list: Value = api.json(Method::GET, "/schedules", &[]).await?;
+            let list = api.list_schedules().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
+                return print_json(&list);
             }
-            let rows: Vec<[String; 6]> = list["schedules"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<[String; 6]> = list
+                .schedules
+                .iter()
                 .map(|s| {
                     [
-                        text(&s["id"]),
-                        text(&s["name"]),
-                        text(&s["cron"]),
-                        text(&s["timezone"]),
-                        if s["paused"] == true {
+                        shown(&s.schedule.id),
+                        s.schedule.name.clone(),
+                        s.schedule.cron.clone(),
+                        s.schedule.timezone.clone(),
+                        if s.schedule.paused {
                             "paused".to_owned()
                         } else {
-                            text(&s["next_due"])
+                            shown(&s.next_due)
                         },
-                        text(&s["overlap"]),
+                        shown(&s.schedule.overlap),
                     ]
                 })
                 .collect();
@@ -48,45 +45,28 @@ pub async fn run(client: &ClientArgs, command: ScheduleCommand) -> anyhow::Resul
             );
             Ok(())
         }
-        ScheduleCommand::Show(args) => {
-            let schedule: Value = api
-                .json(Method::GET, &format!("/schedules/{}", args.id), &[])
-                .await?;
-            print_schedule(&schedule, args.json)
-        }
+        ScheduleCommand::Show(args) => print_schedule(&api.schedule(&args.id).await?, args.json),
         ScheduleCommand::Pause(args) => set_paused(&api, &args.id, true, args.json).await,
         ScheduleCommand::Resume(args) => set_paused(&api, &args.id, false, args.json).await,
         ScheduleCommand::Delete(args) => {
-            api.send(Method::DELETE, &format!("/schedules/{}", args.id), &[])
-                .await?;
+            api.delete_schedule(&args.id).await?;
             println!("schedule {} deleted", args.id);
             Ok(())
         }
     }
 }
 
-async fn set_paused(api: &Api, id: &str, paused: bool, json: bool) -> anyhow::Result<()> {
-    let body = json!({"paused": paused});
-    let schedule = send(api, Method::PATCH, &format!("/schedules/{id}"), Some(&body)).await?;
+async fn set_paused(api: &Client, id: &str, paused: bool, json: bool) -> anyhow::Result<()> {
+    let schedule = api.update_schedule(id, &json!({"paused": paused})).await?;
     print_schedule(&schedule, json)
 }
 
-async fn send(
-    api: &Api,
-    method: Method,
-    path: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<Value> {
-    Ok(api.send_body(method, path, &[], body).await?.json().await?)
-}
-
 fn create_body(args: ScheduleCreateArgs) -> anyhow::Result<Value> {
-    let mut body = json!({
-        "template": args.template,
-        "cron": args.cron,
-        "vars": parse_inputs(&args.inputs)?,
-        "paused": args.paused,
-    });
+    let mut body = Map::new();
+    body.insert("template".into(), json!(args.template));
+    body.insert("cron".into(), json!(args.cron));
+    body.insert("vars".into(), Value::Object(parse_inputs(&args.inputs)?));
+    body.insert("paused".into(), json!(args.paused));
     for (key, value) in [
         ("timezone", args.timezone),
         ("name", args.name),
@@ -96,60 +76,47 @@ fn create_body(args: ScheduleCreateArgs) -> anyhow::Result<Value> {
         ("end_at", args.end_at),
     ] {
         if let Some(value) = value {
-            body[key] = json!(value);
+            body.insert(key.into(), json!(value));
         }
     }
     if let Some(secs) = args.catch_up_window_secs {
-        body["catch_up_window_secs"] = json!(secs);
+        body.insert("catch_up_window_secs".into(), json!(secs));
     }
-    Ok(body)
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
+    Ok(Value::Object(body))
 }
 
 /// The schedule, then its newest runs, one line each.
-fn print_schedule(schedule: &Value, json: bool) -> anyhow::Result<()> {
+fn print_schedule(view: &ScheduleView, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(schedule)?);
-        return Ok(());
+        return print_json(view);
     }
+    let schedule = &view.schedule;
     println!(
         "schedule {}  {}  [{}]  template {}",
-        text(&schedule["id"]),
-        text(&schedule["name"]),
-        if schedule["paused"] == true {
-            "paused"
-        } else {
-            "active"
-        },
-        text(&schedule["template"]),
+        shown(&schedule.id),
+        schedule.name,
+        if schedule.paused { "paused" } else { "active" },
+        schedule.template,
     );
     println!(
         "cron `{}` in {}; overlap {}, catch-up {} within {}s",
-        text(&schedule["cron"]),
-        text(&schedule["timezone"]),
-        text(&schedule["overlap"]),
-        text(&schedule["catch_up"]),
-        text(&schedule["catch_up_window_secs"]),
+        schedule.cron,
+        schedule.timezone,
+        shown(&schedule.overlap),
+        shown(&schedule.catch_up),
+        schedule.catch_up_window_secs,
     );
-    println!("next due: {}", text(&schedule["next_due"]));
-    let rows: Vec<[String; 4]> = schedule["runs"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    println!("next due: {}", shown(&view.next_due));
+    let rows: Vec<[String; 4]> = view
+        .runs
+        .iter()
         .map(|r| {
-            let detail = match (&r["workflow_id"], &r["reason"]) {
-                (Value::String(id), _) => id.clone(),
-                (_, Value::String(reason)) => reason.clone(),
-                _ => "-".into(),
+            let detail = match (&r.workflow_id, &r.reason) {
+                (Some(id), _) => shown(id),
+                (None, Some(reason)) => reason.clone(),
+                (None, None) => "-".into(),
             };
-            [text(&r["due"]), text(&r["state"]), text(&r["node"]), detail]
+            [shown(&r.due), shown(&r.state), r.node.clone(), detail]
         })
         .collect();
     if !rows.is_empty() {

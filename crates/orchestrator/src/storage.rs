@@ -5,18 +5,18 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use orchestrator_api::client::Client;
 use orchestrator_core::migration::{MigrationPhase, MigrationStatus};
-use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::cli::{ClientArgs, StorageCommand};
-use crate::client::Api;
+use crate::client::{connect, print_json};
 
 /// How often a followed migration is asked for its status.
 const POLL: Duration = Duration::from_millis(250);
 
 pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         StorageCommand::Migrate {
             to,
@@ -25,10 +25,7 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
             json,
         } => {
             let to = absolute_spec(&to)?;
-            let body = json!({"target": to, "batch_size": batch_size});
-            let status: MigrationStatus = api
-                .json_body(Method::POST, "/admin/storage/migrations", &[], Some(&body))
-                .await?;
+            let status = api.start_migration(&to, batch_size).await?;
             if no_wait {
                 return print(&status, json);
             }
@@ -45,65 +42,43 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
             Ok(())
         }
         StorageCommand::Status { id, json } => match id {
-            Some(id) => {
-                let status: MigrationStatus = api
-                    .json(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
-                    .await?;
-                print(&status, json)
-            }
+            Some(id) => print(&api.migration(&id).await?, json),
             None => {
-                let store: Value = api.json(Method::GET, "/admin/storage", &[]).await?;
-                let list: Value = api
-                    .json(Method::GET, "/admin/storage/migrations", &[])
-                    .await?;
+                let store = api.store().await?;
+                let list = api.list_migrations().await?;
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(
-                            &json!({"store": store, "migrations": list["migrations"]})
-                        )?
-                    );
-                    return Ok(());
+                    return print_json(&json!({"store": store, "migrations": list.migrations}));
                 }
-                println!("store: {}", store["store"].as_str().unwrap_or("?"));
-                if let Some(previous) = store["previous"].as_str() {
-                    let level = if store["level"] == true {
+                println!("store: {}", store.store);
+                if let Some(previous) = &store.previous {
+                    let level = if store.level {
                         "level: a rollback may return to it"
                     } else {
                         "behind: written to since the switch"
                     };
                     println!("previous: {previous} ({level})");
                 }
-                let migrations: Vec<MigrationStatus> =
-                    serde_json::from_value(list["migrations"].clone()).unwrap_or_default();
-                for m in migrations {
-                    println!("{}", line(&m));
+                for m in &list.migrations {
+                    println!("{}", line(m));
                 }
                 Ok(())
             }
         },
         StorageCommand::Cancel { id } => {
-            api.send(
-                Method::POST,
-                &format!("/admin/storage/migrations/{id}/cancel"),
-                &[],
-            )
-            .await?;
+            api.cancel_migration(&id).await?;
             let end = follow(&api, &id, false).await?;
             println!("{}", line(&end));
             Ok(())
         }
         StorageCommand::Rollback { json } => {
-            let store: Value = api
-                .json(Method::POST, "/admin/storage/rollback", &[])
-                .await?;
+            let store = api.rollback_store().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&store)?);
+                print_json(&store)?;
             } else {
                 println!(
                     "rolled back: the service works on {} again ({} is kept, level with it)",
-                    store["store"].as_str().unwrap_or("?"),
-                    store["previous"].as_str().unwrap_or("?")
+                    store.store,
+                    store.previous.as_deref().unwrap_or("?")
                 );
             }
             Ok(())
@@ -126,7 +101,7 @@ fn absolute_spec(spec: &str) -> anyhow::Result<String> {
 
 /// Polls the migration until it ends, with a progress bar (on a
 /// terminal) or a line per phase.
-async fn follow(api: &Api, id: &str, show: bool) -> anyhow::Result<MigrationStatus> {
+async fn follow(api: &Client, id: &str, show: bool) -> anyhow::Result<MigrationStatus> {
     let bar = (show && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
@@ -140,9 +115,7 @@ async fn follow(api: &Api, id: &str, show: bool) -> anyhow::Result<MigrationStat
     });
     let mut shown_phase = None;
     loop {
-        let status: MigrationStatus = api
-            .json(Method::GET, &format!("/admin/storage/migrations/{id}"), &[])
-            .await?;
+        let status = api.migration(id).await?;
         if let Some(bar) = &bar {
             bar.set_prefix(status.phase.as_str());
             bar.set_length(status.records_total);

@@ -2,16 +2,17 @@
 //! `/test/environments` and `/test/topologies` routes.
 
 use anyhow::{Context, bail};
-use reqwest::Method;
-use serde_json::{Value, json};
+use orchestrator_api::client::{Client, EnvView};
+use orchestrator_testenv::service::{EnvStatus, RunView};
+use serde_json::{Map, Value, json};
 
 use crate::cli::{
     ClientArgs, TestCommand, TestEnvCommand, TestEnvCreateArgs, TestQuickArgs, TopologyCommand,
 };
-use crate::client::{Api, print_table};
+use crate::client::{connect, print_json, print_table, shown};
 
 pub async fn run(client: &ClientArgs, command: TestCommand) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         TestCommand::Env(command) => env(&api, command).await,
         TestCommand::Topology(command) => topology(&api, command).await,
@@ -19,123 +20,94 @@ pub async fn run(client: &ClientArgs, command: TestCommand) -> anyhow::Result<()
     }
 }
 
-async fn env(api: &Api, command: TestEnvCommand) -> anyhow::Result<()> {
+async fn env(api: &Client, command: TestEnvCommand) -> anyhow::Result<()> {
     match command {
         TestEnvCommand::Create(args) => {
             let json = args.json;
             let body = create_body(args)?;
-            let env = send(
-                api,
-                Method::POST,
-                "/test/environments/create",
-                &[],
-                Some(&body),
-            )
-            .await?;
-            print_env(&env, json)
+            print_env(&api.create_environment(&body).await?, json)
         }
         TestEnvCommand::List(args) => {
-            let list = send(api, Method::GET, "/test/environments", &[], None).await?;
+            let list = api.list_environments().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
+                return print_json(&list);
             }
-            let rows: Vec<[String; 6]> = list["environments"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<[String; 6]> = list
+                .environments
+                .iter()
                 .map(|e| {
                     [
-                        text(&e["id"]),
-                        text(&e["name"]),
-                        text(&e["type"]),
-                        text(&e["status"]),
-                        e["nodes"].as_array().map_or(0, Vec::len).to_string(),
-                        text(&e["expires_at"]),
+                        e.id.clone(),
+                        e.name.clone(),
+                        shown(&e.env_type),
+                        shown(&e.status),
+                        e.nodes.len().to_string(),
+                        shown(&e.expires_at),
                     ]
                 })
                 .collect();
             print_table(["ID", "NAME", "TYPE", "STATUS", "NODES", "EXPIRES"], &rows);
             Ok(())
         }
-        TestEnvCommand::Show(args) => {
-            let env = send(
-                api,
-                Method::GET,
-                &format!("/test/environments/{}", args.id),
-                &[],
-                None,
-            )
-            .await?;
-            print_env(&env, args.json)
-        }
+        TestEnvCommand::Show(args) => print_env(&api.environment(&args.id).await?, args.json),
         TestEnvCommand::Run(args) => {
-            let env = run_checks(api, &args.id).await?;
+            let env = api.run_environment(&args.id, true).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&env)?);
+                print_json(&env)?;
             } else {
-                print_checks(&env);
+                print_checks(env.last_run.as_ref());
             }
             all_passed(&env)
         }
         TestEnvCommand::Logs(args) => {
-            let logs = send(
-                api,
-                Method::GET,
-                &format!("/test/environments/{}/logs", args.id),
-                &[],
-                None,
-            )
-            .await?;
+            let logs = api.environment_logs(&args.id).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&logs)?);
-                return Ok(());
+                return print_json(&logs);
             }
-            for entry in logs["entries"].as_array().into_iter().flatten() {
+            for entry in &logs.entries {
                 println!(
                     "== {} / {} [{}]{}",
-                    text(&entry["workflow"]),
-                    text(&entry["step"]),
-                    text(&entry["status"]),
-                    entry["error"]
-                        .as_str()
+                    entry.workflow,
+                    entry.step,
+                    entry.status,
+                    entry
+                        .error
+                        .as_deref()
                         .map(|e| format!(": {e}"))
                         .unwrap_or_default()
                 );
-                print!("{}", entry["log"].as_str().unwrap_or_default());
+                print!("{}", entry.log);
             }
             Ok(())
         }
         TestEnvCommand::Delete(args) => {
-            let env = delete(api, &args.id).await?;
+            let env = api.delete_environment(&args.id, true).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&env)?);
+                print_json(&env)?;
             } else {
-                println!("environment {} {}", args.id, text(&env["status"]));
+                println!("environment {} {}", args.id, shown(&env.status));
             }
             Ok(())
         }
     }
 }
 
-async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
+async fn topology(api: &Client, command: TopologyCommand) -> anyhow::Result<()> {
     match command {
         TopologyCommand::List(args) => {
-            let list = send(api, Method::GET, "/test/topologies", &[], None).await?;
+            let list = api.list_topologies().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
+                return print_json(&list);
             }
-            let rows: Vec<[String; 4]> = list["topologies"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<[String; 4]> = list
+                .topologies
+                .iter()
                 .map(|t| {
                     [
-                        text(&t["name"]),
-                        t["nodes"].as_array().map_or(0, Vec::len).to_string(),
-                        t["checks"].as_array().map_or(0, Vec::len).to_string(),
-                        text(&t["description"]),
+                        t.name.clone(),
+                        t.nodes.len().to_string(),
+                        t.checks.len().to_string(),
+                        text(&t.description),
                     ]
                 })
                 .collect();
@@ -143,50 +115,39 @@ async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
                 ["TOPOLOGY", "NODES", "CROSS-NODE CHECKS", "DESCRIPTION"],
                 &rows,
             );
-            let taskservs: Vec<String> = list["taskservs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| format!("{} (port {})", text(&t["name"]), text(&t["port"])))
+            let taskservs: Vec<String> = list
+                .taskservs
+                .iter()
+                .map(|t| format!("{} (port {})", t.name, t.port))
                 .collect();
             println!("\ntaskservs: {}", taskservs.join(", "));
             Ok(())
         }
         TopologyCommand::Show(args) => {
-            let topology = send(
-                api,
-                Method::GET,
-                &format!("/test/topologies/{}", args.name),
-                &[],
-                None,
-            )
-            .await?;
+            let topology = api.topology(&args.name).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&topology)?);
-                return Ok(());
+                return print_json(&topology);
             }
             println!(
                 "topology {}: {}",
-                text(&topology["name"]),
-                text(&topology["description"])
+                topology.name,
+                text(&topology.description)
             );
-            let nodes: Vec<[String; 3]> = topology["nodes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|n| [text(&n["name"]), list(&n["roles"]), list(&n["taskservs"])])
+            let nodes: Vec<[String; 3]> = topology
+                .nodes
+                .iter()
+                .map(|n| [n.name.clone(), list(&n.roles), list(&n.taskservs)])
                 .collect();
             print_table(["NODE", "ROLES", "TASKSERVS"], &nodes);
-            let checks: Vec<[String; 4]> = topology["checks"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let checks: Vec<[String; 4]> = topology
+                .checks
+                .iter()
                 .map(|c| {
                     [
-                        text(&c["name"]),
-                        text(&c["from"]),
-                        text(&c["taskserv"]),
-                        list(&c["to"]),
+                        c.name.clone(),
+                        c.from.clone(),
+                        c.taskserv.clone(),
+                        list(&c.to),
                     ]
                 })
                 .collect();
@@ -200,184 +161,147 @@ async fn topology(api: &Api, command: TopologyCommand) -> anyhow::Result<()> {
 }
 
 /// Create (a topology, or one taskserv), run, tear down, print the table.
-async fn quick(api: &Api, args: TestQuickArgs) -> anyhow::Result<()> {
-    let catalog = send(api, Method::GET, "/test/topologies", &[], None).await?;
-    let is = |kind: &str| {
-        catalog[kind]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|t| t["name"] == args.subject.as_str())
-    };
-    let mut body = if is("topologies") {
-        json!({"type": "cluster", "topology": args.subject})
-    } else if is("taskservs") {
-        json!({"type": "single_taskserv", "taskserv": args.subject})
+async fn quick(api: &Client, args: TestQuickArgs) -> anyhow::Result<()> {
+    let catalog = api.list_topologies().await?;
+    let subject = args.subject.as_str();
+    let mut body = if catalog.topologies.iter().any(|t| t.name == subject) {
+        json!({"type": "cluster", "topology": subject})
+    } else if catalog.taskservs.iter().any(|t| t.name == subject) {
+        json!({"type": "single_taskserv", "taskserv": subject})
     } else {
         bail!(
             "`{}` is neither a topology nor a taskserv; see `orchestrator test topology list`",
             args.subject
         );
     };
-    body["wait"] = json!(true);
-    let env = send(
-        api,
-        Method::POST,
-        "/test/environments/create",
-        &[],
-        Some(&body),
-    )
-    .await?;
-    let id = env["id"]
-        .as_str()
-        .context("the service answered without an id")?
-        .to_owned();
+    if let Value::Object(body) = &mut body {
+        body.insert("wait".into(), json!(true));
+    }
+    let env = api.create_environment(&body).await?;
+    let id = env.id.clone();
     eprintln!(
         "environment {id}: {} ({} nodes)",
-        text(&env["status"]),
-        env["nodes"].as_array().map_or(0, Vec::len)
+        shown(&env.status),
+        env.nodes.len()
     );
-    let result = if env["status"] == "ready" {
-        run_checks(api, &id).await
+    let result = if env.status == EnvStatus::Ready {
+        api.run_environment(&id, true)
+            .await
+            .map_err(anyhow::Error::from)
     } else {
         Err(anyhow::anyhow!(
             "environment {id} is {}; see `orchestrator test env logs {id}`",
-            text(&env["status"])
+            shown(&env.status)
         ))
     };
     if !args.keep {
-        let deleted = delete(api, &id).await?;
-        eprintln!("environment {id}: {}", text(&deleted["status"]));
+        let deleted = api.delete_environment(&id, true).await?;
+        eprintln!("environment {id}: {}", shown(&deleted.status));
     }
     let env = result?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&env)?);
+        print_json(&env)?;
     } else {
-        print_checks(&env);
+        print_checks(env.last_run.as_ref());
     }
     all_passed(&env)
 }
 
-async fn run_checks(api: &Api, id: &str) -> anyhow::Result<Value> {
-    send(
-        api,
-        Method::POST,
-        &format!("/test/environments/{id}/run"),
-        &[("wait", "true".to_owned())],
-        None,
-    )
-    .await
-}
-
-async fn delete(api: &Api, id: &str) -> anyhow::Result<Value> {
-    send(
-        api,
-        Method::DELETE,
-        &format!("/test/environments/{id}"),
-        &[("wait", "true".to_owned())],
-        None,
-    )
-    .await
-}
-
-fn all_passed(env: &Value) -> anyhow::Result<()> {
-    let run = &env["last_run"];
-    if run["status"] == "passed" {
+fn all_passed(env: &EnvView) -> anyhow::Result<()> {
+    let run = env.last_run.as_ref();
+    if run.is_some_and(|run| run.status == "passed") {
         Ok(())
     } else {
         bail!(
             "{} of {} checks failed (run {}); see `orchestrator test env logs {}`",
-            text(&run["failed"]),
-            run["checks"].as_array().map_or(0, Vec::len),
-            text(&run["workflow_id"]),
-            text(&env["id"])
+            shown(&run.map(|run| run.failed)),
+            run.map_or(0, |run| run.checks.len()),
+            shown(&run.map(|run| run.workflow_id)),
+            env.id
         )
     }
 }
 
-fn print_checks(env: &Value) {
-    let run = &env["last_run"];
-    let rows: Vec<[String; 5]> = run["checks"]
-        .as_array()
+/// The checks of a run and their outcome (a header and dashes before the
+/// first run).
+fn print_checks(run: Option<&RunView>) {
+    let rows: Vec<[String; 5]> = run
         .into_iter()
-        .flatten()
+        .flat_map(|run| &run.checks)
         .map(|c| {
             [
-                text(&c["name"]),
-                text(&c["node"]),
-                list(&c["targets"]),
-                match c["status"].as_str() {
-                    Some("passed") => "PASS".to_owned(),
-                    Some("failed") => "FAIL".to_owned(),
-                    other => other.unwrap_or("-").to_owned(),
+                c.name.clone(),
+                c.node.clone(),
+                list(&c.targets),
+                match c.status.as_str() {
+                    "passed" => "PASS".to_owned(),
+                    "failed" => "FAIL".to_owned(),
+                    other => other.to_owned(),
                 },
-                c["error"].as_str().unwrap_or_default().to_owned(),
+                c.error.clone().unwrap_or_default(),
             ]
         })
         .collect();
     print_table(["CHECK", "FROM", "TARGETS", "RESULT", "ERROR"], &rows);
     println!(
         "{}: {} passed, {} failed",
-        text(&run["status"]),
-        text(&run["passed"]),
-        text(&run["failed"])
+        shown(&run.map(|run| &run.status)),
+        shown(&run.map(|run| run.passed)),
+        shown(&run.map(|run| run.failed))
     );
 }
 
-fn print_env(env: &Value, json: bool) -> anyhow::Result<()> {
+fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(env)?);
-        return Ok(());
+        return print_json(env);
     }
     println!(
         "environment {}  {}  [{}]  {}{}",
-        text(&env["id"]),
-        text(&env["name"]),
-        text(&env["status"]),
-        text(&env["type"]),
-        env["topology"]
-            .as_str()
+        env.id,
+        env.name,
+        shown(&env.status),
+        shown(&env.env_type),
+        env.topology
+            .as_deref()
             .map(|t| format!(" {t}"))
             .unwrap_or_default()
     );
     println!(
         "expires {}; auto_start {}, auto_cleanup {}; workflow {}",
-        text(&env["expires_at"]),
-        text(&env["auto_start"]),
-        text(&env["auto_cleanup"]),
-        text(&env["create_workflow"])
+        shown(&env.expires_at),
+        env.auto_start,
+        env.auto_cleanup,
+        shown(&env.create_workflow)
     );
-    let nodes: Vec<[String; 5]> = env["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let nodes: Vec<[String; 5]> = env
+        .nodes
+        .iter()
         .map(|n| {
             [
-                text(&n["name"]),
-                text(&n["address"]),
-                list(&n["roles"]),
-                list(&n["taskservs"]),
-                text(&n["netns"]),
+                n.name.clone(),
+                n.address.clone(),
+                list(&n.roles),
+                list(&n.taskservs),
+                n.netns.clone(),
             ]
         })
         .collect();
     print_table(["NODE", "ADDRESS", "ROLES", "TASKSERVS", "NETNS"], &nodes);
-    if env["last_run"].is_object() {
+    if env.last_run.is_some() {
         println!();
-        print_checks(env);
+        print_checks(env.last_run.as_ref());
     }
     Ok(())
 }
 
 fn create_body(args: TestEnvCreateArgs) -> anyhow::Result<Value> {
-    let mut body = json!({
-        "type": args.env_type,
-        "auto_start": !args.no_auto_start,
-        "auto_cleanup": args.auto_cleanup,
-        "wait": args.wait,
-    });
+    let mut body = Map::new();
+    body.insert("type".into(), json!(args.env_type));
+    body.insert("auto_start".into(), json!(!args.no_auto_start));
+    body.insert("auto_cleanup".into(), json!(args.auto_cleanup));
+    body.insert("wait".into(), json!(args.wait));
     if !args.taskservs.is_empty() {
-        body["taskservs"] = json!(args.taskservs);
+        body.insert("taskservs".into(), json!(args.taskservs));
     }
     for (key, value) in [
         ("taskserv", args.taskserv),
@@ -386,50 +310,40 @@ fn create_body(args: TestEnvCreateArgs) -> anyhow::Result<Value> {
         ("name", args.name),
     ] {
         if let Some(value) = value {
-            body[key] = json!(value);
+            body.insert(key.into(), json!(value));
         }
     }
     if let Some(ttl) = args.ttl {
-        body["ttl"] = match ttl.parse::<u64>() {
+        let ttl = match ttl.parse::<u64>() {
             Ok(secs) => json!(secs),
             Err(_) => json!(ttl),
         };
+        body.insert("ttl".into(), ttl);
     }
     if let Some(path) = args.topology_file {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("--topology-file {}", path.display()))?;
         let topology: Value = serde_norway::from_str(&text)
             .with_context(|| format!("--topology-file {}: not YAML or JSON", path.display()))?;
-        body["topology"] = topology;
+        body.insert("topology".into(), topology);
     }
-    Ok(body)
+    Ok(Value::Object(body))
 }
 
-async fn send(
-    api: &Api,
-    method: Method,
-    path: &str,
-    query: &[(&str, String)],
-    body: Option<&Value>,
-) -> anyhow::Result<Value> {
-    Ok(api
-        .send_body(method, path, query, body)
-        .await?
-        .json()
-        .await?)
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
+/// Free text as a table cell: `-` when empty (the service leaves it out).
+fn text(value: &str) -> String {
+    if value.is_empty() {
+        "-".into()
+    } else {
+        value.to_owned()
     }
 }
 
-fn list(v: &Value) -> String {
-    match v.as_array() {
-        Some(items) if !items.is_empty() => items.iter().map(text).collect::<Vec<_>>().join(","),
-        _ => "-".into(),
+/// Names as a table cell: `a,b`, or `-` for none.
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(",")
     }
 }

@@ -4,56 +4,48 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use orchestrator_api::client::{Client, WorkflowFilter, WorkflowView};
 use orchestrator_core::template::Template;
-use reqwest::Method;
+use orchestrator_core::{TaskId, TaskStatus, WorkflowStatus};
 use serde_json::{Map, Value, json};
 
 use crate::cli::{
     ClientArgs, RerunArgs, SubmitArgs, TemplateCommand, WorkflowCommand, WorkflowListArgs,
 };
-use crate::client::{Api, print_table};
+use crate::client::{connect, print_json, print_table, shown};
 
 pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Result<()> {
-    let api = Api::new(client)?;
+    let api = connect(client)?;
     match command {
         WorkflowCommand::Submit(args) => submit(&api, args).await,
         WorkflowCommand::Status(args) if args.watch => watch(&api, &args.id).await,
-        WorkflowCommand::Status(args) => {
-            let view: Value = api
-                .json(Method::GET, &format!("/workflows/{}", args.id), &[])
-                .await?;
-            print_view(&view, args.json)
-        }
+        WorkflowCommand::Status(args) => print_view(&api.workflow(&args.id).await?, args.json),
         WorkflowCommand::List(args) => list(&api, args).await,
         WorkflowCommand::Cancel(args) => {
-            let view = post(&api, &format!("/workflows/{}/cancel", args.id), None).await?;
-            print_view(&view, args.json)
+            print_view(&api.cancel_workflow(&args.id).await?, args.json)
         }
-        WorkflowCommand::Retry(args) => {
-            let view = post(&api, &format!("/workflows/{}/retry", args.id), None).await?;
-            print_view(&view, args.json)
-        }
+        WorkflowCommand::Retry(args) => print_view(&api.retry_workflow(&args.id).await?, args.json),
         WorkflowCommand::Rerun(args) => rerun(&api, args).await,
     }
 }
 
-async fn rerun(api: &Api, args: RerunArgs) -> anyhow::Result<()> {
+async fn rerun(api: &Client, args: RerunArgs) -> anyhow::Result<()> {
     let body = json!({
         "from": args.from,
         "include_downstream": !args.no_downstream,
         "vars": parse_inputs(&args.inputs)?,
     });
-    let view = post(api, &format!("/workflows/{}/rerun", args.id), Some(&body)).await?;
-    let id = view["id"].as_str().unwrap_or_default().to_owned();
+    let view = api.rerun_workflow(&args.id, &body).await?;
+    let id = shown(&view.workflow.id);
     if args.wait {
         return follow(api, &id, args.json).await;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        print_json(&view)?;
     } else {
         println!(
             "workflow {id} (revision {} of {}) re-runs from {}",
-            view["revision"], args.id, args.from
+            view.workflow.revision, args.id, args.from
         );
     }
     Ok(())
@@ -61,9 +53,9 @@ async fn rerun(api: &Api, args: RerunArgs) -> anyhow::Result<()> {
 
 /// Draws the workflow, then draws it again whenever the event stream says
 /// something about it, until it ends. One stream, no polling.
-async fn watch(api: &Api, id: &str) -> anyhow::Result<()> {
+async fn watch(api: &Client, id: &str) -> anyhow::Result<()> {
     use std::io::{IsTerminal, Write};
-    let redraw = |view: &Value| -> anyhow::Result<()> {
+    let redraw = |view: &WorkflowView| -> anyhow::Result<()> {
         let mut out = std::io::stdout();
         if out.is_terminal() {
             // Home the cursor and clear the screen, then draw afresh.
@@ -73,23 +65,13 @@ async fn watch(api: &Api, id: &str) -> anyhow::Result<()> {
         out.flush()?;
         Ok(())
     };
-    let finished = |view: &Value| {
-        matches!(
-            view["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        )
-    };
     loop {
-        let mut stream = api
-            .send(Method::GET, "/events", &[("workflow", id.to_owned())])
-            .await?;
+        let mut stream = api.workflow_events(id).await?;
         let mut pending = String::new();
         loop {
-            let view: Value = api
-                .json(Method::GET, &format!("/workflows/{id}"), &[])
-                .await?;
+            let view = api.workflow(id).await?;
             redraw(&view)?;
-            if finished(&view) {
+            if view.workflow.status.is_terminal() {
                 return Ok(());
             }
             // Wait for the next whole event (a blank line ends one); the
@@ -116,14 +98,6 @@ async fn watch(api: &Api, id: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn post(api: &Api, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-    api.send_body(Method::POST, path, &[], body)
-        .await?
-        .json()
-        .await
-        .context("the service answered with unexpected JSON")
-}
-
 /// `key=value` with the value read as JSON when it parses, else as text.
 fn parse_input(raw: &str) -> anyhow::Result<(String, Value)> {
     let Some((key, value)) = raw.split_once('=') else {
@@ -146,9 +120,11 @@ pub(crate) fn parse_inputs(inputs: &[String]) -> anyhow::Result<Map<String, Valu
     Ok(vars)
 }
 
-async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
-    let vars = parse_inputs(&args.inputs)?;
-    let mut body = json!({"template": args.template, "vars": vars, "check_mode": args.check_mode});
+async fn submit(api: &Client, args: SubmitArgs) -> anyhow::Result<()> {
+    let mut body = Map::new();
+    body.insert("template".into(), json!(args.template));
+    body.insert("vars".into(), Value::Object(parse_inputs(&args.inputs)?));
+    body.insert("check_mode".into(), json!(args.check_mode));
     let mut meta = Map::new();
     if let Some(reference) = args.reference {
         meta.insert("ref".into(), json!(reference));
@@ -156,23 +132,20 @@ async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
     if let Some(trace_id) = args.trace_id {
         meta.insert("trace_id".into(), json!(trace_id));
     }
-    body["meta"] = Value::Object(meta);
+    body.insert("meta".into(), Value::Object(meta));
     if let Some(priority) = args.priority {
-        body["priority"] = json!(priority);
+        body.insert("priority".into(), json!(priority));
     }
     if let Some(at) = args.at {
-        body["schedule"] = json!({"when": "at", "start": at});
+        body.insert("schedule".into(), json!({"when": "at", "start": at}));
     }
-    let view = post(api, "/workflows", Some(&body)).await?;
-    let id = view["id"].as_str().unwrap_or_default().to_owned();
+    let view = api.submit_workflow(&Value::Object(body)).await?;
+    let id = shown(&view.workflow.id);
     if !args.wait {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&view)?);
+            print_json(&view)?;
         } else {
-            println!(
-                "workflow {id} submitted ({} tasks)",
-                view["tasks"].as_array().map_or(0, Vec::len)
-            );
+            println!("workflow {id} submitted ({} tasks)", view.tasks.len());
         }
         return Ok(());
     }
@@ -181,84 +154,54 @@ async fn submit(api: &Api, args: SubmitArgs) -> anyhow::Result<()> {
 
 /// Prints each status change of a workflow's tasks on stderr until it
 /// ends, then the workflow; an error unless it completed.
-async fn follow(api: &Api, id: &str, json: bool) -> anyhow::Result<()> {
-    let mut last_seen: HashMap<String, String> = HashMap::new();
+async fn follow(api: &Client, id: &str, json: bool) -> anyhow::Result<()> {
+    let mut last_seen: HashMap<TaskId, TaskStatus> = HashMap::new();
     let view = loop {
-        let view: Value = api
-            .json(Method::GET, &format!("/workflows/{id}"), &[])
-            .await?;
+        let view = api.workflow(id).await?;
         if !json {
-            for task in view["tasks"].as_array().into_iter().flatten() {
-                let (tid, status) = (
-                    task["id"].as_str().unwrap_or_default(),
-                    task["status"].as_str().unwrap_or_default(),
-                );
-                if last_seen.get(tid).map(String::as_str) != Some(status) {
-                    eprintln!(
-                        "{:<12} {}",
-                        status,
-                        task["name"].as_str().unwrap_or_default()
-                    );
-                    last_seen.insert(tid.to_owned(), status.to_owned());
+            for task in &view.tasks {
+                if last_seen.get(&task.id) != Some(&task.status) {
+                    eprintln!("{:<12} {}", shown(&task.status), task.name);
+                    last_seen.insert(task.id, task.status);
                 }
             }
         }
-        if matches!(
-            view["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
+        if view.workflow.status.is_terminal() {
             break view;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     print_view(&view, json)?;
-    if view["status"] != "completed" {
-        bail!(
-            "workflow {id} ended {}",
-            view["status"].as_str().unwrap_or("?")
-        );
+    if view.workflow.status != WorkflowStatus::Completed {
+        bail!("workflow {id} ended {}", shown(&view.workflow.status));
     }
     Ok(())
 }
 
-async fn list(api: &Api, args: WorkflowListArgs) -> anyhow::Result<()> {
-    let mut query = vec![("limit", args.limit.to_string())];
-    for (key, value) in [
-        ("status", args.status),
-        ("template", args.template),
-        ("ref", args.reference),
-        ("trace_id", args.trace_id),
-    ] {
-        if let Some(value) = value {
-            query.push((key, value));
-        }
-    }
-    let list: Value = api.json(Method::GET, "/workflows", &query).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    let text = |v: &Value| {
-        v.as_str().map(str::to_owned).unwrap_or_else(|| {
-            if v.is_null() {
-                "-".into()
-            } else {
-                v.to_string()
-            }
-        })
+async fn list(api: &Client, args: WorkflowListArgs) -> anyhow::Result<()> {
+    let filter = WorkflowFilter {
+        status: args.status,
+        template: args.template,
+        reference: args.reference,
+        trace_id: args.trace_id,
+        limit: Some(args.limit),
+        offset: None,
     };
-    let rows: Vec<[String; 6]> = list["workflows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let list = api.list_workflows(&filter).await?;
+    if args.json {
+        return print_json(&list);
+    }
+    let rows: Vec<[String; 6]> = list
+        .workflows
+        .iter()
         .map(|w| {
             [
-                text(&w["id"]),
-                text(&w["status"]),
-                text(&w["template"]),
-                text(&w["ref"]),
-                text(&w["revision"]),
-                text(&w["name"]),
+                shown(&w.id),
+                shown(&w.status),
+                w.template.clone(),
+                shown(&w.reference),
+                w.revision.to_string(),
+                w.name.clone(),
             ]
         })
         .collect();
@@ -266,60 +209,53 @@ async fn list(api: &Api, args: WorkflowListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn icon(status: &str) -> &'static str {
+fn icon(status: TaskStatus) -> &'static str {
     match status {
-        "completed" => "✔",
-        "failed" => "✘",
-        "running" => "▶",
-        "cancelled" => "■",
-        "skipped" | "not_started" => "○",
-        "retry_waiting" => "↻",
+        TaskStatus::Completed => "✔",
+        TaskStatus::Failed => "✘",
+        TaskStatus::Running => "▶",
+        TaskStatus::Cancelled => "■",
+        TaskStatus::Skipped | TaskStatus::NotStarted => "○",
+        TaskStatus::RetryWaiting => "↻",
         _ => "·",
     }
 }
 
 /// Prints a workflow's DAG: each task indented by its depth (the longest
 /// chain of dependencies before it), with its status.
-fn print_view(view: &Value, as_json: bool) -> anyhow::Result<()> {
+fn print_view(view: &WorkflowView, as_json: bool) -> anyhow::Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(view)?);
-        return Ok(());
+        return print_json(view);
     }
-    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    let workflow = &view.workflow;
     println!(
         "workflow {}  {}  [{}]  template {}@{}",
-        text(&view["id"]),
-        text(&view["name"]),
-        text(&view["status"]),
-        text(&view["kind"]),
-        view["template_version"]
+        shown(&workflow.id),
+        workflow.name,
+        shown(&workflow.status),
+        workflow.kind,
+        Value::from(workflow.template_version)
     );
-    if let Some(halt) = view["halt"]["reason"].as_str() {
-        println!("halted: {halt}");
+    if let Some(halt) = &workflow.halt {
+        println!("halted: {}", halt.reason);
     }
-    let tasks = view["tasks"].as_array().cloned().unwrap_or_default();
-    let mut depth: HashMap<String, usize> = HashMap::new();
-    let names: HashMap<String, String> = tasks
-        .iter()
-        .map(|t| (text(&t["id"]), text(&t["name"])))
-        .collect();
+    let mut depth: HashMap<TaskId, usize> = HashMap::new();
+    let names: HashMap<TaskId, &str> = view.tasks.iter().map(|t| (t.id, t.name.as_str())).collect();
     // Tasks come in topological order, so dependencies are seen first.
-    for task in &tasks {
-        let d = task["depends_on"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|dep| depth.get(dep.as_str().unwrap_or_default()))
+    for task in &view.tasks {
+        let d = task
+            .depends_on
+            .iter()
+            .filter_map(|dep| depth.get(dep))
             .max()
             .map_or(0, |d| d + 1);
-        depth.insert(text(&task["id"]), d);
-        let deps: Vec<String> = task["depends_on"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|dep| names.get(dep.as_str().unwrap_or_default()).cloned())
+        depth.insert(task.id, d);
+        let deps: Vec<&str> = task
+            .depends_on
+            .iter()
+            .filter_map(|dep| names.get(dep).copied())
             .collect();
-        let status = text(&task["status"]);
+        let status = shown(&task.status);
         let indent = "  ".repeat(d);
         let after = if deps.is_empty() {
             String::new()
@@ -328,13 +264,17 @@ fn print_view(view: &Value, as_json: bool) -> anyhow::Result<()> {
         };
         println!(
             "{indent}{} {:<40} {:<13} {}/{}{after}",
-            icon(&status),
-            text(&task["name"]),
+            icon(task.status),
+            task.name,
             status,
-            task["attempts"],
-            task["max_attempts"],
+            task.attempts,
+            task.max_attempts,
         );
-        if let Some(error) = task["error"].as_str().filter(|_| status != "completed") {
+        if let Some(error) = task
+            .error
+            .as_deref()
+            .filter(|_| task.status != TaskStatus::Completed)
+        {
             println!("{indent}    {error}");
         }
     }
@@ -376,25 +316,19 @@ pub async fn template(client: &ClientArgs, command: TemplateCommand) -> anyhow::
             Ok(())
         }
         TemplateCommand::List(args) => {
-            let api = Api::new(client)?;
-            let list: Value = api.json(Method::GET, "/templates", &[]).await?;
+            let list = connect(client)?.list_templates().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
+                return print_json(&list);
             }
-            let rows: Vec<[String; 4]> = list["templates"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<[String; 4]> = list
+                .templates
+                .iter()
                 .map(|t| {
-                    let inputs: Vec<&str> = t["inputs"]
-                        .as_object()
-                        .map(|m| m.keys().map(String::as_str).collect())
-                        .unwrap_or_default();
+                    let inputs: Vec<&str> = t.inputs.keys().map(String::as_str).collect();
                     [
-                        t["ref_name"].as_str().unwrap_or_default().to_owned(),
-                        t["schema_version"].to_string(),
-                        t["name"].as_str().unwrap_or_default().to_owned(),
+                        t.ref_name.clone(),
+                        t.schema_version.to_string(),
+                        t.name.clone(),
                         inputs.join(", "),
                     ]
                 })

@@ -209,10 +209,10 @@ pub(crate) async fn delete_secret(
     }
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct SecretList {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SecretList {
     /// Names and metadata, never values.
-    secrets: Vec<SecretInfo>,
+    pub secrets: Vec<SecretInfo>,
 }
 
 /// Secret names, metadata and scopes; never values.
@@ -245,14 +245,14 @@ pub(crate) struct NewToken {
 }
 
 /// A token as listed: never its hash.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TokenView {
-    id: String,
-    name: String,
-    role: Role,
-    created_at: DateTime<Utc>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    revoked_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
 }
 
 impl From<ApiToken> for TokenView {
@@ -268,14 +268,14 @@ impl From<ApiToken> for TokenView {
 }
 
 /// A new token; `token` is shown this once only.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct IssuedToken {
-    id: String,
-    name: String,
-    role: Role,
-    created_at: DateTime<Utc>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct IssuedToken {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub created_at: DateTime<Utc>,
     /// The secret: the only time it is ever shown.
-    token: String,
+    pub token: String,
 }
 
 /// Creates a token.
@@ -315,9 +315,9 @@ pub(crate) async fn create_token(
     ))
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TokenList {
-    tokens: Vec<TokenView>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
 }
 
 /// Every token, active or revoked.
@@ -385,13 +385,13 @@ pub(crate) struct AuditParams {
 }
 
 /// A page of the audit log, newest first.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct AuditPage {
-    records: Vec<AuditRecord>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditPage {
+    pub records: Vec<AuditRecord>,
     /// How many records match, in all pages.
-    total: usize,
-    limit: usize,
-    offset: usize,
+    pub total: usize,
+    pub limit: usize,
+    pub offset: usize,
 }
 
 fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {

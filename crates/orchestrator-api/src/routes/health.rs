@@ -1,10 +1,12 @@
 //! Liveness and load (`/health`), and the nodes sharing the store.
 
+use std::borrow::Cow;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use orchestrator_core::Node;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::ErrorBody;
@@ -19,21 +21,21 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Liveness and load.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Health {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
     /// `ok`, or `unhealthy` with a 503.
     #[schema(example = "ok")]
-    status: &'static str,
+    pub status: Cow<'static, str>,
     /// Why storage is unhealthy; only then.
     #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-    version: &'static str,
+    pub reason: Option<String>,
+    pub version: Cow<'static, str>,
     /// The storage backend.
-    storage: &'static str,
-    workers: usize,
+    pub storage: Cow<'static, str>,
+    pub workers: usize,
     /// Tasks waiting for a worker.
-    queued: usize,
-    running: usize,
+    pub queued: usize,
+    pub running: usize,
 }
 
 /// Liveness and load. Needs no token.
@@ -49,10 +51,10 @@ pub(crate) struct Health {
 pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     let (queued, running) = state.engine.load();
     let mut body = Health {
-        status: "ok",
+        status: Cow::Borrowed("ok"),
         reason: None,
-        version: env!("CARGO_PKG_VERSION"),
-        storage: state.engine.store().name(),
+        version: Cow::Borrowed(env!("CARGO_PKG_VERSION")),
+        storage: Cow::Borrowed(state.engine.store().name()),
         workers: state.engine.config().workers,
         queued,
         running,
@@ -61,26 +63,26 @@ pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<H
         Ok(()) => (StatusCode::OK, Json(body)),
         Err(e) => {
             tracing::warn!(error = %e, "health check: storage is unhealthy");
-            body.status = "unhealthy";
+            body.status = Cow::Borrowed("unhealthy");
             body.reason = Some(e.to_string());
             (StatusCode::SERVICE_UNAVAILABLE, Json(body))
         }
     }
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct NodeView {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
     #[serde(flatten)]
-    node: Node,
+    pub node: Node,
     /// Its last heartbeat is within one lease.
-    alive: bool,
+    pub alive: bool,
     /// It is the node that answered.
-    this_node: bool,
+    pub this_node: bool,
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct NodeList {
-    nodes: Vec<NodeView>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    pub nodes: Vec<NodeView>,
 }
 
 /// The nodes sharing this store: their last heartbeat and whether it is

@@ -158,10 +158,10 @@ pub(crate) async fn create_schedule(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct ScheduleList {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ScheduleList {
     /// Oldest first; `runs` is empty in listings.
-    schedules: Vec<ScheduleView>,
+    pub schedules: Vec<ScheduleView>,
 }
 
 /// Every schedule, oldest first.

@@ -44,10 +44,10 @@ pub(crate) struct MigrationRequest {
     batch_size: Option<usize>,
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct MigrationList {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MigrationList {
     /// Oldest first; the last 20 are kept.
-    migrations: Vec<MigrationStatus>,
+    pub migrations: Vec<MigrationStatus>,
 }
 
 fn live(state: &AppState) -> Result<&LiveMigrations, ApiError> {

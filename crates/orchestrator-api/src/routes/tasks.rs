@@ -44,13 +44,13 @@ pub(crate) struct ListParams {
 }
 
 /// A page of tasks, newest first.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TaskList {
-    tasks: Vec<Task>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TaskList {
+    pub tasks: Vec<Task>,
     /// How many tasks match, in all pages.
-    total: usize,
-    limit: usize,
-    offset: usize,
+    pub total: usize,
+    pub limit: usize,
+    pub offset: usize,
 }
 
 #[utoipa::path(get, path = "/tasks", tag = "tasks",

@@ -21,22 +21,22 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// A registered template, as listed.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TemplateSummary {
-    ref_name: String,
-    schema_version: u32,
-    name: String,
-    description: Option<String>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TemplateSummary {
+    pub ref_name: String,
+    pub schema_version: u32,
+    pub name: String,
+    pub description: Option<String>,
     /// Input name to its declaration (`type`, `default`, `description`,
     /// ...; see docs/templates.md).
-    inputs: BTreeMap<String, Value>,
+    pub inputs: BTreeMap<String, Value>,
     /// The steps' `ref_name`s.
-    steps: Vec<String>,
+    pub steps: Vec<String>,
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TemplateList {
-    templates: Vec<TemplateSummary>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TemplateList {
+    pub templates: Vec<TemplateSummary>,
 }
 
 /// Every registered template, every version.

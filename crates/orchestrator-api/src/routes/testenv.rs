@@ -96,25 +96,25 @@ fn wait_for(wait: bool) -> Option<Duration> {
 }
 
 /// `GET /test/environments`.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct EnvironmentList {
-    environments: Vec<EnvView>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EnvironmentList {
+    pub environments: Vec<EnvView>,
 }
 
 /// `GET /test/environments/{id}/logs`.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct EnvironmentLogs {
-    id: String,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EnvironmentLogs {
+    pub id: String,
     /// Every step's and check's output: create, runs, teardown.
-    entries: Vec<LogEntry>,
+    pub entries: Vec<LogEntry>,
 }
 
 /// `GET /test/topologies`.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TopologyList {
-    topologies: Vec<Topology>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TopologyList {
+    pub topologies: Vec<Topology>,
     /// The taskservs a node can run.
-    taskservs: Vec<TaskservInfo>,
+    pub taskservs: Vec<TaskservInfo>,
 }
 
 /// Creates a test environment: its nodes, its taskservs installed by

@@ -1,6 +1,7 @@
 //! Workflows: listing and counts, one workflow, cancel, retry and
 //! rerun; submissions from a template, and their validation.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -56,32 +57,32 @@ pub(crate) struct WorkflowListParams {
 }
 
 /// A workflow without its tasks, for listings.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct WorkflowSummary {
-    id: WorkflowId,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowSummary {
+    pub id: WorkflowId,
     /// The template's `ref_name`.
-    template: String,
-    name: String,
-    status: WorkflowStatus,
+    pub template: String,
+    pub name: String,
+    pub status: WorkflowStatus,
     #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
-    reference: Option<String>,
-    revision: u32,
+    pub reference: Option<String>,
+    pub revision: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    trace_id: Option<String>,
-    created_at: DateTime<Utc>,
+    pub trace_id: Option<String>,
+    pub created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    finished_at: Option<DateTime<Utc>>,
-    task_count: usize,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub task_count: usize,
 }
 
 /// A page of workflows, newest first.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct WorkflowList {
-    workflows: Vec<WorkflowSummary>,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowList {
+    pub workflows: Vec<WorkflowSummary>,
     /// How many workflows match, in all pages.
-    total: usize,
-    limit: usize,
-    offset: usize,
+    pub total: usize,
+    pub limit: usize,
+    pub offset: usize,
 }
 
 /// Workflows, newest first.
@@ -173,12 +174,12 @@ pub(crate) struct CountParams {
 }
 
 /// Workflows by status.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct WorkflowCounts {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowCounts {
     /// Every status, with how many workflows are in it.
-    counts: BTreeMap<&'static str, usize>,
+    pub counts: BTreeMap<Cow<'static, str>, usize>,
     /// The sum of `counts`.
-    total: usize,
+    pub total: usize,
 }
 
 /// How many workflows are in each status, with the listing's other
@@ -205,7 +206,7 @@ pub(crate) async fn count_workflows(
     let total: usize = counts.iter().map(|(_, n)| n).sum();
     let counts = counts
         .into_iter()
-        .map(|(status, n)| (status.as_str(), n))
+        .map(|(status, n)| (Cow::Borrowed(status.as_str()), n))
         .collect();
     Ok(Json(WorkflowCounts { counts, total }))
 }
@@ -546,11 +547,11 @@ pub(crate) async fn submit_workflow(
 }
 
 /// A valid submission, and the workflow it would create.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Validated {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Validated {
     /// Always `true`: an invalid one gets 422.
-    valid: bool,
-    workflow: WorkflowView,
+    pub valid: bool,
+    pub workflow: WorkflowView,
 }
 
 /// Validates a submission and shows its DAG, storing nothing.
@@ -582,8 +583,6 @@ pub(crate) async fn validate_workflow(
 fn parse_body<T: serde::de::DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
     crate::extract::from_value(body.clone())
 }
-
-/// A node sharing the store, and whether it is alive.
 
 /// How long to block for the outcome, if at all.
 pub(super) fn wait_limit(wait: bool, secs: Option<u64>) -> Option<Duration> {

@@ -171,7 +171,7 @@ pub struct LiveMigrations {
 }
 
 /// The store a service works on, and the one it left.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StoreInfo {
     /// The current store, as a spec.

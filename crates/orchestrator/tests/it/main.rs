@@ -7,6 +7,7 @@ mod auth;
 mod backends;
 mod backup;
 mod cli;
+mod client;
 mod config;
 mod dashboard;
 mod doctor;
