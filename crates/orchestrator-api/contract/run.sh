@@ -28,15 +28,20 @@ port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 token="contract-test-admin-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 base="http://127.0.0.1:$port"
 
-# The rate limits stay at their defaults: schemathesis honours the
-# documented `429` and its `Retry-After` (`rate-limit = "auto"` in
-# schemathesis.toml). The scripts are the shipped Nushell ones (`nu` on
-# PATH, as `make` sets it).
+# The limits stay at their defaults, the rate limits too: schemathesis
+# honours the documented `429` and its `Retry-After` (`rate-limit =
+# "auto"` in schemathesis.toml). The scripts are the shipped Nushell ones
+# (`nu` on PATH, as `make` sets it). Only timings are shortened: a
+# generated submission may ask for 100 attempts of a script that fails on
+# its made-up inputs, and a followed log (`?follow=true`) lasts until its
+# task ends, so retries minutes apart would keep such requests open until
+# the client's timeout, and the run for an hour.
 ORCHESTRATOR_BOOTSTRAP_TOKEN="$token" "$bin" serve \
   --port "$port" \
   --data-dir "$work/data" \
   --scripts-dir "$root/scripts" \
   --templates-dir "$root/templates" \
+  --retry-base-ms 50 --retry-max-ms 200 --kill-grace 1 --shutdown-grace 5 \
   > "$work/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 100); do

@@ -38,9 +38,8 @@ fn request_schema(endpoint: Builtin) -> RefOr<Schema> {
             match endpoint.field_use(field) {
                 FieldUse::Required => {
                     object.required.push(field.to_owned());
-                    // Required means a value: `null` is refused as missing.
                     if let Some(RefOr::T(property)) = object.properties.get_mut(field) {
-                        not_null(property);
+                        required_value(property);
                     }
                 }
                 FieldUse::Refused => {
@@ -65,11 +64,15 @@ fn request_schema(endpoint: Builtin) -> RefOr<Schema> {
     schema
 }
 
-/// `schema` without `null` among its types.
-fn not_null(schema: &mut Schema) {
+/// What a required field takes, as the checks hold it: a value (`null`
+/// is refused as missing), and for a list, at least one name.
+fn required_value(schema: &mut Schema) {
     let types = match schema {
         Schema::Object(object) => &mut object.schema_type,
-        Schema::Array(array) => &mut array.schema_type,
+        Schema::Array(array) => {
+            array.min_items = Some(1);
+            &mut array.schema_type
+        }
         _ => return,
     };
     if let SchemaType::Array(list) = types {
@@ -115,74 +118,61 @@ pub(crate) struct Submitted {
     tasks: Vec<Task>,
 }
 
-/// Creates servers (template `servers-create`).
-#[utoipa::path(post, path = "/workflows/servers/create", tag = "workflows",
-    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_servers"))),
-    request_body = ServersCreateRequest,
-    responses(
-        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
-        (status = 202, description = "Stored and running", body = Submitted, links(
-            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
-            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
-        )),
-        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
-        (status = 408, description = "The request took too long", body = ErrorBody),
-        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
-        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
-    ))]
-pub(crate) async fn create_servers(
-    State(state): State<AppState>,
-    body: JsonBody<BuiltinRequest>,
-) -> Result<Response, ApiError> {
-    builtin(&state.engine, Builtin::ServersCreate, body.0).await
+/// One built-in endpoint: its declaration and its handler, alike but for
+/// the path, the audit action, the request schema and the template.
+macro_rules! builtin_endpoint {
+    ($(#[$doc:meta])* $handler:ident, $path:tt, $audit:tt, $request:ty, $endpoint:expr) => {
+        $(#[$doc])*
+        #[utoipa::path(post, path = $path, tag = "workflows",
+            extensions(("x-role" = json!("operator")), ("x-audit" = json!($audit))),
+            request_body = $request,
+            responses(
+                (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
+                (status = 202, description = "Stored and running", body = Submitted, links(
+                    ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
+                    ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
+                )),
+                (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+                (status = 408, description = "The request took too long", body = ErrorBody),
+                (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+                (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
+                (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+            ))]
+        pub(crate) async fn $handler(
+            State(state): State<AppState>,
+            body: JsonBody<BuiltinRequest>,
+        ) -> Result<Response, ApiError> {
+            builtin(&state.engine, $endpoint, body.0).await
+        }
+    };
 }
 
-/// Installs task services on servers, in order (template `taskserv-create`).
-#[utoipa::path(post, path = "/workflows/taskserv/create", tag = "workflows",
-    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_taskservs"))),
-    request_body = TaskservCreateRequest,
-    responses(
-        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
-        (status = 202, description = "Stored and running", body = Submitted, links(
-            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
-            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
-        )),
-        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
-        (status = 408, description = "The request took too long", body = ErrorBody),
-        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
-        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
-    ))]
-pub(crate) async fn create_taskservs(
-    State(state): State<AppState>,
-    body: JsonBody<BuiltinRequest>,
-) -> Result<Response, ApiError> {
-    builtin(&state.engine, Builtin::TaskservCreate, body.0).await
-}
+builtin_endpoint!(
+    /// Creates servers (template `servers-create`).
+    create_servers,
+    "/workflows/servers/create",
+    "workflow.submit_servers",
+    ServersCreateRequest,
+    Builtin::ServersCreate
+);
 
-/// Servers, then task services, then the cluster join (template `cluster-create`).
-#[utoipa::path(post, path = "/workflows/cluster/create", tag = "workflows",
-    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.submit_cluster"))),
-    request_body = ClusterCreateRequest,
-    responses(
-        (status = 200, description = "With `wait`, the workflow finished", body = Submitted),
-        (status = 202, description = "Stored and running", body = Submitted, links(
-            ("workflow" = (operation_id = "get_workflow", parameters(("id" = "$response.body#/workflow_id")))),
-            ("task" = (operation_id = "get_task", parameters(("id" = "$response.body#/task_ids/0")))),
-        )),
-        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
-        (status = 408, description = "The request took too long", body = ErrorBody),
-        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-        (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
-        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
-    ))]
-pub(crate) async fn create_cluster(
-    State(state): State<AppState>,
-    body: JsonBody<BuiltinRequest>,
-) -> Result<Response, ApiError> {
-    builtin(&state.engine, Builtin::ClusterCreate, body.0).await
-}
+builtin_endpoint!(
+    /// Installs task services on servers, in order (template `taskserv-create`).
+    create_taskservs,
+    "/workflows/taskserv/create",
+    "workflow.submit_taskservs",
+    TaskservCreateRequest,
+    Builtin::TaskservCreate
+);
+
+builtin_endpoint!(
+    /// Servers, then task services, then the cluster join (template `cluster-create`).
+    create_cluster,
+    "/workflows/cluster/create",
+    "workflow.submit_cluster",
+    ClusterCreateRequest,
+    Builtin::ClusterCreate
+);
 
 /// The built-in endpoints answer in their own shape: ids first, then tasks.
 async fn builtin(
