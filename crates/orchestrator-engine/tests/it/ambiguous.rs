@@ -50,7 +50,7 @@ async fn random_ambiguous_writes_lose_nothing_and_run_no_step_twice() {
     let seed = std::env::var("ORCHESTRATOR_FAULT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::random::<u64>());
+        .unwrap_or_else(rand::random::<u64>);
     println!("ORCHESTRATOR_FAULT_SEED={seed}");
     let setup = Setup::new();
     let (store, faults) = FaultyBackend::wrap(setup.fs().await);
