@@ -6,7 +6,6 @@
 //! every decision here is a plain function that unit tests can pin down.
 
 pub mod access;
-mod error;
 pub mod event;
 mod ids;
 pub mod migration;
@@ -26,14 +25,13 @@ pub mod template;
 pub mod view;
 mod workflow;
 
-pub use error::{Error, Result};
 pub use ids::{ScheduleId, TaskId, WorkflowId};
 pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{
-    AttemptRecord, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, StepKind,
-    StepSettings, Task, TaskSpec, TaskStatus,
+    AttemptRecord, Error, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, Result,
+    StepKind, StepSettings, Task, TaskSpec, TaskStatus,
 };
 /// The `http` step kind's block of a template, also used on its own by the
 /// http runner.

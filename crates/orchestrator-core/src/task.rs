@@ -18,7 +18,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::{Error, Result, RetryPolicy, TaskId, WorkflowId};
+pub use self::error::{Error, Result};
+use crate::{RetryPolicy, TaskId, WorkflowId};
+
+mod error;
 
 /// Dispatch priority. Higher runs first; equal priorities run in FIFO order.
 #[derive(

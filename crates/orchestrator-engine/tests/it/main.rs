@@ -5,7 +5,6 @@
 
 mod ambiguous;
 mod events;
-mod modules;
 mod panics;
 mod step_kinds;
 
