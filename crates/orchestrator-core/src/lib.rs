@@ -7,7 +7,6 @@
 
 pub mod access;
 pub mod backoff;
-mod error;
 pub mod event;
 mod ids;
 pub mod migration;
@@ -28,14 +27,13 @@ pub mod view;
 pub mod whole_number;
 mod workflow;
 
-pub use error::{Error, Result};
 pub use ids::{ScheduleId, TaskId, WorkflowId};
 pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{
-    AttemptRecord, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, StepKind,
-    StepSettings, Task, TaskSpec, TaskStatus,
+    AttemptRecord, Error, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, Result,
+    StepKind, StepSettings, Task, TaskSpec, TaskStatus,
 };
 /// The `http` step kind's block of a template, also used on its own by the
 /// http runner.

@@ -18,7 +18,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::{Error, Result, RetryPolicy, TaskId, WorkflowId};
+pub use self::error::{Error, Result};
+use crate::{RetryPolicy, TaskId, WorkflowId};
+
+mod error;
 
 /// Dispatch priority. Higher runs first; equal priorities run in FIFO order.
 #[derive(
@@ -120,45 +123,128 @@ pub struct TaskSpec {
     pub step: StepSettings,
 }
 
-/// The kind of step a task runs; each kind has its own runner in the
-/// engine, which never looks inside it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub enum StepKind {
-    /// A script under the scripts dir, run as a child process.
-    #[default]
-    Script,
-    /// A job launched over HTTP on another system, then polled to its end
-    /// (see [`crate::http`]).
-    Http,
-    /// A script run inside a node of a test environment, or one of the
-    /// environment's own moves (make the nodes, start a taskserv, tear
-    /// down); the `orchestrator-testenv` crate runs it.
-    Testenv,
-}
-
-crate::named_variants!(StepKind, "step kind", [
-    Script => "script",
-    Http => "http",
-    Testenv => "testenv",
-]);
+/// The kind of step a task runs, by the name templates write (`kind:
+/// script`). The core names no kind but the default, `script`: each kind
+/// is a runner that the engine registers under the name the runner
+/// declares, and templates are checked against the registered kinds (see
+/// [`crate::template::StepKinds`]).
+///
+/// Held inline rather than as a `String` so that it stays `Copy`: tasks
+/// hand their kind around by value (to find its runner) and a kind is a
+/// short name.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepKind(arrayvec::ArrayString<{ StepKind::MAX_LEN }>);
 
 impl StepKind {
-    pub fn is_script(&self) -> bool {
-        *self == StepKind::Script
+    /// The longest kind name.
+    pub const MAX_LEN: usize = 32;
+
+    /// The kind of a step that names none: a script under the scripts dir,
+    /// run as a child process. Rollbacks are scripts too, whatever the
+    /// kind of the step they undo.
+    pub const SCRIPT: &'static str = "script";
+
+    /// A kind by its name: a lowercase ASCII letter, then lowercase
+    /// letters, digits, `_` or `-`, at most [`StepKind::MAX_LEN`] bytes.
+    /// Whether a service runs it is the service's business.
+    pub fn new(name: &str) -> std::result::Result<StepKind, String> {
+        let well_formed = name.as_bytes().first().is_some_and(u8::is_ascii_lowercase)
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'));
+        let invalid = || {
+            format!(
+                "`{name}` is not a step kind name (a lowercase letter, then lowercase letters, digits, `_` or `-`, at most {} bytes)",
+                StepKind::MAX_LEN
+            )
+        };
+        if !well_formed {
+            return Err(invalid());
+        }
+        arrayvec::ArrayString::from(name)
+            .map(StepKind)
+            .map_err(|_| invalid())
     }
 
-    /// The template field of a step of this kind that becomes its task's
-    /// input: `input` for a script, the `http` block for an HTTP step.
-    /// Errors about the input name it.
-    pub fn input_field(self) -> &'static str {
-        match self {
-            StepKind::Script | StepKind::Testenv => "input",
-            StepKind::Http => "http",
-        }
+    /// The default kind, `script`.
+    pub fn script() -> StepKind {
+        StepKind::default()
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    pub fn is_script(&self) -> bool {
+        self.as_str() == StepKind::SCRIPT
     }
 }
+
+impl Default for StepKind {
+    fn default() -> StepKind {
+        let mut name = arrayvec::ArrayString::new();
+        // `script` is 6 bytes, well within the capacity.
+        name.push_str(StepKind::SCRIPT);
+        StepKind(name)
+    }
+}
+
+impl std::fmt::Display for StepKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for StepKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StepKind({:?})", self.as_str())
+    }
+}
+
+impl std::str::FromStr for StepKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> std::result::Result<StepKind, String> {
+        StepKind::new(name)
+    }
+}
+
+/// Written as its name, so stored tasks and templates read as they did
+/// when the kinds were an enum.
+impl Serialize for StepKind {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for StepKind {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<StepKind, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        StepKind::new(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A string in the OpenAPI document: which kinds a service runs is not
+/// known to the core.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for StepKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "The kind of step: `script` unless the template step says otherwise.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for StepKind {}
 
 /// What a task knows about the workflow step it runs, if it came from a
 /// template. Plain tasks use the default.

@@ -6,6 +6,7 @@
 //! it straight to the user.
 
 pub mod http;
+mod kinds;
 pub mod limits;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use self::http::HttpStep;
+pub use self::kinds::{StepInput, StepKinds};
 pub use self::limits::{Limit, Limits, json_size};
 use crate::refs::{Reference, Root, Scope, references_in};
 use crate::{FailurePolicy, StepKind, StepSettings};
@@ -203,11 +205,12 @@ pub struct StepTemplate {
 
 impl StepTemplate {
     /// What the step's tasks get as their input, before references
-    /// resolve: `input`, or an http step's block.
+    /// resolve: `input`, or an http step's block. Once the template is
+    /// validated, a step has an http block exactly when its kind takes one.
     pub fn input_value(&self) -> Value {
-        match self.kind {
-            StepKind::Script | StepKind::Testenv => Value::Object(self.input.clone()),
-            StepKind::Http => self.http_block(),
+        match self.http {
+            Some(_) => self.http_block(),
+            None => Value::Object(self.input.clone()),
         }
     }
 
@@ -224,9 +227,9 @@ impl StepTemplate {
     /// for an http step (shown in listings, and the `script` label of
     /// the metrics, where a URL would make one series per job).
     fn target(&self) -> String {
-        match self.kind {
-            StepKind::Script | StepKind::Testenv => self.script.clone(),
-            StepKind::Http => format!("http:{}", self.ref_name),
+        match self.http {
+            Some(_) => format!("http:{}", self.ref_name),
+            None => self.script.clone(),
         }
     }
 }
@@ -351,9 +354,10 @@ impl Template {
         self.steps.iter().find(|s| s.ref_name == ref_name)
     }
 
-    /// Checks everything that does not depend on a submission's inputs.
-    /// Returns the step order (dependencies first).
-    pub fn validate(&self) -> Result<Vec<String>, TemplateError> {
+    /// Checks everything that does not depend on a submission's inputs,
+    /// each step's kind against the `kinds` the service runs. Returns the
+    /// step order (dependencies first).
+    pub fn validate(&self, kinds: &StepKinds) -> Result<Vec<String>, TemplateError> {
         if self.name.trim().is_empty() {
             return Err(err("name", "must not be empty"));
         }
@@ -421,7 +425,7 @@ impl Template {
         let names: HashSet<&str> = self.steps.iter().map(|s| s.ref_name.as_str()).collect();
         for step in &self.steps {
             let at = format!("steps.{}", step.ref_name);
-            self.validate_kind(step, &at)?;
+            self.validate_kind(step, &at, kinds)?;
             if let Some(timeout) = &step.timeout {
                 parse_timeout(timeout).map_err(|m| err(format!("{at}.timeout"), m))?;
             }
@@ -495,23 +499,32 @@ impl Template {
         topological_order(&self.steps, &edges)
     }
 
-    /// What a step of its kind needs: a script names one; an http step
-    /// has its `http` block and nothing a script would take.
-    fn validate_kind(&self, step: &StepTemplate, at: &str) -> Result<(), TemplateError> {
-        match (step.kind, &step.http) {
-            (StepKind::Script | StepKind::Testenv, None) if step.script.trim().is_empty() => {
+    /// What a step of its kind needs: a known kind; a step that takes
+    /// `input` names a script; an http step has its `http` block and
+    /// nothing a script would take.
+    fn validate_kind(
+        &self,
+        step: &StepTemplate,
+        at: &str,
+        kinds: &StepKinds,
+    ) -> Result<(), TemplateError> {
+        let input = kinds
+            .input_of(step.kind)
+            .map_err(|message| err(format!("{at}.kind"), message))?;
+        match (input, &step.http) {
+            (StepInput::Input, None) if step.script.trim().is_empty() => {
                 Err(err(format!("{at}.script"), "must name a script"))
             }
-            (StepKind::Script | StepKind::Testenv, None) => Ok(()),
-            (StepKind::Script | StepKind::Testenv, Some(_)) => Err(err(
+            (StepInput::Input, None) => Ok(()),
+            (StepInput::Input, Some(_)) => Err(err(
                 format!("{at}.http"),
                 "only a step of `kind: http` takes an http block",
             )),
-            (StepKind::Http, None) => Err(err(
+            (StepInput::Http, None) => Err(err(
                 format!("{at}.http"),
                 "a step of `kind: http` needs an http block",
             )),
-            (StepKind::Http, Some(http)) => {
+            (StepInput::Http, Some(http)) => {
                 if !step.script.is_empty() {
                     return Err(err(
                         format!("{at}.script"),
@@ -619,6 +632,7 @@ impl Template {
     /// `limits` bound is computed, and checked, before a task is built.
     pub fn expand(
         &self,
+        kinds: &StepKinds,
         vars: &Map<String, Value>,
         check_mode: bool,
         limits: &Limits,
@@ -628,7 +642,7 @@ impl Template {
             Limit::TemplateSteps,
             u64::try_from(self.steps.len()).ok(),
         )?;
-        let step_order = self.validate()?;
+        let step_order = self.validate(kinds)?;
         // By name: `Template::step` is a linear search, and each step is
         // looked up here, which made a submission O(steps²).
         let by_name: HashMap<&str, &StepTemplate> = self
@@ -698,7 +712,7 @@ impl Template {
                     format!("expected an object, got {}", value_kind(value)),
                 ));
             }
-            if step_named(step).is_some_and(|s| s.kind == StepKind::Http) {
+            if step_named(step).is_some_and(|s| s.http.is_some()) {
                 return Err(err(
                     format!("vars.steps.{step}"),
                     "an http step takes no per-step input",

@@ -235,7 +235,12 @@ impl Engine {
             tasks: planned,
             ..
         } = template
-            .expand(&request.vars, request.check_mode, limits)
+            .expand(
+                self.steps().kinds(),
+                &request.vars,
+                request.check_mode,
+                limits,
+            )
             .map_err(|e| Error::validation(e.field, e.message))?;
         let now = Utc::now();
         let mut workflow = Workflow::new(
@@ -280,7 +285,7 @@ impl Engine {
                     .check_input(kind, &planned.input)
                     .map_err(|refusal| {
                         let ref_name = planned.step.ref_name.as_deref().unwrap_or_default();
-                        let e = input_refusal(ref_name, kind, refusal);
+                        let e = input_refusal(ref_name, self.steps().input_field(kind), refusal);
                         Error::validation(e.field, e.message)
                     })?;
             }

@@ -43,7 +43,9 @@ impl Templates {
             // Their scripts are checked when they are used: a service whose
             // scripts dir lacks the provisioning scripts still serves the rest.
             let template = Template::parse(text, false).map_err(|e| file_error(file, e))?;
-            template.validate().map_err(|e| file_error(file, e))?;
+            template
+                .validate(steps.kinds())
+                .map_err(|e| file_error(file, e))?;
             templates.insert(template);
         }
         let Some(dir) = dir.filter(|d| d.exists()) else {
@@ -117,7 +119,7 @@ impl Templates {
 /// Everything about a template that can be checked without inputs,
 /// scripts included.
 pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), TemplateError> {
-    template.validate()?;
+    template.validate(steps.kinds())?;
     for step in &template.steps {
         steps
             .check(step.kind, &step.script)
@@ -127,11 +129,13 @@ pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), Tem
             })?;
         steps
             .check_input(step.kind, &step.input_value())
-            .map_err(|refusal| input_refusal(&step.ref_name, step.kind, refusal))?;
+            .map_err(|refusal| {
+                input_refusal(&step.ref_name, steps.input_field(step.kind), refusal)
+            })?;
         if let Some(rollback) = &step.rollback {
             // An undo is a script, whatever the step's kind.
             steps
-                .check(orchestrator_core::StepKind::Script, rollback)
+                .check(orchestrator_core::StepKind::script(), rollback)
                 .map_err(|message| TemplateError {
                     field: format!("steps.{}.rollback", step.ref_name),
                     message,
@@ -145,11 +149,11 @@ pub fn check(template: &Template, steps: &crate::steps::Steps) -> Result<(), Tem
 /// field the input comes from (`input`, `http`) and the path inside it.
 pub(crate) fn input_refusal(
     ref_name: &str,
-    kind: orchestrator_core::StepKind,
+    input_field: &str,
     refusal: orchestrator_executor::InputRefusal,
 ) -> TemplateError {
     TemplateError {
-        field: format!("steps.{ref_name}.{}{}", kind.input_field(), refusal.at),
+        field: format!("steps.{ref_name}.{input_field}{}", refusal.at),
         message: refusal.message,
     }
 }

@@ -121,8 +121,17 @@ pub struct Attempt<'a> {
 /// outside world does: every failure is an [`Outcome`].
 #[async_trait]
 pub trait StepRunner: Send + Sync {
-    /// The kind's name, as templates write it (`kind: script`).
+    /// The kind's name, as templates write it (`kind: script`): the
+    /// engine registers the runner under it. A lowercase letter, then
+    /// lowercase letters, digits, `_` or `-`, at most 32 bytes.
     fn name(&self) -> &'static str;
+
+    /// The template field a step of this kind takes its task's input
+    /// from, and that errors about the input name: `input`, or `http` for
+    /// a kind that reads the template's `http` block.
+    fn input_field(&self) -> &'static str {
+        "input"
+    }
 
     /// Whether `target` can be run at all, checked when a template is
     /// loaded or submitted: the reason if not.

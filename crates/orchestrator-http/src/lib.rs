@@ -101,6 +101,11 @@ impl StepRunner for HttpExecutor {
         "http"
     }
 
+    /// A step's requests are its template's `http` block.
+    fn input_field(&self) -> &'static str {
+        "http"
+    }
+
     /// An http step has no target of its own: what it reaches is in its
     /// input, checked by `check_input`.
     fn check(&self, _target: &str) -> Result<(), String> {

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use orchestrator_core::StepKind;
 use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig, RetentionConfig};
@@ -134,8 +133,7 @@ pub async fn start_with_store(
         catalog.clone(),
         tag.clone(),
     );
-    let steps = step_kinds(executor, &settings.http_allow)?
-        .with(StepKind::Testenv, Arc::new(node_runner.clone()));
+    let steps = step_kinds(executor, &settings.http_allow)?.with(Arc::new(node_runner.clone()));
     let templates =
         Templates::load(Some(&settings.templates_dir), &steps).context("cannot load templates")?;
     let engine = Engine::start_with_steps(
@@ -239,7 +237,7 @@ pub fn step_kinds(
 ) -> anyhow::Result<Steps> {
     let http =
         orchestrator_http::HttpExecutor::new(http_allow.clone()).map_err(|e| anyhow::anyhow!(e))?;
-    Ok(Steps::new(scripts).with(StepKind::Http, Arc::new(http)))
+    Ok(Steps::new(scripts).with(Arc::new(http)))
 }
 
 /// This node's id: the setting, else the one kept in the data dir (made

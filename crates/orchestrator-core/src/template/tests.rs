@@ -37,6 +37,19 @@ fn template(text: &str) -> Template {
     Template::parse(text, false).unwrap()
 }
 
+/// The kinds of the service's templates: scripts, http steps and a kind
+/// that takes `input` as scripts do.
+fn kinds() -> StepKinds {
+    StepKinds::new()
+        .with(StepKind::script(), StepInput::Input)
+        .with(kind("http"), StepInput::Http)
+        .with(kind("testenv"), StepInput::Input)
+}
+
+fn kind(name: &str) -> StepKind {
+    StepKind::new(name).unwrap()
+}
+
 fn vars(value: Value) -> Map<String, Value> {
     value.as_object().unwrap().clone()
 }
@@ -46,6 +59,7 @@ fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
     let t = template(CLUSTER);
     let e = t
         .expand(
+            &kinds(),
             &vars(
                 json!({"servers": ["a", "b"], "taskservs": ["containerd", "k8s"], "cluster": "c1"}),
             ),
@@ -97,6 +111,7 @@ fn expands_for_each_steps_with_matching_and_sequential_dependencies() {
 fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
     let e = template(CLUSTER)
         .expand(
+            &kinds(),
             &vars(json!({"servers": ["a"], "cluster": "c"})),
             false,
             &Limits::default(),
@@ -110,7 +125,7 @@ fn an_empty_list_gives_no_instances_and_dependents_still_plan() {
 #[test]
 fn per_step_vars_override_the_template_input() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"size": 9, "zone": "z"}}})), false, &Limits::default())
+        .expand(&kinds(), &vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"size": 9, "zone": "z"}}})), false, &Limits::default())
         .unwrap();
     assert_eq!(
         e.tasks[0].input,
@@ -121,7 +136,7 @@ fn per_step_vars_override_the_template_input() {
 #[track_caller]
 fn check_invalid(text: &str, vars_value: Value, field: &str, mentions: &str) {
     let result = Template::parse(text, false)
-        .and_then(|t| t.expand(&vars(vars_value), false, &Limits::default()));
+        .and_then(|t| t.expand(&kinds(), &vars(vars_value), false, &Limits::default()));
     match result {
         Err(e) => {
             assert_eq!(e.field, field, "{e}");
@@ -260,7 +275,7 @@ fn every_validation_error_names_the_step_and_field() {
 fn optional_null_inputs_are_allowed() {
     let text = "name: t\nref_name: t\nschema_version: 1\ninputs:\n  s: {type: string, default: null}\nsteps:\n- {ref_name: a, script: s.sh, input: {s: '${workflow.input.s}'}}\n";
     let e = template(text)
-        .expand(&Map::new(), false, &Limits::default())
+        .expand(&kinds(), &Map::new(), false, &Limits::default())
         .unwrap();
     assert_eq!(e.tasks[0].input, json!({"s": null}));
 }
@@ -270,7 +285,7 @@ fn json_templates_parse_too() {
     let text = r#"{"name": "t", "ref_name": "t", "schema_version": 2, "steps": [{"ref_name": "a", "script": "s.sh", "input": {"c": "${workflow.check_mode}"}}]}"#;
     let e = Template::parse(text, true)
         .unwrap()
-        .expand(&Map::new(), true, &Limits::default())
+        .expand(&kinds(), &Map::new(), true, &Limits::default())
         .unwrap();
     assert_eq!(e.tasks[0].input, json!({"c": true}));
 }
@@ -278,7 +293,7 @@ fn json_templates_parse_too() {
 #[test]
 fn per_step_vars_are_literal_data() {
     let e = template(CLUSTER)
-        .expand(&vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"note": "${join.output}", "cost": "$${x}"}}})), false, &Limits::default())
+        .expand(&kinds(), &vars(json!({"servers": ["a"], "cluster": "c", "steps": {"server": {"note": "${join.output}", "cost": "$${x}"}}})), false, &Limits::default())
         .unwrap();
     assert_eq!(e.tasks[0].input["note"], json!("${join.output}"));
     assert_eq!(e.tasks[0].input["cost"], json!("$${x}"));
@@ -295,6 +310,7 @@ fn name_format_inputs_refuse_unsafe_names() {
     let t = template(text);
     assert!(
         t.expand(
+            &kinds(),
             &vars(json!({"infra": "prod", "hosts": ["a-1", "b.2"]})),
             false,
             &Limits::default(),
@@ -303,6 +319,7 @@ fn name_format_inputs_refuse_unsafe_names() {
     );
     let e = t
         .expand(
+            &kinds(),
             &vars(json!({"infra": "../etc", "hosts": []})),
             false,
             &Limits::default(),
@@ -311,6 +328,7 @@ fn name_format_inputs_refuse_unsafe_names() {
     assert_eq!(e.field, "vars.infra");
     let e = t
         .expand(
+            &kinds(),
             &vars(json!({"infra": "p", "hosts": ["ok", "a/b"]})),
             false,
             &Limits::default(),
@@ -322,26 +340,63 @@ fn name_format_inputs_refuse_unsafe_names() {
 #[test]
 fn a_step_names_its_kind_and_script_is_the_default() {
     let plain = template(CLUSTER);
-    assert!(plain.steps.iter().all(|s| s.kind == StepKind::Script));
+    assert!(plain.steps.iter().all(|s| s.kind == StepKind::script()));
     let explicit = template(
         "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: script, script: a.sh}\n",
     );
     let expansion = explicit
-        .expand(&Map::new(), false, &Limits::default())
+        .expand(&kinds(), &Map::new(), false, &Limits::default())
         .unwrap();
-    assert_eq!(expansion.tasks[0].step.kind, StepKind::Script);
+    assert_eq!(expansion.tasks[0].step.kind, StepKind::script());
     // The default is not written out, so stored tasks read as before.
     let stored = serde_json::to_value(&expansion.tasks[0].step).unwrap();
     assert!(stored.get("kind").is_none(), "{stored}");
-    let unknown = Template::parse(
+    // A kind the service does not run is refused by name, with the kinds
+    // it runs.
+    let unknown = template(
         "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: teleport, script: a.sh}\n",
+    )
+    .validate(&kinds())
+    .unwrap_err();
+    assert_eq!(unknown.field, "steps.a.kind");
+    assert_eq!(
+        unknown.message,
+        "unknown step kind `teleport` (expected one of script, http, testenv)"
+    );
+    // A name that could be no kind at all is a parse error.
+    let malformed = Template::parse(
+        "name: t\nref_name: t\nschema_version: 1\nsteps:\n  - {ref_name: a, kind: Tele port, script: a.sh}\n",
         false,
     )
     .unwrap_err();
-    assert!(
-        unknown.message.contains("teleport") && unknown.message.contains("script"),
-        "{unknown}"
+    assert!(malformed.message.contains("`Tele port`"), "{malformed}");
+}
+
+/// A kind is written as its name, as when kinds were an enum: stored
+/// tasks and templates read and write the same text.
+#[test]
+fn a_step_kind_reads_and_writes_its_name() {
+    let settings: crate::StepSettings =
+        serde_json::from_value(json!({"kind": "testenv", "ref_name": "a"})).unwrap();
+    assert_eq!(settings.kind, kind("testenv"));
+    assert_eq!(
+        serde_json::to_value(&settings).unwrap(),
+        json!({"kind": "testenv", "ref_name": "a"})
     );
+    assert_eq!(
+        serde_json::to_value(crate::StepSettings::default()).unwrap(),
+        json!({})
+    );
+    for bad in [
+        "",
+        "Script",
+        "1st",
+        "a b",
+        &"x".repeat(StepKind::MAX_LEN + 1),
+    ] {
+        assert!(StepKind::new(bad).is_err(), "{bad:?}");
+    }
+    assert!(StepKind::new(&"x".repeat(StepKind::MAX_LEN)).is_ok());
 }
 
 const HTTP: &str = r#"
@@ -380,9 +435,10 @@ fn http_with(from: &str, to: &str) -> String {
 #[test]
 fn an_http_step_plans_its_block_as_the_task_input() {
     let t = template(HTTP);
-    assert_eq!(t.steps[1].kind, StepKind::Http);
+    assert_eq!(t.steps[1].kind, kind("http"));
     let e = t
         .expand(
+            &kinds(),
             &vars(json!({"base": "http://awx.test"})),
             false,
             &Limits::default(),
@@ -390,7 +446,7 @@ fn an_http_step_plans_its_block_as_the_task_input() {
         .unwrap();
     let task = &e.tasks[1];
     assert_eq!(task.script, "http:awx");
-    assert_eq!(task.step.kind, StepKind::Http);
+    assert_eq!(task.step.kind, kind("http"));
     // It reads `prepare`'s output: resolved at release, like a script's input.
     assert_eq!(task.depends_on, vec![0]);
     assert_eq!(task.input, Value::Null);
@@ -406,6 +462,7 @@ fn an_http_step_plans_its_block_as_the_task_input() {
     let t = template(&http_with(", ticket: \"${prepare.output.ticket}\"", ""));
     let e = t
         .expand(
+            &kinds(),
             &vars(json!({"base": "http://awx.test", "vars": {"n": 1}})),
             false,
             &Limits::default(),
@@ -505,7 +562,10 @@ fn the_step_order_takes_the_first_ready_step_in_template_order() {
         - {ref_name: a, script: s.sh}\n\
         - {ref_name: e, script: s.sh, depends_on: [b, b]}\n";
     let template: Template = serde_norway::from_str(text).unwrap();
-    assert_eq!(template.validate().unwrap(), ["b", "c", "a", "d", "e"]);
+    assert_eq!(
+        template.validate(&kinds()).unwrap(),
+        ["b", "c", "a", "d", "e"]
+    );
 }
 
 /// A step over three lists: what the limits are tried with.
@@ -530,6 +590,7 @@ fn an_expansion_over_a_limit_is_refused_naming_it() {
     let ten: Vec<u32> = (0..10).collect();
     let e = template(THREE_LISTS)
         .expand(
+            &kinds(),
             &vars(json!({"a": ten, "b": ten, "c": ten})),
             false,
             &Limits::default(),
@@ -546,6 +607,7 @@ fn a_template_with_too_many_steps_is_refused() {
     };
     let e = template(CLUSTER)
         .expand(
+            &kinds(),
             &vars(json!({"servers": ["a"], "taskservs": ["k"], "cluster": "c"})),
             false,
             &limits,
@@ -598,7 +660,7 @@ fn numbers_out_of_range_are_refused_naming_the_field() {
     ];
     for (template, field, mentions) in cases {
         let e = Template::parse(&template.to_string(), true)
-            .and_then(|t| t.validate())
+            .and_then(|t| t.validate(&kinds()))
             .unwrap_err();
         assert_eq!(e.field, field, "{template}: {e}");
         assert!(
@@ -629,6 +691,7 @@ fn dependency_pairs_past_their_limit_are_refused_before_any_edge_is_made() {
     let e = Template::parse(&text.to_string(), true)
         .unwrap()
         .expand(
+            &kinds(),
             &vars(json!({"xs": list, "ys": list})),
             false,
             &Limits::default(),

@@ -5,8 +5,8 @@
 
 mod ambiguous;
 mod events;
-mod modules;
 mod panics;
+mod step_kinds;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orchestrator_core::{StepKind, TaskStatus};
+use orchestrator_core::TaskStatus;
 use orchestrator_engine::steps::Steps;
 use orchestrator_engine::templates::Templates;
 use orchestrator_engine::{Engine, EngineConfig};
@@ -20,7 +20,7 @@ struct Panicking;
 #[async_trait::async_trait]
 impl StepRunner for Panicking {
     fn name(&self) -> &'static str {
-        "testenv"
+        "panicking"
     }
 
     fn check(&self, _target: &str) -> Result<(), String> {
@@ -49,7 +49,7 @@ async fn a_step_that_panics_fails_its_attempt_with_the_reason() {
         sandbox: orchestrator_executor::Sandbox::None,
     })
     .unwrap();
-    let steps = Steps::new(scripts).with(StepKind::Testenv, Arc::new(Panicking));
+    let steps = Steps::new(scripts).with(Arc::new(Panicking));
     let engine = Engine::start_with_steps(
         setup.fs().await,
         steps,
@@ -64,7 +64,7 @@ async fn a_step_that_panics_fails_its_attempt_with_the_reason() {
     // Two independent steps on one worker: the one after the panic runs
     // too, so the worker survived it.
     let mut request = request_of(json!([
-        {"ref_name": "boom", "kind": "testenv", "script": "anything"},
+        {"ref_name": "boom", "kind": "panicking", "script": "anything"},
         {"ref_name": "after", "script": "mark.sh"}
     ]));
     request.max_attempts = Some(1);

@@ -1,6 +1,9 @@
-//! Errors raised by the core's state machine.
+//! Errors raised by the task state machine: the core's error type, kept
+//! with the states it speaks of (a module of its own beside `task` would
+//! need `task`'s statuses while `task` needs it: a cycle).
 
-use crate::{TaskId, TaskStatus};
+use super::TaskStatus;
+use crate::TaskId;
 
 /// A state transition that the task state machine forbids.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
