@@ -1,7 +1,8 @@
 # A thin front door to cargo. `make run` starts the service on the
 # filesystem default (no SurrealDB compiled); `make test` runs every test on
-# every backend, then the API contract test and the dashboard's browser
-# tests; `make contract-test` runs the contract test alone; `make surreal` starts a
+# every backend, the module-cycle check, clippy (with the minimum Rust
+# version's lint, `.ci/check-msrv`), then the API contract test and the
+# dashboard's browser tests; `make contract-test` runs the contract test alone; `make surreal` starts a
 # SurrealDB server on 127.0.0.1:8000; `make deb` builds the Debian package
 # and `make deb-test` checks it.
 
@@ -29,6 +30,8 @@ test: tools
 	$(DEV_BUILD)
 	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT)
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+	$(CARGO) run -q -p module-cycles -- .
+	bash .ci/check-msrv
 	$(MAKE) contract-test-run CONTRACT_BIN=$(UI_BIN_KEPT)
 	$(MAKE) ui-test-run UI_BIN=$(UI_BIN_KEPT)
 
@@ -148,7 +151,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --features $(SURREAL_FEATURES) -- -D warnings
+	bash .ci/check-msrv
 
 # Nushell from the npm registry (the official binary), unless `nu` exists.
 tools:

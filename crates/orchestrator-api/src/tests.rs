@@ -910,3 +910,119 @@ async fn json_logs_carry_the_request_id_and_responses_echo_it() {
     }
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The door's table as the operations declare it (`declarations`), read
+/// from the whole document.
+mod declared {
+    use axum::http::Method;
+    use orchestrator_core::access::Role;
+
+    use crate::declarations::{Declarations, Need, operations};
+
+    fn declarations() -> Declarations {
+        Declarations::from_document(&crate::openapi::document_model())
+            .expect("every operation declares its role")
+    }
+
+    fn need(method: Method, path: Option<&str>) -> Need {
+        declarations().of(&method, path).need
+    }
+
+    fn audit(method: Method, path: &str) -> Option<String> {
+        declarations().of(&method, Some(path)).audit
+    }
+
+    #[test]
+    fn reads_go_to_viewers_changes_to_operators_and_the_rest_as_declared() {
+        let (get, post) = (Method::GET, Method::POST);
+        assert_eq!(need(get.clone(), Some("/health")), Need::Open);
+        assert_eq!(need(get.clone(), Some("/tasks")), Need::Role(Role::Viewer));
+        assert_eq!(need(Method::HEAD, Some("/tasks")), Need::Role(Role::Viewer));
+        assert_eq!(
+            need(post.clone(), Some("/workflows")),
+            Need::Role(Role::Operator)
+        );
+        // Checking a template changes nothing.
+        assert_eq!(
+            need(post.clone(), Some("/workflows/validate")),
+            Need::Role(Role::Viewer)
+        );
+        assert_eq!(need(post.clone(), Some("/tokens")), Need::Role(Role::Admin));
+        assert_eq!(need(get.clone(), Some("/audit")), Need::Role(Role::Admin));
+        // A backup holds every record: token hashes and sealed secrets too.
+        assert_eq!(need(post.clone(), Some("/backup")), Need::Role(Role::Admin));
+        assert_eq!(need(post.clone(), Some("/prune")), Need::Role(Role::Admin));
+        assert_eq!(
+            need(Method::PUT, Some("/secrets/{name}")),
+            Need::Role(Role::Admin)
+        );
+        assert_eq!(
+            need(get.clone(), Some("/admin/storage/migrations/{id}")),
+            Need::Role(Role::Admin)
+        );
+        assert_eq!(
+            need(Method::PUT, Some("/tasks/{id}/checkpoint")),
+            Need::Checkpoint
+        );
+        assert_eq!(need(Method::DELETE, None), Need::Role(Role::Viewer));
+        assert_eq!(need(get.clone(), Some("/metrics")), Need::Metrics);
+        // The dashboard's files and sign-out are open; a session needs a role.
+        assert_eq!(need(get.clone(), Some("/ui/{*path}")), Need::Open);
+        assert_eq!(need(post.clone(), Some("/ui/logout")), Need::Open);
+        assert_eq!(
+            need(post.clone(), Some("/ui/session")),
+            Need::Role(Role::Viewer)
+        );
+        assert_eq!(need(get.clone(), Some("/ui/session")), Need::Optional);
+        // A method the route does not have: a change needs an operator.
+        assert_eq!(
+            need(Method::DELETE, Some("/tasks")),
+            Need::Role(Role::Operator)
+        );
+    }
+
+    #[test]
+    fn every_change_declares_its_audit_action() {
+        assert_eq!(
+            audit(Method::POST, "/workflows/{id}/cancel").as_deref(),
+            Some("workflow.cancel")
+        );
+        assert_eq!(
+            audit(Method::DELETE, "/tokens/{id}").as_deref(),
+            Some("token.revoke")
+        );
+        assert_eq!(audit(Method::POST, "/workflows/validate"), None);
+        assert_eq!(audit(Method::GET, "/audit"), None);
+        assert_eq!(
+            audit(Method::PATCH, "/tasks/{id}").as_deref(),
+            Some("patch /tasks/{id}")
+        );
+        // Whatever is declared: every operation that changes something
+        // names its action (validating a template changes nothing).
+        let document = crate::openapi::document_model();
+        for (path, item) in &document.paths.paths {
+            for (method, operation) in operations(item) {
+                let declared = declarations().of(&method, Some(path));
+                let changes = method != Method::GET && path != "/workflows/validate";
+                assert_eq!(
+                    declared.audit.is_some(),
+                    changes,
+                    "{method} {path} ({:?})",
+                    operation.operation_id
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_operation_without_a_role_is_refused_naming_it() {
+        let mut document = crate::openapi::document_model();
+        let item = document.paths.paths.get_mut("/tasks").unwrap();
+        item.get.as_mut().unwrap().extensions = None;
+        let error = Declarations::from_document(&document).unwrap_err();
+        assert!(
+            error.starts_with("GET /tasks: declares no valid x-role"),
+            "{error}"
+        );
+    }
+}
