@@ -55,11 +55,12 @@ pub enum Command {
     Secret(SecretCommand),
     /// Read the audit log (needs an admin token).
     Audit(AuditArgs),
-    /// Move every record between storage backends (`--from` is only read),
-    /// resumable and verifiable; see docs/migration.md.
+    /// Store copy: copy every record of a stopped store into another, of
+    /// any backend (`--from` is only read), resumable and verifiable; see
+    /// docs/migration.md.
     Migrate(MigrateArgs),
-    /// Move a running service to another store while it serves (live
-    /// migration), watch or cancel it, or roll back (needs an admin
+    /// Storage move: move a running service to another store while it
+    /// serves, watch or cancel the move, or roll it back (needs an admin
     /// token); see docs/migration.md.
     #[command(subcommand)]
     Storage(StorageCommand),
@@ -86,7 +87,7 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum StorageCommand {
-    /// Start a live migration to `--to` and follow it to its end (exits
+    /// Start a storage move to `--to` and follow it to its end (exits
     /// non-zero unless it completes).
     Migrate {
         /// The store to move to: `filesystem:DIR`, `surrealdb-embedded:DIR`
@@ -103,13 +104,13 @@ pub enum StorageCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The current store and the migrations, or one migration.
+    /// The current store and the storage moves, or one move.
     Status {
         id: Option<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Cancel a migration before its switch; the service stays on its store.
+    /// Cancel a storage move before its switch; the service stays on its store.
     Cancel { id: String },
     /// Switch back to the store left at the last switch, while it is level.
     Rollback {
@@ -260,7 +261,7 @@ pub struct MigrateArgs {
     pub command: Option<MigrateCommand>,
     #[command(flatten)]
     pub stores: StoreArgs,
-    /// Continue an earlier migration into a target that already holds
+    /// Continue an earlier store copy into a target that already holds
     /// records, or catch up with what changed in the source since.
     #[arg(long)]
     pub resume: bool,
@@ -283,7 +284,7 @@ pub enum MigrateCommand {
     Verify(StoreArgs),
 }
 
-/// The two stores of a migration. A spec is `<backend>:<location>`:
+/// The two stores of a store copy. A spec is `<backend>:<location>`:
 /// `filesystem:./data`, `surrealdb-embedded:./data` (its data dir) or
 /// `surrealdb-server:ws://127.0.0.1:8000/<namespace>/<database>`.
 /// Credentials never go in a spec.
