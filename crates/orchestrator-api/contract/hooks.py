@@ -16,4 +16,4 @@ def before_call(context, case, kwargs):
     if isinstance(case.body, dict) and case.body.get("wait") is True:
         case.body["wait"] = False
     if isinstance(case.query, dict) and case.query.get("wait") in (True, "true"):
-        case.query["wait"] = False
+        case.query["wait"] = "false"
