@@ -48,6 +48,25 @@ pub struct DevServer {
     pub port: u16,
     /// `memory`, or `surrealkv://<dir>` to survive a restart.
     storage: String,
+    /// Whether a start may move to another port (only the first).
+    movable: bool,
+}
+
+/// Whether what listens on `bind` is a SurrealDB server: its `GET
+/// /version` names it. (Anything else, or nothing, is not.)
+fn answers_as_surrealdb(bind: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(bind) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!("GET /version HTTP/1.0\r\nHost: {bind}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.take(64 * 1024).read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.") && answer.contains(" 200 ") && answer.contains("surrealdb")
 }
 
 impl DevServer {
@@ -66,8 +85,11 @@ impl DevServer {
             child: None,
             port,
             storage,
+            movable: true,
         };
         server.restart();
+        // From now on a restart keeps the port: clients were given it.
+        server.movable = false;
         server
     }
 
@@ -76,9 +98,35 @@ impl DevServer {
     }
 
     /// Starts the server (again) on the same port and storage, and waits
-    /// until it accepts connections.
+    /// until it answers as a SurrealDB server. A port picked free may be
+    /// taken by another test's listener before the server binds it (the
+    /// server then exits, while the port accepts connections): a fresh
+    /// server then moves to another free port; a restart, which must keep
+    /// its port, fails saying so.
     pub fn restart(&mut self) {
         self.kill();
+        for _ in 0..5 {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(status) if self.movable => {
+                    eprintln!(
+                        "surreal-dev-server could not start on port {} ({status}); trying another",
+                        self.port
+                    );
+                    self.port = free_port();
+                }
+                Err(status) => panic!(
+                    "surreal-dev-server exited at start on port {} with {status}",
+                    self.port
+                ),
+            }
+        }
+        panic!("surreal-dev-server could not start on five free ports");
+    }
+
+    /// Spawns the server and waits until it answers `GET /version` as
+    /// SurrealDB; the child's exit status if it ends first.
+    fn spawn_and_wait(&mut self) -> Result<(), std::process::ExitStatus> {
         let bind = format!("127.0.0.1:{}", self.port);
         let child = Command::new(binary())
             .args(["start", "--bind", &bind, "--user", "root", "--pass", "root"])
@@ -91,16 +139,18 @@ impl DevServer {
             .expect("start surreal-dev-server");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(&bind).is_err() {
+        while !answers_as_surrealdb(&bind) {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("surreal-dev-server exited at start with {status}");
+                self.child = None;
+                return Err(status);
             }
             assert!(
                 Instant::now() < deadline,
-                "surreal-dev-server never listened on {bind}"
+                "surreal-dev-server never answered on {bind}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 
     /// SIGKILL: the server vanishes mid-operation, as in a crash.
