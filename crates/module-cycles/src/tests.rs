@@ -123,6 +123,46 @@ fn a_path_in_code_is_a_dependency() {
 }
 
 #[test]
+fn a_path_inside_a_macro_call_is_a_dependency() {
+    // orchestrator-api's routes <-> openapi: the router names the
+    // document's handler inside `routes!(...)`.
+    let found = check(&[
+        ("lib.rs", "mod openapi;\nmod routes;\n"),
+        (
+            "routes.rs",
+            "pub fn all() { let _ = routes!(crate::openapi::handler, vec![1]); }\n",
+        ),
+        (
+            "openapi.rs",
+            "pub fn handler() {}\npub fn doc() { crate::routes::all(); }\n",
+        ),
+    ]);
+    assert_eq!(found, ["openapi -> routes -> openapi"]);
+    // Names in a macro that are not paths make no dependency.
+    let found = check(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "pub fn f() { println!(\"b::x {}\", ::b::y); }\n"),
+        ("b.rs", "pub fn g() { crate::a::f(); }\n"),
+    ]);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn a_path_in_an_attribute_string_is_a_dependency() {
+    // orchestrator's cli <-> settings: a serde attribute names a function
+    // of `settings` as a string.
+    let found = check(&[
+        ("lib.rs", "mod cli;\nmod settings;\n"),
+        (
+            "cli.rs",
+            "#[derive(Serialize)]\npub struct Args {\n    #[serde(serialize_with = \"crate::settings::expose\")]\n    pub p: String,\n    #[doc = \"not a path: a b\"]\n    pub q: u8,\n}\n",
+        ),
+        ("settings.rs", "use crate::cli::Args;\npub fn expose() {}\n"),
+    ]);
+    assert_eq!(found, ["cli -> settings -> cli"]);
+}
+
+#[test]
 fn a_renamed_module_is_followed() {
     let found = check(&[
         ("lib.rs", "mod a;\nmod b;\n"),

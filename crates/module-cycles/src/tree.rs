@@ -299,6 +299,42 @@ impl<'ast> Visit<'ast> for Uses<'_> {
         }
     }
 
+    /// Paths inside a macro call (`routes!(crate::live::events)`): the
+    /// tokens are not parsed as Rust, so every run `a::b[::c...]` among
+    /// them counts as a path in code.
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        let mut runs = Vec::new();
+        paths_in_tokens(mac.tokens.clone(), &mut runs);
+        for (segments, span) in runs {
+            let site = self.site(span, segments.join("::"));
+            self.module.references.push(Reference {
+                path: segments,
+                site,
+            });
+        }
+        syn::visit::visit_macro(self, mac);
+    }
+
+    /// Paths written as strings in an attribute (`#[serde(serialize_with =
+    /// "crate::settings::expose")]`): a string that reads as a path of two
+    /// segments or more names what it points at.
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        // Only lists (`#[serde(...)]`): a `#[doc = "..."]` is prose.
+        let syn::Meta::List(list) = &attr.meta else {
+            return;
+        };
+        let mut found = Vec::new();
+        string_paths_in_tokens(list.tokens.clone(), &mut found);
+        for (segments, span) in found {
+            let site = self.site(span, segments.join("::"));
+            self.module.references.push(Reference {
+                path: segments,
+                site,
+            });
+        }
+        syn::visit::visit_attribute(self, attr);
+    }
+
     /// A path of two segments or more in code (`crate::task::Task::new`,
     /// `task::Task`); a single name was brought in by a `use`, counted
     /// there.
@@ -313,5 +349,74 @@ impl<'ast> Visit<'ast> for Uses<'_> {
             });
         }
         syn::visit::visit_path(self, path);
+    }
+}
+
+/// Every run of two names or more joined by `::` in `tokens`, groups
+/// included, with the span of its first name. A run after a leading `::`
+/// (an external crate) is left out, as `visit_path` leaves it.
+fn paths_in_tokens(
+    tokens: proc_macro2::TokenStream,
+    runs: &mut Vec<(Vec<String>, proc_macro2::Span)>,
+) {
+    use proc_macro2::{Spacing, TokenTree};
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    let is_colons = |i: usize| {
+        matches!((tokens.get(i), tokens.get(i + 1)),
+            (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':')
+    };
+    let mut i = 0;
+    while i < tokens.len() {
+        match &tokens[i] {
+            TokenTree::Group(group) => {
+                paths_in_tokens(group.stream(), runs);
+                i += 1;
+            }
+            TokenTree::Ident(first) if !(i >= 2 && is_colons(i - 2)) => {
+                let mut segments = vec![first.to_string()];
+                let mut next = i + 1;
+                while is_colons(next) {
+                    let Some(TokenTree::Ident(ident)) = tokens.get(next + 2) else {
+                        break;
+                    };
+                    segments.push(ident.to_string());
+                    next += 3;
+                }
+                if segments.len() > 1 {
+                    runs.push((segments, first.span()));
+                }
+                i = next.max(i + 1);
+            }
+            _ => i += 1,
+        }
+    }
+}
+
+/// Every string literal in `tokens` (groups included) that reads as a path
+/// of two segments or more, without a leading `::`.
+fn string_paths_in_tokens(
+    tokens: proc_macro2::TokenStream,
+    found: &mut Vec<(Vec<String>, proc_macro2::Span)>,
+) {
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Group(group) => string_paths_in_tokens(group.stream(), found),
+            proc_macro2::TokenTree::Literal(literal) => {
+                let Ok(text) = syn::parse2::<syn::LitStr>(proc_macro2::TokenStream::from(
+                    proc_macro2::TokenTree::Literal(literal.clone()),
+                )) else {
+                    continue;
+                };
+                if let Ok(path) = syn::parse_str::<syn::Path>(&text.value())
+                    && path.leading_colon.is_none()
+                    && path.segments.len() > 1
+                {
+                    let segments = path.segments.iter().map(|s| s.ident.to_string()).collect();
+                    found.push((segments, literal.span()));
+                }
+            }
+            _ => {}
+        }
     }
 }

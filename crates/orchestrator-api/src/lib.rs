@@ -13,7 +13,7 @@ mod forwarded;
 mod layers;
 mod limiter;
 mod live;
-pub mod openapi;
+mod openapi;
 pub mod prometheus;
 mod refusals;
 mod routes;
@@ -150,10 +150,11 @@ pub(crate) fn all_routes() -> (Router<AppState>, declarations::Declarations) {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed);
     // The declarations of the whole document (with the one operation the
-    // router cannot carry, see `openapi::ApiDoc`). A route without a role
+    // router cannot carry, see `routes::document`). A route without a role
     // is a programming error, caught by the tests before it ships.
-    let declarations = declarations::Declarations::from_document(&openapi::document_model())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let declarations =
+        declarations::Declarations::from_document(&routes::document::document_model())
+            .unwrap_or_else(|e| panic!("{e}"));
     (router, declarations)
 }
 

@@ -1,8 +1,9 @@
-//! `GET /openapi.json`: the OpenAPI 3.1 document of the API, generated
-//! with `utoipa`.
+//! The OpenAPI 3.1 document of the API (`GET /openapi.json`, served by
+//! `routes::document`), generated with `utoipa`.
 //!
-//! This module only assembles it. Each operation is declared on its
-//! handler (`#[utoipa::path]`, in the handler's module), and every schema
+//! This module only shapes it: the base, and what the door adds. Each
+//! operation is declared on its handler (`#[utoipa::path]`, in the
+//! handler's module, collected by `routes::operations`), and every schema
 //! is derived (`ToSchema`) from the type the handler really reads or
 //! answers with: the API's own request and response types, and the core's
 //! and engine's, whose derives sit behind their `openapi` feature (those
@@ -12,45 +13,28 @@
 //! the engine checks are stated next to the field (`#[schema(minimum =
 //! ...)]`), and the tests compare them with the constants the checks use.
 
-use std::sync::LazyLock;
-
-use axum::Json;
-use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
-use utoipa_axum::router::OpenApiRouter;
 
 use crate::declarations::Need;
 use crate::error::ErrorBody;
-use crate::routes;
 
-/// This document. Needs no token.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations", extensions(("x-role" = json!("open"))),
-    responses(
-    (status = 200, description = "The OpenAPI document", body = Object),
-))]
-pub(crate) async fn openapi_json() -> Response {
-    static DOCUMENT: LazyLock<Value> = LazyLock::new(document);
-    Json(&*DOCUMENT).into_response()
-}
-
-/// The document, as JSON.
-pub fn document() -> Value {
-    let mut doc = serde_json::to_value(document_model()).unwrap_or_default();
-    spell_links(&mut doc);
-    doc
-}
-
-/// The document as utoipa's model: the base below (info, tags, the
-/// schemes) with every operation of [`routes::operations`], and what the
-/// door adds to each (its schemes and answers, from the role it declares).
-pub(crate) fn document_model() -> utoipa::openapi::OpenApi {
-    let mut document = OpenApiRouter::<crate::AppState>::with_openapi(ApiDoc::openapi())
-        .merge(routes::operations())
-        .into_openapi();
+/// The document: `base` (info, tags, the schemes) with `operations` (the
+/// router's, see `routes::document`), what the door adds to each (its
+/// schemes and answers, from the role it declares), and links spelled as
+/// OpenAPI spells them.
+pub(crate) fn assemble(operations: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let mut document = ApiDoc::openapi().merge_from(operations);
     Door.modify(&mut document);
     document
+}
+
+/// The document as JSON, as served.
+pub(crate) fn to_json(document: &utoipa::openapi::OpenApi) -> Value {
+    let mut doc = serde_json::to_value(document).unwrap_or_default();
+    spell_links(&mut doc);
+    doc
 }
 
 /// utoipa 5.5 writes a link's `operationId` as `operation_id` (and
@@ -91,9 +75,6 @@ fn spell_links(doc: &mut Value) {
         description = "Runs provisioning scripts as tasks and workflows. See docs/api.md for the prose.",
         license(name = "Apache-2.0"),
     ),
-    // Every operation comes from the router (`routes::operations`) but
-    // this one: its route is a catch-all, which OpenAPI cannot say.
-    paths(routes::dashboard::file),
     components(schemas(ErrorBody)),
     tags(
         (name = "workflows", description = "Submitting, watching, cancelling and retrying workflows"),

@@ -228,7 +228,8 @@ async fn levels(state: &AppState, out: &mut String) {
     );
     let _ = writeln!(out, "orchestrator_workers {}", engine.config().workers);
 
-    let by_status = crate::routes::workflows::count_by_status(engine, &WorkflowQuery::default())
+    let by_status = engine
+        .count_workflows_by_status(&WorkflowQuery::default())
         .await
         .inspect_err(|e| {
             // The events still render; the levels need storage.

@@ -20,7 +20,7 @@ use orchestrator_storage::{StorageConfig, StorageType};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::{AppState, all_routes, app, openapi};
+use crate::{AppState, all_routes, app};
 
 /// An engine on a fresh filesystem store, running the service tests'
 /// fixture scripts (bash under the built-in `.nu` names), with auth off
@@ -262,7 +262,7 @@ async fn the_openapi_document_is_valid_and_covers_every_route() {
     let response = send(&app, request(Method::GET, "/openapi.json", Body::empty())).await;
     assert_eq!(response.status(), StatusCode::OK);
     let doc = body_json(response).await;
-    assert_eq!(doc, openapi::document());
+    assert_eq!(doc, crate::routes::document::document());
 
     // OpenAPI 3 structure: the version, the info, every reference resolves,
     // every path parameter is declared, every operation has a success and
@@ -349,7 +349,7 @@ async fn served_objects_match_their_schemas() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path()).await;
     let app = app(engine.clone());
-    let doc = openapi::document();
+    let doc = crate::routes::document::document();
 
     let body =
         json!({"infra": "doc", "servers": ["s-01", "fail-02"], "max_attempts": 1, "wait": true});
@@ -405,7 +405,7 @@ fn query_param<'a>(doc: &'a Value, path: &str, method: &str, name: &str) -> &'a 
 
 #[test]
 fn the_documented_limits_are_the_checked_ones() {
-    let doc = openapi::document();
+    let doc = crate::routes::document::document();
     for (path, method) in [("/tasks", "get"), ("/workflows", "get"), ("/audit", "get")] {
         assert_eq!(
             query_param(&doc, path, method, "limit")["maximum"],
@@ -468,7 +468,7 @@ async fn the_document_and_the_service_agree_where_they_did_not() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path()).await;
     let app = app(engine.clone());
-    let doc = openapi::document();
+    let doc = crate::routes::document::document();
 
     // `priority` and `meta` are not nullable (they have defaults instead),
     // and the service refuses `null` for them.
@@ -920,7 +920,7 @@ mod declared {
     use crate::declarations::{Declarations, Need, operations};
 
     fn declarations() -> Declarations {
-        Declarations::from_document(&crate::openapi::document_model())
+        Declarations::from_document(&crate::routes::document::document_model())
             .expect("every operation declares its role")
     }
 
@@ -999,7 +999,7 @@ mod declared {
         );
         // Whatever is declared: every operation that changes something
         // names its action (validating a template changes nothing).
-        let document = crate::openapi::document_model();
+        let document = crate::routes::document::document_model();
         for (path, item) in &document.paths.paths {
             for (method, operation) in operations(item) {
                 let declared = declarations().of(&method, Some(path));
@@ -1016,7 +1016,7 @@ mod declared {
 
     #[test]
     fn an_operation_without_a_role_is_refused_naming_it() {
-        let mut document = crate::openapi::document_model();
+        let mut document = crate::routes::document::document_model();
         let item = document.paths.paths.get_mut("/tasks").unwrap();
         item.get.as_mut().unwrap().extensions = None;
         let error = Declarations::from_document(&document).unwrap_err();

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orchestrator_core::{Node, Priority, RetryPolicy, Task, TaskId, Workflow, WorkflowId};
+use orchestrator_core::{
+    Node, Priority, RetryPolicy, Task, TaskId, Workflow, WorkflowId, WorkflowStatus,
+};
 use orchestrator_executor::ScriptExecutor;
 use orchestrator_storage::live::LiveMigrations;
 use orchestrator_storage::{Page, Storage, TaskQuery, WorkflowQuery};
@@ -346,6 +348,26 @@ impl Engine {
 
     pub async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
         Ok(self.inner.store.tasks().list_workflows(query).await?)
+    }
+
+    /// How many workflows match `base` (its status, limit and offset
+    /// ignored), by status: one count per status, each answered by storage
+    /// as the total of an empty page, so nothing is loaded.
+    pub async fn count_workflows_by_status(
+        &self,
+        base: &WorkflowQuery,
+    ) -> Result<Vec<(WorkflowStatus, usize)>> {
+        let mut counts = Vec::with_capacity(WorkflowStatus::ALL.len());
+        for &status in WorkflowStatus::ALL {
+            let query = WorkflowQuery {
+                status: Some(status),
+                limit: 0,
+                offset: 0,
+                ..base.clone()
+            };
+            counts.push((status, self.list_workflows(&query).await?.total));
+        }
+        Ok(counts)
     }
 
     /// Cancels a task: at once if it is not running; a running one gets

@@ -576,6 +576,18 @@ pub struct ServeCommand {
     pub print_config: bool,
 }
 
+/// A password given as a flag or variable, as itself, for merging the
+/// settings' layers (never for showing: `--print-config` masks it).
+fn expose_given_secret<S: serde::Serializer>(
+    secret: &Option<orchestrator_storage::Secret>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(secret) => serializer.serialize_some(secret.expose()),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// Service settings. Each can also come from an `ORCHESTRATOR_*` variable
 /// or the config file; a flag beats the variable, which beats the file,
 /// which beats the default (`crate::settings` merges them). Serialized,
@@ -679,7 +691,7 @@ pub struct ServeArgs {
     /// SurrealDB password [default: root]; prefer the variable or the
     /// config file to a flag, which other users can see in `ps`.
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_PASSWORD", hide_env_values = true)]
-    #[serde(serialize_with = "crate::settings::expose_given_secret")]
+    #[serde(serialize_with = "expose_given_secret")]
     pub surrealdb_password: Option<orchestrator_storage::Secret>,
     /// SurrealDB namespace [default: orchestrator].
     #[arg(long, env = "ORCHESTRATOR_SURREALDB_NAMESPACE")]

@@ -593,17 +593,6 @@ fn expose_secret<S: Serializer>(secret: &Secret, serializer: S) -> Result<S::Ok,
     serializer.serialize_str(secret.expose())
 }
 
-/// [`expose_secret`] for a flag that may be absent.
-pub(crate) fn expose_given_secret<S: Serializer>(
-    secret: &Option<Secret>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match secret {
-        Some(secret) => serializer.serialize_some(secret.expose()),
-        None => serializer.serialize_none(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(logout))
         // `{*path}` takes the rest of the path (`js/app.js`); OpenAPI has no
         // such parameter, so the document declares it as `/ui/{path}`
-        // (`openapi::ApiDoc`) and the route is added here by hand.
+        // (`routes::document`) and the route is added here by hand.
         .route("/ui/{*path}", axum::routing::get(file))
 }
 

@@ -9,6 +9,7 @@ pub(crate) mod admin;
 pub(crate) mod backup;
 pub(crate) mod builtin;
 pub(crate) mod dashboard;
+pub(crate) mod document;
 pub(crate) mod health;
 pub(crate) mod schedules;
 pub(crate) mod storage_moves;
@@ -50,7 +51,7 @@ pub(crate) fn operations() -> OpenApiRouter<AppState> {
         .merge(dashboard::routes())
         .routes(routes!(crate::live::events))
         .routes(routes!(crate::prometheus::metrics))
-        .routes(routes!(crate::openapi::openapi_json))
+        .merge(document::routes())
 }
 
 pub(crate) async fn not_found(uri: Uri) -> ApiError {

@@ -141,26 +141,6 @@ pub(crate) async fn list_workflows(
     }))
 }
 
-/// How many workflows match `base` (its status, limit and offset
-/// ignored), by status: one count per status, each answered by storage
-/// as the total of an empty page, so nothing is loaded.
-pub(crate) async fn count_by_status(
-    engine: &Engine,
-    base: &WorkflowQuery,
-) -> orchestrator_engine::Result<Vec<(WorkflowStatus, usize)>> {
-    let mut counts = Vec::with_capacity(WorkflowStatus::ALL.len());
-    for &status in WorkflowStatus::ALL {
-        let query = WorkflowQuery {
-            status: Some(status),
-            limit: 0,
-            offset: 0,
-            ..base.clone()
-        };
-        counts.push((status, engine.list_workflows(&query).await?.total));
-    }
-    Ok(counts)
-}
-
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct CountParams {
@@ -202,7 +182,7 @@ pub(crate) async fn count_workflows(
         trace_id: params.trace_id,
         ..WorkflowQuery::default()
     };
-    let counts = count_by_status(&state.engine, &base).await?;
+    let counts = state.engine.count_workflows_by_status(&base).await?;
     let total: usize = counts.iter().map(|(_, n)| n).sum();
     let counts = counts
         .into_iter()
