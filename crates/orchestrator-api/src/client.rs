@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, TokenView};
 pub use crate::routes::health::{Health, NodeList, NodeView};
 pub use crate::routes::schedules::ScheduleList;
-pub use crate::routes::storage_moves::MigrationList;
+pub use crate::routes::storage_moves::MoveList;
 pub use crate::routes::tasks::TaskList;
 pub use crate::routes::templates::{TemplateList, TemplateSummary};
 pub use crate::routes::testenv::{EnvironmentList, EnvironmentLogs, TopologyList};
@@ -27,7 +27,7 @@ pub use crate::routes::workflows::{Validated, WorkflowCounts, WorkflowList, Work
 pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
 pub use orchestrator_core::access::AuditRecord;
-pub use orchestrator_core::migration::MigrationStatus;
+pub use orchestrator_core::storage_move::MoveStatus;
 pub use orchestrator_engine::secrets::SecretInfo;
 pub use orchestrator_engine::{PruneReport, ScheduleView};
 pub use orchestrator_storage::live::StoreInfo;
@@ -459,7 +459,7 @@ impl Client {
         &self,
         target: &str,
         batch_size: Option<usize>,
-    ) -> Result<MigrationStatus> {
+    ) -> Result<MoveStatus> {
         let body = serde_json::json!({"target": target, "batch_size": batch_size});
         let request = self
             .request(Method::POST, "/admin/storage/migrations")
@@ -467,15 +467,15 @@ impl Client {
         self.call(request).await
     }
 
-    pub async fn list_migrations(&self) -> Result<MigrationList> {
+    pub async fn list_migrations(&self) -> Result<MoveList> {
         self.get("/admin/storage/migrations").await
     }
 
-    pub async fn migration(&self, id: &str) -> Result<MigrationStatus> {
+    pub async fn migration(&self, id: &str) -> Result<MoveStatus> {
         self.get(&format!("/admin/storage/migrations/{id}")).await
     }
 
-    pub async fn cancel_migration(&self, id: &str) -> Result<MigrationStatus> {
+    pub async fn cancel_migration(&self, id: &str) -> Result<MoveStatus> {
         let path = format!("/admin/storage/migrations/{id}/cancel");
         self.call(self.request(Method::POST, &path)).await
     }

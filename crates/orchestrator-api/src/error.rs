@@ -41,6 +41,21 @@ pub(crate) struct ErrorBody {
     error: ErrorDetail,
 }
 
+/// The answer of an operation that reads or writes the store while the
+/// store does not answer: declared once, named in each operation's
+/// `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 503, description = "Storage unavailable")]
+#[allow(dead_code)] // Only its declaration is used: handlers answer through `ApiError`.
+pub(crate) struct StorageUnavailable(ErrorBody);
+
+/// [`StorageUnavailable`], for an operation that also refuses new work
+/// while the service shuts down.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 503, description = "Shutting down, or storage unavailable")]
+#[allow(dead_code)]
+pub(crate) struct ShuttingDownOrStorageUnavailable(ErrorBody);
+
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorDetail {
     /// Stable and meant for programs: `bad_request`, `invalid_json`,

@@ -1,4 +1,4 @@
-//! Workload 8: a live migration of the 100k-task data set while
+//! Workload 8: a storage move of the 100k-task data set while
 //! submissions keep arriving at a steady rate.
 //!
 //! The service moves itself to another store while it serves
@@ -49,7 +49,7 @@ const ERRORS_KEPT: usize = 5;
 fn one_step() -> Value {
     json!({
         "template": {
-            "name": "bench live migration",
+            "name": "bench storage move",
             "ref_name": "bench-live-migration",
             "schema_version": 1,
             "steps": [{"ref_name": "run", "script": "noop.sh"}],
@@ -343,10 +343,10 @@ async fn migrate(svc: &Service, target: &str) -> Result<Value> {
         match phase.as_str() {
             "completed" => return Ok(status),
             "copying" | "mirroring" | "verifying" | "switching" => {}
-            _ => bail!("the live migration ended as {phase}: {status}"),
+            _ => bail!("the storage move ended as {phase}: {status}"),
         }
         if t0.elapsed() > MOVE_LIMIT {
-            bail!("the live migration did not end within {MOVE_LIMIT:?}: {status}");
+            bail!("the storage move did not end within {MOVE_LIMIT:?}: {status}");
         }
         tokio::time::sleep(POLL_EVERY).await;
     }

@@ -246,7 +246,7 @@ async fn run(args: Args) -> Result<bool> {
             sizes.push(("w6-small-data", 10_000));
         }
         if want8 {
-            // A copy of its own: the live migration leaves its data dir
+            // A copy of its own: the storage move leaves its data dir
             // switched to another store, with the load's workflows in it.
             sizes.push(("w8-data", 100_000));
         }
@@ -281,7 +281,7 @@ async fn run(args: Args) -> Result<bool> {
                     // a move into embedded SurrealDB is not written yet
                     // (it needs the SurrealDB build to try it on).
                     eprintln!(
-                        "workload 8: live migration filesystem → filesystem under {}/s submissions",
+                        "workload 8: storage move filesystem → filesystem under {}/s submissions",
                         live::RATE
                     );
                     let r = match named("w8-data") {

@@ -627,7 +627,7 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
     }
     match &r.live {
         Some(Ok(l)) => live_rows(l, &mut row),
-        Some(Err(e)) => failed(&mut row, "8", "live migration", e),
+        Some(Err(e)) => failed(&mut row, "8", "storage move", e),
         None => {}
     }
     t
@@ -678,7 +678,7 @@ fn live_rows(l: &live::LiveMigration, row: &mut impl FnMut([&str; 8])) {
     row([
         "8",
         &format!(
-            "live migration {} → {} of {} workflows + {} tasks, {} logs, batch size {} (the default), while {} one-step submissions/s arrive, each read back",
+            "storage move {} → {} of {} workflows + {} tasks, {} logs, batch size {} (the default), while {} one-step submissions/s arrive, each read back",
             short_spec(&l.source),
             short_spec(&l.target),
             thousands(l.workflows as f64),

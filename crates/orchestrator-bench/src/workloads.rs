@@ -881,7 +881,7 @@ async fn seed_records(ctx: &Ctx, dir: &Path) -> Result<crate::dataset::Seed> {
 
 /// One `orchestrator migrate` process.
 #[derive(Clone)]
-pub struct MigrationRun {
+pub struct MoveRun {
     pub workflows: u64,
     pub tasks: u64,
     pub logs: u64,
@@ -894,7 +894,7 @@ pub struct MigrationRun {
     pub maxrss_kib: u64,
 }
 
-impl MigrationRun {
+impl MoveRun {
     pub fn records(&self) -> u64 {
         self.workflows + self.tasks
     }
@@ -907,14 +907,14 @@ impl MigrationRun {
 pub struct Direction {
     pub from: String,
     pub to: String,
-    pub runs: Vec<MigrationRun>,
+    pub runs: Vec<MoveRun>,
     /// One run on the small data set, to see whether memory grows with it.
-    pub small: Option<MigrationRun>,
+    pub small: Option<MoveRun>,
 }
 
 impl Direction {
     pub fn rates(&self) -> Vec<f64> {
-        self.runs.iter().map(MigrationRun::rate).collect()
+        self.runs.iter().map(MoveRun::rate).collect()
     }
     pub fn rate(&self) -> f64 {
         median(&self.rates())
@@ -1053,7 +1053,7 @@ async fn migrate(
     from: (&str, &Path),
     to: (&str, &Path),
     expect: &DataSet,
-) -> Result<MigrationRun> {
+) -> Result<MoveRun> {
     let usage_path = to.1.with_extension("rusage.json");
     let log_path = to.1.with_extension("migrate.log");
     let mut cmd = Command::new(std::env::current_exe()?);
@@ -1094,7 +1094,7 @@ async fn migrate(
             .and_then(|k| k[field].as_u64())
             .ok_or_else(|| anyhow!("{what}: no copy.kinds[{name}].{field} in {summary}"))
     };
-    let run = MigrationRun {
+    let run = MoveRun {
         workflows: kind("workflow", "read")?,
         tasks: kind("task", "read")?,
         logs: summary["copy"]["logs"].as_u64().unwrap_or_default(),

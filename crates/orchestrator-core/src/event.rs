@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::migration::MigrationStatus;
+use crate::storage_move::MoveStatus;
 use crate::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 /// What happened.
@@ -119,7 +119,7 @@ pub struct Event {
     pub missed: Option<u64>,
     /// A `storage_migration` event's migration, as it is now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub migration: Option<Box<MigrationStatus>>,
+    pub migration: Option<Box<MoveStatus>>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -135,7 +135,7 @@ pub struct Change {
     pub runner: Option<String>,
     pub log_length: Option<u64>,
     pub missed: Option<u64>,
-    pub migration: Option<Box<MigrationStatus>>,
+    pub migration: Option<Box<MoveStatus>>,
 }
 
 impl Change {
@@ -206,7 +206,7 @@ impl Change {
     }
 
     /// A live storage migration's status changed.
-    pub fn storage_migration(status: MigrationStatus) -> Change {
+    pub fn storage_migration(status: MoveStatus) -> Change {
         Change {
             status: Some(status.phase.as_str().to_owned()),
             migration: Some(Box::new(status)),

@@ -241,15 +241,15 @@ impl Engine {
         &self.inner.store
     }
 
-    /// Attaches the live migrations of the store this engine runs on
+    /// Attaches the storage moves of the store this engine runs on
     /// (`orchestrator_storage::live::wrap` made both): their status
     /// changes become `storage_migration` events.
     pub fn attach_live_migrations(&self, live: LiveMigrations) {
-        live.observe(Arc::new(MigrationEvents(self.inner.events.clone())));
+        live.observe(Arc::new(MoveEvents(self.inner.events.clone())));
         let _ = self.inner.live.set(live);
     }
 
-    /// The live migrations, where the service attached them.
+    /// The storage moves, where the service attached them.
     pub fn live_migrations(&self) -> Option<&LiveMigrations> {
         self.inner.live.get()
     }
@@ -459,12 +459,12 @@ impl Engine {
     }
 }
 
-/// Publishes a live migration's status changes, after the runner saved
+/// Publishes a storage move's status changes, after the runner saved
 /// each phase.
-struct MigrationEvents(Arc<EventBus>);
+struct MoveEvents(Arc<EventBus>);
 
-impl orchestrator_storage::live::Observer for MigrationEvents {
-    fn changed(&self, status: &orchestrator_core::migration::MigrationStatus) {
+impl orchestrator_storage::live::Observer for MoveEvents {
+    fn changed(&self, status: &orchestrator_core::storage_move::MoveStatus) {
         self.0
             .publish([orchestrator_core::event::Change::storage_migration(
                 status.clone(),

@@ -1,5 +1,5 @@
 //! Stores named by one string, `<backend>:<location>`: how `migrate`, a
-//! live migration and the data dir's backend choice name a store.
+//! storage move and the data dir's backend choice name a store.
 
 use std::path::{Path, PathBuf};
 

@@ -48,7 +48,7 @@ impl TimedBackend {
 struct Timed<T: ?Sized> {
     inner: Arc<T>,
     /// The inner backend, whose name is the `backend` label: asked at
-    /// each call, since a live migration changes it.
+    /// each call, since a storage move changes it.
     backend: Arc<dyn Backend>,
 }
 

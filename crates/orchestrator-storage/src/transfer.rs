@@ -9,7 +9,7 @@
 //! holds under the same keys, and only records that are missing or differ
 //! are written. So one routine is the first copy, the resumption of a copy
 //! that was killed (what was written is found equal and skipped), and each
-//! catch-up pass of a live migration (only what changed since moves).
+//! catch-up pass of a storage move (only what changed since moves).
 //! Records are written as they are stored, versions included, and a task's
 //! log is appended from the length the target already has: nothing is ever
 //! written twice.
@@ -43,7 +43,7 @@ pub struct CopyOptions {
     /// copy into it, or catch up with a source that changed since.
     pub resume: bool,
     /// Copy of each kind at most as many records as the source held when
-    /// the kind began: a live migration notes what is written meanwhile
+    /// the kind began: a storage move notes what is written meanwhile
     /// and applies it later, so the copy ends even while new records keep
     /// arriving (in key order, after the old ones).
     pub snapshot: bool,
@@ -642,7 +642,7 @@ pub async fn verify(
     verify_listing(source, target, batch_size, progress, MISMATCHES_LISTED).await
 }
 
-/// [`verify`], listing up to `listed` mismatches: a live migration wants
+/// [`verify`], listing up to `listed` mismatches: a storage move wants
 /// every one of them, to apply each again.
 pub(crate) async fn verify_listing(
     source: &dyn BulkTransfer,

@@ -11,8 +11,8 @@ use orchestrator_storage::transfer::Silent;
 use orchestrator_storage::{RecordKind, StorageConfig, StorageType};
 
 use crate::cli::{BackupArgs, ClientArgs, RestoreArgs};
-use crate::migrate;
 use crate::settings::ServeSettings;
+use crate::store_copy;
 
 pub async fn backup(client: &ClientArgs, args: BackupArgs) -> anyhow::Result<()> {
     let settings = ServeSettings::resolve(args.store)?;
@@ -164,8 +164,8 @@ async fn through_the_service(
 }
 
 pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
-    let defaults = migrate::spec_defaults(&args.target.config)?;
-    let target = migrate::resolve_store(
+    let defaults = store_copy::spec_defaults(&args.target.config)?;
+    let target = store_copy::resolve_store(
         "--to",
         &Some(args.to.clone()),
         &args.target.to_username,
@@ -179,7 +179,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let unpacked = backup::open_archive(archive, &std::env::temp_dir())
         .await
         .with_context(|| format!("--from {}", args.from.display()))?;
-    let store = migrate::open(
+    let store = store_copy::open(
         &target,
         "--to",
         orchestrator_storage::open_for_import(&target.config),

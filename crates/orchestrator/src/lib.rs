@@ -6,13 +6,13 @@ pub mod cli;
 mod client;
 mod db;
 mod doctor;
-mod migrate;
 mod recovery;
 mod sandbox;
 mod schedules;
 pub mod service;
 pub mod settings;
-mod storage;
+mod storage_move;
+mod store_copy;
 mod systemd;
 mod testenv;
 mod workflows;
@@ -47,7 +47,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Schedule(command) => schedules::run(&cli.client, command).await,
             Command::Test(command) => testenv::run(&cli.client, command).await,
             Command::Db(command) => db::run(command).await,
-            Command::Migrate(args) => migrate::run(args).await,
+            Command::Migrate(args) => store_copy::run(args).await,
             Command::Token(command) => client::token(&cli.client, command).await,
             Command::Secret(command) => client::secret(&cli.client, command).await,
             Command::Audit(args) => client::audit(&cli.client, args).await,
@@ -55,7 +55,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Backup(args) => backup::backup(&cli.client, args).await,
             Command::Restore(args) => backup::restore(args).await,
             Command::Prune(args) => client::prune(&cli.client, args).await,
-            Command::Storage(command) => storage::run(&cli.client, command).await,
+            Command::Storage(command) => storage_move::run(&cli.client, command).await,
             Command::Doctor(args) => doctor::run(args).await,
         }
     });

@@ -64,7 +64,7 @@ pub async fn start_with_store(
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.bind, settings.port))?;
     let addr = listener.local_addr().context("listener address")?;
-    // A live migration may have switched this data dir to another store
+    // A storage move may have switched this data dir to another store
     // than the configured one: `storage.json` says which.
     let (config, choice) = settings.store()?;
     if let Some(choice) = &choice
@@ -74,7 +74,7 @@ pub async fn start_with_store(
             store = %choice.store,
             configured = %settings.storage_type,
             migration = %choice.migration,
-            "opening the store a live migration switched this service to"
+            "opening the store a storage move switched this service to"
         );
     }
     let storage = orchestrator_storage::open(&config)
@@ -88,7 +88,7 @@ pub async fn start_with_store(
         .context("cannot open storage")?;
     let (storage, live) =
         orchestrator_storage::live::wrap(storage, config.clone(), &data_dir, choice.as_ref())
-            .context("cannot read the live migrations' state")?;
+            .context("cannot read the storage moves' state")?;
     // Metrics: the process's recorder is installed before any work starts,
     // and every storage call is timed whatever the backend.
     orchestrator_api::prometheus::handle();

@@ -256,7 +256,7 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
-    /// The store to open: the configured one, unless a live migration
+    /// The store to open: the configured one, unless a storage move
     /// switched this data dir to another (`<data-dir>/storage.json`), with
     /// that choice.
     pub fn store(

@@ -15,7 +15,7 @@ use orchestrator_storage::AuditQuery;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
@@ -56,7 +56,7 @@ pub(crate) struct PruneBody {
         (status = 200, description = "What went (or would go)", body = PruneReport),
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 422, description = "A period is not valid", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn prune(
     State(state): State<AppState>,
@@ -143,7 +143,7 @@ fn optional_strings(pattern: &str) -> utoipa::openapi::schema::Array {
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "A bad name or body", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn put_secret(
     State(state): State<AppState>,
@@ -173,7 +173,7 @@ pub(crate) async fn put_secret(
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 404, description = "No such secret", body = ErrorBody),
         (status = 422, description = "A template name or an origin is not valid", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn change_secret_scope(
     State(state): State<AppState>,
@@ -196,7 +196,7 @@ pub(crate) async fn change_secret_scope(
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No such secret", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn delete_secret(
     State(state): State<AppState>,
@@ -219,7 +219,7 @@ pub struct SecretList {
 #[utoipa::path(get, path = "/secrets", tag = "admin", extensions(("x-role" = json!("admin"))),
     responses(
     (status = 200, description = "The secrets", body = SecretList),
-    (status = 503, description = "Storage unavailable", body = ErrorBody),
+    StorageUnavailable,
 ))]
 pub(crate) async fn list_secrets(
     State(state): State<AppState>,
@@ -288,7 +288,7 @@ pub struct IssuedToken {
     (status = 409, description = "A token with this name exists", body = ErrorBody),
     (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
     (status = 422, description = "A bad name or role", body = ErrorBody),
-    (status = 503, description = "Storage unavailable", body = ErrorBody),
+    StorageUnavailable,
 ))]
 pub(crate) async fn create_token(
     State(state): State<AppState>,
@@ -324,7 +324,7 @@ pub struct TokenList {
 #[utoipa::path(get, path = "/tokens", tag = "admin", extensions(("x-role" = json!("admin"))),
     responses(
     (status = 200, description = "The tokens", body = TokenList),
-    (status = 503, description = "Storage unavailable", body = ErrorBody),
+    StorageUnavailable,
 ))]
 pub(crate) async fn list_tokens(
     State(state): State<AppState>,
@@ -347,7 +347,7 @@ pub(crate) async fn list_tokens(
     responses(
         (status = 200, description = "The revoked token", body = TokenView),
         (status = 404, description = "No such token", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn revoke_token(
     State(state): State<AppState>,
@@ -415,7 +415,7 @@ fn time_param(name: &str, value: Option<String>) -> Result<Option<DateTime<Utc>>
     responses(
         (status = 200, description = "A page of audit records", body = AuditPage),
         (status = 400, description = "A bad query parameter", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn list_audit(
     State(state): State<AppState>,

@@ -14,7 +14,7 @@ use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
 use super::workflows::{submit_and_wait, wait_limit};
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, ShuttingDownOrStorageUnavailable};
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
@@ -136,7 +136,7 @@ macro_rules! builtin_endpoint {
                 (status = 408, description = "The request took too long", body = ErrorBody),
                 (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
                 (status = 422, description = "The request is invalid; the message names the field", body = ErrorBody),
-                (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+                ShuttingDownOrStorageUnavailable,
             ))]
         pub(crate) async fn $handler(
             State(state): State<AppState>,

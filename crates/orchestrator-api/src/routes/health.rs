@@ -9,7 +9,7 @@ use orchestrator_core::Node;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::error::ErrorBody;
+use crate::error::StorageUnavailable;
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -90,7 +90,7 @@ pub struct NodeList {
 #[utoipa::path(get, path = "/cluster/nodes", tag = "operations", extensions(("x-role" = json!("viewer"))),
     responses(
     (status = 200, description = "The nodes", body = NodeList),
-    (status = 503, description = "Storage unavailable", body = ErrorBody),
+    StorageUnavailable,
 ))]
 pub(crate) async fn list_nodes(State(state): State<AppState>) -> Result<Json<NodeList>, ApiError> {
     let this_node = &state.engine.config().node_id;

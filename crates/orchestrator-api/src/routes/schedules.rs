@@ -13,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
@@ -132,7 +132,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "A bad cron expression, time zone, template or input; the message names the field", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn create_schedule(
     State(state): State<AppState>,
@@ -169,7 +169,7 @@ pub struct ScheduleList {
     extensions(("x-role" = json!("viewer"))),
     responses(
         (status = 200, description = "The schedules", body = ScheduleList),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn list_schedules(
     State(state): State<AppState>,
@@ -186,7 +186,7 @@ pub(crate) async fn list_schedules(
         (status = 200, description = "The schedule", body = ScheduleView),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such schedule", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn get_schedule(
     State(state): State<AppState>,
@@ -206,7 +206,7 @@ pub(crate) async fn get_schedule(
         (status = 404, description = "No such schedule", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "The change is invalid; the message names the field", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn update_schedule(
     State(state): State<AppState>,
@@ -239,7 +239,7 @@ pub(crate) async fn update_schedule(
         (status = 204, description = "Deleted"),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such schedule", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn delete_schedule(
     State(state): State<AppState>,

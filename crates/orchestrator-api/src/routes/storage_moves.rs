@@ -5,12 +5,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use orchestrator_core::migration::MigrationStatus;
+use orchestrator_core::storage_move::MoveStatus;
 use orchestrator_storage::live::{LiveError, LiveMigrations, StoreInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::JsonBody;
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
@@ -30,8 +30,10 @@ pub(crate) const MAX_BATCH_SIZE: usize = 10_000;
 
 /// `POST /admin/storage/migrations`.
 #[derive(Deserialize, ToSchema)]
+// The document keeps the names the API shipped with.
+#[schema(as = MigrationRequest)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct MigrationRequest {
+pub(crate) struct MoveRequest {
     /// The store to move to, as `<backend>:<location>`: `filesystem:/dir`,
     /// `surrealdb-embedded:/dir` (the store is `/dir/surrealdb`) or
     /// `surrealdb-server:ws://host:port/namespace/database`. A directory
@@ -45,9 +47,10 @@ pub(crate) struct MigrationRequest {
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct MigrationList {
+#[schema(as = MigrationList)]
+pub struct MoveList {
     /// Oldest first; the last 20 are kept.
-    pub migrations: Vec<MigrationStatus>,
+    pub migrations: Vec<MoveStatus>,
 }
 
 fn live(state: &AppState) -> Result<&LiveMigrations, ApiError> {
@@ -55,7 +58,7 @@ fn live(state: &AppState) -> Result<&LiveMigrations, ApiError> {
         ApiError::new(
             StatusCode::CONFLICT,
             "conflict",
-            "this service was started without live migration",
+            "this service was started without storage move",
         )
     })
 }
@@ -79,7 +82,7 @@ impl From<LiveError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
             LiveError::Storage(e) => {
-                tracing::error!(error = %e, "live migration: storage failed");
+                tracing::error!(error = %e, "storage move: storage failed");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "storage_unavailable",
@@ -96,8 +99,8 @@ impl From<LiveError> for ApiError {
     extensions(("x-role" = json!("admin"))),
     responses(
         (status = 200, description = "The current store", body = StoreInfo),
-        (status = 409, description = "Started without live migration", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        (status = 409, description = "Started without storage move", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn current_store(
     State(state): State<AppState>,
@@ -111,18 +114,18 @@ pub(crate) async fn current_store(
 /// events.
 #[utoipa::path(post, path = "/admin/storage/migrations", tag = "admin",
     extensions(("x-role" = json!("admin")), ("x-audit" = json!("storage.migrate"))),
-    request_body = MigrationRequest,
+    request_body = MoveRequest,
     responses(
-        (status = 202, description = "Started; the body is its first status", body = MigrationStatus,
+        (status = 202, description = "Started; the body is its first status", body = MoveStatus,
             headers(("location" = String, description = "The migration's URL"))),
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 409, description = "The target holds records, the store is shared, or a migration runs", body = ErrorBody),
         (status = 422, description = "The target is malformed, not compiled in, unreachable, or the current store", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn start_migration(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<MigrationRequest>,
+    JsonBody(body): JsonBody<MoveRequest>,
 ) -> Result<Response, ApiError> {
     let target = body.target.trim();
     if let Some((backend, location)) = target.split_once(':')
@@ -161,13 +164,13 @@ pub(crate) async fn start_migration(
 #[utoipa::path(get, path = "/admin/storage/migrations", tag = "admin",
     extensions(("x-role" = json!("admin"))),
     responses(
-        (status = 200, description = "The migrations", body = MigrationList),
-        (status = 409, description = "Started without live migration", body = ErrorBody),
+        (status = 200, description = "The migrations", body = MoveList),
+        (status = 409, description = "Started without storage move", body = ErrorBody),
     ))]
 pub(crate) async fn list_migrations(
     State(state): State<AppState>,
-) -> Result<Json<MigrationList>, ApiError> {
-    Ok(Json(MigrationList {
+) -> Result<Json<MoveList>, ApiError> {
+    Ok(Json(MoveList {
         migrations: live(&state)?.list(),
     }))
 }
@@ -178,14 +181,14 @@ pub(crate) async fn list_migrations(
     extensions(("x-role" = json!("admin"))),
     params(("id" = String, Path, description = "The migration's id")),
     responses(
-        (status = 200, description = "The migration", body = MigrationStatus),
+        (status = 200, description = "The migration", body = MoveStatus),
         (status = 404, description = "No such migration", body = ErrorBody),
-        (status = 409, description = "Started without live migration", body = ErrorBody),
+        (status = 409, description = "Started without storage move", body = ErrorBody),
     ))]
 pub(crate) async fn get_migration(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<MigrationStatus>, ApiError> {
+) -> Result<Json<MoveStatus>, ApiError> {
     Ok(Json(live(&state)?.get(&id)?))
 }
 
@@ -196,14 +199,14 @@ pub(crate) async fn get_migration(
     extensions(("x-role" = json!("admin")), ("x-audit" = json!("storage.migration_cancel"))),
     params(("id" = String, Path, description = "The migration's id")),
     responses(
-        (status = 202, description = "Cancelling; the body is its status before", body = MigrationStatus),
+        (status = 202, description = "Cancelling; the body is its status before", body = MoveStatus),
         (status = 404, description = "No such migration", body = ErrorBody),
         (status = 409, description = "It is switching, or has ended", body = ErrorBody),
     ))]
 pub(crate) async fn cancel_migration(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<MigrationStatus>), ApiError> {
+) -> Result<(StatusCode, Json<MoveStatus>), ApiError> {
     Ok((StatusCode::ACCEPTED, Json(live(&state)?.cancel(&id)?)))
 }
 
@@ -215,7 +218,7 @@ pub(crate) async fn cancel_migration(
         (status = 200, description = "Rolled back; the store now current", body = StoreInfo),
         (status = 409, description = "No switch to undo, a migration runs, or the old store is behind", body = ErrorBody),
         (status = 422, description = "The old store's backend is not compiled in", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn rollback(State(state): State<AppState>) -> Result<Json<StoreInfo>, ApiError> {
     Ok(Json(live(&state)?.rollback().await?))

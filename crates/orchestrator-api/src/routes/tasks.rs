@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{DEFAULT_LOG_BYTES, MAX_LOG_BYTES, page_bounds, parse_task_id, parse_workflow_id};
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
@@ -59,7 +59,7 @@ pub struct TaskList {
     responses(
         (status = 200, description = "A page of tasks", body = TaskList),
         (status = 400, description = "A bad query parameter", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn list_tasks(
     State(state): State<AppState>,
@@ -107,7 +107,7 @@ pub(crate) async fn list_tasks(
         (status = 200, description = "The task", body = Task),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn get_task(
     State(state): State<AppState>,
@@ -146,7 +146,7 @@ pub(crate) struct LogParams {
             )),
         (status = 400, description = "The id is not a UUID, or a bad query parameter", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn task_logs(
     State(state): State<AppState>,
@@ -199,7 +199,7 @@ pub(crate) async fn task_logs(
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task already finished", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn cancel_task(
     State(state): State<AppState>,
@@ -217,7 +217,7 @@ pub(crate) async fn cancel_task(
         (status = 200, description = "The checkpoint", body = BTreeMap<String, Value>),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn get_checkpoint(
     State(state): State<AppState>,
@@ -241,7 +241,7 @@ pub(crate) async fn get_checkpoint(
         (status = 409, description = "The task is not running", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "The body is not a JSON object", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn save_checkpoint(
     State(state): State<AppState>,

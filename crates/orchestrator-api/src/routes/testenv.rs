@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState, MAX_WAIT};
 
@@ -144,7 +144,7 @@ pub(crate) async fn create_environment(
     extensions(("x-role" = json!("viewer"))),
     responses(
         (status = 200, description = "The environments", body = EnvironmentList),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn list_environments(
     State(state): State<AppState>,
@@ -161,7 +161,7 @@ pub(crate) async fn list_environments(
         (status = 200, description = "The environment", body = EnvView),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such environment", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn get_environment(
     State(state): State<AppState>,
@@ -181,7 +181,7 @@ pub(crate) async fn get_environment(
         (status = 400, description = "The id is not a UUID, or a bad query parameter", body = ErrorBody),
         (status = 404, description = "No such environment", body = ErrorBody),
         (status = 409, description = "The environment is not ready, or runs already", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn run_environment(
     State(state): State<AppState>,
@@ -201,7 +201,7 @@ pub(crate) async fn run_environment(
         (status = 202, description = "The teardown started (with `wait`, finished)", body = EnvView),
         (status = 400, description = "The id is not a UUID, or a bad query parameter", body = ErrorBody),
         (status = 404, description = "No such environment", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn delete_environment(
     State(state): State<AppState>,
@@ -221,7 +221,7 @@ pub(crate) async fn delete_environment(
         (status = 200, description = "The logs", body = EnvironmentLogs),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such environment", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn environment_logs(
     State(state): State<AppState>,

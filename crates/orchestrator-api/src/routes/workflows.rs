@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{page_bounds, parse_workflow_id};
-use crate::error::ErrorBody;
+use crate::error::{ErrorBody, ShuttingDownOrStorageUnavailable, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
 use utoipa_axum::router::OpenApiRouter;
@@ -92,7 +92,7 @@ pub struct WorkflowList {
     responses(
         (status = 200, description = "A page of workflows", body = WorkflowList),
         (status = 400, description = "A bad query parameter", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn list_workflows(
     State(state): State<AppState>,
@@ -170,7 +170,7 @@ pub struct WorkflowCounts {
     responses(
         (status = 200, description = "The counts", body = WorkflowCounts),
         (status = 400, description = "A bad query parameter", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn count_workflows(
     State(state): State<AppState>,
@@ -199,7 +199,7 @@ pub(crate) async fn count_workflows(
         (status = 200, description = "The workflow", body = WorkflowView),
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such workflow", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn get_workflow(
     State(state): State<AppState>,
@@ -217,7 +217,7 @@ pub(crate) async fn get_workflow(
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such workflow", body = ErrorBody),
         (status = 409, description = "The workflow already finished", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn cancel_workflow(
     State(state): State<AppState>,
@@ -240,7 +240,7 @@ pub(crate) async fn cancel_workflow(
         (status = 400, description = "The id is not a UUID", body = ErrorBody),
         (status = 404, description = "No such workflow", body = ErrorBody),
         (status = 409, description = "Not finished, or nothing to retry", body = ErrorBody),
-        (status = 503, description = "Storage unavailable", body = ErrorBody),
+        StorageUnavailable,
     ))]
 pub(crate) async fn retry_workflow(
     State(state): State<AppState>,
@@ -282,7 +282,7 @@ fn yes() -> bool {
         (status = 409, description = "The workflow has not finished", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "An unknown step, or bad `vars`; the message names the field", body = ErrorBody),
-        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+        ShuttingDownOrStorageUnavailable,
     ))]
 pub(crate) async fn rerun_workflow(
     State(state): State<AppState>,
@@ -513,7 +513,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         (status = 409, description = "The Idempotency-Key was used for a different body", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "The submission is invalid; the message names the field", body = ErrorBody),
-        (status = 503, description = "Shutting down, or storage unavailable", body = ErrorBody),
+        ShuttingDownOrStorageUnavailable,
     ))]
 pub(crate) async fn submit_workflow(
     State(state): State<AppState>,

@@ -196,7 +196,7 @@ impl FsBackend {
     }
 
     /// [`FsBackend::commit`] without the compaction a long journal calls
-    /// for: a bulk import (a live migration's copy into this store) would
+    /// for: a bulk import (a storage move's copy into this store) would
     /// otherwise snapshot the growing store again every
     /// `compact_after_bytes`; the first ordinary write after it compacts
     /// once.

@@ -55,7 +55,7 @@ impl BulkTransfer for FsBackend {
     }
 
     /// Compacts a journal that imports left longer than the threshold, and
-    /// waits for it: a live migration does it after its copy, while the
+    /// waits for it: a storage move does it after its copy, while the
     /// service still works on the other store, rather than at the first
     /// write after its switch.
     async fn settle(&self) -> Result<()> {

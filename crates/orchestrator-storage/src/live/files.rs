@@ -1,4 +1,4 @@
-//! What a live migration keeps in the service's data dir: which store the
+//! What a storage move keeps in the service's data dir: which store the
 //! service works on (`storage.json`, the commit point of a switch), and the
 //! migrations it ran (`live-migrations.json`). Both are small, and written
 //! whole and atomically (temp file, fsync, rename, fsync of the dir).
@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
-use orchestrator_core::migration::MigrationStatus;
+use orchestrator_core::storage_move::MoveStatus;
 use serde::{Deserialize, Serialize};
 
 use crate::fs::snapshot::write_atomically;
@@ -18,7 +18,7 @@ const HISTORY_FILE: &str = "live-migrations.json";
 pub(crate) const HISTORY_KEPT: usize = 20;
 
 /// `storage.json`: the store this data dir's service works on since a
-/// live migration switched to it. Its presence overrides the configured
+/// storage move switched to it. Its presence overrides the configured
 /// backend, since the configured one is the store it left.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendChoice {
@@ -40,7 +40,7 @@ impl BackendChoice {
         data_dir.join(CHOICE_FILE)
     }
 
-    /// The data dir's choice, if a live migration ever switched it.
+    /// The data dir's choice, if a storage move ever switched it.
     pub fn load(data_dir: &Path) -> Result<Option<BackendChoice>> {
         let path = BackendChoice::path(data_dir);
         let bytes = match std::fs::read(&path) {
@@ -64,7 +64,7 @@ impl BackendChoice {
     }
 }
 
-/// The store to open: the configured one, or the one a live migration
+/// The store to open: the configured one, or the one a storage move
 /// switched this data dir to. A configured store that is neither the
 /// choice nor the store it left is refused, since opening it would
 /// silently drop everything done since the switch.
@@ -91,7 +91,7 @@ pub fn effective_config(
         return Ok((chosen, Some(choice)));
     }
     Err(Error::Config(format!(
-        "{} says this service works on {} since live migration {} switched it there from {} \
+        "{} says this service works on {} since storage move {} switched it there from {} \
          on {}, but the configuration names {}; start it without changing the storage \
          settings, or, if you moved the store since by other means, delete that file",
         BackendChoice::path(data_dir).display(),
@@ -104,7 +104,7 @@ pub fn effective_config(
 }
 
 /// `live-migrations.json`: the newest migrations, oldest first.
-pub(crate) fn load_history(data_dir: &Path) -> Result<Vec<MigrationStatus>> {
+pub(crate) fn load_history(data_dir: &Path) -> Result<Vec<MoveStatus>> {
     let path = data_dir.join(HISTORY_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
@@ -114,7 +114,7 @@ pub(crate) fn load_history(data_dir: &Path) -> Result<Vec<MigrationStatus>> {
     }
 }
 
-pub(crate) fn save_history(data_dir: &Path, history: &[MigrationStatus]) -> Result<()> {
+pub(crate) fn save_history(data_dir: &Path, history: &[MoveStatus]) -> Result<()> {
     let path = data_dir.join(HISTORY_FILE);
     let kept = &history[history.len().saturating_sub(HISTORY_KEPT)..];
     let bytes = serde_json::to_vec_pretty(kept).unwrap_or_default();

@@ -1,4 +1,4 @@
-//! Live migration: a running service moves itself to another store while
+//! Storage move: a running service moves itself to another store while
 //! it keeps serving.
 //!
 //! The service's [`Storage`] is wrapped once, at start ([`wrap`]), in a
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use orchestrator_core::backoff::Backoff;
-use orchestrator_core::migration::{MigrationPhase, MigrationStatus};
+use orchestrator_core::storage_move::{MovePhase, MoveStatus};
 use tokio_util::sync::CancellationToken;
 
 pub use files::{BackendChoice, effective_config};
@@ -64,7 +64,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Told of every change of a migration's status: the engine turns it into
 /// a `storage_migration` event.
 pub trait Observer: Send + Sync {
-    fn changed(&self, status: &MigrationStatus);
+    fn changed(&self, status: &MoveStatus);
 }
 
 /// Why a migration or a rollback was refused, or an id is unknown.
@@ -79,13 +79,13 @@ pub enum LiveError {
     #[error("target: {0} is the store this service already works on")]
     SameStore(String),
     #[error(
-        "target: {spec} already holds {records} records; a live migration moves only into an \
+        "target: {spec} already holds {records} records; a storage move moves only into an \
          empty store, the store this service left at its last switch, or the target of one of \
          its own unfinished migrations"
     )]
     TargetNotEmpty { spec: String, records: u64 },
     #[error(
-        "live migration from a shared store ({0}) is refused: other nodes would go on writing to \
+        "storage move from a shared store ({0}) is refused: other nodes would go on writing to \
          it after this node switched, and those writes would be lost; stop every node and use \
          `orchestrator migrate` (docs/migration.md)"
     )]
@@ -123,7 +123,7 @@ pub fn wrap(
         status.finished_at = Some(Utc::now());
         if choice.is_some_and(|c| c.migration == status.id) {
             // The switch was recorded; the crash came before the history.
-            status.phase = MigrationPhase::Completed;
+            status.phase = MovePhase::Completed;
         } else {
             status.error = Some(format!(
                 "the service stopped while {}; it stayed on {}, and the target is \
@@ -131,7 +131,7 @@ pub fn wrap(
                 status.phase.as_str(),
                 status.source
             ));
-            status.phase = MigrationPhase::Abandoned;
+            status.phase = MovePhase::Abandoned;
         }
     }
     if ended {
@@ -164,7 +164,7 @@ pub fn wrap(
     ))
 }
 
-/// The service's live migrations: start, watch, cancel, roll back.
+/// The service's storage moves: start, watch, cancel, roll back.
 #[derive(Clone)]
 pub struct LiveMigrations {
     inner: Arc<Controller>,
@@ -196,7 +196,7 @@ struct Controller {
     /// The current store's config; changes at a switch.
     config: Mutex<StorageConfig>,
     /// The newest migrations, oldest first; saved at each phase.
-    history: Mutex<Vec<MigrationStatus>>,
+    history: Mutex<Vec<MoveStatus>>,
     running: Mutex<Option<(String, CancellationToken)>>,
     observer: OnceLock<Arc<dyn Observer>>,
     /// One switch at a time: a migration's, or a rollback.
@@ -230,11 +230,11 @@ impl LiveMigrations {
     }
 
     /// Every migration remembered, oldest first.
-    pub fn list(&self) -> Vec<MigrationStatus> {
+    pub fn list(&self) -> Vec<MoveStatus> {
         lock(&self.inner.history).clone()
     }
 
-    pub fn get(&self, id: &str) -> Result<MigrationStatus, LiveError> {
+    pub fn get(&self, id: &str) -> Result<MoveStatus, LiveError> {
         lock(&self.inner.history)
             .iter()
             .find(|s| s.id == id)
@@ -248,7 +248,7 @@ impl LiveMigrations {
         &self,
         target: &str,
         batch_size: Option<usize>,
-    ) -> Result<MigrationStatus, LiveError> {
+    ) -> Result<MoveStatus, LiveError> {
         let this = &self.inner;
         // Not while a rollback switches: the copy would read a store that
         // stops being current under it.
@@ -281,7 +281,7 @@ impl LiveMigrations {
         let resume = match held_records(&target_store).await {
             Ok(0) => false,
             Ok(records) if self.may_resume(&target_spec) => {
-                tracing::info!(target = %target_spec, records, "live migration resumes into a target it knows");
+                tracing::info!(target = %target_spec, records, "storage move resumes into a target it knows");
                 true
             }
             Ok(records) => {
@@ -299,11 +299,11 @@ impl LiveMigrations {
             }
         };
         let id = uuid::Uuid::now_v7().to_string();
-        let status = MigrationStatus {
+        let status = MoveStatus {
             id: id.clone(),
             source: source_config.spec(),
             target: target_spec,
-            phase: MigrationPhase::Copying,
+            phase: MovePhase::Copying,
             started_at: Utc::now(),
             finished_at: None,
             records_total: 0,
@@ -352,21 +352,19 @@ impl LiveMigrations {
                 s.target == target_spec
                     && matches!(
                         s.phase,
-                        MigrationPhase::Cancelled
-                            | MigrationPhase::Failed
-                            | MigrationPhase::Abandoned
+                        MovePhase::Cancelled | MovePhase::Failed | MovePhase::Abandoned
                     )
             })
     }
 
     /// Cancels a migration before its switch: the service stays on its
     /// store, and the target is left incomplete.
-    pub fn cancel(&self, id: &str) -> Result<MigrationStatus, LiveError> {
+    pub fn cancel(&self, id: &str) -> Result<MoveStatus, LiveError> {
         let status = self.get(id)?;
         let running = lock(&self.inner.running);
         match &*running {
             Some((running_id, cancel)) if running_id == id => {
-                if status.phase == MigrationPhase::Switching {
+                if status.phase == MovePhase::Switching {
                     return Err(LiveError::TooLate(format!(
                         "migration {id} is switching; it can no longer be cancelled"
                     )));
@@ -401,7 +399,7 @@ impl LiveMigrations {
             LiveError::Rollback(format!(
                 "{} is no longer level with {}: the service wrote to the current store since \
                  the switch at {} and no longer knows every such write (it restarted since, or \
-                 they were too many); to go back, move to it with a new live migration \
+                 they were too many); to go back, move to it with a new storage move \
                  (`orchestrator storage migrate --to {}`), which brings it up to date",
                 choice.previous,
                 choice.store,
@@ -502,7 +500,7 @@ impl Controller {
         files::save_history(&self.data_dir, &history)
     }
 
-    fn announce(&self, status: &MigrationStatus) {
+    fn announce(&self, status: &MoveStatus) {
         if let Some(observer) = self.observer.get() {
             observer.changed(status);
         }
@@ -510,7 +508,7 @@ impl Controller {
 
     /// Changes the migration's status; `durable` ones (phase changes) are
     /// saved before they are announced.
-    fn update(&self, id: &str, durable: bool, change: impl FnOnce(&mut MigrationStatus)) {
+    fn update(&self, id: &str, durable: bool, change: impl FnOnce(&mut MoveStatus)) {
         let status = {
             let mut history = lock(&self.history);
             let Some(status) = history.iter_mut().find(|s| s.id == id) else {
@@ -520,7 +518,7 @@ impl Controller {
             status.clone()
         };
         if durable && let Err(e) = self.save_history() {
-            tracing::warn!(error = %e, "cannot save the live migrations' history");
+            tracing::warn!(error = %e, "cannot save the storage moves' history");
         }
         self.announce(&status);
     }
@@ -595,10 +593,10 @@ impl Run {
                 this.store.unfollow();
                 let _ = target.close().await;
                 let (phase, error) = match stop {
-                    Stop::Cancelled => (MigrationPhase::Cancelled, None),
-                    Stop::Failed(e) => (MigrationPhase::Failed, Some(e)),
+                    Stop::Cancelled => (MovePhase::Cancelled, None),
+                    Stop::Failed(e) => (MovePhase::Failed, Some(e)),
                 };
-                tracing::warn!(migration = %id, phase = phase.as_str(), error = ?error, "live migration ended before its switch; the service stays on its store");
+                tracing::warn!(migration = %id, phase = phase.as_str(), error = ?error, "storage move ended before its switch; the service stays on its store");
                 this.update(&id, true, |s| {
                     s.phase = phase;
                     s.error = error;
@@ -692,7 +690,7 @@ impl Run {
         );
         let copy_ms = elapsed_ms(phase_start);
         this.update(&id, true, |s| {
-            s.phase = MigrationPhase::Mirroring;
+            s.phase = MovePhase::Mirroring;
             s.phases.copying_ms = Some(copy_ms);
             s.eta_secs = None;
         });
@@ -714,7 +712,7 @@ impl Run {
         );
         let mirror_ms = elapsed_ms(phase_start);
         this.update(&id, true, |s| {
-            s.phase = MigrationPhase::Verifying;
+            s.phase = MovePhase::Verifying;
             s.phases.mirroring_ms = Some(mirror_ms);
         });
 
@@ -757,7 +755,7 @@ impl Run {
         let verified = checked.count();
         this.update(&id, true, |s| {
             s.records_verified = verified;
-            s.phase = MigrationPhase::Switching;
+            s.phase = MovePhase::Switching;
             s.phases.verifying_ms = Some(verify_ms);
         });
         step!(cancelled(&cancel));
@@ -830,7 +828,7 @@ impl Run {
         // rollback may follow at once.
         lock(&this.running).take();
         this.update(&id, true, |s| {
-            s.phase = MigrationPhase::Completed;
+            s.phase = MovePhase::Completed;
             s.phases.switching_ms = Some(switch_ms);
             s.switch_stall_ms = Some(stall);
             s.records_mirrored += last_applied;
@@ -866,7 +864,7 @@ where
                 | TransferError::Target(Error::Unavailable(e)),
             ) if attempt < RETRIES => {
                 let wait = RETRY_BACKOFF.delay(attempt, 0.0);
-                tracing::warn!(error = %e, ?wait, "live migration: {what} failed for a moment; trying again");
+                tracing::warn!(error = %e, ?wait, "storage move: {what} failed for a moment; trying again");
                 tokio::time::sleep(wait).await;
                 attempt += 1;
             }
@@ -880,7 +878,7 @@ where
 /// from outside cannot land reliably inside a pause of milliseconds.
 fn crash_point(point: &str) {
     if std::env::var("ORCHESTRATOR_LIVE_MIGRATION_ABORT").is_ok_and(|p| p == point) {
-        eprintln!("live migration: ORCHESTRATOR_LIVE_MIGRATION_ABORT={point} reached; aborting");
+        eprintln!("storage move: ORCHESTRATOR_LIVE_MIGRATION_ABORT={point} reached; aborting");
         std::process::abort();
     }
 }

@@ -1,4 +1,4 @@
-//! The store a service works on, which a live migration can swap for
+//! The store a service works on, which a storage move can swap for
 //! another while the service runs.
 //!
 //! Every call goes to the current store. Every write also passes a gate

@@ -31,13 +31,13 @@
 mod access;
 mod connection;
 mod errors;
-pub mod migrate;
 mod nodes;
 #[cfg(test)]
 mod plans;
 mod retention;
 mod rows;
 mod schedules;
+pub mod schema_migrations;
 mod tasks;
 mod transfer;
 
@@ -111,18 +111,18 @@ impl SurrealBackend {
     /// Connects (within `connect_timeout`), brings the schema up to date
     /// and returns the open backend.
     pub async fn open(config: &StorageConfig) -> Result<SurrealBackend> {
-        SurrealBackend::open_with_migrations(config, migrate::MIGRATIONS).await
+        SurrealBackend::open_with_migrations(config, schema_migrations::MIGRATIONS).await
     }
 
     /// As [`SurrealBackend::open`], with another set of migrations: for
     /// tests of the migration rules.
     pub async fn open_with_migrations(
         config: &StorageConfig,
-        migrations: &[migrate::Migration],
+        migrations: &[schema_migrations::Migration],
     ) -> Result<SurrealBackend> {
         let target = Target::of(config)?;
         let db = target.connect(config, true).await?;
-        migrate::migrate(&db, migrations, config.surrealdb.request_timeout).await?;
+        schema_migrations::migrate(&db, migrations, config.surrealdb.request_timeout).await?;
         tracing::info!(
             backend = target.name,
             location = %target.location,
@@ -159,7 +159,8 @@ impl SurrealBackend {
         }
         let db = target.connect(config, false).await?;
         let timeout = config.surrealdb.request_timeout;
-        let entries = migrate::status(&db, migrate::MIGRATIONS, timeout).await?;
+        let entries =
+            schema_migrations::status(&db, schema_migrations::MIGRATIONS, timeout).await?;
         if entries.iter().all(|e| e.state == EntryState::Pending) {
             return Err(Error::Config(format!(
                 "there is no orchestrator store at {} (namespace {}, database {}): nothing \
@@ -370,11 +371,16 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
         return Ok(SchemaStatus {
             backend: target.name,
             location,
-            entries: migrate::status_of_nothing(migrate::MIGRATIONS),
+            entries: schema_migrations::status_of_nothing(schema_migrations::MIGRATIONS),
         });
     }
     let db = target.connect(config, false).await?;
-    let entries = migrate::status(&db, migrate::MIGRATIONS, config.surrealdb.request_timeout).await;
+    let entries = schema_migrations::status(
+        &db,
+        schema_migrations::MIGRATIONS,
+        config.surrealdb.request_timeout,
+    )
+    .await;
     Ok(SchemaStatus {
         backend: target.name,
         location,

@@ -9,7 +9,7 @@ use chrono::Utc;
 use orchestrator_core::TaskStatus;
 use orchestrator_storage::schema::EntryState;
 use orchestrator_storage::surreal::SurrealBackend;
-use orchestrator_storage::surreal::migrate::{MIGRATIONS, Migration};
+use orchestrator_storage::surreal::schema_migrations::{MIGRATIONS, Migration};
 use orchestrator_storage::{
     EmbeddedEngine, Error, Secret, Storage, StorageConfig, StorageType, SurrealdbConfig, TaskQuery,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use orchestrator_api::client::{
     AuditFilter, Client, ClientError, TaskFilter, WorkflowFilter, WorkflowView,
 };
-use orchestrator_core::migration::MigrationPhase;
+use orchestrator_core::storage_move::MovePhase;
 use orchestrator_core::{TaskStatus, WorkflowStatus};
 use serde_json::{Map, json};
 
@@ -287,7 +287,7 @@ async fn every_operation_of_the_cli_reads_what_the_service_sends() {
         assert!(tokio::time::Instant::now() < deadline, "{status:?}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
-    assert_eq!(moved.phase, MigrationPhase::Completed, "{moved:?}");
+    assert_eq!(moved.phase, MovePhase::Completed, "{moved:?}");
     let error = client.cancel_migration(&started.id).await.unwrap_err();
     assert_eq!(refusal(error).0, 409);
     assert_eq!(client.store().await.unwrap().previous, Some(store.store));

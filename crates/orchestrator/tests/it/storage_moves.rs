@@ -20,7 +20,7 @@ fn workflow(i: usize) -> Value {
     })
 }
 
-/// Starts a live migration and waits for its end; the final status.
+/// Starts a storage move and waits for its end; the final status.
 async fn migrate(service: &TestService, target: &str, batch_size: usize) -> Value {
     let (status, started) = service
         .post(
@@ -159,7 +159,7 @@ async fn move_under_load(
     );
     assert!(load.acknowledged.len() >= 3, "the client kept submitting");
     eprintln!(
-        "live migration to {target}: {} requests, longest {:.1} ms; stall at the switch {} ms; phases {}",
+        "storage move to {target}: {} requests, longest {:.1} ms; stall at the switch {} ms; phases {}",
         load.requests,
         load.longest.as_secs_f64() * 1000.0,
         moved["switch_stall_ms"],
@@ -600,7 +600,7 @@ mod surrealdb {
                     .unwrap()
                     .as_secs()
             });
-        eprintln!("live migration crash drill: ORCHESTRATOR_FAULT_SEED={seed}");
+        eprintln!("storage move crash drill: ORCHESTRATOR_FAULT_SEED={seed}");
         for (round, point) in CRASHES.iter().enumerate() {
             crash_at(point, seed.wrapping_add(round as u64));
         }

@@ -236,7 +236,7 @@ fn a_store_written_by_a_newer_release_is_refused_and_left_alone() {
 #[tokio::test]
 async fn an_embedded_store_migrated_by_a_newer_release_is_refused() {
     use orchestrator_storage::surreal::SurrealBackend;
-    use orchestrator_storage::surreal::migrate::{MIGRATIONS, Migration};
+    use orchestrator_storage::surreal::schema_migrations::{MIGRATIONS, Migration};
     use orchestrator_storage::{Backend, StorageConfig, StorageType};
 
     let root = tempfile::tempdir().unwrap();

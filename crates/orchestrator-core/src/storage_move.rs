@@ -1,15 +1,18 @@
-//! A live storage migration as data: its phase and progress, as the
-//! storage crate's runner reports it, the API shows it and events carry it.
+//! A storage move (the routes' "migration") as data: its phase and
+//! progress, as the storage crate's runner reports it, the API shows it
+//! and events carry it.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// Where a live migration is. The first four run in order; the last four
+/// Where a storage move is. The first four run in order; the last four
 /// are ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+// The document keeps the name the API shipped with.
+#[cfg_attr(feature = "openapi", schema(as = MigrationPhase))]
 #[serde(rename_all = "snake_case")]
-pub enum MigrationPhase {
+pub enum MovePhase {
     /// Every record of the source is copied to the target in batches.
     Copying,
     /// What changed during the copy is applied to the target.
@@ -30,17 +33,17 @@ pub enum MigrationPhase {
     Abandoned,
 }
 
-impl MigrationPhase {
+impl MovePhase {
     pub fn as_str(self) -> &'static str {
         match self {
-            MigrationPhase::Copying => "copying",
-            MigrationPhase::Mirroring => "mirroring",
-            MigrationPhase::Verifying => "verifying",
-            MigrationPhase::Switching => "switching",
-            MigrationPhase::Completed => "completed",
-            MigrationPhase::Cancelled => "cancelled",
-            MigrationPhase::Failed => "failed",
-            MigrationPhase::Abandoned => "abandoned",
+            MovePhase::Copying => "copying",
+            MovePhase::Mirroring => "mirroring",
+            MovePhase::Verifying => "verifying",
+            MovePhase::Switching => "switching",
+            MovePhase::Completed => "completed",
+            MovePhase::Cancelled => "cancelled",
+            MovePhase::Failed => "failed",
+            MovePhase::Abandoned => "abandoned",
         }
     }
 
@@ -48,10 +51,7 @@ impl MigrationPhase {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            MigrationPhase::Completed
-                | MigrationPhase::Cancelled
-                | MigrationPhase::Failed
-                | MigrationPhase::Abandoned
+            MovePhase::Completed | MovePhase::Cancelled | MovePhase::Failed | MovePhase::Abandoned
         )
     }
 }
@@ -70,11 +70,12 @@ pub struct PhaseTimes {
     pub switching_ms: Option<u64>,
 }
 
-/// A live migration: `GET /admin/storage/migrations/{id}`, and the body
+/// A storage move: `GET /admin/storage/migrations/{id}`, and the body
 /// of its `storage_migration` events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct MigrationStatus {
+#[cfg_attr(feature = "openapi", schema(as = MigrationStatus))]
+pub struct MoveStatus {
     pub id: String,
     /// The store the service ran on when it began, as a spec.
     #[cfg_attr(
@@ -88,7 +89,7 @@ pub struct MigrationStatus {
         schema(example = "surrealdb-server:ws://127.0.0.1:8000/orchestrator/orchestrator")
     )]
     pub target: String,
-    pub phase: MigrationPhase,
+    pub phase: MovePhase,
     pub started_at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,

@@ -1,4 +1,4 @@
-//! `orchestrator storage`: live migration of a running service, through
+//! `orchestrator storage`: storage move of a running service, through
 //! its API (needs an admin token).
 
 use std::io::IsTerminal;
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use orchestrator_api::client::Client;
-use orchestrator_core::migration::{MigrationPhase, MigrationStatus};
+use orchestrator_core::storage_move::{MovePhase, MoveStatus};
 use serde_json::json;
 
 use crate::cli::{ClientArgs, StorageCommand};
@@ -31,7 +31,7 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
             }
             let end = follow(&api, &status.id, !json).await?;
             print(&end, json)?;
-            if end.phase != MigrationPhase::Completed {
+            if end.phase != MovePhase::Completed {
                 bail!(
                     "migration {} {}{}",
                     end.id,
@@ -101,7 +101,7 @@ fn absolute_spec(spec: &str) -> anyhow::Result<String> {
 
 /// Polls the migration until it ends, with a progress bar (on a
 /// terminal) or a line per phase.
-async fn follow(api: &Client, id: &str, show: bool) -> anyhow::Result<MigrationStatus> {
+async fn follow(api: &Client, id: &str, show: bool) -> anyhow::Result<MoveStatus> {
     let bar = (show && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
@@ -138,7 +138,7 @@ async fn follow(api: &Client, id: &str, show: bool) -> anyhow::Result<MigrationS
     }
 }
 
-fn line(m: &MigrationStatus) -> String {
+fn line(m: &MoveStatus) -> String {
     let mut text = format!(
         "{} {} -> {}: {}, {}/{} records copied, {} mirrored",
         m.id,
@@ -158,7 +158,7 @@ fn line(m: &MigrationStatus) -> String {
     text
 }
 
-fn print(status: &MigrationStatus, json: bool) -> anyhow::Result<()> {
+fn print(status: &MoveStatus, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(status)?);
     } else {
