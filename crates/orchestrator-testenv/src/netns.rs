@@ -31,13 +31,16 @@ const INIT_WAIT: Duration = Duration::from_secs(15);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(25);
 
-/// `setpriv`'s arguments that start a program with no capability at all:
-/// none inheritable, none ambient, and none in the bounding set (so that
-/// even uid 0 gains none at `exec`).
+/// `setpriv`'s arguments that start a program with a bounded set of
+/// capabilities: none inheritable, none ambient, and in the bounding set
+/// only what a root daemon needs to drop to its own user and own its
+/// files (`setpriv --reuid postgres`, `chown`), never CAP_SYS_ADMIN,
+/// CAP_NET_ADMIN or anything else that reaches past the node.
 const NO_CAPABILITIES: [&str; 4] = [
     "--inh-caps=-all",
     "--ambient-caps=-all",
-    "--bounding-set=-all",
+    "--bounding-set=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,\
++net_bind_service,+net_raw,+sys_chroot,+audit_write,+setfcap",
     "--",
 ];
 
@@ -295,7 +298,7 @@ impl Provider for NamespaceProvider {
             .arg(format!("--wd={}", node_dir.display()))
             .arg("--")
             // `nsenter` needs the service's capabilities to enter; what
-            // runs in the node gets none of them, root or not.
+            // runs in the node keeps only the bounded set, root or not.
             .arg("setpriv")
             .args(NO_CAPABILITIES)
             .arg(program)
