@@ -189,3 +189,55 @@ fn files_in(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
     files.sort();
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_scripts() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    }
+
+    #[test]
+    fn the_shipped_taskservs_say_which_are_simulated() {
+        let catalog = Catalog::load(&repo_scripts(), None).unwrap();
+        let (simulated, real): (Vec<String>, Vec<String>) = catalog
+            .taskserv_names()
+            .into_iter()
+            .partition(|name| catalog.taskserv(name).unwrap().simulated);
+        assert_eq!(simulated, ["containerd", "kubernetes"]);
+        assert_eq!(real, ["etcd", "postgres", "redis"]);
+        for name in catalog.taskserv_names() {
+            let info = catalog.taskserv(&name).unwrap();
+            // A description never calls a stand-in real, nor a real one
+            // simulated.
+            assert_eq!(
+                info.description.contains("simulated"),
+                info.simulated,
+                "{info:?}"
+            );
+            assert_eq!(
+                catalog.start_script(&name),
+                Some(format!("taskservs/{name}/start.py").as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_taskserv_needs_a_start_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let taskserv = dir.path().join("taskservs/foo");
+        std::fs::create_dir_all(&taskserv).unwrap();
+        std::fs::write(taskserv.join("testenv.json"), r#"{"port": 7000}"#).unwrap();
+        std::fs::write(taskserv.join("check.nu"), "").unwrap();
+        let err = Catalog::load(dir.path(), None).unwrap_err().to_string();
+        assert!(
+            err.ends_with("the taskserv has no start script beside it (start.py, start.nu, start.sh)"),
+            "{err}"
+        );
+        std::fs::write(taskserv.join("start.sh"), "").unwrap();
+        let catalog = Catalog::load(dir.path(), None).unwrap();
+        assert_eq!(catalog.start_script("foo"), Some("taskservs/foo/start.sh"));
+        assert!(!catalog.taskserv("foo").unwrap().simulated);
+    }
+}
