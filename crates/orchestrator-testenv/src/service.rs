@@ -869,21 +869,23 @@ impl TestEnvs {
 }
 
 /// Where a node is from its install and start steps, and why it failed.
+/// A step that never ran (its workflow stopped first) is no failure of
+/// the node's.
 fn node_status(install: Option<&Task>, start: Option<&Task>) -> (NodeStatus, Option<String>) {
-    let failed = |t: &Task| {
-        matches!(
-            t.status,
-            TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped | TaskStatus::NotStarted
-        )
+    let done = |t: &Task| t.status == TaskStatus::Completed;
+    let failed = |t: &Task| matches!(t.status, TaskStatus::Failed | TaskStatus::Cancelled);
+    let never = |t: &Task| matches!(t.status, TaskStatus::Skipped | TaskStatus::NotStarted);
+    let error = |t: &Task| {
+        t.error
+            .clone()
+            .or_else(|| Some(format!("its step {} ended {}", t.name, t.status)))
     };
-    let error = |t: &Task| t.error.clone().or_else(|| Some(format!("its step {}", t.status)));
     match (install, start) {
-        (Some(t), _) if failed(t) => (NodeStatus::Failed, error(t)),
-        (_, Some(t)) if failed(t) => (NodeStatus::Failed, error(t)),
-        (_, Some(t)) if t.status == TaskStatus::Completed => (NodeStatus::Running, None),
-        (Some(i), Some(_)) if i.status == TaskStatus::Completed => (NodeStatus::Starting, None),
-        (Some(t), None) if t.status == TaskStatus::Completed => (NodeStatus::Installed, None),
-        (Some(t), _) if t.status == TaskStatus::Running || t.status == TaskStatus::RetryWaiting => {
+        (Some(t), _) | (_, Some(t)) if failed(t) => (NodeStatus::Failed, error(t)),
+        (_, Some(t)) if done(t) => (NodeStatus::Running, None),
+        (Some(i), Some(s)) if done(i) && !never(s) => (NodeStatus::Starting, None),
+        (Some(i), _) if done(i) => (NodeStatus::Installed, None),
+        (Some(t), _) if matches!(t.status, TaskStatus::Running | TaskStatus::RetryWaiting) => {
             (NodeStatus::Installing, None)
         }
         _ => (NodeStatus::Creating, None),
