@@ -232,7 +232,9 @@ mod tests {
         std::fs::write(taskserv.join("check.nu"), "").unwrap();
         let err = Catalog::load(dir.path(), None).unwrap_err().to_string();
         assert!(
-            err.ends_with("the taskserv has no start script beside it (start.py, start.nu, start.sh)"),
+            err.ends_with(
+                "the taskserv has no start script beside it (start.py, start.nu, start.sh)"
+            ),
             "{err}"
         );
         std::fs::write(taskserv.join("start.sh"), "").unwrap();

@@ -15,9 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use orchestrator_core::retention::Keep;
 use orchestrator_core::template::Template;
-use orchestrator_core::{
-    Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
-};
+use orchestrator_core::{Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 use orchestrator_engine::Engine;
 use orchestrator_engine::{Meta, SubmitRequest, TemplateSource};
 use orchestrator_storage::WorkflowQuery;

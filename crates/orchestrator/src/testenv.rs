@@ -330,7 +330,11 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
         &nodes,
     );
     for node in env.nodes.iter().filter(|n| n.error.is_some()) {
-        println!("node {}: {}", node.plan.name, text(node.error.as_deref().unwrap_or_default()));
+        println!(
+            "node {}: {}",
+            node.plan.name,
+            text(node.error.as_deref().unwrap_or_default())
+        );
     }
     if env.last_run.is_some() {
         println!();

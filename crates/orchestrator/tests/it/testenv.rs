@@ -359,7 +359,11 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
     const CAP_DAC_OVERRIDE: u64 = 1 << 1;
     const CAP_NET_ADMIN: u64 = 1 << 12;
     const CAP_SYS_ADMIN: u64 = 1 << 21;
-    assert_eq!(set("CapBnd") & (CAP_NET_ADMIN | CAP_SYS_ADMIN), 0, "{status}");
+    assert_eq!(
+        set("CapBnd") & (CAP_NET_ADMIN | CAP_SYS_ADMIN),
+        0,
+        "{status}"
+    );
     assert_eq!(set("CapEff") & !CAP_DAC_OVERRIDE, 0, "{status}");
     let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(!uid.split_whitespace().skip(1).any(|id| id == "0"), "{uid}");
@@ -876,7 +880,11 @@ async fn the_cli_runs_a_quick_test_and_each_env_command() {
         assert_eq!(row(taskserv)[1..3], [port, kind], "{listed}");
     }
     assert_eq!(row("etcd_cluster")[3], "none", "{listed}");
-    assert_eq!(row("kubernetes_3node")[3], "containerd,kubernetes", "{listed}");
+    assert_eq!(
+        row("kubernetes_3node")[3],
+        "containerd,kubernetes",
+        "{listed}"
+    );
 
     let quick = cli(&["test", "quick", "etcd_cluster"]).await;
     let stdout = String::from_utf8_lossy(&quick.stdout).into_owned();
@@ -1033,7 +1041,10 @@ fn host_version(taskserv: &str) -> String {
     };
     let output = Command::new(&program).arg("--version").output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let at = text.find(pattern).unwrap_or_else(|| panic!("{program}: {text}")) + pattern.len();
+    let at = text
+        .find(pattern)
+        .unwrap_or_else(|| panic!("{program}: {text}"))
+        + pattern.len();
     text[at..].split_whitespace().next().unwrap().to_owned()
 }
 
@@ -1153,14 +1164,24 @@ async fn etcd_cluster_forms_one_three_member_cluster() {
     }
     let value = uuid::Uuid::now_v7().to_string();
     assert_eq!(
-        in_netns(&ns1, "etcdctl", &["--endpoints", &url1, "put", "from-etcd1", &value]),
+        in_netns(
+            &ns1,
+            "etcdctl",
+            &["--endpoints", &url1, "put", "from-etcd1", &value]
+        ),
         "OK"
     );
     assert_eq!(
         in_netns(
             &ns3,
             "etcdctl",
-            &["--endpoints", &url3, "get", "from-etcd1", "--print-value-only"]
+            &[
+                "--endpoints",
+                &url3,
+                "get",
+                "from-etcd1",
+                "--print-value-only"
+            ]
         ),
         value
     );
@@ -1195,7 +1216,11 @@ async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
     // The page names each node's taskservs with the versions of the
     // binaries they run: the host's, since a node's root is the host's.
     let taskserv = |env: &Value, node: &str| env_node(env, node)["services"][0].clone();
-    for (env, node, name) in [(&env, "pg", "postgres"), (&env, "redis", "redis"), (&single, "redis", "redis")] {
+    for (env, node, name) in [
+        (&env, "pg", "postgres"),
+        (&env, "redis", "redis"),
+        (&single, "redis", "redis"),
+    ] {
         let started = taskserv(env, node);
         assert_eq!(started["name"], name, "{env}");
         assert_eq!(started["version"], host_version(name).as_str(), "{env}");
@@ -1240,13 +1265,24 @@ async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
         in_netns(
             &ns("redis"),
             "psql",
-            &["-h", &addr("pg"), "-U", "postgres", "-XAtc", "select 40 + 2"]
+            &[
+                "-h",
+                &addr("pg"),
+                "-U",
+                "postgres",
+                "-XAtc",
+                "select 40 + 2"
+            ]
         ),
         "42"
     );
     let value = uuid::Uuid::now_v7().to_string();
     assert_eq!(
-        in_netns(&ns("pg"), "redis-cli", &["-h", &addr("redis"), "SET", "k", &value]),
+        in_netns(
+            &ns("pg"),
+            "redis-cli",
+            &["-h", &addr("redis"), "SET", "k", &value]
+        ),
         "OK"
     );
     assert_eq!(
