@@ -9,6 +9,8 @@ client and peer URLs and the cluster it joined.
 import os
 import sys
 
+# No __pycache__ beside the shared scripts: a node writes only its own files.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
 import taskserv_start as ts  # noqa: E402
 

@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import sys
 
+# No __pycache__ beside the shared scripts: a node writes only its own files.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
 import taskserv_start as ts  # noqa: E402
 

@@ -7,6 +7,8 @@ PONG. The input and the result are lib/taskserv_start.py's.
 import os
 import sys
 
+# No __pycache__ beside the shared scripts: a node writes only its own files.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
 import taskserv_start as ts  # noqa: E402
 
