@@ -424,3 +424,55 @@ impl StepRunner for NodeRunner {
         0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::model::CreateRequest;
+
+    #[test]
+    fn a_start_script_learns_its_node_and_the_peers_of_its_taskserv() {
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let request: CreateRequest = serde_json::from_value(json!({
+            "type": "cluster",
+            "topology": {"name": "mixed", "nodes": [
+                {"name": "a", "taskservs": ["etcd", "redis"]},
+                {"name": "b", "taskservs": ["redis"]},
+                {"name": "c", "taskservs": ["etcd"]},
+            ]},
+        }))
+        .unwrap();
+        let plan = EnvPlan::new(
+            &request,
+            &catalog,
+            uuid::Uuid::now_v7(),
+            "abcd",
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        let input = start_input(&plan, &plan.nodes[2], "etcd", 2379);
+        assert_eq!(
+            input,
+            json!({
+                "env": plan.id,
+                "taskserv": "etcd",
+                "node": "c",
+                "address": format!("{}.12", plan.subnet),
+                "subnet": format!("{}.0/24", plan.subnet),
+                "port": 2379,
+                // The nodes that run etcd, in the plan's order: b does not.
+                "peers": [
+                    {"name": "a", "address": format!("{}.10", plan.subnet)},
+                    {"name": "c", "address": format!("{}.12", plan.subnet)},
+                ],
+                "data_dir": "taskservs/etcd",
+            })
+        );
+    }
+}
