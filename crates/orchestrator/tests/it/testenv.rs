@@ -287,6 +287,24 @@ async fn every_type_and_every_topology_is_made_checked_and_torn_down() {
         ]
     );
 
+    // Which taskservs are real, which stand-ins.
+    let simulated: Vec<(&str, bool)> = listed["taskservs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["simulated"] == true))
+        .collect();
+    assert_eq!(
+        simulated,
+        [
+            ("containerd", true),
+            ("etcd", false),
+            ("kubernetes", true),
+            ("postgres", false),
+            ("redis", false)
+        ]
+    );
+
     // Seven environments at once (the most is eight): checks per
     // taskserv on its node, plus the topology's across nodes.
     let cluster = |topology: &str| json!({"type": "cluster", "topology": topology});
@@ -1293,6 +1311,55 @@ async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
     for env in [&env, &single, &simulated] {
         delete(&service, env["id"].as_str().unwrap()).await;
     }
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_start_replaces_the_daemon_it_finds_and_never_adopts_it() {
+    if !privileged("a_second_start_replaces_the_daemon_it_finds_and_never_adopts_it") {
+        return;
+    }
+    let tagged = Tagged::new("restart");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    // Not started by its create: each run starts it again, then checks it.
+    let env = create(
+        &service,
+        json!({"type": "single_taskserv", "taskserv": "redis", "auto_start": false}),
+    )
+    .await;
+    let id = env["id"].as_str().unwrap();
+    let netns = env["nodes"][0]["netns"].as_str().unwrap().to_owned();
+    assert_eq!(env["nodes"][0]["status"], "installed", "{env}");
+    assert_eq!(node_process(&netns, &["redis-server"]), None);
+
+    let first = run(&service, id).await;
+    assert_eq!(first["status"], "passed", "{first}");
+    let before = node_process(&netns, &["redis-server"]).expect("redis runs");
+    let second = run(&service, id).await;
+    assert_eq!(second["status"], "passed", "{second}");
+    let after = node_process(&netns, &["redis-server"]).expect("redis runs again");
+    assert_ne!(before, after, "the second start adopted the first daemon");
+    // The first is gone (at most a zombie no one reaps): one redis runs.
+    let running: Vec<i32> = lines("ip", &["netns", "pids", &netns])
+        .iter()
+        .filter_map(|p| p.trim().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("redis-server"))
+        })
+        .collect();
+    assert_eq!(running, [after], "{running:?}");
+    let (_, env) = service.get(&format!("/test/environments/{id}")).await;
+    assert_eq!(env["nodes"][0]["status"], "running", "{env}");
+    let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    assert!(
+        logs.to_string().contains("stopping redis-server (pid"),
+        "{logs}"
+    );
+
+    delete(&service, id).await;
     assert_eq!(tagged.leftovers(), Leftovers::none());
     service.stop().await;
 }
