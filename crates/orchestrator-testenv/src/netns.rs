@@ -2,8 +2,9 @@
 //! on the host (so nothing routes between environments or to the host);
 //! per node: a network namespace with a veth pair on that bridge and its
 //! own address, and a first process, `sleep infinity`, started with
-//! `unshare` in new UTS, mount and PID namespaces (host name = node name,
-//! a private `/etc/hosts` bind-mounted, `/proc` of its own). Programs
+//! `unshare` in new UTS, mount, PID and IPC namespaces (host name = node
+//! name, a private `/etc/hosts` bind-mounted, `/proc` of its own, System V
+//! IPC of its own). Programs
 //! enter a node with `nsenter` on that process. Everything is done by
 //! running `ip`, `unshare`, `nsenter`, `hostname` and `mount` directly,
 //! never through a shell.
@@ -191,7 +192,7 @@ impl NamespaceProvider {
         let node_dir = names.dir(root).join(&node.name);
         let mut init = Command::new("ip");
         init.args([
-            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--fork",
+            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--ipc", "--fork",
         ])
         .args([
             "--mount-proc",
@@ -294,7 +295,9 @@ impl Provider for NamespaceProvider {
         command
             .arg("-t")
             .arg(pid.to_string())
-            .args(["-n", "-u", "-m", "-p"])
+            // Its own System V IPC too: what a daemon leaves there (a
+            // killed PostgreSQL's segment) goes with the node.
+            .args(["-n", "-u", "-m", "-p", "-i"])
             .arg(format!("--wd={}", node_dir.display()))
             .arg("--")
             // `nsenter` needs the service's capabilities to enter; what

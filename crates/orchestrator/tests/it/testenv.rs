@@ -1209,6 +1209,20 @@ async fn etcd_cluster_forms_one_three_member_cluster() {
     service.stop().await;
 }
 
+/// The host's System V shared memory segments that no process holds,
+/// by key (`ipcs -m`): what a killed PostgreSQL would leave behind.
+fn unattached_segments() -> std::collections::BTreeSet<String> {
+    lines("ipcs", &["-m"])
+        .iter()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            // key shmid owner perms bytes nattch [status]
+            (cells.len() >= 6 && cells[0].starts_with("0x") && cells[5] == "0")
+                .then(|| cells[0].to_owned())
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
     if !privileged("postgres_and_redis_answer_across_nodes_with_the_hosts_versions") {
@@ -1217,6 +1231,7 @@ async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
     let tagged = Tagged::new("pgredis");
     let dir = tempfile::tempdir().unwrap();
     let service = TestService::start(tagged.settings(dir.path())).await;
+    let segments = unattached_segments();
     let (env, single, simulated) = tokio::join!(
         create(
             &service,
@@ -1312,6 +1327,13 @@ async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
         delete(&service, env["id"].as_str().unwrap()).await;
     }
     assert_eq!(tagged.leftovers(), Leftovers::none());
+    // PostgreSQL, killed by the teardown, left its System V segment in its
+    // node's IPC namespace, gone with the node: none on the host.
+    let left: Vec<String> = unattached_segments()
+        .difference(&segments)
+        .cloned()
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "left on the host");
     service.stop().await;
 }
 
