@@ -43,9 +43,11 @@ def main():
         # mistake each other (they cannot reach each other either).
         "--initial-cluster-token", f"testenv-{data.get('env', '')}",
         "--initial-cluster-state", "new",
-        # A bridge on one host: elections may be quick.
-        "--heartbeat-interval", "50",
-        "--election-timeout", "500",
+        # etcd's own defaults, said aloud: quicker elections would save a
+        # second at the start, but on a busy host (CI) members could lose
+        # their leader in the middle of a check.
+        "--heartbeat-interval", "100",
+        "--election-timeout", "1000",
         "--quota-backend-bytes", str(64 * 1024 * 1024),
     ]
     # etcd would read ETCD_* settings from the environment; it gets none.
