@@ -1,7 +1,8 @@
 //! What environments are made of: the topology templates (compiled in from
 //! `templates/topologies/`, then the files of `<templates dir>/topologies/`,
 //! which replace them by name) and the taskservs a node can run (every
-//! `scripts/taskservs/<name>/` with a `testenv.json` and a `check.nu`).
+//! `scripts/taskservs/<name>/` with a `testenv.json`, a start script and a
+//! `check.nu`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,14 +37,22 @@ const BUILT_IN: &[(&str, &str)] = &[
     ),
 ];
 
+/// The start scripts a taskserv may have, in the order they are looked
+/// for (`scripts/taskservs/<name>/<file>`).
+pub const START_SCRIPTS: &[&str] = &["start.py", "start.nu", "start.sh"];
+
 /// A taskserv as test environments know it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TaskservInfo {
     pub name: String,
-    /// The port its simulated service listens on in its node.
+    /// The port its service listens on in its node (and checks ask).
     pub port: u16,
     #[serde(default)]
     pub description: String,
+    /// It cannot run here for real: a stand-in answers on its port, and
+    /// its checks test only that it answers.
+    #[serde(default)]
+    pub simulated: bool,
 }
 
 /// `scripts/taskservs/<name>/testenv.json`.
@@ -53,6 +62,8 @@ struct TaskservFile {
     port: u16,
     #[serde(default)]
     description: String,
+    #[serde(default)]
+    simulated: bool,
 }
 
 /// Topologies and taskservs, read once at start.
@@ -60,6 +71,8 @@ struct TaskservFile {
 pub struct Catalog {
     topologies: BTreeMap<String, Topology>,
     taskservs: BTreeMap<String, TaskservInfo>,
+    /// Each taskserv's start script, relative to the scripts dir.
+    start_scripts: BTreeMap<String, String>,
 }
 
 impl Catalog {
@@ -81,6 +94,7 @@ impl Catalog {
             }
         }
         let mut taskservs = BTreeMap::new();
+        let mut start_scripts = BTreeMap::new();
         let dir = scripts_dir.join("taskservs");
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries.flatten().map(|e| e.path()).collect::<Vec<_>>(),
@@ -100,6 +114,16 @@ impl Catalog {
             if !path.join("check.nu").is_file() {
                 return Err(invalid(&at, "the taskserv has no check.nu beside it"));
             }
+            let Some(start) = START_SCRIPTS.iter().find(|file| path.join(file).is_file()) else {
+                return Err(invalid(
+                    &at,
+                    format!(
+                        "the taskserv has no start script beside it ({})",
+                        START_SCRIPTS.join(", ")
+                    ),
+                ));
+            };
+            start_scripts.insert(name.clone(), format!("taskservs/{name}/{start}"));
             let text = std::fs::read_to_string(&meta).map_err(|e| invalid(&at, e.to_string()))?;
             let file: TaskservFile =
                 serde_json::from_str(&text).map_err(|e| invalid(&at, e.to_string()))?;
@@ -109,12 +133,14 @@ impl Catalog {
                     name,
                     port: file.port,
                     description: file.description,
+                    simulated: file.simulated,
                 },
             );
         }
         Ok(Catalog {
             topologies,
             taskservs,
+            start_scripts,
         })
     }
 
@@ -132,6 +158,12 @@ impl Catalog {
 
     pub fn taskserv(&self, name: &str) -> Option<&TaskservInfo> {
         self.taskservs.get(name)
+    }
+
+    /// The script that starts `taskserv` in a node, relative to the
+    /// scripts dir (`taskservs/<name>/start.py`).
+    pub fn start_script(&self, taskserv: &str) -> Option<&str> {
+        self.start_scripts.get(taskserv).map(String::as_str)
     }
 
     pub fn taskserv_names(&self) -> Vec<String> {
@@ -156,4 +188,58 @@ fn files_in(dir: &Path, extension: &str) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_scripts() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    }
+
+    #[test]
+    fn the_shipped_taskservs_say_which_are_simulated() {
+        let catalog = Catalog::load(&repo_scripts(), None).unwrap();
+        let (simulated, real): (Vec<String>, Vec<String>) = catalog
+            .taskserv_names()
+            .into_iter()
+            .partition(|name| catalog.taskserv(name).unwrap().simulated);
+        assert_eq!(simulated, ["containerd", "kubernetes"]);
+        assert_eq!(real, ["etcd", "postgres", "redis"]);
+        for name in catalog.taskserv_names() {
+            let info = catalog.taskserv(&name).unwrap();
+            // A description never calls a stand-in real, nor a real one
+            // simulated.
+            assert_eq!(
+                info.description.contains("simulated"),
+                info.simulated,
+                "{info:?}"
+            );
+            assert_eq!(
+                catalog.start_script(&name),
+                Some(format!("taskservs/{name}/start.py").as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_taskserv_needs_a_start_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let taskserv = dir.path().join("taskservs/foo");
+        std::fs::create_dir_all(&taskserv).unwrap();
+        std::fs::write(taskserv.join("testenv.json"), r#"{"port": 7000}"#).unwrap();
+        std::fs::write(taskserv.join("check.nu"), "").unwrap();
+        let err = Catalog::load(dir.path(), None).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "the taskserv has no start script beside it (start.py, start.nu, start.sh)"
+            ),
+            "{err}"
+        );
+        std::fs::write(taskserv.join("start.sh"), "").unwrap();
+        let catalog = Catalog::load(dir.path(), None).unwrap();
+        assert_eq!(catalog.start_script("foo"), Some("taskservs/foo/start.sh"));
+        assert!(!catalog.taskserv("foo").unwrap().simulated);
+    }
 }

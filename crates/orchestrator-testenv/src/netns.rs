@@ -2,8 +2,9 @@
 //! on the host (so nothing routes between environments or to the host);
 //! per node: a network namespace with a veth pair on that bridge and its
 //! own address, and a first process, `sleep infinity`, started with
-//! `unshare` in new UTS, mount and PID namespaces (host name = node name,
-//! a private `/etc/hosts` bind-mounted, `/proc` of its own). Programs
+//! `unshare` in new UTS, mount, PID and IPC namespaces (host name = node
+//! name, a private `/etc/hosts` bind-mounted, `/proc` of its own, System V
+//! IPC of its own). Programs
 //! enter a node with `nsenter` on that process. Everything is done by
 //! running `ip`, `unshare`, `nsenter`, `hostname` and `mount` directly,
 //! never through a shell.
@@ -31,13 +32,16 @@ const INIT_WAIT: Duration = Duration::from_secs(15);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(25);
 
-/// `setpriv`'s arguments that start a program with no capability at all:
-/// none inheritable, none ambient, and none in the bounding set (so that
-/// even uid 0 gains none at `exec`).
+/// `setpriv`'s arguments that start a program with a bounded set of
+/// capabilities: none inheritable, none ambient, and in the bounding set
+/// only what a root daemon needs to drop to its own user and own its
+/// files (`setpriv --reuid postgres`, `chown`), never CAP_SYS_ADMIN,
+/// CAP_NET_ADMIN or anything else that reaches past the node.
 const NO_CAPABILITIES: [&str; 4] = [
     "--inh-caps=-all",
     "--ambient-caps=-all",
-    "--bounding-set=-all",
+    "--bounding-set=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,\
++net_bind_service,+net_raw,+sys_chroot,+audit_write,+setfcap",
     "--",
 ];
 
@@ -188,7 +192,7 @@ impl NamespaceProvider {
         let node_dir = names.dir(root).join(&node.name);
         let mut init = Command::new("ip");
         init.args([
-            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--fork",
+            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--ipc", "--fork",
         ])
         .args([
             "--mount-proc",
@@ -291,11 +295,13 @@ impl Provider for NamespaceProvider {
         command
             .arg("-t")
             .arg(pid.to_string())
-            .args(["-n", "-u", "-m", "-p"])
+            // Its own System V IPC too: what a daemon leaves there (a
+            // killed PostgreSQL's segment) goes with the node.
+            .args(["-n", "-u", "-m", "-p", "-i"])
             .arg(format!("--wd={}", node_dir.display()))
             .arg("--")
             // `nsenter` needs the service's capabilities to enter; what
-            // runs in the node gets none of them, root or not.
+            // runs in the node keeps only the bounded set, root or not.
             .arg("setpriv")
             .args(NO_CAPABILITIES)
             .arg(program)

@@ -7,10 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use orchestrator_executor::{
     Attempt, InputRefusal, Launcher, LogSink, Outcome, ScriptExecutor, StepRunner,
@@ -32,8 +31,6 @@ pub const TARGETS: &[&str] = &[
     "testenv/teardown",
 ];
 
-/// How long a started service may take to listen.
-const START_WAIT: Duration = Duration::from_secs(30);
 /// The most of one program's output kept in the log of a step, per line.
 const MAX_LINE: usize = 8 * 1024;
 
@@ -205,107 +202,46 @@ impl NodeRunner {
         }
     }
 
-    /// Starts each taskserv's service of `node` (stopping any left from an
-    /// earlier attempt), and waits until each listens.
+    /// Starts each taskserv of `node` with its start script, inside the
+    /// node (`taskservs/<name>/start.py`: it stops what an earlier attempt
+    /// left, starts the daemon detached and waits until it answers by its
+    /// own protocol); each script's result names the version it runs.
     async fn start(
         &self,
         attempt: &Attempt<'_>,
         plan: &EnvPlan,
         node: &NodePlan,
     ) -> Result<Value, Outcome> {
-        let serve = self
-            .scripts
-            .resolve("testenv/serve.py")
-            .map_err(|e| failed(e.to_string()))?;
-        let python = match &serve.launcher {
-            Launcher::Interpreter(interpreter) => interpreter.clone(),
-            Launcher::Direct => PathBuf::from("python3"),
-        };
-        let run_dir = plan.names().dir(&self.root).join(&node.name).join("run");
         let mut started = Vec::new();
         for taskserv in &node.taskservs {
-            let port = self
-                .catalog
-                .taskserv(taskserv)
-                .map(|t| t.port)
-                .ok_or_else(|| failed(format!("unknown taskserv `{taskserv}`")))?;
-            let ready = run_dir.join(format!("{taskserv}.ready"));
-            let ready_arg = ready.to_string_lossy().into_owned();
-            // Left-overs are stopped, never adopted.
-            for (pid, cmdline) in self
-                .provider
-                .processes(plan, node)
-                .await
-                .map_err(|e| failed(e.to_string()))?
-            {
-                if cmdline.contains(&ready_arg) {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            let (Some(info), Some(script)) = (
+                self.catalog.taskserv(taskserv),
+                self.catalog.start_script(taskserv),
+            ) else {
+                return Err(failed(format!("unknown taskserv `{taskserv}`")));
+            };
+            let input = start_input(plan, node, taskserv, info.port);
+            let output = self.run_script(attempt, plan, node, script, &input).await?;
+            match output.get("version").and_then(Value::as_str) {
+                Some(version) if output.get("taskserv") == Some(&json!(taskserv)) => {
+                    Self::say(
+                        &attempt.log,
+                        format!(
+                            "[{}] {taskserv} {version} started on port {}",
+                            node.name, info.port
+                        ),
+                    )
+                    .await;
                 }
-            }
-            let _ = std::fs::remove_file(&ready);
-            let log_path = run_dir.join(format!("{taskserv}.log"));
-            let log_file = std::fs::File::create(&log_path)
-                .and_then(|f| Ok((f.try_clone()?, f)))
-                .map_err(|e| failed(format!("{}: {e}", log_path.display())))?;
-            let args = vec![
-                serve.path.to_string_lossy().into_owned(),
-                "--service".to_owned(),
-                taskserv.clone(),
-                "--port".to_owned(),
-                port.to_string(),
-                "--ready".to_owned(),
-                ready_arg.clone(),
-            ];
-            let mut command = self
-                .provider
-                .command(plan, node, &self.root, &python, &args)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            command
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(log_file.0))
-                .stderr(Stdio::from(log_file.1));
-            let mut child = command.spawn().map_err(|e| {
-                failed(format!(
-                    "cannot start {taskserv} in node {}: {e}",
-                    node.name
-                ))
-            })?;
-            let deadline = tokio::time::Instant::now() + START_WAIT;
-            loop {
-                if ready.exists() {
-                    break;
-                }
-                if let Ok(Some(status)) = child.try_wait() {
-                    let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+                _ => {
                     return Err(failed(format!(
-                        "{taskserv} in node {} exited ({status}) before listening on port {port}: {}",
-                        node.name,
-                        tail.lines().last().unwrap_or_default()
+                        "{script} in node {} printed no {{\"taskserv\": \"{taskserv}\", \"version\"}} \
+                         as its last line: {output}",
+                        node.name
                     )));
                 }
-                if attempt.cancel.is_cancelled() {
-                    return Err(Outcome::Cancelled);
-                }
-                if tokio::time::Instant::now() > deadline {
-                    return Err(failed(format!(
-                        "{taskserv} in node {} did not listen on port {port} within {} s",
-                        node.name,
-                        START_WAIT.as_secs()
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            // It runs until the node is torn down; reap it then.
-            tokio::spawn(async move {
-                let _ = child.wait().await;
-            });
-            Self::say(
-                &attempt.log,
-                format!("[{}] {taskserv} listens on port {port}", node.name),
-            )
-            .await;
-            started.push(json!({"taskserv": taskserv, "port": port}));
+            started.push(output);
         }
         Ok(json!({"node": node.name, "started": started}))
     }
@@ -409,6 +345,29 @@ impl NodeRunner {
     }
 }
 
+/// What a start script reads on stdin (see `scripts/lib/taskserv_start.py`):
+/// the node, its address and subnet, the taskserv's port, the nodes that
+/// run the same taskserv (an etcd member's cluster), and its data dir,
+/// relative to the node's `ORCHESTRATOR_DATA_DIR`.
+fn start_input(plan: &EnvPlan, node: &NodePlan, taskserv: &str, port: u16) -> Value {
+    let peers: Vec<Value> = plan
+        .nodes
+        .iter()
+        .filter(|n| n.taskservs.iter().any(|t| t == taskserv))
+        .map(|n| json!({"name": n.name, "address": n.address}))
+        .collect();
+    json!({
+        "env": plan.id,
+        "taskserv": taskserv,
+        "node": node.name,
+        "address": node.address,
+        "subnet": format!("{}.0/24", plan.subnet),
+        "port": port,
+        "peers": peers,
+        "data_dir": format!("taskservs/{taskserv}"),
+    })
+}
+
 fn failed(error: impl Into<String>) -> Outcome {
     Outcome::Failed {
         exit_code: None,
@@ -463,5 +422,57 @@ impl StepRunner for NodeRunner {
         // step stops it itself (`nodes` makes the nodes again, `start`
         // kills the services it replaces), and teardown removes the rest.
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::model::CreateRequest;
+
+    #[test]
+    fn a_start_script_learns_its_node_and_the_peers_of_its_taskserv() {
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let request: CreateRequest = serde_json::from_value(json!({
+            "type": "cluster",
+            "topology": {"name": "mixed", "nodes": [
+                {"name": "a", "taskservs": ["etcd", "redis"]},
+                {"name": "b", "taskservs": ["redis"]},
+                {"name": "c", "taskservs": ["etcd"]},
+            ]},
+        }))
+        .unwrap();
+        let plan = EnvPlan::new(
+            &request,
+            &catalog,
+            uuid::Uuid::now_v7(),
+            "abcd",
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        let input = start_input(&plan, &plan.nodes[2], "etcd", 2379);
+        assert_eq!(
+            input,
+            json!({
+                "env": plan.id,
+                "taskserv": "etcd",
+                "node": "c",
+                "address": format!("{}.12", plan.subnet),
+                "subnet": format!("{}.0/24", plan.subnet),
+                "port": 2379,
+                // The nodes that run etcd, in the plan's order: b does not.
+                "peers": [
+                    {"name": "a", "address": format!("{}.10", plan.subnet)},
+                    {"name": "c", "address": format!("{}.12", plan.subnet)},
+                ],
+                "data_dir": "taskservs/etcd",
+            })
+        );
     }
 }

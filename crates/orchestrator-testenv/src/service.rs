@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use orchestrator_core::retention::Keep;
 use orchestrator_core::template::Template;
-use orchestrator_core::{Priority, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use orchestrator_core::{Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 use orchestrator_engine::Engine;
 use orchestrator_engine::{Meta, SubmitRequest, TemplateSource};
 use orchestrator_storage::WorkflowQuery;
@@ -41,6 +41,10 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 const MAX_LOG_BYTES: usize = 256 * 1024;
 /// The most workflows of one kind that are read to find environments.
 const MAX_LISTED: usize = 2000;
+/// The most lines of a check's log in its result.
+const LOG_TAIL_LINES: usize = 12;
+/// How much of a check's log is read for its tail, at most.
+const LOG_TAIL_BYTES: usize = 16 * 1024;
 /// How long a delete waits for a cancelled create or run to stop.
 const CANCEL_WAIT: Duration = Duration::from_secs(60);
 
@@ -82,6 +86,64 @@ pub struct CheckResult {
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the check script printed as its result (what it reached: the
+    /// members, the server's version, the keys it wrote), once it passed.
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// The last lines of the check's log: its `ok:` lines, or why it
+    /// failed (the client's own error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
+}
+
+/// Where a node is, as its steps say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    /// Its namespaces are being made, or its install waits.
+    Creating,
+    Installing,
+    /// Installed, not started (`auto_start: false`, before a run).
+    Installed,
+    Starting,
+    /// Its taskservs started and answered (as of their start step).
+    Running,
+    /// Its install or start failed; `error` says why.
+    Failed,
+    /// Torn down.
+    Deleted,
+}
+
+/// A taskserv of a node, as its start step left it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskservView {
+    pub name: String,
+    pub port: u16,
+    /// A stand-in answers on its port: nothing real runs.
+    pub simulated: bool,
+    /// The version its start script read from the binary it started
+    /// (`etcd --version`, ...), `simulated` for a stand-in; absent until
+    /// it started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The start script's whole result (pid, URLs, ...).
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started: Option<Value>,
+}
+
+/// A node of an environment: its plan (name, address, namespace, ...),
+/// its status, and its taskservs with their versions.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeView {
+    #[serde(flatten)]
+    pub plan: NodePlan,
+    pub status: NodeStatus,
+    /// Why its install or start failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub services: Vec<TaskservView>,
 }
 
 /// A run: its workflow and each check's result.
@@ -107,7 +169,7 @@ pub struct EnvView {
     pub topology: Option<String>,
     pub status: EnvStatus,
     pub provider: String,
-    pub nodes: Vec<NodePlan>,
+    pub nodes: Vec<NodeView>,
     pub auto_start: bool,
     pub auto_cleanup: bool,
     pub ttl_secs: u64,
@@ -323,10 +385,11 @@ impl TestEnvs {
     /// Every environment this service keeps, newest first (deleted ones too).
     pub async fn list(&self) -> Result<Vec<EnvView>> {
         let records = self.records().await?;
-        let mut views: Vec<EnvView> = records
-            .into_values()
-            .map(|record| self.view(&record, None))
-            .collect();
+        let mut views = Vec::with_capacity(records.len());
+        for record in records.into_values() {
+            let nodes = self.node_views(&record).await?;
+            views.push(self.view(&record, nodes, None));
+        }
         views.sort_by_key(|v| std::cmp::Reverse(v.created_at));
         Ok(views)
     }
@@ -338,7 +401,8 @@ impl TestEnvs {
             Some(run) => Some(self.run_view(&record.plan, run.id).await?),
             None => None,
         };
-        Ok(self.view(&record, last_run))
+        let nodes = self.node_views(&record).await?;
+        Ok(self.view(&record, nodes, last_run))
     }
 
     /// Starts a run: each taskserv's check on its node, then the topology's
@@ -613,7 +677,80 @@ impl TestEnvs {
             .ok_or_else(|| Error::NotFound(id.to_owned()))
     }
 
-    fn view(&self, record: &Record, last_run: Option<RunView>) -> EnvView {
+    /// Each node with its status and its taskservs' versions, from its
+    /// install and start steps: the create's, or the newest run's start
+    /// when the create did not start the taskservs.
+    async fn node_views(&self, record: &Record) -> Result<Vec<NodeView>> {
+        let plan = &record.plan;
+        let deleted = record.status() == EnvStatus::Deleted;
+        let mut tasks: Vec<Task> = Vec::new();
+        if !deleted {
+            tasks = self.inner.engine.workflow(record.create.id).await?.tasks;
+            if !plan.auto_start
+                && let Some(run) = record.runs.first()
+            {
+                // The run's start steps come first: they are the newer.
+                let mut run_tasks = self.inner.engine.workflow(run.id).await?.tasks;
+                run_tasks.append(&mut tasks);
+                tasks = run_tasks;
+            }
+        }
+        let step = |name: String| {
+            tasks
+                .iter()
+                .find(|t| t.step.ref_name.as_deref() == Some(name.as_str()))
+        };
+        Ok(plan
+            .nodes
+            .iter()
+            .map(|node| {
+                let install = step(format!("install_{}", node.index));
+                let start = step(format!("start_{}", node.index));
+                let (status, error) = if deleted {
+                    (NodeStatus::Deleted, None)
+                } else {
+                    node_status(install, start)
+                };
+                let started: Vec<Value> = start
+                    .filter(|t| t.status == TaskStatus::Completed)
+                    .and_then(|t| t.output.as_ref())
+                    .and_then(|o| o.get("started"))
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let services = node
+                    .taskservs
+                    .iter()
+                    .map(|name| {
+                        let info = self.inner.catalog.taskserv(name);
+                        let result = started
+                            .iter()
+                            .find(|r| r.get("taskserv").and_then(Value::as_str) == Some(name))
+                            .cloned();
+                        TaskservView {
+                            name: name.clone(),
+                            port: info.map_or(0, |t| t.port),
+                            simulated: info.is_some_and(|t| t.simulated),
+                            version: result
+                                .as_ref()
+                                .and_then(|r| r.get("version"))
+                                .and_then(Value::as_str)
+                                .map(str::to_owned),
+                            started: result,
+                        }
+                    })
+                    .collect();
+                NodeView {
+                    plan: node.clone(),
+                    status,
+                    error,
+                    services,
+                }
+            })
+            .collect())
+    }
+
+    fn view(&self, record: &Record, nodes: Vec<NodeView>, last_run: Option<RunView>) -> EnvView {
         let plan = &record.plan;
         let error = match &record.delete {
             Some(d) if d.status == WorkflowStatus::Failed => {
@@ -631,7 +768,7 @@ impl TestEnvs {
             topology: plan.topology.clone(),
             status: record.status(),
             provider: self.provider_name().to_owned(),
-            nodes: plan.nodes.clone(),
+            nodes,
             auto_start: plan.auto_start,
             auto_cleanup: plan.auto_cleanup,
             ttl_secs: plan.ttl_secs,
@@ -645,18 +782,47 @@ impl TestEnvs {
         }
     }
 
+    /// The last lines of a task's log (read in pieces up to its end).
+    async fn log_tail(&self, task: TaskId) -> Result<String> {
+        let logs = self.inner.engine.store().tasks();
+        let mut offset = 0;
+        let mut tail: Vec<u8> = Vec::new();
+        loop {
+            let chunk = logs
+                .read_log(task, offset, LOG_TAIL_BYTES)
+                .await
+                .map_err(orchestrator_engine::Error::from)?;
+            if chunk.data.is_empty() {
+                break;
+            }
+            tail.extend_from_slice(&chunk.data);
+            if tail.len() > LOG_TAIL_BYTES {
+                tail.drain(..tail.len() - LOG_TAIL_BYTES);
+            }
+            if chunk.next_offset <= offset {
+                break;
+            }
+            offset = chunk.next_offset;
+        }
+        let text = String::from_utf8_lossy(&tail);
+        let lines: Vec<&str> = text.lines().collect();
+        Ok(lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n"))
+    }
+
     async fn run_view(&self, plan: &EnvPlan, id: WorkflowId) -> Result<RunView> {
         let view = self.inner.engine.workflow(id).await?;
-        let checks: Vec<CheckResult> = plan
-            .checks
-            .iter()
-            .enumerate()
-            .map(|(i, check)| {
-                let step = check_step(i);
-                let task = view
-                    .tasks
-                    .iter()
-                    .find(|t| t.step.ref_name.as_deref() == Some(step.as_str()));
+        let mut checks = Vec::with_capacity(plan.checks.len());
+        for (i, check) in plan.checks.iter().enumerate() {
+            let step = check_step(i);
+            let task = view
+                .tasks
+                .iter()
+                .find(|t| t.step.ref_name.as_deref() == Some(step.as_str()));
+            let log_tail = match task {
+                Some(task) if task.status.is_terminal() => Some(self.log_tail(task.id).await?),
+                _ => None,
+            };
+            checks.push({
                 let status = match task.map(|t| t.status) {
                     Some(TaskStatus::Completed) => "passed",
                     Some(
@@ -674,9 +840,13 @@ impl TestEnvs {
                     targets: check.targets.clone(),
                     status: status.to_owned(),
                     error: task.and_then(|t| t.error.clone()),
+                    output: task
+                        .filter(|t| t.status == TaskStatus::Completed)
+                        .and_then(|t| t.output.clone()),
+                    log_tail,
                 }
-            })
-            .collect();
+            });
+        }
         let passed = checks.iter().filter(|c| c.status == "passed").count();
         let failed = checks.iter().filter(|c| c.status == "failed").count();
         let status = if !view.workflow.status.is_terminal() {
@@ -693,6 +863,30 @@ impl TestEnvs {
             failed,
             checks,
         })
+    }
+}
+
+/// Where a node is from its install and start steps, and why it failed.
+/// A step that never ran (its workflow stopped first) is no failure of
+/// the node's.
+fn node_status(install: Option<&Task>, start: Option<&Task>) -> (NodeStatus, Option<String>) {
+    let done = |t: &Task| t.status == TaskStatus::Completed;
+    let failed = |t: &Task| matches!(t.status, TaskStatus::Failed | TaskStatus::Cancelled);
+    let never = |t: &Task| matches!(t.status, TaskStatus::Skipped | TaskStatus::NotStarted);
+    let error = |t: &Task| {
+        t.error
+            .clone()
+            .or_else(|| Some(format!("its step {} ended {}", t.name, t.status)))
+    };
+    match (install, start) {
+        (Some(t), _) | (_, Some(t)) if failed(t) => (NodeStatus::Failed, error(t)),
+        (_, Some(t)) if done(t) => (NodeStatus::Running, None),
+        (Some(i), Some(s)) if done(i) && !never(s) => (NodeStatus::Starting, None),
+        (Some(i), _) if done(i) => (NodeStatus::Installed, None),
+        (Some(t), _) if matches!(t.status, TaskStatus::Running | TaskStatus::RetryWaiting) => {
+            (NodeStatus::Installing, None)
+        }
+        _ => (NodeStatus::Creating, None),
     }
 }
 

@@ -99,28 +99,57 @@ async fn topology(api: &Client, command: TopologyCommand) -> anyhow::Result<()> 
             if args.json {
                 return print_json(&list);
             }
-            let rows: Vec<[String; 4]> = list
+            let simulated = |name: &String| {
+                list.taskservs
+                    .iter()
+                    .any(|t| &t.name == name && t.simulated)
+            };
+            let rows: Vec<[String; 5]> = list
                 .topologies
                 .iter()
                 .map(|t| {
+                    let mut fakes: Vec<String> = t
+                        .nodes
+                        .iter()
+                        .flat_map(|n| &n.taskservs)
+                        .filter(|name| simulated(name))
+                        .cloned()
+                        .collect();
+                    fakes.sort();
+                    fakes.dedup();
                     [
                         t.name.clone(),
                         t.nodes.len().to_string(),
                         t.checks.len().to_string(),
+                        list_or(&fakes, "none"),
                         text(&t.description),
                     ]
                 })
                 .collect();
             print_table(
-                ["TOPOLOGY", "NODES", "CROSS-NODE CHECKS", "DESCRIPTION"],
+                [
+                    "TOPOLOGY",
+                    "NODES",
+                    "CROSS-NODE CHECKS",
+                    "SIMULATED",
+                    "DESCRIPTION",
+                ],
                 &rows,
             );
-            let taskservs: Vec<String> = list
+            println!();
+            let taskservs: Vec<[String; 4]> = list
                 .taskservs
                 .iter()
-                .map(|t| format!("{} (port {})", t.name, t.port))
+                .map(|t| {
+                    [
+                        t.name.clone(),
+                        t.port.to_string(),
+                        if t.simulated { "simulated" } else { "real" }.to_owned(),
+                        text(&t.description),
+                    ]
+                })
                 .collect();
-            println!("\ntaskservs: {}", taskservs.join(", "));
+            print_table(["TASKSERV", "PORT", "KIND", "DESCRIPTION"], &taskservs);
             Ok(())
         }
         TopologyCommand::Show(args) => {
@@ -273,20 +302,40 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
         env.auto_cleanup,
         shown(&env.create_workflow)
     );
-    let nodes: Vec<[String; 5]> = env
+    let nodes: Vec<[String; 6]> = env
         .nodes
         .iter()
         .map(|n| {
+            let taskservs: Vec<String> = n
+                .services
+                .iter()
+                .map(|t| match (&t.version, t.simulated) {
+                    (_, true) => format!("{} (simulated)", t.name),
+                    (Some(version), false) => format!("{} {version}", t.name),
+                    (None, false) => t.name.clone(),
+                })
+                .collect();
             [
-                n.name.clone(),
-                n.address.clone(),
-                list(&n.roles),
-                list(&n.taskservs),
-                n.netns.clone(),
+                n.plan.name.clone(),
+                n.plan.address.clone(),
+                shown(&n.status),
+                list(&n.plan.roles),
+                list(&taskservs),
+                n.plan.netns.clone(),
             ]
         })
         .collect();
-    print_table(["NODE", "ADDRESS", "ROLES", "TASKSERVS", "NETNS"], &nodes);
+    print_table(
+        ["NODE", "ADDRESS", "STATUS", "ROLES", "TASKSERVS", "NETNS"],
+        &nodes,
+    );
+    for node in env.nodes.iter().filter(|n| n.error.is_some()) {
+        println!(
+            "node {}: {}",
+            node.plan.name,
+            text(node.error.as_deref().unwrap_or_default())
+        );
+    }
     if env.last_run.is_some() {
         println!();
         print_checks(env.last_run.as_ref());
@@ -341,8 +390,13 @@ fn text(value: &str) -> String {
 
 /// Names as a table cell: `a,b`, or `-` for none.
 fn list(items: &[String]) -> String {
+    list_or(items, "-")
+}
+
+/// Names as a table cell: `a,b`, or `none` when there are none.
+fn list_or(items: &[String], none: &str) -> String {
     if items.is_empty() {
-        "-".into()
+        none.into()
     } else {
         items.join(",")
     }

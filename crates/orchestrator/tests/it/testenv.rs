@@ -287,6 +287,24 @@ async fn every_type_and_every_topology_is_made_checked_and_torn_down() {
         ]
     );
 
+    // Which taskservs are real, which stand-ins.
+    let simulated: Vec<(&str, bool)> = listed["taskservs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["simulated"] == true))
+        .collect();
+    assert_eq!(
+        simulated,
+        [
+            ("containerd", true),
+            ("etcd", false),
+            ("kubernetes", true),
+            ("postgres", false),
+            ("redis", false)
+        ]
+    );
+
     // Seven environments at once (the most is eight): checks per
     // taskserv on its node, plus the topology's across nodes.
     let cluster = |topology: &str| json!({"type": "cluster", "topology": topology});
@@ -346,21 +364,27 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
         .iter()
         .find(|n| n["name"] == "pg")
         .unwrap();
-    let postgres = node_process(
-        pg["netns"].as_str().unwrap(),
-        &["serve.py", "--service postgres"],
-    )
-    .expect("postgres runs in node pg");
+    let postgres = node_process(pg["netns"].as_str().unwrap(), &["bin/postgres", "-D"])
+        .expect("postgres runs in node pg");
     // The provider needs CAP_SYS_ADMIN and CAP_NET_ADMIN (here: root's
-    // every capability) to make the node; what runs in it holds none.
+    // every capability) to make the node; what runs in it holds neither,
+    // and postgres runs as its own user, not root.
     let status = std::fs::read_to_string(format!("/proc/{postgres}/status")).unwrap();
-    for set in ["CapEff", "CapPrm", "CapAmb", "CapInh", "CapBnd"] {
-        let line = status.lines().find(|l| l.starts_with(set)).unwrap();
-        assert!(
-            line.ends_with("0000000000000000"),
-            "a node's service holds {line}"
-        );
-    }
+    let set = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    const CAP_DAC_OVERRIDE: u64 = 1 << 1;
+    const CAP_NET_ADMIN: u64 = 1 << 12;
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    assert_eq!(
+        set("CapBnd") & (CAP_NET_ADMIN | CAP_SYS_ADMIN),
+        0,
+        "{status}"
+    );
+    assert_eq!(set("CapEff") & !CAP_DAC_OVERRIDE, 0, "{status}");
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(!uid.split_whitespace().skip(1).any(|id| id == "0"), "{uid}");
     assert!(
         Command::new("kill")
             .args(["-9", &postgres.to_string()])
@@ -400,23 +424,46 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
         failed_log.contains("postgres on pg does not answer"),
         "{failed_log}"
     );
+    // The environment's page says it too: the check's error, and its log's
+    // tail with psql's own reason.
+    let check = run["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "postgres-from-redis")
+        .unwrap();
+    let tail = check["log_tail"].as_str().unwrap_or_default();
+    assert!(
+        tail.contains("postgres on pg does not answer at pg:5432 from redis")
+            && tail.contains("Connection refused"),
+        "{check}"
+    );
+    assert!(check.get("output").is_none(), "{check}");
 
     delete(&service, id).await;
     assert_eq!(tagged.leftovers(), Leftovers::none());
     service.stop().await;
 }
 
-/// Whether `taskserv`'s service answers at `address:port` (an HTTP GET,
-/// its answer naming the service), from inside the network namespace
-/// `netns`, or from the host without one. The answer is checked, not only
-/// the connection: a host may have a proxy that accepts any connection.
+/// Whether `taskserv`'s server answers at `address:port` by its own
+/// protocol (redis: `PING` gets `+PONG`; postgres: an SSLRequest gets `N`
+/// or `S`), from inside the network namespace `netns`, or from the host
+/// without one. The answer is checked, not only the connection: a host
+/// may have a proxy that accepts any connection.
 fn answers_from(netns: Option<&str>, address: &str, port: u16, taskserv: &str) -> bool {
+    let (ask, expect) = match taskserv {
+        "redis" => ("b'PING\\r\\n'", "data.startswith(b'+PONG')"),
+        "postgres" => (
+            "bytes([0, 0, 0, 8, 4, 210, 22, 47])",
+            "data[:1] in (b'N', b'S')",
+        ),
+        other => panic!("no probe for {other}"),
+    };
     let probe = format!(
         "import socket,sys\n\
          try:\n    s=socket.create_connection(('{address}', {port}), timeout=2)\n    \
-         s.settimeout(2)\n    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n    \
-         data=s.makefile('rb').read()\nexcept OSError:\n    sys.exit(1)\n\
-         sys.exit(0 if b'\"service\": \"{taskserv}\"' in data else 1)"
+         s.settimeout(2)\n    s.sendall({ask})\n    data=s.recv(64)\nexcept OSError:\n    sys.exit(1)\n\
+         sys.exit(0 if {expect} else 1)"
     );
     let mut command = match netns {
         Some(netns) => {
@@ -492,7 +539,7 @@ async fn an_expired_ttl_and_auto_cleanup_tear_environments_down() {
     let service = TestService::start(tagged.settings(dir.path())).await;
     let expiring = create(
         &service,
-        json!({"type": "single_taskserv", "taskserv": "etcd", "ttl": "5s"}),
+        json!({"type": "single_taskserv", "taskserv": "containerd", "ttl": "5s"}),
     )
     .await;
     // Not started by its create: its run starts it, then checks it.
@@ -503,7 +550,8 @@ async fn an_expired_ttl_and_auto_cleanup_tear_environments_down() {
     )
     .await;
     let app_netns = cleaned["nodes"][0]["netns"].as_str().unwrap().to_owned();
-    assert_eq!(node_process(&app_netns, &["serve.py"]), None);
+    assert_eq!(node_process(&app_netns, &["redis-server"]), None);
+    assert_eq!(node_process(&app_netns, &["bin/postgres"]), None);
     // Still there before its first run.
     assert_eq!(
         env_status(&service, cleaned["id"].as_str().unwrap()).await,
@@ -828,8 +876,31 @@ async fn the_cli_runs_a_quick_test_and_each_env_command() {
     let listed = cli(&["test", "topology", "list"]).await;
     assert!(listed.status.success());
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    assert!(
-        listed.contains("kubernetes_3node") && listed.contains("postgres (port 5432)"),
+    assert!(listed.contains("kubernetes_3node"), "{listed}");
+    // Each taskserv says whether it is real; each topology which of its
+    // taskservs are simulated.
+    let row = |first: &str| {
+        listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(first))
+            .unwrap_or_else(|| panic!("no row {first}: {listed}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for (taskserv, port, kind) in [
+        ("postgres", "5432", "real"),
+        ("redis", "6379", "real"),
+        ("etcd", "2379", "real"),
+        ("kubernetes", "6443", "simulated"),
+        ("containerd", "10010", "simulated"),
+    ] {
+        assert_eq!(row(taskserv)[1..3], [port, kind], "{listed}");
+    }
+    assert_eq!(row("etcd_cluster")[3], "none", "{listed}");
+    assert_eq!(
+        row("kubernetes_3node")[3],
+        "containerd,kubernetes",
         "{listed}"
     );
 
@@ -897,6 +968,11 @@ async fn the_cli_runs_a_quick_test_and_each_env_command() {
         shown.contains("10.") && shown.contains("passed: 1 passed, 0 failed"),
         "{shown}"
     );
+    assert!(
+        shown.contains(&format!("postgres {}", host_version("postgres")))
+            && shown.contains("running"),
+        "{shown}"
+    );
     let logs = cli(&["test", "env", "logs", &id]).await;
     let logs = String::from_utf8_lossy(&logs.stdout).into_owned();
     assert!(
@@ -956,5 +1032,356 @@ async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
     // Another service's are untouched.
     assert_eq!(other.leftovers().netns, [theirs_ns]);
     assert_eq!(other.leftovers().links, [theirs_link]);
+    service.stop().await;
+}
+
+/// The version of a real taskserv's binary on this host, read as its
+/// start script reads it in a node (`etcd --version`, ...).
+fn host_version(taskserv: &str) -> String {
+    let (program, pattern): (String, &str) = match taskserv {
+        "etcd" => ("etcd".into(), "etcd Version: "),
+        "redis" => ("redis-server".into(), "v="),
+        "postgres" => {
+            // Debian's newest versioned server, as the start script picks it.
+            let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+                .expect("postgresql is installed")
+                .flatten()
+                .filter_map(|e| {
+                    let version = e.file_name().to_str()?.parse().ok()?;
+                    Some((version, e.path().join("bin/postgres")))
+                })
+                .collect();
+            dirs.sort();
+            let (_, path) = dirs.pop().expect("a postgresql server is installed");
+            (path.display().to_string(), "(PostgreSQL) ")
+        }
+        other => panic!("no version for {other}"),
+    };
+    let output = Command::new(&program).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let at = text
+        .find(pattern)
+        .unwrap_or_else(|| panic!("{program}: {text}"))
+        + pattern.len();
+    text[at..].split_whitespace().next().unwrap().to_owned()
+}
+
+/// Runs a client inside a node's network namespace (as a person would
+/// from the host, beside the service): its stdout, or a panic naming it.
+fn in_netns(netns: &str, program: &str, args: &[&str]) -> String {
+    let output = Command::new("ip")
+        .args(["netns", "exec", netns, program])
+        .args(args)
+        .env("PGCONNECT_TIMEOUT", "5")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?} in {netns}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A node of an environment's page, by name.
+fn env_node<'a>(env: &'a Value, name: &str) -> &'a Value {
+    env["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == name)
+        .unwrap_or_else(|| panic!("no node {name}: {env}"))
+}
+
+/// A check of a run, by name.
+fn run_check<'a>(run: &'a Value, name: &str) -> &'a Value {
+    run["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name}: {run}"))
+}
+
+#[tokio::test]
+async fn etcd_cluster_forms_one_three_member_cluster() {
+    if !privileged("etcd_cluster_forms_one_three_member_cluster") {
+        return;
+    }
+    let tagged = Tagged::new("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let env = create(
+        &service,
+        json!({"type": "cluster", "topology": "etcd_cluster"}),
+    )
+    .await;
+    let id = env["id"].as_str().unwrap();
+    let members = ["etcd1", "etcd2", "etcd3"];
+    // Each node runs a real member, of the host's etcd.
+    let version = host_version("etcd");
+    let (_, env) = service.get(&format!("/test/environments/{id}")).await;
+    for name in members {
+        let node = env_node(&env, name);
+        assert_eq!(node["status"], "running", "{node}");
+        let etcd = &node["services"][0];
+        assert_eq!(etcd["name"], "etcd", "{node}");
+        assert_eq!(etcd["simulated"], false, "{node}");
+        assert_eq!(etcd["version"], version.as_str(), "{node}");
+        assert_eq!(
+            etcd["started"]["client_url"],
+            format!("http://{}:2379", node["address"].as_str().unwrap()),
+            "{node}"
+        );
+    }
+
+    let run = run(&service, id).await;
+    assert_eq!(run["status"], "passed", "{run}");
+    assert_eq!(run["passed"], 6, "{run}");
+    for (i, from) in members.iter().enumerate() {
+        let check = run_check(&run, &format!("members-from-{from}"));
+        let output = &check["output"];
+        assert_eq!(output["from"], *from, "{check}");
+        let others: Vec<&str> = members
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, m)| *m)
+            .collect();
+        // From each node, each other member sees all three, healthy.
+        for (reached, target) in output["reached"].as_array().unwrap().iter().zip(&others) {
+            assert_eq!(reached["target"], *target, "{check}");
+            assert_eq!(reached["members"], json!(members), "{check}");
+            assert_eq!(reached["healthy"].as_array().unwrap().len(), 3, "{check}");
+        }
+        // A key put through one member is read through another.
+        assert_eq!(output["put_through"], others[0], "{check}");
+        assert_eq!(output["read_through"], json!(others), "{check}");
+        assert!(
+            check["log_tail"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("ok: etcd on {}", others[1])),
+            "{check}"
+        );
+    }
+
+    // The same, asked with etcdctl from beside the service: a key put
+    // through etcd1 in etcd1's namespace is read through etcd3 in etcd3's.
+    let node = |name: &str| {
+        let n = env_node(&env, name);
+        (
+            n["netns"].as_str().unwrap().to_owned(),
+            format!("http://{}:2379", n["address"].as_str().unwrap()),
+        )
+    };
+    let ((ns1, url1), (ns3, url3)) = (node("etcd1"), node("etcd3"));
+    let listed = in_netns(&ns3, "etcdctl", &["--endpoints", &url3, "member", "list"]);
+    for name in members {
+        assert!(listed.contains(&format!(", {name}, ")), "{listed}");
+    }
+    let value = uuid::Uuid::now_v7().to_string();
+    assert_eq!(
+        in_netns(
+            &ns1,
+            "etcdctl",
+            &["--endpoints", &url1, "put", "from-etcd1", &value]
+        ),
+        "OK"
+    );
+    assert_eq!(
+        in_netns(
+            &ns3,
+            "etcdctl",
+            &[
+                "--endpoints",
+                &url3,
+                "get",
+                "from-etcd1",
+                "--print-value-only"
+            ]
+        ),
+        value
+    );
+
+    delete(&service, id).await;
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+/// The host's System V shared memory segments that no process holds,
+/// by key (`ipcs -m`): what a killed PostgreSQL would leave behind.
+fn unattached_segments() -> std::collections::BTreeSet<String> {
+    lines("ipcs", &["-m"])
+        .iter()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            // key shmid owner perms bytes nattch [status]
+            (cells.len() >= 6 && cells[0].starts_with("0x") && cells[5] == "0")
+                .then(|| cells[0].to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn postgres_and_redis_answer_across_nodes_with_the_hosts_versions() {
+    if !privileged("postgres_and_redis_answer_across_nodes_with_the_hosts_versions") {
+        return;
+    }
+    let tagged = Tagged::new("pgredis");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let segments = unattached_segments();
+    let (env, single, simulated) = tokio::join!(
+        create(
+            &service,
+            json!({"type": "cluster", "topology": "postgres_redis"}),
+        ),
+        create(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "redis"}),
+        ),
+        create(
+            &service,
+            json!({"type": "single_taskserv", "taskserv": "kubernetes"}),
+        ),
+    );
+    // The page names each node's taskservs with the versions of the
+    // binaries they run: the host's, since a node's root is the host's.
+    let taskserv = |env: &Value, node: &str| env_node(env, node)["services"][0].clone();
+    for (env, node, name) in [
+        (&env, "pg", "postgres"),
+        (&env, "redis", "redis"),
+        (&single, "redis", "redis"),
+    ] {
+        let started = taskserv(env, node);
+        assert_eq!(started["name"], name, "{env}");
+        assert_eq!(started["version"], host_version(name).as_str(), "{env}");
+        assert_eq!(started["simulated"], false, "{env}");
+        assert_eq!(env_node(env, node)["status"], "running", "{env}");
+    }
+    let fake = taskserv(&simulated, "kubernetes");
+    assert_eq!(fake["simulated"], true, "{simulated}");
+    assert_eq!(fake["version"], "simulated", "{simulated}");
+
+    let id = env["id"].as_str().unwrap();
+    let last = run(&service, id).await;
+    assert_eq!(last["status"], "passed", "{last}");
+    assert_eq!(last["passed"], 4, "{last}");
+    // SQL from the redis node to postgres on pg; PING, SET, GET from pg
+    // to redis on redis.
+    let sql = &run_check(&last, "postgres-from-redis")["output"];
+    assert_eq!(sql["from"], "redis", "{sql}");
+    assert_eq!(sql["reached"][0]["target"], "pg", "{sql}");
+    assert!(
+        sql["reached"][0]["server_version"]
+            .as_str()
+            .unwrap()
+            .starts_with(&host_version("postgres")),
+        "{sql}"
+    );
+    assert_eq!(
+        sql["reached"][0]["server_address"],
+        env_node(&env, "pg")["address"],
+        "{sql}"
+    );
+    let kv = &run_check(&last, "redis-from-postgres")["output"];
+    assert_eq!(kv["from"], "pg", "{kv}");
+    assert_eq!(kv["reached"][0]["target"], "redis", "{kv}");
+    let single_run = run(&service, single["id"].as_str().unwrap()).await;
+    assert_eq!(single_run["status"], "passed", "{single_run}");
+
+    // The same, asked with the clients from beside the service.
+    let ns = |node: &str| env_node(&env, node)["netns"].as_str().unwrap().to_owned();
+    let addr = |node: &str| env_node(&env, node)["address"].as_str().unwrap().to_owned();
+    assert_eq!(
+        in_netns(
+            &ns("redis"),
+            "psql",
+            &[
+                "-h",
+                &addr("pg"),
+                "-U",
+                "postgres",
+                "-XAtc",
+                "select 40 + 2"
+            ]
+        ),
+        "42"
+    );
+    let value = uuid::Uuid::now_v7().to_string();
+    assert_eq!(
+        in_netns(
+            &ns("pg"),
+            "redis-cli",
+            &["-h", &addr("redis"), "SET", "k", &value]
+        ),
+        "OK"
+    );
+    assert_eq!(
+        in_netns(&ns("redis"), "redis-cli", &["-h", "127.0.0.1", "GET", "k"]),
+        value
+    );
+
+    for env in [&env, &single, &simulated] {
+        delete(&service, env["id"].as_str().unwrap()).await;
+    }
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    // PostgreSQL, killed by the teardown, left its System V segment in its
+    // node's IPC namespace, gone with the node: none on the host.
+    let left: Vec<String> = unattached_segments()
+        .difference(&segments)
+        .cloned()
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "left on the host");
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_start_replaces_the_daemon_it_finds_and_never_adopts_it() {
+    if !privileged("a_second_start_replaces_the_daemon_it_finds_and_never_adopts_it") {
+        return;
+    }
+    let tagged = Tagged::new("restart");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    // Not started by its create: each run starts it again, then checks it.
+    let env = create(
+        &service,
+        json!({"type": "single_taskserv", "taskserv": "redis", "auto_start": false}),
+    )
+    .await;
+    let id = env["id"].as_str().unwrap();
+    let netns = env["nodes"][0]["netns"].as_str().unwrap().to_owned();
+    assert_eq!(env["nodes"][0]["status"], "installed", "{env}");
+    assert_eq!(node_process(&netns, &["redis-server"]), None);
+
+    let first = run(&service, id).await;
+    assert_eq!(first["status"], "passed", "{first}");
+    let before = node_process(&netns, &["redis-server"]).expect("redis runs");
+    let second = run(&service, id).await;
+    assert_eq!(second["status"], "passed", "{second}");
+    let after = node_process(&netns, &["redis-server"]).expect("redis runs again");
+    assert_ne!(before, after, "the second start adopted the first daemon");
+    // The first is gone (at most a zombie no one reaps): one redis runs.
+    let running: Vec<i32> = lines("ip", &["netns", "pids", &netns])
+        .iter()
+        .filter_map(|p| p.trim().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("redis-server"))
+        })
+        .collect();
+    assert_eq!(running, [after], "{running:?}");
+    let (_, env) = service.get(&format!("/test/environments/{id}")).await;
+    assert_eq!(env["nodes"][0]["status"], "running", "{env}");
+    let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    assert!(
+        logs.to_string().contains("stopping redis-server (pid"),
+        "{logs}"
+    );
+
+    delete(&service, id).await;
+    assert_eq!(tagged.leftovers(), Leftovers::none());
     service.stop().await;
 }
