@@ -369,8 +369,13 @@ fn build(spec: &NodeSpec) -> Result<(), String> {
 
     own_mounts()?;
     let masks = masks(&spec.hidden);
+    // The dirs a tmpfs now covers (a mask of what the node does not have,
+    // under its own /tmp say, covers nothing).
+    let mut covered = Vec::new();
     for mask in &masks {
-        apply_mask(mask)?;
+        if apply_mask(mask)? {
+            covered.push(mask.path.clone());
+        }
     }
     let mut bound = Vec::new();
     for (path, on_root) in &exposed {
@@ -397,7 +402,7 @@ fn build(spec: &NodeSpec) -> Result<(), String> {
         }
     }
     for mask in masks.iter().filter(|m| m.read_only) {
-        if Path::new(&mask.path).is_dir() && !bound.contains(&mask.path) {
+        if covered.contains(&mask.path) {
             remount(
                 &mask.path,
                 MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
@@ -482,14 +487,15 @@ fn own_mounts() -> Result<(), String> {
 }
 
 /// Covers a directory of the node with an empty tmpfs (of its mode), if
-/// the node has it.
-fn apply_mask(mask: &Mask) -> Result<(), String> {
+/// the node has it; whether it did.
+fn apply_mask(mask: &Mask) -> Result<bool, String> {
     let Ok(metadata) = std::fs::metadata(&mask.path) else {
-        return Ok(());
+        return Ok(false);
     };
     if !metadata.is_dir() {
         // A hidden file of the service's: out of the node's view.
-        return std::fs::remove_file(&mask.path).map_err(io_err(mask.path.display()));
+        std::fs::remove_file(&mask.path).map_err(io_err(mask.path.display()))?;
+        return Ok(false);
     }
     let mode = metadata.permissions().mode() & 0o7777;
     let target = mask.path.to_string_lossy();
@@ -498,7 +504,8 @@ fn apply_mask(mask: &Mask) -> Result<(), String> {
         &target,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         &format!("mode={mode:o},{MASK_SIZE}"),
-    )
+    )?;
+    Ok(true)
 }
 
 /// Files of the node's own, written in its upper layer: /etc/hosts,
