@@ -521,3 +521,101 @@ impl Provider for NamespaceProvider {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_program_is_bounded_to_dockers_set_less_mknod() {
+        assert_eq!(
+            node_capabilities(),
+            [
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--bounding-set=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,\
+                 +setuid,+setpcap,+net_bind_service,+net_raw,+sys_chroot,+audit_write,+setfcap",
+                "--",
+            ]
+        );
+        for never in [
+            "sys_admin",
+            "net_admin",
+            "sys_ptrace",
+            "sys_module",
+            "sys_rawio",
+            "dac_read_search",
+            "mknod",
+        ] {
+            assert!(!NODE_CAPABILITIES.contains(&never), "{never}");
+        }
+    }
+
+    #[test]
+    fn programs_enter_the_nodes_root_and_home() {
+        assert_eq!(
+            enter_args(4242)[..9],
+            ["-t", "4242", "-n", "-u", "-m", "-p", "--root", "--wd", "--"]
+        );
+        assert_eq!(enter_args(4242)[9], "setpriv");
+    }
+
+    #[test]
+    fn the_init_runs_in_new_namespaces_with_its_spec() {
+        let spec = NodeSpec {
+            node_dir: "/d/testenv/ab12-cd34ef/n1".into(),
+            hostname: "n1".into(),
+            hidden: vec!["/d".into()],
+            exposed: vec![],
+            shared: vec!["/d/testenv/ab12-cd34ef/n1/run".into()],
+        };
+        let args: Vec<String> = init_command(Path::new("/usr/bin/orchestrator"), &spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "unshare",
+                "--uts",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--propagation",
+                "private",
+                "/usr/bin/orchestrator",
+                "testenv-node-init",
+                "--node-dir",
+                "/d/testenv/ab12-cd34ef/n1",
+                "--hostname",
+                "n1",
+                "--hide",
+                "/d",
+                "--share",
+                "/d/testenv/ab12-cd34ef/n1/run",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_service_paths_are_hidden_and_programs_exposed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("etc/config.toml");
+        std::fs::create_dir_all(&data).unwrap();
+        let provider = NamespaceProvider::new("/bin/orchestrator".into(), &data, Some(&config))
+            .hide(&dir.path().join("secret.key"))
+            .expose(Path::new("/usr/bin"))
+            .expose(Path::new("/usr/bin"));
+        let real = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            provider.hidden,
+            [
+                real.join("data"),
+                dir.path().join("etc"),
+                dir.path().join("secret.key")
+            ]
+        );
+        assert_eq!(provider.exposed, [PathBuf::from("/usr/bin")]);
+    }
+}

@@ -476,7 +476,13 @@ fn own_mounts() -> Result<(), String> {
     ] {
         std::os::unix::fs::symlink(target, link).map_err(io_err(link))?;
     }
-    mount_fs("tmpfs", "/tmp", hard, &format!("mode=1777,{TMP_SIZE}"))?;
+    // Executable, as a host's /tmp is: installers run what they unpack there.
+    mount_fs(
+        "tmpfs",
+        "/tmp",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("mode=1777,{TMP_SIZE}"),
+    )?;
     mount_fs(
         "tmpfs",
         "/run",

@@ -996,3 +996,37 @@ pub struct TestQuickArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use orchestrator_testenv::node_init::NodeSpec;
+
+    use super::{Cli, Command};
+
+    /// What the provider writes on the init's command line is what the
+    /// binary reads back.
+    #[test]
+    fn a_node_spec_survives_the_command_line() {
+        let spec = NodeSpec {
+            node_dir: "/var/lib/orchestrator/testenv/ab12-cd34ef/n1".into(),
+            hostname: "n1".into(),
+            hidden: vec!["/var/lib/orchestrator".into(), "/etc/orchestrator".into()],
+            exposed: vec![
+                "/usr/share/orchestrator/scripts".into(),
+                "/opt/nu/bin".into(),
+            ],
+            shared: vec!["/var/lib/orchestrator/testenv/ab12-cd34ef/n1/run".into()],
+        };
+        let cli = Cli::try_parse_from(
+            ["orchestrator".into(), "testenv-node-init".into()]
+                .into_iter()
+                .chain(spec.to_args()),
+        )
+        .unwrap();
+        let Command::TestenvNodeInit(args) = cli.command else {
+            panic!("not testenv-node-init: {:?}", cli.command);
+        };
+        assert_eq!(NodeSpec::from(args), spec);
+    }
+}
