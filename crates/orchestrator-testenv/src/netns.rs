@@ -477,6 +477,17 @@ impl Provider for NamespaceProvider {
         }
         let dir = names.dir(root);
         if dir.exists() {
+            // Overlayfs makes `work/work` with mode 0: a service that is
+            // not root (and holds no CAP_DAC_OVERRIDE) could not empty it.
+            for node in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let scratch = node.path().join("work/work");
+                if scratch.is_dir() {
+                    let _ = std::fs::set_permissions(
+                        &scratch,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+                    );
+                }
+            }
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| Error::Provider(format!("cannot remove {}: {e}", dir.display())))?;
             removed += 1;
