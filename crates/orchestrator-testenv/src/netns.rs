@@ -205,7 +205,7 @@ async fn netns_pids(netns: &str) -> Result<Vec<i32>> {
 }
 
 /// Whether a process is the first of its own PID namespace (`NSpid:
-/// <host pid> 1`): a node's `sleep infinity`.
+/// <host pid> 1`): a node's init.
 fn is_namespace_init(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
