@@ -9,7 +9,8 @@
 //!   the taskservs a node can run (`scripts/taskservs/<name>/testenv.json`).
 //! - `provider`: the `Provider` trait (make nodes, run a program in one,
 //!   tear down, list what exists) and `netns`, its Linux namespace
-//!   implementation.
+//!   implementation; `node_init`, the first process of each of its nodes,
+//!   which builds the node's root filesystem and enters it.
 //! - `runner`: `NodeRunner`, the engine's `testenv` step kind.
 //! - `service`: `TestEnvs`, the environments as workflows: create, run,
 //!   delete, show, logs, the ttl and auto-cleanup loop, and recovery.
@@ -18,6 +19,7 @@ pub mod caps;
 pub mod catalog;
 pub mod model;
 pub mod netns;
+pub mod node_init;
 pub mod provider;
 pub mod runner;
 pub mod service;

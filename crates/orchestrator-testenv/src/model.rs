@@ -188,7 +188,7 @@ impl EnvNames {
         format!("{}{index:02}", self.netns_prefix())
     }
 
-    /// The environment's directory: the nodes' private roots.
+    /// The environment's directory: the nodes' dirs (their layers).
     pub fn dir(&self, root: &Path) -> PathBuf {
         root.join(format!("{}-{}", self.tag, self.key))
     }

@@ -1,25 +1,32 @@
 //! The Linux namespace provider. Per environment: a bridge with no address
 //! on the host (so nothing routes between environments or to the host);
 //! per node: a network namespace with a veth pair on that bridge and its
-//! own address, and a first process, `sleep infinity`, started with
-//! `unshare` in new UTS, mount, PID and IPC namespaces (host name = node
-//! name, a private `/etc/hosts` bind-mounted, `/proc` of its own, System V
-//! IPC of its own). Programs
-//! enter a node with `nsenter` on that process. Everything is done by
-//! running `ip`, `unshare`, `nsenter`, `hostname` and `mount` directly,
-//! never through a shell.
+//! own address, and a first process, the node's init
+//! (`orchestrator testenv-node-init`, in `node_init`), started with
+//! `unshare` in new UTS, mount, PID and IPC namespaces (System V IPC of
+//! its own: what a killed daemon leaves there goes with the node): it
+//! builds the node's own
+//! root filesystem (the host's `/` copy-on-write, its own `/proc`, `/tmp`,
+//! `/run`, `/dev`, `/etc/hosts`; the service's paths and the host's secrets
+//! masked) and enters it with `pivot_root`. Programs enter a node with
+//! `nsenter` on that process, into its root, as root with a bounded set of
+//! capabilities ([`NODE_CAPABILITIES`]). Everything is done by running
+//! `ip`, `unshare`, `nsenter` and `setpriv` directly, never through a
+//! shell.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::model::{EnvNames, EnvPlan, NodePlan, PREFIX};
+use crate::node_init::{NODE_HOME, NodeSpec, READY};
 use crate::provider::Provider;
 use crate::{Error, Result};
 
@@ -27,31 +34,122 @@ use crate::{Error, Result};
 /// node's namespace: how a person (or a test) finds them in `/proc`.
 pub const MARK_VAR: &str = "ORCHESTRATOR_TESTENV";
 
-/// How long a node's first process may take to appear.
+/// How long a node's init may take to build the node.
 const INIT_WAIT: Duration = Duration::from_secs(15);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(25);
 
-/// `setpriv`'s arguments that start a program with a bounded set of
-/// capabilities: none inheritable, none ambient, and in the bounding set
-/// only what a root daemon needs to drop to its own user and own its
-/// files (`setpriv --reuid postgres`, `chown`), never CAP_SYS_ADMIN,
-/// CAP_NET_ADMIN or anything else that reaches past the node.
-const NO_CAPABILITIES: [&str; 4] = [
-    "--inh-caps=-all",
-    "--ambient-caps=-all",
-    "--bounding-set=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,\
-+net_bind_service,+net_raw,+sys_chroot,+audit_write,+setfcap",
-    "--",
+/// The capabilities a node's programs hold (as root; a program that
+/// switches to another user, as postgres's start does, drops them): the
+/// default set of Docker's containers less `mknod` (Docker bounds device
+/// nodes with a device cgroup; a node has none). Never `sys_admin` (mount, and most
+/// of what escapes a namespace), `net_admin`, `sys_ptrace`, `sys_module`,
+/// `sys_rawio`, `dac_read_search` (open by handle, outside the root) or
+/// `mknod` (a device node of a host disk).
+pub const NODE_CAPABILITIES: [&str; 13] = [
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "net_bind_service",
+    "net_raw",
+    "sys_chroot",
+    "audit_write",
+    "setfcap",
 ];
 
-#[derive(Debug, Clone, Default)]
-pub struct NamespaceProvider;
+/// `setpriv`'s arguments that start a program with [`NODE_CAPABILITIES`]
+/// at most: its bounding set is that list (uid 0 gains it at `exec`, and
+/// never more: the provider's own capabilities stay its own), with none
+/// inheritable and none ambient (a program that switches to another user
+/// keeps none).
+pub fn node_capabilities() -> Vec<String> {
+    let bounding: Vec<String> = NODE_CAPABILITIES
+        .iter()
+        .map(|cap| format!("+{cap}"))
+        .collect();
+    vec![
+        "--inh-caps=-all".to_owned(),
+        "--ambient-caps=-all".to_owned(),
+        format!("--bounding-set=-all,{}", bounding.join(",")),
+        "--".to_owned(),
+    ]
+}
+
+/// Makes nodes in Linux namespaces. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct NamespaceProvider {
+    /// The program whose `testenv-node-init` subcommand is each node's
+    /// first process: the `orchestrator` binary.
+    init_program: PathBuf,
+    /// The service's paths no node may see: its data dir (which holds the
+    /// nodes' own dirs too) and its config file's dir.
+    hidden: Vec<PathBuf>,
+    /// What node programs run from the host: the scripts dir and the
+    /// interpreters' dirs, bound read-only where a node's root would not
+    /// show them.
+    exposed: Vec<PathBuf>,
+}
 
 impl NamespaceProvider {
-    pub fn new() -> NamespaceProvider {
-        NamespaceProvider
+    /// `init_program`: the `orchestrator` binary; `data_dir` and
+    /// `config_file`: the service's, masked in every node.
+    pub fn new(
+        init_program: PathBuf,
+        data_dir: &Path,
+        config_file: Option<&Path>,
+    ) -> NamespaceProvider {
+        let mut hidden = vec![real_path(data_dir)];
+        if let Some(dir) = config_file.and_then(|file| real_path(file).parent().map(Path::to_owned))
+        {
+            hidden.push(dir);
+        }
+        NamespaceProvider {
+            init_program,
+            hidden,
+            exposed: Vec::new(),
+        }
     }
+
+    /// Also hides `path` (a file or a dir of the service's) from nodes.
+    pub fn hide(mut self, path: &Path) -> NamespaceProvider {
+        self.hidden.push(real_path(path));
+        self
+    }
+
+    /// Makes `path` (a dir node programs run from) visible in nodes,
+    /// read-only, at the same path.
+    pub fn expose(mut self, path: &Path) -> NamespaceProvider {
+        let path = real_path(path);
+        if !self.exposed.contains(&path) {
+            self.exposed.push(path);
+        }
+        self
+    }
+
+    /// What the init of `node` builds.
+    fn node_spec(&self, plan: &EnvPlan, node: &NodePlan, root: &Path) -> NodeSpec {
+        let node_dir = real_path(&plan.names().dir(root).join(&node.name));
+        NodeSpec {
+            // Nothing of the host's is shared writable: a node's programs
+            // write only their own layer.
+            shared: vec![],
+            node_dir,
+            hostname: node.name.clone(),
+            hidden: self.hidden.clone(),
+            exposed: self.exposed.clone(),
+        }
+    }
+}
+
+/// `path` with its symbolic links resolved (as the node's init, which
+/// binds and masks by path, needs it), or as given if it does not exist.
+fn real_path(path: &Path) -> PathBuf {
+    path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Runs a program to its end; its stdout, or an error naming the command
@@ -111,7 +209,7 @@ async fn netns_pids(netns: &str) -> Result<Vec<i32>> {
 }
 
 /// Whether a process is the first of its own PID namespace (`NSpid:
-/// <host pid> 1`): a node's `sleep infinity`.
+/// <host pid> 1`): a node's init.
 fn is_namespace_init(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -153,8 +251,9 @@ fn hosts_file(plan: &EnvPlan) -> String {
 }
 
 /// The environment a node's programs get: the service's PATH and little
-/// else (never the service's own settings).
-fn node_env(command: &mut Command, netns: &str, node_dir: &Path) {
+/// else (never the service's own settings); their home is the node's own
+/// dir inside the node.
+fn node_env(command: &mut Command, netns: &str) {
     command.env_clear();
     for var in ["PATH", "LANG", "LC_ALL", "TZ"] {
         if let Some(value) = std::env::var_os(var) {
@@ -162,8 +261,8 @@ fn node_env(command: &mut Command, netns: &str, node_dir: &Path) {
         }
     }
     command
-        .env("HOME", node_dir)
-        .env("ORCHESTRATOR_DATA_DIR", node_dir)
+        .env("HOME", NODE_HOME)
+        .env("ORCHESTRATOR_DATA_DIR", NODE_HOME)
         .env(MARK_VAR, netns);
 }
 
@@ -189,58 +288,87 @@ impl NamespaceProvider {
         ip(&["link", "set", &host, "master", &bridge]).await?;
         ip(&["link", "set", &host, "up"]).await?;
 
-        let node_dir = names.dir(root).join(&node.name);
+        let spec = self.node_spec(plan, node, root);
         let mut init = Command::new("ip");
-        init.args([
-            "netns", "exec", ns, "unshare", "--uts", "--mount", "--pid", "--ipc", "--fork",
-        ])
-        .args([
-            "--mount-proc",
-            "--propagation",
-            "private",
-            "sleep",
-            "infinity",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .current_dir(&node_dir)
-        // Its own group: a signal to the service's group (Ctrl-C in a
-        // terminal) does not reach the node.
-        .process_group(0);
-        node_env(&mut init, ns, &node_dir);
+        init.args(["netns", "exec", ns])
+            .args(init_command(&self.init_program, &spec))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .current_dir(&spec.node_dir)
+            // Its own group: a signal to the service's group (Ctrl-C in a
+            // terminal) does not reach the node.
+            .process_group(0);
+        node_env(&mut init, ns);
         let mut child = init
             .spawn()
             .map_err(|e| Error::Provider(format!("cannot start node {}: {e}", node.name)))?;
-        // The node lives until teardown; reap it then.
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut stderr = child.stderr.take().expect("piped");
+        let ready = tokio::time::timeout(INIT_WAIT, stdout.next_line()).await;
+        if !matches!(&ready, Ok(Ok(Some(line))) if line == READY) {
+            let _ = child.start_kill();
+            let mut why = String::new();
+            let _ = tokio::time::timeout(INIT_WAIT, stderr.read_to_string(&mut why)).await;
+            let why = match ready {
+                Err(_) => format!("not ready in {} s", INIT_WAIT.as_secs()),
+                _ => why.trim().to_owned(),
+            };
+            return Err(Error::Provider(format!(
+                "node {}: its init failed: {why}",
+                node.name
+            )));
+        }
+        // The node lives until teardown: its init says nothing more; reap
+        // it then, holding its pipes open until.
         tokio::spawn(async move {
             let _ = child.wait().await;
+            drop((stdout, stderr));
         });
-        let started = tokio::time::Instant::now();
-        let pid = loop {
-            if let Some(pid) = init_pid(ns).await? {
-                break pid;
-            }
-            if started.elapsed() > INIT_WAIT {
-                return Err(Error::Provider(format!(
-                    "node {}: its first process did not appear in {} s",
-                    node.name,
-                    INIT_WAIT.as_secs()
-                )));
-            }
-            tokio::time::sleep(POLL).await;
-        };
-        let pid = pid.to_string();
-        run("nsenter", &["-t", &pid, "-u", "hostname", &node.name]).await?;
-        let hosts = node_dir.join("hosts");
-        let hosts = hosts.to_string_lossy();
-        run(
-            "nsenter",
-            &["-t", &pid, "-m", "mount", "--bind", &hosts, "/etc/hosts"],
-        )
-        .await?;
         Ok(())
     }
+}
+
+/// After `ip netns exec <ns>`: the node's init, in new UTS, mount and PID
+/// namespaces (`--fork`: its first child is pid 1 of the new one; a
+/// private propagation: nothing it mounts reaches the host).
+fn init_command(init_program: &Path, spec: &NodeSpec) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = [
+        "unshare",
+        "--uts",
+        "--mount",
+        "--pid",
+        "--ipc",
+        "--fork",
+        "--propagation",
+        "private",
+    ]
+    .into_iter()
+    .map(Into::into)
+    .collect();
+    args.push(init_program.into());
+    args.push("testenv-node-init".into());
+    args.extend(spec.to_args());
+    args
+}
+
+/// The `nsenter` arguments that run a program in the node whose init is
+/// `pid`: every namespace of the node, its root, its home as working dir,
+/// then `setpriv` with [`node_capabilities`].
+fn enter_args(pid: i32) -> Vec<String> {
+    let mut args = vec!["-t".to_owned(), pid.to_string()];
+    // `--root` and `--wd` with no value: the init's root and working
+    // directory ([`NODE_HOME`]); a path given to either is opened on the
+    // host, before entering.
+    // `-i`: its own System V IPC too (a killed PostgreSQL's segment goes
+    // with the node).
+    args.extend(["-n", "-u", "-m", "-p", "-i", "--root", "--wd"].map(str::to_owned));
+    args.push("--".to_owned());
+    // `nsenter` needs the service's capabilities to enter; what runs in
+    // the node gets a bounded set, none of the provider's own.
+    args.push("setpriv".to_owned());
+    args.extend(node_capabilities());
+    args
 }
 
 #[async_trait]
@@ -263,7 +391,8 @@ impl Provider for NamespaceProvider {
         let hosts = hosts_file(plan);
         for node in &plan.nodes {
             let node_dir = dir.join(&node.name);
-            std::fs::create_dir_all(node_dir.join("run"))
+            // The node's init makes its layers (`upper`, `work`, `root`).
+            std::fs::create_dir_all(&node_dir)
                 .and_then(|()| std::fs::write(node_dir.join("hosts"), &hosts))
                 .map_err(|e| Error::Provider(format!("{}: {e}", node_dir.display())))?;
         }
@@ -293,22 +422,12 @@ impl Provider for NamespaceProvider {
         let node_dir = plan.names().dir(root).join(&node.name);
         let mut command = Command::new("nsenter");
         command
-            .arg("-t")
-            .arg(pid.to_string())
-            // Its own System V IPC too: what a daemon leaves there (a
-            // killed PostgreSQL's segment) goes with the node.
-            .args(["-n", "-u", "-m", "-p", "-i"])
-            .arg(format!("--wd={}", node_dir.display()))
-            .arg("--")
-            // `nsenter` needs the service's capabilities to enter; what
-            // runs in the node keeps only the bounded set, root or not.
-            .arg("setpriv")
-            .args(NO_CAPABILITIES)
+            .args(enter_args(pid))
             .arg(program)
             .args(args)
             .current_dir(&node_dir)
             .process_group(0);
-        node_env(&mut command, &node.netns, &node_dir);
+        node_env(&mut command, &node.netns);
         Ok(command)
     }
 
@@ -365,6 +484,17 @@ impl Provider for NamespaceProvider {
         }
         let dir = names.dir(root);
         if dir.exists() {
+            // Overlayfs makes `work/work` with mode 0: a service that is
+            // not root (and holds no CAP_DAC_OVERRIDE) could not empty it.
+            for node in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let scratch = node.path().join("work/work");
+                if scratch.is_dir() {
+                    let _ = std::fs::set_permissions(
+                        &scratch,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+                    );
+                }
+            }
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| Error::Provider(format!("cannot remove {}: {e}", dir.display())))?;
             removed += 1;
@@ -407,5 +537,104 @@ impl Provider for NamespaceProvider {
                 key,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_program_is_bounded_to_dockers_set_less_mknod() {
+        assert_eq!(
+            node_capabilities(),
+            [
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--bounding-set=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,\
+                 +setuid,+setpcap,+net_bind_service,+net_raw,+sys_chroot,+audit_write,+setfcap",
+                "--",
+            ]
+        );
+        for never in [
+            "sys_admin",
+            "net_admin",
+            "sys_ptrace",
+            "sys_module",
+            "sys_rawio",
+            "dac_read_search",
+            "mknod",
+        ] {
+            assert!(!NODE_CAPABILITIES.contains(&never), "{never}");
+        }
+    }
+
+    #[test]
+    fn programs_enter_the_nodes_root_and_home() {
+        assert_eq!(
+            enter_args(4242)[..10],
+            ["-t", "4242", "-n", "-u", "-m", "-p", "-i", "--root", "--wd", "--"]
+        );
+        assert_eq!(enter_args(4242)[10], "setpriv");
+    }
+
+    #[test]
+    fn the_init_runs_in_new_namespaces_with_its_spec() {
+        let spec = NodeSpec {
+            node_dir: "/d/testenv/ab12-cd34ef/n1".into(),
+            hostname: "n1".into(),
+            hidden: vec!["/d".into()],
+            exposed: vec![],
+            shared: vec!["/d/testenv/ab12-cd34ef/n1/run".into()],
+        };
+        let args: Vec<String> = init_command(Path::new("/usr/bin/orchestrator"), &spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "unshare",
+                "--uts",
+                "--mount",
+                "--pid",
+                "--ipc",
+                "--fork",
+                "--propagation",
+                "private",
+                "/usr/bin/orchestrator",
+                "testenv-node-init",
+                "--node-dir",
+                "/d/testenv/ab12-cd34ef/n1",
+                "--hostname",
+                "n1",
+                "--hide",
+                "/d",
+                "--share",
+                "/d/testenv/ab12-cd34ef/n1/run",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_service_paths_are_hidden_and_programs_exposed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("etc/config.toml");
+        std::fs::create_dir_all(&data).unwrap();
+        let provider = NamespaceProvider::new("/bin/orchestrator".into(), &data, Some(&config))
+            .hide(&dir.path().join("secret.key"))
+            .expose(Path::new("/usr/bin"))
+            .expose(Path::new("/usr/bin"));
+        let real = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            provider.hidden,
+            [
+                real.join("data"),
+                dir.path().join("etc"),
+                dir.path().join("secret.key")
+            ]
+        );
+        assert_eq!(provider.exposed, [PathBuf::from("/usr/bin")]);
     }
 }

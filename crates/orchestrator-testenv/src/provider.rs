@@ -29,9 +29,12 @@ pub trait Provider: Send + Sync {
     async fn create(&self, plan: &EnvPlan, root: &Path) -> Result<()>;
 
     /// A command that runs `program` with `args` inside `node`: its
-    /// namespaces, its private root as the working directory and as
-    /// `ORCHESTRATOR_DATA_DIR`. In its own process group, with no
-    /// capability: those the provider holds to make nodes stay its own.
+    /// namespaces and its root filesystem, its own dir in it as the working
+    /// directory, `HOME` and `ORCHESTRATOR_DATA_DIR`. In its own process
+    /// group, with a bounded set of capabilities: those the provider holds
+    /// to make nodes stay its own. `program` and the paths in `args` are
+    /// host paths the node shows at the same place (the scripts dir and
+    /// the interpreters; the node's `run` dir, writable).
     async fn command(
         &self,
         plan: &EnvPlan,

@@ -83,6 +83,43 @@ pub enum Command {
     /// disk, clock, port, namespaces, SurrealDB); exits non-zero if a check
     /// fails. Takes the settings of `serve`.
     Doctor(ServeArgs),
+    /// The first process of a test environment's node, started by the
+    /// service inside the node's new namespaces: builds the node's root
+    /// filesystem, enters it, and reaps orphans until killed.
+    #[command(hide = true, name = "testenv-node-init")]
+    TestenvNodeInit(NodeInitArgs),
+}
+
+/// `testenv-node-init`: what `orchestrator_testenv::node_init::NodeSpec`
+/// carries, as the provider writes it.
+#[derive(Debug, Args)]
+pub struct NodeInitArgs {
+    /// The node's dir on the host (its layers and /etc/hosts).
+    #[arg(long)]
+    pub node_dir: PathBuf,
+    #[arg(long)]
+    pub hostname: String,
+    /// A path of the service's, masked in the node.
+    #[arg(long = "hide")]
+    pub hidden: Vec<PathBuf>,
+    /// A host path bound read-only at the same path when needed.
+    #[arg(long = "expose")]
+    pub exposed: Vec<PathBuf>,
+    /// A host dir bound writable at the same path.
+    #[arg(long = "share")]
+    pub shared: Vec<PathBuf>,
+}
+
+impl From<NodeInitArgs> for orchestrator_testenv::node_init::NodeSpec {
+    fn from(args: NodeInitArgs) -> Self {
+        orchestrator_testenv::node_init::NodeSpec {
+            node_dir: args.node_dir,
+            hostname: args.hostname,
+            hidden: args.hidden,
+            exposed: args.exposed,
+            shared: args.shared,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -958,4 +995,38 @@ pub struct TestQuickArgs {
     pub keep: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use orchestrator_testenv::node_init::NodeSpec;
+
+    use super::{Cli, Command};
+
+    /// What the provider writes on the init's command line is what the
+    /// binary reads back.
+    #[test]
+    fn a_node_spec_survives_the_command_line() {
+        let spec = NodeSpec {
+            node_dir: "/var/lib/orchestrator/testenv/ab12-cd34ef/n1".into(),
+            hostname: "n1".into(),
+            hidden: vec!["/var/lib/orchestrator".into(), "/etc/orchestrator".into()],
+            exposed: vec![
+                "/usr/share/orchestrator/scripts".into(),
+                "/opt/nu/bin".into(),
+            ],
+            shared: vec!["/var/lib/orchestrator/testenv/ab12-cd34ef/n1/run".into()],
+        };
+        let cli = Cli::try_parse_from(
+            ["orchestrator".into(), "testenv-node-init".into()]
+                .into_iter()
+                .chain(spec.to_args()),
+        )
+        .unwrap();
+        let Command::TestenvNodeInit(args) = cli.command else {
+            panic!("not testenv-node-init: {:?}", cli.command);
+        };
+        assert_eq!(NodeSpec::from(args), spec);
+    }
 }

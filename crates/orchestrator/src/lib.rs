@@ -24,6 +24,14 @@ use cli::{Cli, Command};
 /// Runs a parsed command line to completion and turns the outcome into an
 /// exit code; errors are printed with their whole context chain.
 pub fn run(cli: Cli) -> ExitCode {
+    // A node's init mounts and pivots its root: single-threaded, before
+    // any runtime starts a thread.
+    let cli = match cli.command {
+        Command::TestenvNodeInit(args) => {
+            return orchestrator_testenv::node_init::run(&args.into());
+        }
+        command => Cli { command, ..cli },
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -57,6 +65,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Prune(args) => client::prune(&cli.client, args).await,
             Command::Storage(command) => storage_move::run(&cli.client, command).await,
             Command::Doctor(args) => doctor::run(args).await,
+            Command::TestenvNodeInit(_) => unreachable!("run before the runtime starts"),
         }
     });
     match result {

@@ -127,7 +127,7 @@ pub async fn start_with_store(
     let node_id = node_id(&settings, &data_dir)?;
     let tag = orchestrator_testenv::model::service_tag(&node_id);
     let node_runner = orchestrator_testenv::NodeRunner::new(
-        Arc::new(orchestrator_testenv::NamespaceProvider::new()),
+        Arc::new(node_provider(&settings, &data_dir)?),
         executor.clone(),
         data_dir.join("testenv"),
         catalog.clone(),
@@ -242,6 +242,55 @@ pub fn step_kinds(
 
 /// This node's id: the setting, else the one kept in the data dir (made
 /// on the first start), so that a restarted node is the same node.
+/// The namespace provider of test environments: each node's init is this
+/// binary's `testenv-node-init`; the data dir, the config file's dir and the
+/// secret key file are masked in every node; the scripts dir and the
+/// interpreters are shown in every node, read-only.
+fn node_provider(
+    settings: &ServeSettings,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<orchestrator_testenv::NamespaceProvider> {
+    let init_program = match &settings.node_init_program {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().context("cannot tell this program's path")?,
+    };
+    let mut provider = orchestrator_testenv::NamespaceProvider::new(
+        init_program,
+        data_dir,
+        settings.config_file.as_deref(),
+    )
+    .expose(&settings.scripts_dir);
+    if let Some(file) = &settings.secret_key_file {
+        provider = provider.hide(file);
+    }
+    // As `ScriptExecutor::resolve` picks them: configured, or found on PATH.
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    let defaults = ["nu", "bash", "python3"].map(std::path::PathBuf::from);
+    for program in settings.interpreters.values().chain(defaults.iter()) {
+        let found = if program.is_absolute() {
+            Some(program.clone())
+        } else {
+            std::env::split_paths(&path_var)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.is_file())
+        };
+        // The dir of the name it is called by, of the file a symbolic link
+        // leads to, and the installation prefix above each (a version
+        // manager's shim in `~/.pyenv/shims` runs `~/.pyenv/libexec`): the
+        // node shows each read-only where its root does not already.
+        for path in found
+            .into_iter()
+            .flat_map(|p| [p.canonicalize().ok(), Some(p)])
+        {
+            let dir = path.as_deref().and_then(std::path::Path::parent);
+            for dir in dir.into_iter().chain(dir.and_then(std::path::Path::parent)) {
+                provider = provider.expose(dir);
+            }
+        }
+    }
+    Ok(provider)
+}
+
 fn node_id(settings: &ServeSettings, data_dir: &std::path::Path) -> anyhow::Result<String> {
     if let Some(id) = &settings.node_id {
         anyhow::ensure!(

@@ -253,6 +253,11 @@ pub struct ServeSettings {
     pub script_writable: Vec<PathBuf>,
     /// Where the secret key is read from, when not from the default places.
     pub secret_key_file: Option<PathBuf>,
+    /// The `orchestrator` binary, whose `testenv-node-init` is each test
+    /// node's first process: this executable (a test that runs the service
+    /// inside its own binary names the real one). Not a setting of the
+    /// file or the flags.
+    pub node_init_program: Option<PathBuf>,
 }
 
 impl ServeSettings {
@@ -495,6 +500,7 @@ impl ServeConfig {
             script_sandbox,
             script_writable: self.script_writable,
             secret_key_file: self.secret_key_file,
+            node_init_program: None,
         };
         // Each is added to the clock somewhere (a lease to now, a retry
         // delay to a due time): bounded like every timeout, so that no

@@ -81,10 +81,20 @@ impl Tagged {
                     .unwrap_or(false)
             })
             .collect();
+        // A node's mounts (its root, its /proc, ...) are in its own mount
+        // namespace: the host's table never shows them, running or not.
+        let env_dirs = format!("/testenv/{}-", self.tag);
+        let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&env_dirs))
+            .map(str::to_owned)
+            .collect();
         Leftovers {
             netns,
             links,
             processes,
+            mounts,
         }
     }
 
@@ -98,6 +108,9 @@ impl Tagged {
         settings.retry.base_delay = Duration::from_millis(50);
         settings.retry.max_delay = Duration::from_millis(200);
         settings.shutdown_grace = Duration::from_secs(5);
+        // The service runs inside this test binary: each node's init is
+        // the real binary's.
+        settings.node_init_program = Some(BIN.into());
         settings
     }
 }
@@ -134,6 +147,7 @@ struct Leftovers {
     netns: Vec<String>,
     links: Vec<String>,
     processes: Vec<i32>,
+    mounts: Vec<String>,
 }
 
 impl Leftovers {
@@ -142,6 +156,7 @@ impl Leftovers {
             netns: vec![],
             links: vec![],
             processes: vec![],
+            mounts: vec![],
         }
     }
 }
@@ -195,7 +210,15 @@ async fn create(service: &TestService, body: Value) -> Value {
     body["wait"] = json!(true);
     let (status, env) = service.post("/test/environments/create", body).await;
     assert_eq!(status, 201, "{env}");
-    assert_eq!(env["status"], "ready", "{env}");
+    if env["status"] != "ready" {
+        let (_, logs) = service
+            .get(&format!(
+                "/test/environments/{}/logs",
+                env["id"].as_str().unwrap_or_default()
+            ))
+            .await;
+        panic!("not ready: {env:#}\nlogs: {logs:#}");
+    }
     env
 }
 
@@ -367,22 +390,20 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
     let postgres = node_process(pg["netns"].as_str().unwrap(), &["bin/postgres", "-D"])
         .expect("postgres runs in node pg");
     // The provider needs CAP_SYS_ADMIN and CAP_NET_ADMIN (here: root's
-    // every capability) to make the node; what runs in it holds neither,
-    // and postgres runs as its own user, not root.
+    // every capability) to make the node; what runs in it holds Docker's
+    // default set at most (its bounding set), and postgres runs as its own
+    // user, not root, with none of them in effect.
     let status = std::fs::read_to_string(format!("/proc/{postgres}/status")).unwrap();
     let set = |name: &str| {
         let line = status.lines().find(|l| l.starts_with(name)).unwrap();
         u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
     };
-    const CAP_DAC_OVERRIDE: u64 = 1 << 1;
-    const CAP_NET_ADMIN: u64 = 1 << 12;
-    const CAP_SYS_ADMIN: u64 = 1 << 21;
     assert_eq!(
-        set("CapBnd") & (CAP_NET_ADMIN | CAP_SYS_ADMIN),
-        0,
+        set("CapBnd"),
+        u64::from_str_radix(NODE_CAPABILITIES, 16).unwrap(),
         "{status}"
     );
-    assert_eq!(set("CapEff") & !CAP_DAC_OVERRIDE, 0, "{status}");
+    assert_eq!(set("CapEff"), 0, "{status}");
     let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(!uid.split_whitespace().skip(1).any(|id| id == "0"), "{uid}");
     assert!(
@@ -443,6 +464,37 @@ async fn a_check_fails_when_a_nodes_service_is_stopped() {
     delete(&service, id).await;
     assert_eq!(tagged.leftovers(), Leftovers::none());
     service.stop().await;
+}
+
+/// Docker's default capability set less mknod (chown, dac_override,
+/// fowner, fsetid, kill, setgid, setuid, setpcap, net_bind_service,
+/// net_raw, sys_chroot, audit_write, setfcap), as `/proc/<pid>/status`
+/// shows it.
+const NODE_CAPABILITIES: &str = "00000000a00425fb";
+
+/// A node's root process holds [`NODE_CAPABILITIES`] at most, never
+/// CAP_SYS_ADMIN (bit 21), and none to pass on.
+fn assert_node_capabilities(status: &str) {
+    let set = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+            .trim()
+            .to_owned()
+    };
+    for name in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        assert_eq!(set(name), NODE_CAPABILITIES, "{name} of a node's process");
+    }
+    for name in ["CapInh:", "CapAmb:"] {
+        assert_eq!(set(name), "0000000000000000", "{name} of a node's process");
+    }
+    let bounding = u64::from_str_radix(&set("CapBnd:"), 16).unwrap();
+    assert_eq!(
+        bounding & (1 << 21),
+        0,
+        "a node's process holds CAP_SYS_ADMIN"
+    );
 }
 
 /// Whether `taskserv`'s server answers at `address:port` by its own
@@ -1383,5 +1435,254 @@ async fn a_second_start_replaces_the_daemon_it_finds_and_never_adopts_it() {
 
     delete(&service, id).await;
     assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+/// What the `probe` taskserv's check (`probe.py`) saw in its node, from the
+/// last log of `check probe@<node>` in `logs`.
+fn probe_report(logs: &Value, node: &str) -> Value {
+    let step = format!("check probe@{node}");
+    let log = logs["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["step"] == step)
+        .unwrap_or_else(|| panic!("no {step} in {logs:#}"))["log"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let line = log
+        .lines()
+        .find_map(|l| l.split_once("probe: ").map(|(_, json)| json))
+        .unwrap_or_else(|| panic!("no report in {log}"));
+    serde_json::from_str(line).unwrap()
+}
+
+/// The real scripts, copied under `dir`, with a taskserv `probe` whose
+/// check writes into its node's root (on node `writer` only) and reports
+/// what its node shows: the files written, the service's files named in
+/// `probe.json` (written by the test), `/dev`, whether `mount` and `umount` work, its
+/// capabilities.
+fn scripts_with_probe(dir: &Path) -> PathBuf {
+    let scripts = dir.join("scripts");
+    assert!(
+        Command::new("cp")
+            .arg("-r")
+            .arg(real_scripts())
+            .arg(&scripts)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let probe = scripts.join("taskservs/probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    std::fs::write(
+        probe.join("testenv.json"),
+        r#"{"port": 7070, "simulated": true, "description": "writes into its node's root and reports what it sees"}"#,
+    )
+    .unwrap();
+    // Started as the simulated taskservs are: serve.py answers on its port.
+    std::fs::write(
+        probe.join("start.py"),
+        std::fs::read_to_string(real_scripts().join("taskservs/kubernetes/start.py"))
+            .unwrap()
+            .replace("\"kubernetes\"", "\"probe\""),
+    )
+    .unwrap();
+    std::fs::write(
+        probe.join("check.nu"),
+        "const PROBE = path self probe.py\ndef main [] { ^python3 $PROBE }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        probe.join("probe.py"),
+        r#"import json, os, socket, stat, subprocess
+here = socket.gethostname()
+config = json.load(open(os.path.join(os.path.dirname(__file__), "probe.json")))
+written = ["/etc/probe", "/usr/local/bin/x", "/var/lib/x"]
+def read(path):
+    try:
+        return open(path).read()
+    except OSError:
+        return None
+seen = {path: read(path) for path in written}
+wrote = False
+if here == "writer" and seen["/etc/probe"] is None:
+    for path in written:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(here + "\n")
+    wrote = True
+def fails(args):
+    return subprocess.run(args, capture_output=True).returncode != 0
+def mknod_fails():
+    try:
+        os.mknod("/tmp/disk", stat.S_IFBLK | 0o600, os.makedev(253, 0))
+        return False
+    except OSError:
+        return True
+status = open("/proc/self/status").read()
+report = {
+    "node": here,
+    "seen": seen,
+    "wrote": wrote,
+    "read_back": {path: read(path) for path in written},
+    "hidden_seen": [p for p in config["hidden"] if os.path.exists(p)],
+    "data_dir_files": [os.path.join(d, f) for d, _, files in os.walk(config["data_dir"]) for f in files],
+    "dev": sorted(os.listdir("/dev")),
+    "mount_fails": fails(["mount", "-t", "tmpfs", "none", "/mnt"]),
+    "umount_fails": fails(["umount", "/tmp"]),
+    "mknod_fails": mknod_fails(),
+    "hostname_file": read("/etc/hostname"),
+    "hosts": read("/etc/hosts"),
+    "pid1": read("/proc/1/cmdline"),
+    "cwd": os.getcwd(),
+    "data_dir": os.environ.get("ORCHESTRATOR_DATA_DIR"),
+    "caps": [l for l in status.splitlines() if l.startswith("Cap")],
+}
+print("probe: " + json.dumps(report), flush=True)
+"#,
+    )
+    .unwrap();
+    scripts
+}
+
+#[tokio::test]
+async fn a_nodes_root_is_its_own_and_shows_nothing_of_the_service() {
+    if !privileged("a_nodes_root_is_its_own_and_shows_nothing_of_the_service") {
+        return;
+    }
+    let written = ["/etc/probe", "/usr/local/bin/x", "/var/lib/x"];
+    for path in written {
+        assert!(
+            !Path::new(path).exists(),
+            "{path} exists on this host already"
+        );
+    }
+    let tagged = Tagged::new("rootfs");
+    // The data dir on the host's root filesystem (a node's /tmp is its
+    // own: there it would be hidden whatever the masks); the scripts under
+    // /tmp, which a node shows only through a bind of them.
+    let data = tempfile::tempdir_in("/var/tmp").unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let mut settings = tagged.settings(data.path());
+    settings.scripts_dir = scripts_with_probe(scratch.path());
+    let service = TestService::start(settings).await;
+    // What the service keeps in its data dir once started (its key, its
+    // store): a node sees none of it.
+    let hidden: Vec<PathBuf> = std::fs::read_dir(data.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| !p.ends_with("testenv"))
+        .collect();
+    assert!(
+        hidden.contains(&data.path().join("secret.key")),
+        "{hidden:?}"
+    );
+    std::fs::write(
+        scratch.path().join("scripts/taskservs/probe/probe.json"),
+        json!({"hidden": hidden, "data_dir": data.path()}).to_string(),
+    )
+    .unwrap();
+    let env = create(
+        &service,
+        json!({"type": "cluster", "topology": {"name": "roots", "nodes": [
+            {"name": "writer", "taskservs": ["probe"]},
+            {"name": "reader", "taskservs": ["probe"]}]}}),
+    )
+    .await;
+    let id = env["id"].as_str().unwrap().to_owned();
+    // Every mount of the nodes is in their own namespaces.
+    assert_eq!(tagged.leftovers().mounts, Vec::<String>::new());
+
+    let first = run(&service, &id).await;
+    assert_eq!(first["status"], "passed", "{first}");
+    let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    let writer = probe_report(&logs, "writer");
+    let reader = probe_report(&logs, "reader");
+    for path in written {
+        assert_eq!(writer["seen"][path], Value::Null, "{writer}");
+        assert_eq!(writer["read_back"][path], "writer\n", "{writer}");
+        // Not on the host, nor in the other node.
+        assert!(!Path::new(path).exists(), "{path} was written on the host");
+        assert_eq!(reader["read_back"][path], Value::Null, "{reader}");
+    }
+    assert_eq!(writer["wrote"], true, "{writer}");
+    for report in [&writer, &reader] {
+        let node = report["node"].as_str().unwrap();
+        assert_eq!(report["hidden_seen"], json!([]), "{report}");
+        // Nothing of the data dir: no file of the store, no key, no other
+        // node's layer.
+        assert_eq!(report["data_dir_files"], json!([]), "{report}");
+        assert_eq!(
+            report["dev"],
+            json!([
+                "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
+                "tty", "urandom", "zero"
+            ]),
+            "{report}"
+        );
+        assert_eq!(report["mount_fails"], true, "{report}");
+        assert_eq!(report["umount_fails"], true, "{report}");
+        assert_eq!(report["mknod_fails"], true, "{report}");
+        assert_eq!(report["hostname_file"], format!("{node}\n"), "{report}");
+        let hosts = report["hosts"].as_str().unwrap();
+        assert!(
+            hosts.contains("\twriter\n") && hosts.contains("\treader\n"),
+            "{report}"
+        );
+        assert!(
+            report["pid1"]
+                .as_str()
+                .unwrap()
+                .contains("testenv-node-init"),
+            "{report}"
+        );
+        assert_eq!(report["cwd"], "/var/lib/orchestrator-node", "{report}");
+        assert_eq!(report["data_dir"], "/var/lib/orchestrator-node", "{report}");
+        let caps = report["caps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_node_capabilities(&caps);
+    }
+
+    // The writer's files stay in its root: read back on the next run.
+    let second = run(&service, &id).await;
+    assert_eq!(second["status"], "passed", "{second}");
+    let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+    let writer = probe_report(&logs, "writer");
+    let reader = probe_report(&logs, "reader");
+    assert_eq!(writer["wrote"], false, "{writer}");
+    for path in written {
+        assert_eq!(writer["seen"][path], "writer\n", "{writer}");
+        assert_eq!(reader["seen"][path], Value::Null, "{reader}");
+    }
+
+    // Teardown removes the layers with the nodes' dirs.
+    let env_dir = std::fs::read_dir(data.path().join("testenv"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("{}-", tagged.tag))
+        })
+        .expect("the environment's dir");
+    let upper = env_dir.join("writer/upper/etc/probe");
+    assert_eq!(std::fs::read_to_string(&upper).unwrap(), "writer\n");
+    delete(&service, &id).await;
+    assert!(!upper.exists() && !env_dir.exists());
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    for path in written {
+        assert!(!Path::new(path).exists(), "{path} was written on the host");
+    }
     service.stop().await;
 }
