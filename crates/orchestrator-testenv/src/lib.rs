@@ -10,12 +10,15 @@
 //! - `provider`: the `Provider` trait (make nodes, run a program in one,
 //!   tear down, list what exists) and `netns`, its Linux namespace
 //!   implementation.
+//! - `cgroup`: the nodes' limits (memory, pids, cpu), through cgroup v1
+//!   or v2, whichever this host provides.
 //! - `runner`: `NodeRunner`, the engine's `testenv` step kind.
 //! - `service`: `TestEnvs`, the environments as workflows: create, run,
 //!   delete, show, logs, the ttl and auto-cleanup loop, and recovery.
 
 pub mod caps;
 pub mod catalog;
+pub mod cgroup;
 pub mod model;
 pub mod netns;
 pub mod provider;
@@ -49,6 +52,10 @@ pub enum Error {
     /// The service lacks a privilege; nothing was made.
     #[error("{0}")]
     Privileges(String),
+    /// This host cannot do what environments need (enforce the nodes'
+    /// limits); nothing was made.
+    #[error("{0}")]
+    Unsupported(String),
     /// A command of the provider failed.
     #[error("{0}")]
     Provider(String),

@@ -6,7 +6,9 @@
 //! a private `/etc/hosts` bind-mounted, `/proc` of its own). Programs
 //! enter a node with `nsenter` on that process. Everything is done by
 //! running `ip`, `unshare`, `nsenter`, `hostname` and `mount` directly,
-//! never through a shell.
+//! never through a shell. Each node has a cgroup with its limits (see
+//! `cgroup`): its first process is moved in as soon as it exists, and
+//! every program that enters the node joins it before `nsenter` starts.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -18,6 +20,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Command;
 
+use crate::cgroup::{Hierarchy, LimitEvents};
 use crate::model::{EnvNames, EnvPlan, NodePlan, PREFIX};
 use crate::provider::Provider;
 use crate::{Error, Result};
@@ -41,12 +44,46 @@ const NO_CAPABILITIES: [&str; 4] = [
     "--",
 ];
 
-#[derive(Debug, Clone, Default)]
-pub struct NamespaceProvider;
+/// Joins the cgroups whose `cgroup.procs` files come before `--`, then
+/// becomes the program after it. `nsenter` forks what it runs as soon as
+/// it has started, so moving its pid after the spawn would leave a child
+/// forked meanwhile outside; and writing to `cgroup.procs` between fork
+/// and exec in the service would take a `pre_exec` (unsafe, forbidden).
+/// A process that moves itself before it execs `nsenter` has no child
+/// yet: everything it starts is born in the node's cgroup. Python is
+/// there wherever nodes run (their services are Python); the program is
+/// constant and every value comes as an argument, never as code.
+const JOIN_CGROUP: &str = "import os,sys\n\
+a=sys.argv[1:]\n\
+i=a.index('--')\n\
+for p in a[:i]:\n    \
+with open(p,'w') as f: f.write(str(os.getpid()))\n\
+os.execvp(a[i+1],a[i+1:])\n";
+
+#[derive(Debug, Clone)]
+pub struct NamespaceProvider {
+    /// Where the nodes' cgroups go, detected at start, or why no
+    /// hierarchy can hold them (then nothing is made).
+    cgroups: std::result::Result<Hierarchy, String>,
+}
+
+impl Default for NamespaceProvider {
+    fn default() -> NamespaceProvider {
+        NamespaceProvider::new()
+    }
+}
 
 impl NamespaceProvider {
     pub fn new() -> NamespaceProvider {
-        NamespaceProvider
+        NamespaceProvider {
+            cgroups: Hierarchy::detect(),
+        }
+    }
+
+    fn cgroups(&self) -> Result<&Hierarchy> {
+        self.cgroups
+            .as_ref()
+            .map_err(|reason| Error::Unsupported(reason.clone()))
     }
 }
 
@@ -226,6 +263,14 @@ impl NamespaceProvider {
             }
             tokio::time::sleep(POLL).await;
         };
+        // Limited before any program of the node runs: the first process
+        // starts none, and every later one joins by itself (`command`).
+        let cgroups = self.cgroups()?;
+        let cgroup = names.cgroup(node.index);
+        cgroups
+            .create(&cgroup, &node.limits)
+            .and_then(|()| cgroups.join(&cgroup, pid))
+            .map_err(|e| Error::Provider(format!("node {}: {e}", node.name)))?;
         let pid = pid.to_string();
         run("nsenter", &["-t", &pid, "-u", "hostname", &node.name]).await?;
         let hosts = node_dir.join("hosts");
@@ -235,6 +280,17 @@ impl NamespaceProvider {
             &["-t", &pid, "-m", "mount", "--bind", &hosts, "/etc/hosts"],
         )
         .await?;
+        // Readable (a runtime may size itself by its limits), never
+        // writable: root with no capability may still write its pid to
+        // another cgroup's `cgroup.procs`, and leave its limits.
+        for mount in crate::cgroup::mount_points() {
+            let mount = mount.to_string_lossy();
+            run(
+                "nsenter",
+                &["-t", &pid, "-m", "mount", "-o", "remount,bind,ro", &mount],
+            )
+            .await?;
+        }
         Ok(())
     }
 }
@@ -254,6 +310,7 @@ impl Provider for NamespaceProvider {
 
     async fn create(&self, plan: &EnvPlan, root: &Path) -> Result<()> {
         let names = plan.names();
+        self.cgroups()?;
         self.destroy(&names, root).await?;
         let dir = names.dir(root);
         let hosts = hosts_file(plan);
@@ -286,9 +343,13 @@ impl Provider for NamespaceProvider {
                 node.name, node.netns
             ))
         })?;
-        let node_dir = plan.names().dir(root).join(&node.name);
-        let mut command = Command::new("nsenter");
+        let names = plan.names();
+        let node_dir = names.dir(root).join(&node.name);
+        let mut command = Command::new("python3");
         command
+            .args(["-I", "-S", "-c", JOIN_CGROUP])
+            .args(self.cgroups()?.procs_files(&names.cgroup(node.index)))
+            .args(["--", "nsenter"])
             .arg("-t")
             .arg(pid.to_string())
             .args(["-n", "-u", "-m", "-p"])
@@ -312,6 +373,20 @@ impl Provider for NamespaceProvider {
             .into_iter()
             .map(|pid| (pid, cmdline(pid)))
             .collect())
+    }
+
+    fn limits_enforcement(&self) -> std::result::Result<String, String> {
+        self.cgroups
+            .as_ref()
+            .map(|h| h.version().to_owned())
+            .map_err(Clone::clone)
+    }
+
+    async fn limit_events(&self, plan: &EnvPlan, node: &NodePlan) -> LimitEvents {
+        match &self.cgroups {
+            Ok(cgroups) => cgroups.events(&plan.names().cgroup(node.index)),
+            Err(_) => LimitEvents::default(),
+        }
     }
 
     async fn destroy(&self, names: &EnvNames, root: &Path) -> Result<usize> {
@@ -357,6 +432,18 @@ impl Provider for NamespaceProvider {
                 }
             }
         }
+        // What the namespaces held is gone; what is left in a cgroup
+        // (a process that never entered a namespace) is killed with it.
+        if let Ok(cgroups) = &self.cgroups {
+            let prefix = names.netns_prefix();
+            for cgroup in cgroups.names() {
+                if cgroup.starts_with(&prefix)
+                    && cgroups.remove(&cgroup).await.map_err(Error::Provider)?
+                {
+                    removed += 1;
+                }
+            }
+        }
         let dir = names.dir(root);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
@@ -374,6 +461,15 @@ impl Provider for NamespaceProvider {
                 && let Some(key) = rest.get(..6)
             {
                 keys.insert(key.to_owned());
+            }
+        }
+        if let Ok(cgroups) = &self.cgroups {
+            for cgroup in cgroups.names() {
+                if let Some(rest) = cgroup.strip_prefix(&netns_prefix)
+                    && let Some(key) = rest.get(..6)
+                {
+                    keys.insert(key.to_owned());
+                }
             }
         }
         let link_prefix = format!("{PREFIX}{tag}");

@@ -273,7 +273,7 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
         env.auto_cleanup,
         shown(&env.create_workflow)
     );
-    let nodes: Vec<[String; 5]> = env
+    let nodes: Vec<[String; 6]> = env
         .nodes
         .iter()
         .map(|n| {
@@ -283,10 +283,17 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
                 list(&n.roles),
                 list(&n.taskservs),
                 n.netns.clone(),
+                format!(
+                    "{} MiB, {} pids, {} cpu",
+                    n.limits.memory_mib, n.limits.pids, n.limits.cpus
+                ),
             ]
         })
         .collect();
-    print_table(["NODE", "ADDRESS", "ROLES", "TASKSERVS", "NETNS"], &nodes);
+    print_table(
+        ["NODE", "ADDRESS", "ROLES", "TASKSERVS", "NETNS", "LIMITS"],
+        &nodes,
+    );
     if env.last_run.is_some() {
         println!();
         print_checks(env.last_run.as_ref());
