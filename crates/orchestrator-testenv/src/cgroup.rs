@@ -297,12 +297,12 @@ impl Hierarchy {
     }
 }
 
-/// Every cgroup file system mounted here (v1 and v2): a node sees them
-/// read-only, since a process running as root can move itself to another
-/// cgroup by writing its pid to a `cgroup.procs` it may write, no
-/// capability needed.
-pub fn mount_points() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
+/// Every cgroup file system (v1 and v2) that process `pid` sees mounted:
+/// a node must see them read-only, if at all, since a process running as
+/// root can move itself to another cgroup by writing its pid to a
+/// `cgroup.procs` it may write, no capability needed.
+pub fn mount_points(pid: i32) -> Vec<PathBuf> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
         .map(|text| mount_points_in(&text))
         .unwrap_or_default()
 }

@@ -271,6 +271,7 @@ impl NamespaceProvider {
             .create(&cgroup, &node.limits)
             .and_then(|()| cgroups.join(&cgroup, pid))
             .map_err(|e| Error::Provider(format!("node {}: {e}", node.name)))?;
+        let init = pid;
         let pid = pid.to_string();
         run("nsenter", &["-t", &pid, "-u", "hostname", &node.name]).await?;
         let hosts = node_dir.join("hosts");
@@ -282,8 +283,10 @@ impl NamespaceProvider {
         .await?;
         // Readable (a runtime may size itself by its limits), never
         // writable: root with no capability may still write its pid to
-        // another cgroup's `cgroup.procs`, and leave its limits.
-        for mount in crate::cgroup::mount_points() {
+        // another cgroup's `cgroup.procs`, and leave its limits. (`ip
+        // netns exec` mounts a sysfs of its own over `/sys`, which hides
+        // them; whatever a node still sees is made read-only.)
+        for mount in crate::cgroup::mount_points(init) {
             let mount = mount.to_string_lossy();
             run(
                 "nsenter",
