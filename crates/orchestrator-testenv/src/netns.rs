@@ -502,3 +502,45 @@ impl Provider for NamespaceProvider {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Catalog;
+    use crate::model::{CreateRequest, EnvPlan};
+
+    #[tokio::test]
+    async fn without_a_hierarchy_for_the_limits_nothing_is_made_and_the_reason_is_given() {
+        let reason =
+            "no cgroup hierarchy on this host provides memory, pids and cpu (v1 lacks pids)";
+        let provider = NamespaceProvider {
+            cgroups: Err(reason.to_owned()),
+        };
+        assert_eq!(provider.limits_enforcement(), Err(reason.to_owned()));
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let request: CreateRequest = serde_json::from_value(
+            serde_json::json!({"type": "single_taskserv", "taskserv": "redis"}),
+        )
+        .unwrap();
+        let plan = EnvPlan::new(
+            &request,
+            &catalog,
+            uuid::Uuid::now_v7(),
+            "abcd",
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        let root = std::env::temp_dir().join(format!("limits-unit-{}", plan.key));
+        let err = provider.create(&plan, &root).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(message) if message == reason),
+            "{err}"
+        );
+        // Refused before anything was made: not even the directory.
+        assert!(!root.exists());
+    }
+}
