@@ -50,9 +50,10 @@ const NO_CAPABILITIES: [&str; 4] = [
 /// forked meanwhile outside; and writing to `cgroup.procs` between fork
 /// and exec in the service would take a `pre_exec` (unsafe, forbidden).
 /// A process that moves itself before it execs `nsenter` has no child
-/// yet: everything it starts is born in the node's cgroup. Python is
-/// there wherever nodes run (their services are Python); the program is
-/// constant and every value comes as an argument, never as code.
+/// yet: everything it starts is born in the node's cgroup. `python3` is
+/// already required where environments run (`testenv/serve.py`, the
+/// checks); the program is constant and every value comes as an
+/// argument, never as code.
 const JOIN_CGROUP: &str = "import os,sys\n\
 a=sys.argv[1:]\n\
 i=a.index('--')\n\
