@@ -448,6 +448,15 @@ fn the_documented_limits_are_the_checked_ones() {
             "{name}"
         );
     }
+    for name in ["NodeLimits", "LimitsOverride"] {
+        use orchestrator_testenv::model as testenv;
+        let limits = &component(&doc, name)["properties"];
+        assert_eq!(limits["memory_mib"]["minimum"], testenv::MIN_MEMORY_MIB);
+        assert_eq!(limits["memory_mib"]["maximum"], testenv::MAX_MEMORY_MIB);
+        assert_eq!(limits["pids"]["minimum"], testenv::MIN_PIDS);
+        assert_eq!(limits["pids"]["maximum"], testenv::MAX_PIDS);
+        assert_eq!(limits["cpus"]["minimum"], testenv::MIN_CPUS);
+    }
     for name in builtins {
         let builtin = &component(&doc, name)["properties"];
         assert_eq!(

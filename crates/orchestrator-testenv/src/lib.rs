@@ -11,12 +11,15 @@
 //!   tear down, list what exists) and `netns`, its Linux namespace
 //!   implementation; `node_init`, the first process of each of its nodes,
 //!   which builds the node's root filesystem and enters it.
+//! - `cgroup`: the nodes' limits (memory, pids, cpu), through cgroup v1
+//!   or v2, whichever this host provides.
 //! - `runner`: `NodeRunner`, the engine's `testenv` step kind.
 //! - `service`: `TestEnvs`, the environments as workflows: create, run,
 //!   delete, show, logs, the ttl and auto-cleanup loop, and recovery.
 
 pub mod caps;
 pub mod catalog;
+pub mod cgroup;
 pub mod model;
 pub mod netns;
 pub mod node_init;
@@ -51,6 +54,10 @@ pub enum Error {
     /// The service lacks a privilege; nothing was made.
     #[error("{0}")]
     Privileges(String),
+    /// This host cannot do what environments need (enforce the nodes'
+    /// limits); nothing was made.
+    #[error("{0}")]
+    Unsupported(String),
     /// A command of the provider failed.
     #[error("{0}")]
     Provider(String),

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use crate::catalog::Catalog;
 use crate::topology::truncate;
-pub use crate::topology::{CrossCheck, Topology, TopologyNode, check_name};
+pub use crate::topology::{CrossCheck, LimitsOverride, Topology, TopologyNode, check_name};
 use crate::{Result, invalid};
 
 /// Most nodes one environment may have.
@@ -28,9 +28,26 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 /// The bounds of `ttl`.
 pub const MIN_TTL: Duration = Duration::from_secs(5);
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
-/// Every name this service gives a namespace, a link or a directory starts
-/// with it; nothing else is ever removed.
+/// Every name this service gives a namespace, a link, a cgroup or a
+/// directory starts with it; nothing else is ever removed.
 pub const PREFIX: &str = "te";
+/// A node's limits unless its topology or the request says otherwise:
+/// room for a real postgres or etcd with its tools, and no more than a
+/// core, so that one node cannot take a small host.
+pub const DEFAULT_LIMITS: NodeLimits = NodeLimits {
+    memory_mib: 512,
+    pids: 512,
+    cpus: 1.0,
+};
+/// The bounds of a node's memory limit, in MiB: below the minimum not even
+/// a script's interpreter starts.
+pub const MIN_MEMORY_MIB: u64 = 32;
+pub const MAX_MEMORY_MIB: u64 = 16 * 1024;
+/// The bounds of a node's pids limit (processes and threads).
+pub const MIN_PIDS: u32 = 16;
+pub const MAX_PIDS: u32 = 32768;
+/// The least CPU a node may have, in cores; the most is the host's cores.
+pub const MIN_CPUS: f64 = 0.1;
 
 /// What an environment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -93,6 +110,119 @@ pub struct CreateRequest {
     /// Answer once the environment is ready (or failed), up to 10 minutes.
     #[serde(default)]
     pub wait: bool,
+    /// Limits for every node, over the defaults and the topology's.
+    #[serde(default)]
+    pub limits: Option<LimitsOverride>,
+}
+
+/// A node's limits, enforced by the kernel (cgroups): what a fork bomb or
+/// a memory hog in the node runs into.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLimits {
+    /// Memory, swap included, in MiB: past it the kernel kills a process
+    /// of the node.
+    #[schema(minimum = 32, maximum = 16384)]
+    pub memory_mib: u64,
+    /// Processes and threads at once: past it a fork fails (`EAGAIN`).
+    #[schema(minimum = 16, maximum = 32768)]
+    pub pids: u32,
+    /// CPU time, in cores (`0.5`: half of one; at most the host's): past
+    /// it the node waits.
+    #[schema(minimum = 0.1)]
+    pub cpus: f64,
+}
+
+impl Default for NodeLimits {
+    /// [`DEFAULT_LIMITS`]: what a plan stored without limits gets.
+    fn default() -> NodeLimits {
+        DEFAULT_LIMITS
+    }
+}
+
+impl NodeLimits {
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib * 1024 * 1024
+    }
+
+    /// The CPU quota per `period_us`, in microseconds.
+    pub fn cpu_quota_us(&self, period_us: u64) -> u64 {
+        (self.cpus * period_us as f64).round() as u64
+    }
+
+    /// These limits with `changes` applied, each checked against its
+    /// bounds; `at` prefixes the fields in errors.
+    pub fn with(self, changes: Option<&LimitsOverride>, at: &str) -> Result<NodeLimits> {
+        let Some(changes) = changes else {
+            return Ok(self);
+        };
+        let mut limits = self;
+        if let Some(memory) = changes.memory_mib {
+            limits.memory_mib = memory;
+        }
+        if let Some(pids) = changes.pids {
+            limits.pids = pids;
+        }
+        if let Some(cpus) = changes.cpus {
+            limits.cpus = cpus;
+        }
+        limits.check(at)?;
+        Ok(limits)
+    }
+
+    /// Each limit within its bounds; `at` prefixes the fields in errors.
+    pub fn check(&self, at: &str) -> Result<()> {
+        let field = |name: &str| {
+            if at.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{at}.{name}")
+            }
+        };
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
+            return Err(invalid(
+                field("memory_mib"),
+                format!(
+                    "{} MiB is out of bounds: between {MIN_MEMORY_MIB} and {MAX_MEMORY_MIB} MiB",
+                    self.memory_mib
+                ),
+            ));
+        }
+        if !(MIN_PIDS..=MAX_PIDS).contains(&self.pids) {
+            return Err(invalid(
+                field("pids"),
+                format!(
+                    "{} is out of bounds: between {MIN_PIDS} and {MAX_PIDS}",
+                    self.pids
+                ),
+            ));
+        }
+        let cores = max_cpus();
+        if !self.cpus.is_finite() || self.cpus < MIN_CPUS || self.cpus > cores {
+            return Err(invalid(
+                field("cpus"),
+                format!(
+                    "{} is out of bounds: between {MIN_CPUS} and {cores} (this host's cores)",
+                    self.cpus
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most CPU a node may have: the host's cores.
+pub fn max_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
+/// The limits of a node that nobody overrides: the defaults, at most the
+/// host's cores.
+fn default_limits() -> NodeLimits {
+    NodeLimits {
+        cpus: DEFAULT_LIMITS.cpus.min(max_cpus()),
+        ..DEFAULT_LIMITS
+    }
 }
 
 fn yes() -> bool {
@@ -137,6 +267,10 @@ pub struct NodePlan {
     pub taskservs: Vec<String>,
     /// Its network namespace (`ip netns`).
     pub netns: String,
+    /// What the kernel lets it use (plans stored before limits existed
+    /// get the defaults).
+    #[serde(default)]
+    pub limits: NodeLimits,
 }
 
 /// One check of `run`: from `node`, `taskserv` answers on each of
@@ -186,6 +320,12 @@ impl EnvNames {
 
     pub fn netns(&self, index: usize) -> String {
         format!("{}{index:02}", self.netns_prefix())
+    }
+
+    /// Node `index`'s cgroup (under the provider's parent): named as its
+    /// network namespace, so that one prefix finds both.
+    pub fn cgroup(&self, index: usize) -> String {
+        self.netns(index)
     }
 
     /// The environment's directory: the nodes' dirs (their layers).
@@ -261,6 +401,7 @@ impl EnvPlan {
             if node.taskservs.len() > MAX_TASKSERVS_PER_NODE {
                 return Err(invalid(format!("{at}.taskservs"), "too many taskservs"));
             }
+            node.limits.check(&format!("{at}.limits"))?;
             for taskserv in &node.taskservs {
                 check_taskserv(&format!("{at}.taskservs"), taskserv, catalog)?;
             }
@@ -316,19 +457,29 @@ impl EnvPlan {
             tag: tag.to_owned(),
             key: key.clone(),
         };
-        let nodes: Vec<NodePlan> = topology
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(index, node)| NodePlan {
+        // The defaults, then the topology's, then its node's, then the
+        // request's: the nearer to the caller, the later it applies. Each
+        // override was checked on its own (`validate_topology`), and
+        // values within bounds combine to values within bounds.
+        let base = default_limits().with(topology.limits.as_ref(), "topology.limits")?;
+        let mut nodes = Vec::with_capacity(topology.nodes.len());
+        for (index, node) in topology.nodes.iter().enumerate() {
+            let limits = base
+                .with(
+                    node.limits.as_ref(),
+                    &format!("topology.nodes[{index}].limits"),
+                )?
+                .with(request.limits.as_ref(), "limits")?;
+            nodes.push(NodePlan {
                 name: node.name.clone(),
                 index,
                 address: format!("{subnet}.{}", 10 + index),
                 roles: node.roles.clone(),
                 taskservs: node.taskservs.clone(),
                 netns: names.netns(index),
-            })
-            .collect();
+                limits,
+            });
+        }
         let port = |taskserv: &str| catalog.taskserv(taskserv).map(|t| t.port).unwrap_or(0);
         let mut checks: Vec<CheckPlan> = nodes
             .iter()
@@ -403,8 +554,10 @@ fn shape(request: &CreateRequest, catalog: &Catalog) -> Result<(Topology, Option
                         name: taskserv.to_owned(),
                         roles: vec![],
                         taskservs: vec![taskserv.to_owned()],
+                        limits: None,
                     }],
                     checks: vec![],
+                    limits: None,
                 },
                 None,
             ))
@@ -431,8 +584,10 @@ fn shape(request: &CreateRequest, catalog: &Catalog) -> Result<(Topology, Option
                         name: server.to_owned(),
                         roles: vec!["server".to_owned()],
                         taskservs: request.taskservs.clone(),
+                        limits: None,
                     }],
                     checks: vec![],
+                    limits: None,
                 },
                 None,
             ))
@@ -469,6 +624,7 @@ fn shape(request: &CreateRequest, catalog: &Catalog) -> Result<(Topology, Option
 /// catalog knows, checks that name existing nodes. `at` prefixes fields.
 pub fn validate_topology(topology: &Topology, catalog: &Catalog, at: &str) -> Result<()> {
     check_name(&format!("{at}.name"), &topology.name)?;
+    check_override(topology.limits.as_ref(), &format!("{at}.limits"))?;
     if topology.nodes.is_empty() {
         return Err(invalid(format!("{at}.nodes"), "needs at least one node"));
     }
@@ -494,6 +650,7 @@ pub fn validate_topology(topology: &Topology, catalog: &Catalog, at: &str) -> Re
         for role in &node.roles {
             check_name(&format!("{field}.roles"), role)?;
         }
+        check_override(node.limits.as_ref(), &format!("{field}.limits"))?;
         if node.taskservs.is_empty() {
             return Err(invalid(
                 format!("{field}.taskservs"),
@@ -556,6 +713,11 @@ pub fn validate_topology(topology: &Topology, catalog: &Catalog, at: &str) -> Re
         }
     }
     Ok(())
+}
+
+/// Each limit an override sets, within its bounds.
+fn check_override(changes: Option<&LimitsOverride>, at: &str) -> Result<()> {
+    default_limits().with(changes, at).map(|_| ())
 }
 
 fn check_taskserv(field: &str, taskserv: &str, catalog: &Catalog) -> Result<()> {
@@ -760,5 +922,110 @@ mod plan_tests {
             let err = plan.verify(&catalog, "abcd").unwrap_err().to_string();
             assert!(err.starts_with(field), "{field}: {err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn plan_for(request: serde_json::Value) -> Result<EnvPlan> {
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let request: CreateRequest = serde_json::from_value(request).unwrap();
+        EnvPlan::new(&request, &catalog, uuid::Uuid::now_v7(), "abcd", Utc::now())
+    }
+
+    #[test]
+    fn a_node_nobody_limits_gets_the_defaults() {
+        let plan =
+            plan_for(serde_json::json!({"type": "single_taskserv", "taskserv": "redis"})).unwrap();
+        assert_eq!(plan.nodes[0].limits, default_limits());
+        assert_eq!(default_limits().memory_mib, 512);
+    }
+
+    #[test]
+    fn topology_then_node_then_request_each_override_what_they_set() {
+        let topology = serde_json::json!({
+            "name": "t",
+            "limits": {"memory_mib": 256, "pids": 64},
+            "nodes": [
+                {"name": "a", "taskservs": ["redis"], "limits": {"pids": 32, "cpus": 0.5}},
+                {"name": "b", "taskservs": ["redis"]}
+            ]
+        });
+        let plan =
+            plan_for(serde_json::json!({"type": "cluster", "topology": topology.clone()})).unwrap();
+        let cpus = default_limits().cpus;
+        assert_eq!(
+            plan.nodes[0].limits,
+            NodeLimits {
+                memory_mib: 256,
+                pids: 32,
+                cpus: 0.5
+            }
+        );
+        assert_eq!(
+            plan.nodes[1].limits,
+            NodeLimits {
+                memory_mib: 256,
+                pids: 64,
+                cpus
+            }
+        );
+        let plan = plan_for(serde_json::json!({
+            "type": "cluster", "topology": topology, "limits": {"pids": 100}
+        }))
+        .unwrap();
+        assert!(plan.nodes.iter().all(|n| n.limits.pids == 100));
+        assert_eq!(plan.nodes[0].limits.cpus, 0.5);
+    }
+
+    #[test]
+    fn limits_out_of_bounds_name_the_field_and_the_bound() {
+        for (limits, expected) in [
+            (
+                serde_json::json!({"memory_mib": 31}),
+                "limits.memory_mib: 31 MiB is out of bounds: between 32 and 16384 MiB",
+            ),
+            (
+                serde_json::json!({"pids": 15}),
+                "limits.pids: 15 is out of bounds: between 16 and 32768",
+            ),
+            (
+                serde_json::json!({"cpus": 0.05}),
+                "limits.cpus: 0.05 is out of bounds: between 0.1 and",
+            ),
+        ] {
+            let err = plan_for(serde_json::json!({
+                "type": "single_taskserv", "taskserv": "redis", "limits": limits
+            }))
+            .unwrap_err()
+            .to_string();
+            assert!(err.starts_with(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_stored_plan_without_limits_reads_with_the_defaults_and_bad_ones_are_refused() {
+        let plan =
+            plan_for(serde_json::json!({"type": "single_taskserv", "taskserv": "redis"})).unwrap();
+        let mut stored = serde_json::to_value(&plan).unwrap();
+        stored["nodes"][0].as_object_mut().unwrap().remove("limits");
+        let read: EnvPlan = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(read.nodes[0].limits, DEFAULT_LIMITS);
+        stored["nodes"][0]["limits"] =
+            serde_json::json!({"memory_mib": 1, "pids": 16, "cpus": 1.0});
+        let read: EnvPlan = serde_json::from_value(stored).unwrap();
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let err = read.verify(&catalog, "abcd").unwrap_err().to_string();
+        assert!(err.starts_with("env.nodes[0].limits.memory_mib: "), "{err}");
     }
 }

@@ -12,7 +12,9 @@
 //! `nsenter` on that process, into its root, as root with a bounded set of
 //! capabilities ([`NODE_CAPABILITIES`]). Everything is done by running
 //! `ip`, `unshare`, `nsenter` and `setpriv` directly, never through a
-//! shell.
+//! shell. Each node has a cgroup with its limits (see `cgroup`): its
+//! init is moved in as soon as it exists, and every program that enters
+//! the node joins it before `nsenter` starts.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
 
+use crate::cgroup::{Hierarchy, LimitEvents};
 use crate::model::{EnvNames, EnvPlan, NodePlan, PREFIX};
 use crate::node_init::{NODE_HOME, NodeSpec, READY};
 use crate::provider::Provider;
@@ -62,6 +65,23 @@ pub const NODE_CAPABILITIES: [&str; 13] = [
     "setfcap",
 ];
 
+/// Joins the cgroups whose `cgroup.procs` files come before `--`, then
+/// becomes the program after it. `nsenter` forks what it runs as soon as
+/// it has started, so moving its pid after the spawn would leave a child
+/// forked meanwhile outside; and writing to `cgroup.procs` between fork
+/// and exec in the service would take a `pre_exec` (unsafe, forbidden).
+/// A process that moves itself before it execs `nsenter` has no child
+/// yet: everything it starts is born in the node's cgroup. `python3` is
+/// already required where environments run (`testenv/serve.py`, the
+/// checks); the program is constant and every value comes as an
+/// argument, never as code.
+const JOIN_CGROUP: &str = "import os,sys\n\
+a=sys.argv[1:]\n\
+i=a.index('--')\n\
+for p in a[:i]:\n    \
+with open(p,'w') as f: f.write(str(os.getpid()))\n\
+os.execvp(a[i+1],a[i+1:])\n";
+
 /// `setpriv`'s arguments that start a program with [`NODE_CAPABILITIES`]
 /// at most: its bounding set is that list (uid 0 gains it at `exec`, and
 /// never more: the provider's own capabilities stay its own), with none
@@ -93,6 +113,9 @@ pub struct NamespaceProvider {
     /// interpreters' dirs, bound read-only where a node's root would not
     /// show them.
     exposed: Vec<PathBuf>,
+    /// Where the nodes' cgroups go, detected at start, or why no
+    /// hierarchy can hold them (then nothing is made).
+    cgroups: std::result::Result<Hierarchy, String>,
 }
 
 impl NamespaceProvider {
@@ -112,7 +135,14 @@ impl NamespaceProvider {
             init_program,
             hidden,
             exposed: Vec::new(),
+            cgroups: Hierarchy::detect(),
         }
+    }
+
+    fn cgroups(&self) -> Result<&Hierarchy> {
+        self.cgroups
+            .as_ref()
+            .map_err(|reason| Error::Unsupported(reason.clone()))
     }
 
     /// Also hides `path` (a file or a dir of the service's) from nodes.
@@ -325,6 +355,31 @@ impl NamespaceProvider {
             let _ = child.wait().await;
             drop((stdout, stderr));
         });
+        // Limited before any program of the node runs: the init starts
+        // none, and every later one joins by itself (`command`).
+        let pid = init_pid(ns).await?.ok_or_else(|| {
+            Error::Provider(format!("node {}: its init said ready, then went", node.name))
+        })?;
+        let cgroups = self.cgroups()?;
+        let cgroup = names.cgroup(node.index);
+        cgroups
+            .create(&cgroup, &node.limits)
+            .and_then(|()| cgroups.join(&cgroup, pid))
+            .map_err(|e| Error::Provider(format!("node {}: {e}", node.name)))?;
+        // Readable (a runtime may size itself by its limits), never
+        // writable: root in a node may still write its pid to another
+        // cgroup's `cgroup.procs`, and leave its limits. (The init mounts
+        // a sysfs of its own, without them; whatever a node still sees
+        // is made read-only.)
+        let init = pid.to_string();
+        for mount in crate::cgroup::mount_points(pid) {
+            let mount = mount.to_string_lossy();
+            run(
+                "nsenter",
+                &["-t", &init, "-m", "mount", "-o", "remount,bind,ro", &mount],
+            )
+            .await?;
+        }
         Ok(())
     }
 }
@@ -386,6 +441,7 @@ impl Provider for NamespaceProvider {
 
     async fn create(&self, plan: &EnvPlan, root: &Path) -> Result<()> {
         let names = plan.names();
+        self.cgroups()?;
         self.destroy(&names, root).await?;
         let dir = names.dir(root);
         let hosts = hosts_file(plan);
@@ -419,9 +475,13 @@ impl Provider for NamespaceProvider {
                 node.name, node.netns
             ))
         })?;
-        let node_dir = plan.names().dir(root).join(&node.name);
-        let mut command = Command::new("nsenter");
+        let names = plan.names();
+        let node_dir = names.dir(root).join(&node.name);
+        let mut command = Command::new("python3");
         command
+            .args(["-I", "-S", "-c", JOIN_CGROUP])
+            .args(self.cgroups()?.procs_files(&names.cgroup(node.index)))
+            .args(["--", "nsenter"])
             .args(enter_args(pid))
             .arg(program)
             .args(args)
@@ -437,6 +497,20 @@ impl Provider for NamespaceProvider {
             .into_iter()
             .map(|pid| (pid, cmdline(pid)))
             .collect())
+    }
+
+    fn limits_enforcement(&self) -> std::result::Result<String, String> {
+        self.cgroups
+            .as_ref()
+            .map(|h| h.version().to_owned())
+            .map_err(Clone::clone)
+    }
+
+    async fn limit_events(&self, plan: &EnvPlan, node: &NodePlan) -> LimitEvents {
+        match &self.cgroups {
+            Ok(cgroups) => cgroups.events(&plan.names().cgroup(node.index)),
+            Err(_) => LimitEvents::default(),
+        }
     }
 
     async fn destroy(&self, names: &EnvNames, root: &Path) -> Result<usize> {
@@ -482,6 +556,18 @@ impl Provider for NamespaceProvider {
                 }
             }
         }
+        // What the namespaces held is gone; what is left in a cgroup
+        // (a process that never entered a namespace) is killed with it.
+        if let Ok(cgroups) = &self.cgroups {
+            let prefix = names.netns_prefix();
+            for cgroup in cgroups.names() {
+                if cgroup.starts_with(&prefix)
+                    && cgroups.remove(&cgroup).await.map_err(Error::Provider)?
+                {
+                    removed += 1;
+                }
+            }
+        }
         let dir = names.dir(root);
         if dir.exists() {
             // Overlayfs makes `work/work` with mode 0: a service that is
@@ -510,6 +596,15 @@ impl Provider for NamespaceProvider {
                 && let Some(key) = rest.get(..6)
             {
                 keys.insert(key.to_owned());
+            }
+        }
+        if let Ok(cgroups) = &self.cgroups {
+            for cgroup in cgroups.names() {
+                if let Some(rest) = cgroup.strip_prefix(&netns_prefix)
+                    && let Some(key) = rest.get(..6)
+                {
+                    keys.insert(key.to_owned());
+                }
             }
         }
         let link_prefix = format!("{PREFIX}{tag}");
@@ -543,6 +638,8 @@ impl Provider for NamespaceProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Catalog;
+    use crate::model::{CreateRequest, EnvPlan};
 
     #[test]
     fn a_node_program_is_bounded_to_dockers_set_less_mknod() {
@@ -636,5 +733,41 @@ mod tests {
             ]
         );
         assert_eq!(provider.exposed, [PathBuf::from("/usr/bin")]);
+    }
+
+
+    #[tokio::test]
+    async fn without_a_hierarchy_for_the_limits_nothing_is_made_and_the_reason_is_given() {
+        let reason =
+            "no cgroup hierarchy on this host provides memory, pids and cpu (v1 lacks pids)";
+        let mut provider =
+            NamespaceProvider::new("/bin/orchestrator".into(), Path::new("/nonexistent"), None);
+        provider.cgroups = Err(reason.to_owned());
+        assert_eq!(provider.limits_enforcement(), Err(reason.to_owned()));
+        let catalog = Catalog::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+            None,
+        )
+        .unwrap();
+        let request: CreateRequest = serde_json::from_value(
+            serde_json::json!({"type": "single_taskserv", "taskserv": "redis"}),
+        )
+        .unwrap();
+        let plan = EnvPlan::new(
+            &request,
+            &catalog,
+            uuid::Uuid::now_v7(),
+            "abcd",
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        let root = std::env::temp_dir().join(format!("limits-unit-{}", plan.key));
+        let err = provider.create(&plan, &root).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Unsupported(message) if message == reason),
+            "{err}"
+        );
+        // Refused before anything was made: not even the directory.
+        assert!(!root.exists());
     }
 }

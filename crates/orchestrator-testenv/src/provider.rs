@@ -8,6 +8,7 @@ use std::path::Path;
 use async_trait::async_trait;
 
 use crate::Result;
+use crate::cgroup::LimitEvents;
 use crate::model::{EnvNames, EnvPlan, NodePlan};
 
 /// Makes nodes, runs programs in them, and tears them down. Every call
@@ -55,4 +56,19 @@ pub trait Provider: Send + Sync {
     /// The environments of the service tagged `tag` that have anything
     /// left on this host.
     async fn existing(&self, tag: &str, root: &Path) -> Result<Vec<EnvNames>>;
+
+    /// How this provider enforces the nodes' limits (`cgroup v2`, ...),
+    /// or why it cannot: then no environment is made.
+    fn limits_enforcement(&self) -> std::result::Result<String, String> {
+        Err(format!(
+            "the {} provider enforces no node limits",
+            self.name()
+        ))
+    }
+
+    /// What `node`'s limits have stopped so far (counters only grow): a
+    /// step compares them before and after, to say why it failed.
+    async fn limit_events(&self, _plan: &EnvPlan, _node: &NodePlan) -> LimitEvents {
+        LimitEvents::default()
+    }
 }

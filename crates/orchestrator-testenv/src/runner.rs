@@ -136,6 +136,9 @@ impl NodeRunner {
             .env("ORCHESTRATOR_WORKFLOW_ID", &attempt.workflow_id)
             .env("ORCHESTRATOR_ATTEMPT", attempt.attempt.to_string())
             .kill_on_drop(true);
+        // What the node's limits stopped before this script: what they
+        // stop while it runs is the reason it fails, if it does.
+        let limits_before = self.provider.limit_events(plan, node).await;
         let mut child = command
             .spawn()
             .map_err(|e| failed(format!("cannot start {script} in node {}: {e}", node.name)))?;
@@ -187,17 +190,26 @@ impl NodeRunner {
             // The whole group: nsenter and the script it forked.
             let _ = killpg(group, Signal::SIGKILL);
         }
-        let status = ending?;
+        let limit_hit = self
+            .provider
+            .limit_events(plan, node)
+            .await
+            .since(limits_before)
+            .describe(&node.name, &node.limits);
+        let status = ending.map_err(|outcome| with_reason(outcome, limit_hit.as_deref()))?;
         let _ = err_task.await;
         let last = out_task.await.unwrap_or_default();
         match status {
             Ok(status) if status.success() => {
                 Ok(serde_json::from_str(&last).unwrap_or_else(|_| json!({})))
             }
-            Ok(status) => Err(Outcome::Failed {
-                exit_code: status.code(),
-                error: format!("{script} failed in node {} ({status})", node.name),
-            }),
+            Ok(status) => Err(with_reason(
+                Outcome::Failed {
+                    exit_code: status.code(),
+                    error: format!("{script} failed in node {} ({status})", node.name),
+                },
+                limit_hit.as_deref(),
+            )),
             Err(e) => Err(failed(format!("{script} in node {}: {e}", node.name))),
         }
     }
@@ -372,6 +384,24 @@ fn failed(error: impl Into<String>) -> Outcome {
     Outcome::Failed {
         exit_code: None,
         error: error.into(),
+    }
+}
+
+/// A failed or timed-out step's error, with the limit the node hit
+/// while it ran (the reason, more than the exit status).
+fn with_reason(outcome: Outcome, limit_hit: Option<&str>) -> Outcome {
+    let Some(reason) = limit_hit else {
+        return outcome;
+    };
+    match outcome {
+        Outcome::Failed { exit_code, error } => Outcome::Failed {
+            exit_code,
+            error: format!("{error}: {reason}"),
+        },
+        Outcome::TimedOut { error } => Outcome::TimedOut {
+            error: format!("{error}: {reason}"),
+        },
+        other => other,
     }
 }
 

@@ -191,6 +191,19 @@ pub struct EnvView {
     pub last_run: Option<RunView>,
 }
 
+/// How the nodes' limits are enforced on this host, as
+/// `GET /test/environments` says it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LimitsEnforcement {
+    /// `cgroup v1` or `cgroup v2`; absent when the limits cannot be
+    /// enforced (then no environment is made).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforced_by: Option<String>,
+    /// Why they cannot be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
 /// One step's or check's output, for `logs`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LogEntry {
@@ -329,6 +342,20 @@ impl TestEnvs {
         self.inner.runner.provider().name()
     }
 
+    /// How this host enforces the nodes' limits, or why it cannot.
+    pub fn limits_enforcement(&self) -> LimitsEnforcement {
+        match self.inner.runner.provider().limits_enforcement() {
+            Ok(by) => LimitsEnforcement {
+                enforced_by: Some(by),
+                unavailable: None,
+            },
+            Err(reason) => LimitsEnforcement {
+                enforced_by: None,
+                unavailable: Some(reason),
+            },
+        }
+    }
+
     /// Plans the environment, checks privileges and bounds, and stores its
     /// create workflow (the durable record) before anything is made.
     pub async fn create(&self, request: CreateRequest, wait: Option<Duration>) -> Result<EnvView> {
@@ -347,6 +374,9 @@ impl TestEnvs {
                  test-environments drop-in); this service lacks {}; nothing was made",
                 missing.join(", ")
             )));
+        }
+        if let Err(reason) = self.inner.runner.provider().limits_enforcement() {
+            return Err(Error::Unsupported(reason));
         }
         let workflow = {
             let _admitting = self.inner.admitting.lock().await;

@@ -18,6 +18,9 @@ pub struct Topology {
     /// Checks across nodes, run by `run` after each taskserv's own check.
     #[serde(default)]
     pub checks: Vec<CrossCheck>,
+    /// Limits for every node of the topology, over the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsOverride>,
 }
 
 /// One node of a topology.
@@ -30,6 +33,28 @@ pub struct TopologyNode {
     #[serde(default)]
     pub roles: Vec<String>,
     pub taskservs: Vec<String>,
+    /// Limits for this node, over the topology's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsOverride>,
+}
+
+/// Some of a node's limits (`NodeLimits`); what it leaves out comes from
+/// the level below (defaults, topology, node, request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsOverride {
+    /// Memory, swap included, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 32, maximum = 16384)]
+    pub memory_mib: Option<u64>,
+    /// Processes and threads at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 32768)]
+    pub pids: Option<u32>,
+    /// CPU time, in cores: at most the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.1)]
+    pub cpus: Option<f64>,
 }
 
 /// A check across nodes: from node `from`, the `taskserv` answers on each

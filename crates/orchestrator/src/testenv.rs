@@ -322,11 +322,15 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
                 list(&n.plan.roles),
                 list(&taskservs),
                 n.plan.netns.clone(),
+                format!(
+                    "{} MiB, {} pids, {} cpu",
+                    n.plan.limits.memory_mib, n.plan.limits.pids, n.plan.limits.cpus
+                ),
             ]
         })
         .collect();
     print_table(
-        ["NODE", "ADDRESS", "STATUS", "ROLES", "TASKSERVS", "NETNS"],
+        ["NODE", "ADDRESS", "STATUS", "ROLES", "TASKSERVS", "NETNS", "LIMITS"],
         &nodes,
     );
     for node in env.nodes.iter().filter(|n| n.error.is_some()) {

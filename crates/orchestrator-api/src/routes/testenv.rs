@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use orchestrator_testenv::catalog::TaskservInfo;
 use orchestrator_testenv::model::{CreateRequest, Topology};
-use orchestrator_testenv::service::{EnvView, LogEntry};
+use orchestrator_testenv::service::{EnvView, LimitsEnforcement, LogEntry};
 use orchestrator_testenv::{Error as EnvError, TestEnvs};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -50,6 +50,9 @@ impl From<EnvError> for ApiError {
                 "missing_capability",
                 message,
             ),
+            EnvError::Unsupported(message) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported_host", message)
+            }
             EnvError::Engine(e) => e.into(),
             error => {
                 tracing::error!(error = %error, "test environment request failed");
@@ -99,6 +102,8 @@ fn wait_for(wait: bool) -> Option<Duration> {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct EnvironmentList {
     pub environments: Vec<EnvView>,
+    /// How this host enforces the nodes' limits, or why it cannot.
+    pub limits: LimitsEnforcement,
 }
 
 /// `GET /test/environments/{id}/logs`.
@@ -127,8 +132,8 @@ pub struct TopologyList {
         (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
         (status = 409, description = "Too many environments exist (`limit_exceeded`)", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
-        (status = 422, description = "A bad type, name, topology, taskserv or ttl; the message names the field", body = ErrorBody),
-        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`; nothing was made), or storage is unavailable", body = ErrorBody),
+        (status = 422, description = "A bad type, name, topology, taskserv, ttl or limit; the message names the field and the bound", body = ErrorBody),
+        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`), or no cgroup hierarchy of the host can enforce the nodes' limits (`unsupported_host`): nothing was made; or storage is unavailable", body = ErrorBody),
     ))]
 pub(crate) async fn create_environment(
     State(state): State<AppState>,
@@ -149,8 +154,12 @@ pub(crate) async fn create_environment(
 pub(crate) async fn list_environments(
     State(state): State<AppState>,
 ) -> Result<Json<EnvironmentList>, ApiError> {
-    let environments = envs(&state)?.list().await?;
-    Ok(Json(EnvironmentList { environments }))
+    let envs = envs(&state)?;
+    let environments = envs.list().await?;
+    Ok(Json(EnvironmentList {
+        environments,
+        limits: envs.limits_enforcement(),
+    }))
 }
 
 /// One environment, with its newest run's checks.

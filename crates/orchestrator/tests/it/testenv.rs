@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use orchestrator::settings::ServeSettings;
+use orchestrator_testenv::cgroup::Hierarchy;
 use orchestrator_testenv::model::service_tag;
 use serde_json::{Value, json};
 
@@ -54,7 +55,19 @@ impl Tagged {
         format!("te-{}-", self.tag)
     }
 
-    /// What carries the tag on this host: namespaces, links, processes.
+    /// The nodes' cgroups that carry the tag (none where the host has no
+    /// hierarchy for them: then no node is made either).
+    fn cgroups(&self) -> Vec<String> {
+        Hierarchy::detect()
+            .map(|h| h.names())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| n.starts_with(&self.netns_prefix()))
+            .collect()
+    }
+
+    /// What carries the tag on this host: namespaces, links, cgroups,
+    /// processes.
     fn leftovers(&self) -> Leftovers {
         let netns: Vec<String> = lines("ip", &["netns", "list"])
             .into_iter()
@@ -93,6 +106,7 @@ impl Tagged {
         Leftovers {
             netns,
             links,
+            cgroups: self.cgroups(),
             processes,
             mounts,
         }
@@ -139,6 +153,13 @@ impl Drop for Tagged {
                 .stderr(Stdio::null())
                 .status();
         }
+        if let Ok(hierarchy) = Hierarchy::detect() {
+            for cgroup in &left.cgroups {
+                for dir in hierarchy.dirs(cgroup) {
+                    let _ = std::fs::remove_dir(dir);
+                }
+            }
+        }
     }
 }
 
@@ -146,6 +167,7 @@ impl Drop for Tagged {
 struct Leftovers {
     netns: Vec<String>,
     links: Vec<String>,
+    cgroups: Vec<String>,
     processes: Vec<i32>,
     mounts: Vec<String>,
 }
@@ -155,6 +177,7 @@ impl Leftovers {
         Leftovers {
             netns: vec![],
             links: vec![],
+            cgroups: vec![],
             processes: vec![],
             mounts: vec![],
         }
@@ -211,13 +234,9 @@ async fn create(service: &TestService, body: Value) -> Value {
     let (status, env) = service.post("/test/environments/create", body).await;
     assert_eq!(status, 201, "{env}");
     if env["status"] != "ready" {
-        let (_, logs) = service
-            .get(&format!(
-                "/test/environments/{}/logs",
-                env["id"].as_str().unwrap_or_default()
-            ))
-            .await;
-        panic!("not ready: {env:#}\nlogs: {logs:#}");
+        let id = env["id"].as_str().unwrap_or_default();
+        let (_, logs) = service.get(&format!("/test/environments/{id}/logs")).await;
+        panic!("environment not ready: {env}\nlogs: {logs:#}");
     }
     env
 }
@@ -833,14 +852,16 @@ async fn a_service_killed_mid_create_cleans_up_after_its_restart() {
         .await;
     assert_eq!(status, 201, "{env}");
     let id = env["id"].as_str().unwrap().to_owned();
-    // SIGKILL once the nodes are being made.
-    wait_until("a namespace exists", || async {
-        !tagged.leftovers().netns.is_empty()
+    // SIGKILL once the nodes are being made (a node's cgroup is made as
+    // soon as its namespace has a first process).
+    wait_until("a node's cgroup exists", || async {
+        !tagged.leftovers().cgroups.is_empty()
     })
     .await;
     daemon.kill9();
     let left = tagged.leftovers();
     assert!(!left.netns.is_empty(), "{left:?}");
+    assert!(!left.cgroups.is_empty(), "{left:?}");
 
     // The restarted service finds the environment it recorded and finishes
     // it; deleting it then leaves nothing.
@@ -1071,10 +1092,22 @@ async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
             "ip {args:?}"
         );
     }
+    // A cgroup alone is found too (its name carries tag and key).
+    let hierarchy = Hierarchy::detect().expect("a cgroup hierarchy for the nodes' limits");
+    let ours_cgroup = format!("te-{}-fedcba-01", tagged.tag);
+    let theirs_cgroup = format!("te-{}-fedcba-01", other.tag);
+    for dir in hierarchy
+        .dirs(&ours_cgroup)
+        .into_iter()
+        .chain(hierarchy.dirs(&theirs_cgroup))
+    {
+        std::fs::create_dir_all(&dir).unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
     let ours_dir = dir.path().join(format!("testenv/{}-abcdef", tagged.tag));
     std::fs::create_dir_all(ours_dir.join("n1")).unwrap();
     assert_eq!(tagged.leftovers().netns, [ours_ns]);
+    assert_eq!(tagged.leftovers().cgroups, [ours_cgroup]);
 
     let service = TestService::start(tagged.settings(dir.path())).await;
     wait_until("the sweep removed this service's leftovers", || async {
@@ -1084,6 +1117,307 @@ async fn a_starting_service_removes_its_own_leftovers_and_nothing_else() {
     // Another service's are untouched.
     assert_eq!(other.leftovers().netns, [theirs_ns]);
     assert_eq!(other.leftovers().links, [theirs_link]);
+    assert_eq!(other.leftovers().cgroups, [theirs_cgroup]);
+    service.stop().await;
+}
+
+/// A copy of the real scripts with taskservs of this test's own, whose
+/// checks attack their node: `forkbomb` forks until a fork is refused,
+/// `memhog` allocates until it is killed. Each stops by itself (a bound
+/// on forks and bytes, and 30 s) and then *passes*: on a node whose
+/// limits do not hold, their checks pass and the test fails.
+/// `cgescape` writes its pid to every hierarchy's root `cgroup.procs`
+/// that the node sees (no capability is needed for that, as root): it
+/// fails if one write works.
+fn scripts_with_attackers(dir: &Path) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap().flatten() {
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let scripts = dir.join("scripts");
+    copy(&real_scripts(), &scripts);
+    let attackers = [
+        (
+            "forkbomb",
+            7101,
+            "import os, signal, sys, time\n\
+             kids, code = [], 0\n\
+             deadline = time.monotonic() + 30\n\
+             try:\n\
+             \x20   while time.monotonic() < deadline and len(kids) < 2000:\n\
+             \x20       pid = os.fork()\n\
+             \x20       if pid == 0:\n\
+             \x20           time.sleep(60)\n\
+             \x20           os._exit(0)\n\
+             \x20       kids.append(pid)\n\
+             \x20   print(f'forked {len(kids)} times, never refused', file=sys.stderr)\n\
+             except BlockingIOError:\n\
+             \x20   print(f'a fork was refused after {len(kids)}', file=sys.stderr)\n\
+             \x20   code = 1\n\
+             for kid in kids:\n\
+             \x20   os.kill(kid, signal.SIGKILL)\n\
+             \x20   os.waitpid(kid, 0)\n\
+             sys.exit(code)\n",
+        ),
+        (
+            "memhog",
+            7102,
+            "import sys, time\n\
+             chunks = []\n\
+             deadline = time.monotonic() + 30\n\
+             while time.monotonic() < deadline and len(chunks) < 128:\n\
+             \x20   chunks.append(bytearray(16 * 1024 * 1024))\n\
+             print(f'allocated {16 * len(chunks)} MiB, never killed', file=sys.stderr)\n",
+        ),
+        (
+            "cgescape",
+            7103,
+            "import glob, os, sys\n\
+             files = glob.glob('/sys/fs/cgroup/cgroup.procs') + glob.glob('/sys/fs/cgroup/*/cgroup.procs')\n\
+             if not files:\n\
+             \x20   print('no cgroup file system in the node', file=sys.stderr)\n\
+             for name in files:\n\
+             \x20   try:\n\
+             \x20       with open(name, 'w') as f:\n\
+             \x20           f.write(str(os.getpid()))\n\
+             \x20   except OSError as e:\n\
+             \x20       print(f'{name}: {e.strerror}', file=sys.stderr)\n\
+             \x20       continue\n\
+             \x20   sys.exit(f'left the node cgroup through {name}')\n\
+             print(f'refused: {len(files)} cgroup.procs files', file=sys.stderr)\n",
+        ),
+    ];
+    for (name, port, program) in attackers {
+        let dir = scripts.join("taskservs").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("testenv.json"),
+            json!({"port": port, "simulated": true, "description": format!("{name}: attacks its node (limits test)")})
+                .to_string(),
+        )
+        .unwrap();
+        write_simulated_start(&dir, name);
+        std::fs::write(dir.join("attack.py"), program).unwrap();
+        std::fs::write(
+            dir.join("check.nu"),
+            "const ATTACK = path self attack.py\ndef main [] { ^python3 $ATTACK }\n",
+        )
+        .unwrap();
+    }
+    scripts
+}
+
+/// A test's own taskserv `name` in `dir` starts as the simulated ones do:
+/// `testenv/serve.py` answers on its port.
+fn write_simulated_start(dir: &Path, name: &str) {
+    std::fs::write(
+        dir.join("start.py"),
+        std::fs::read_to_string(real_scripts().join("taskservs/kubernetes/start.py"))
+            .unwrap()
+            .replace("\"kubernetes\"", &format!("{name:?}")),
+    )
+    .unwrap();
+}
+
+/// A topology template with limits on the topology and on two nodes.
+fn templates_with_limits(dir: &Path) -> PathBuf {
+    let templates = dir.join("templates");
+    std::fs::create_dir_all(templates.join("topologies")).unwrap();
+    std::fs::write(
+        templates.join("topologies/under_attack.yaml"),
+        "name: under_attack\n\
+         description: two attackers and a bystander, each with its limits\n\
+         limits: {memory_mib: 192, pids: 128, cpus: 0.5}\n\
+         nodes:\n\
+         \x20 - {name: bomb, taskservs: [forkbomb], limits: {pids: 48}}\n\
+         \x20 - {name: hog, taskservs: [memhog], limits: {memory_mib: 128}}\n\
+         \x20 - {name: calm, taskservs: [redis, cgescape]}\n",
+    )
+    .unwrap();
+    templates
+}
+
+/// The value the kernel holds in a node's cgroup file.
+fn cgroup_value(netns: &str, file: &str) -> String {
+    let hierarchy = Hierarchy::detect().unwrap();
+    let dir = hierarchy
+        .dirs(netns)
+        .into_iter()
+        .find(|d| d.join(file).exists())
+        .unwrap_or_else(|| panic!("no {file} for {netns}"));
+    std::fs::read_to_string(dir.join(file))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_fork_bomb_and_a_memory_hog_are_stopped_inside_their_nodes() {
+    if !privileged("a_fork_bomb_and_a_memory_hog_are_stopped_inside_their_nodes") {
+        return;
+    }
+    let tagged = Tagged::new("limits");
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = tagged.settings(dir.path());
+    settings.scripts_dir = scripts_with_attackers(dir.path());
+    settings.templates_dir = templates_with_limits(dir.path());
+    let service = TestService::start(settings).await;
+    let (_, listed) = service.get("/test/environments").await;
+    let enforced = listed["limits"]["enforced_by"].as_str().unwrap_or_default();
+    assert!(enforced.starts_with("cgroup v"), "{listed}");
+
+    // A bystander environment, its limits from the request.
+    let bystander = create(
+        &service,
+        json!({"type": "single_taskserv", "taskserv": "redis",
+               "limits": {"memory_mib": 64, "pids": 100, "cpus": 0.25}}),
+    )
+    .await;
+    assert_eq!(
+        bystander["nodes"][0]["limits"],
+        json!({"memory_mib": 64, "pids": 100, "cpus": 0.25}),
+        "{bystander}"
+    );
+    // What the page says is what the kernel holds.
+    let netns = bystander["nodes"][0]["netns"].as_str().unwrap();
+    let (memory, pids, cpu) = match Hierarchy::detect().unwrap() {
+        Hierarchy::V2 { .. } => (
+            cgroup_value(netns, "memory.max"),
+            cgroup_value(netns, "pids.max"),
+            cgroup_value(netns, "cpu.max"),
+        ),
+        Hierarchy::V1 { .. } => (
+            cgroup_value(netns, "memory.limit_in_bytes"),
+            cgroup_value(netns, "pids.max"),
+            cgroup_value(netns, "cpu.cfs_quota_us") + " 100000",
+        ),
+    };
+    assert_eq!(
+        (memory.as_str(), pids.as_str(), cpu.as_str()),
+        ("67108864", "100", "25000 100000")
+    );
+
+    // The attackers' environment: the topology's limits, and its nodes'.
+    let attacked = create(
+        &service,
+        json!({"type": "cluster", "topology": "under_attack"}),
+    )
+    .await;
+    let limits: Vec<&Value> = attacked["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| &n["limits"])
+        .collect();
+    assert_eq!(
+        limits,
+        [
+            &json!({"memory_mib": 192, "pids": 48, "cpus": 0.5}),
+            &json!({"memory_mib": 128, "pids": 128, "cpus": 0.5}),
+            &json!({"memory_mib": 192, "pids": 128, "cpus": 0.5}),
+        ],
+        "{attacked}"
+    );
+    let attacked_id = attacked["id"].as_str().unwrap();
+    let run = run(&service, attacked_id).await;
+    let check = |name: &str| {
+        run["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {run}"))
+            .clone()
+    };
+    // Each attack was stopped inside its node, and its check says by what.
+    let bomb = check("forkbomb@bomb");
+    assert_eq!(bomb["status"], "failed", "{run}");
+    let error = bomb["error"].as_str().unwrap();
+    assert!(
+        error.contains("node bomb hit its pids limit (48): the kernel refused"),
+        "{error}"
+    );
+    let hog = check("memhog@hog");
+    assert_eq!(hog["status"], "failed", "{run}");
+    let error = hog["error"].as_str().unwrap();
+    assert!(
+        error.contains("node hog hit its memory limit (128 MiB): the kernel killed"),
+        "{error}"
+    );
+    // The node beside them, checked while they attacked, still works; and
+    // its processes cannot leave their cgroup (the cgroup file systems
+    // are read-only in a node).
+    assert_eq!(check("redis@calm")["status"], "passed", "{run}");
+    assert_eq!(check("cgescape@calm")["status"], "passed", "{run}");
+
+    // The service answers, and the other environment passes its checks.
+    let (status, _) = service
+        .get(&format!("/test/environments/{attacked_id}"))
+        .await;
+    assert_eq!(status, 200);
+    let bystander_id = bystander["id"].as_str().unwrap();
+    let calm_run = self::run(&service, bystander_id).await;
+    assert_eq!(calm_run["status"], "passed", "{calm_run}");
+
+    for id in [attacked_id, bystander_id] {
+        delete(&service, id).await;
+    }
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn limits_out_of_bounds_are_refused_naming_the_field_and_the_bound() {
+    let tagged = Tagged::new("limit-bounds");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let redis =
+        |limits: Value| json!({"type": "single_taskserv", "taskserv": "redis", "limits": limits});
+    for (body, message) in [
+        (
+            redis(json!({"memory_mib": 8})),
+            "limits.memory_mib: 8 MiB is out of bounds: between 32 and 16384 MiB",
+        ),
+        (
+            redis(json!({"pids": 100000})),
+            "limits.pids: 100000 is out of bounds: between 16 and 32768",
+        ),
+        (
+            redis(json!({"cpus": 0.01})),
+            "limits.cpus: 0.01 is out of bounds: between 0.1 and",
+        ),
+        (
+            redis(json!({"cpus": 4096.0})),
+            "limits.cpus: 4096 is out of bounds",
+        ),
+        (redis(json!({"swap": 1})), "unknown field `swap`"),
+        (
+            json!({"type": "cluster", "topology": {"name": "t", "limits": {"pids": 1},
+                   "nodes": [{"name": "a", "taskservs": ["redis"]}]}}),
+            "topology.limits.pids: 1 is out of bounds",
+        ),
+        (
+            json!({"type": "cluster", "topology": {"name": "t",
+                   "nodes": [{"name": "a", "taskservs": ["redis"], "limits": {"memory_mib": 1}}]}}),
+            "topology.nodes[0].limits.memory_mib: 1 MiB is out of bounds",
+        ),
+    ] {
+        let (status, answer) = service
+            .post("/test/environments/create", body.clone())
+            .await;
+        assert!(status == 422 || status == 400, "{body}: {status} {answer}");
+        let text = answer["error"]["message"].as_str().unwrap();
+        assert!(text.contains(message), "{body}: {text}");
+    }
+    let (_, listed) = service.get("/test/environments").await;
+    assert_eq!(listed["environments"], json!([]));
     service.stop().await;
 }
 
@@ -1482,14 +1816,7 @@ fn scripts_with_probe(dir: &Path) -> PathBuf {
         r#"{"port": 7070, "simulated": true, "description": "writes into its node's root and reports what it sees"}"#,
     )
     .unwrap();
-    // Started as the simulated taskservs are: serve.py answers on its port.
-    std::fs::write(
-        probe.join("start.py"),
-        std::fs::read_to_string(real_scripts().join("taskservs/kubernetes/start.py"))
-            .unwrap()
-            .replace("\"kubernetes\"", "\"probe\""),
-    )
-    .unwrap();
+    write_simulated_start(&probe, "probe");
     std::fs::write(
         probe.join("check.nu"),
         "const PROBE = path self probe.py\ndef main [] { ^python3 $PROBE }\n",
