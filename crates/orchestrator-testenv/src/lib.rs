@@ -8,14 +8,15 @@
 //! - `catalog`: the shipped topologies (`templates/topologies/*.yaml`) and
 //!   the taskservs a node can run (`scripts/taskservs/<name>/testenv.json`).
 //! - `provider`: the `Provider` trait (make nodes, run a program in one,
-//!   tear down, list what exists) and `netns`, its Linux namespace
-//!   implementation.
+//!   tear down, list what exists); `netns`, its Linux namespace
+//!   implementation, and `docker`, its Docker Engine API one.
 //! - `runner`: `NodeRunner`, the engine's `testenv` step kind.
 //! - `service`: `TestEnvs`, the environments as workflows: create, run,
 //!   delete, show, logs, the ttl and auto-cleanup loop, and recovery.
 
 pub mod caps;
 pub mod catalog;
+pub mod docker;
 pub mod model;
 pub mod netns;
 pub mod provider;
@@ -24,6 +25,7 @@ pub mod service;
 pub mod topology;
 
 pub use catalog::Catalog;
+pub use docker::DockerProvider;
 pub use model::{CreateRequest, EnvPlan, EnvType, NodePlan};
 pub use netns::NamespaceProvider;
 pub use provider::Provider;
@@ -49,6 +51,10 @@ pub enum Error {
     /// The service lacks a privilege; nothing was made.
     #[error("{0}")]
     Privileges(String),
+    /// What the provider drives (a container engine) does not answer;
+    /// nothing was made.
+    #[error("{0}")]
+    Unavailable(String),
     /// A command of the provider failed.
     #[error("{0}")]
     Provider(String),

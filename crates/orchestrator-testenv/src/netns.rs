@@ -14,12 +14,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
 
 use crate::model::{EnvNames, EnvPlan, NodePlan, PREFIX};
-use crate::provider::Provider;
+use crate::provider::{NodeChild, NodeExit, NodeProcess, Provider};
 use crate::{Error, Result};
 
 /// The environment variable every process of a node carries, naming the
@@ -163,6 +163,34 @@ fn node_env(command: &mut Command, netns: &str, node_dir: &Path) {
         .env(MARK_VAR, netns);
 }
 
+/// `nsenter` started in its own process group, with what it forked.
+struct NamespaceChild {
+    child: tokio::process::Child,
+    group: Option<Pid>,
+}
+
+#[async_trait]
+impl NodeChild for NamespaceChild {
+    async fn wait(&mut self) -> Result<NodeExit> {
+        let status =
+            self.child.wait().await.map_err(|e| {
+                Error::Provider(format!("cannot wait for a program in a node: {e}"))
+            })?;
+        Ok(NodeExit {
+            code: status.code(),
+            description: status.to_string(),
+        })
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        // The whole group: nsenter and the program it forked.
+        if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        Ok(())
+    }
+}
+
 impl NamespaceProvider {
     /// One node: namespace, veth on the bridge, address, first process,
     /// host name, /etc/hosts.
@@ -272,14 +300,15 @@ impl Provider for NamespaceProvider {
         Ok(())
     }
 
-    async fn command(
+    async fn spawn(
         &self,
         plan: &EnvPlan,
         node: &NodePlan,
         root: &Path,
         program: &Path,
         args: &[String],
-    ) -> Result<Command> {
+        env: &[(String, String)],
+    ) -> Result<NodeProcess> {
         let pid = init_pid(&node.netns).await?.ok_or_else(|| {
             Error::Provider(format!(
                 "node {} is not running (its namespace {} has no first process)",
@@ -303,15 +332,36 @@ impl Provider for NamespaceProvider {
             .current_dir(&node_dir)
             .process_group(0);
         node_env(&mut command, &node.netns, &node_dir);
-        Ok(command)
+        command
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|e| {
+            Error::Provider(format!(
+                "cannot start {} in node {}: {e}",
+                program.display(),
+                node.name
+            ))
+        })?;
+        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+        Ok(NodeProcess {
+            stdin: child.stdin.take().map(|p| Box::pin(p) as _),
+            stdout: child.stdout.take().map(|p| Box::pin(p) as _),
+            stderr: child.stderr.take().map(|p| Box::pin(p) as _),
+            child: Box::new(NamespaceChild { child, group }),
+        })
     }
 
-    async fn processes(&self, _plan: &EnvPlan, node: &NodePlan) -> Result<Vec<(i32, String)>> {
-        Ok(netns_pids(&node.netns)
-            .await?
-            .into_iter()
-            .map(|pid| (pid, cmdline(pid)))
-            .collect())
+    async fn kill_matching(&self, _plan: &EnvPlan, node: &NodePlan, needle: &str) -> Result<usize> {
+        let mut killed = 0;
+        for pid in netns_pids(&node.netns).await? {
+            if cmdline(pid).contains(needle) && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+        Ok(killed)
     }
 
     async fn destroy(&self, names: &EnvNames, root: &Path) -> Result<usize> {

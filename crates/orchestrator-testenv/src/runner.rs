@@ -5,13 +5,10 @@
 //! too, knows every name it works on.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
 use orchestrator_executor::{
     Attempt, InputRefusal, Launcher, LogSink, Outcome, ScriptExecutor, StepRunner,
 };
@@ -21,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::catalog::Catalog;
 use crate::model::{CheckPlan, EnvPlan, NodePlan};
-use crate::provider::Provider;
+use crate::provider::{NodeReader, Provider};
 
 /// The targets of the `testenv` kind.
 pub const TARGETS: &[&str] = &[
@@ -126,28 +123,32 @@ impl NodeRunner {
             Launcher::Direct => (resolved.path.clone(), vec![]),
         };
         Self::say(&attempt.log, format!("[{}] {script}", node.name)).await;
-        let mut command = self
+        let env = [
+            (
+                "ORCHESTRATOR_TASK_ID".to_owned(),
+                attempt.task_id.to_string(),
+            ),
+            (
+                "ORCHESTRATOR_WORKFLOW_ID".to_owned(),
+                attempt.workflow_id.to_string(),
+            ),
+            (
+                "ORCHESTRATOR_ATTEMPT".to_owned(),
+                attempt.attempt.to_string(),
+            ),
+        ];
+        let mut child = self
             .provider
-            .command(plan, node, &self.root, &program, &args)
+            .spawn(plan, node, &self.root, &program, &args, &env)
             .await
-            .map_err(|e| failed(e.to_string()))?;
-        command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("ORCHESTRATOR_TASK_ID", &attempt.task_id)
-            .env("ORCHESTRATOR_WORKFLOW_ID", &attempt.workflow_id)
-            .env("ORCHESTRATOR_ATTEMPT", attempt.attempt.to_string())
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
             .map_err(|e| failed(format!("cannot start {script} in node {}: {e}", node.name)))?;
-        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
         if let Some(mut stdin) = child.stdin.take() {
             let body = input.to_string();
             // A script that does not read its input closes the pipe early;
-            // that is its business.
+            // that is its business. The end of the input is said (a
+            // container engine's stream stays open until then).
             let _ = stdin.write_all(body.as_bytes()).await;
+            let _ = stdin.shutdown().await;
         }
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
@@ -184,11 +185,9 @@ impl NodeRunner {
                 error: format!("{script} in node {} did not finish in {:?}", node.name, attempt.timeout),
             }),
         };
-        if ending.is_err()
-            && let Some(group) = group
-        {
-            // The whole group: nsenter and the script it forked.
-            let _ = killpg(group, Signal::SIGKILL);
+        if ending.is_err() {
+            // The script and what it started.
+            let _ = child.kill().await;
         }
         let status = ending?;
         let _ = err_task.await;
@@ -198,7 +197,7 @@ impl NodeRunner {
                 Ok(serde_json::from_str(&last).unwrap_or_else(|_| json!({})))
             }
             Ok(status) => Err(Outcome::Failed {
-                exit_code: status.code(),
+                exit_code: status.code,
                 error: format!("{script} failed in node {} ({status})", node.name),
             }),
             Err(e) => Err(failed(format!("{script} in node {}: {e}", node.name))),
@@ -232,20 +231,14 @@ impl NodeRunner {
             let ready = run_dir.join(format!("{taskserv}.ready"));
             let ready_arg = ready.to_string_lossy().into_owned();
             // Left-overs are stopped, never adopted.
-            for (pid, cmdline) in self
-                .provider
-                .processes(plan, node)
+            self.provider
+                .kill_matching(plan, node, &ready_arg)
                 .await
-                .map_err(|e| failed(e.to_string()))?
-            {
-                if cmdline.contains(&ready_arg) {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-                }
-            }
+                .map_err(|e| failed(e.to_string()))?;
             let _ = std::fs::remove_file(&ready);
             let log_path = run_dir.join(format!("{taskserv}.log"));
-            let log_file = std::fs::File::create(&log_path)
-                .and_then(|f| Ok((f.try_clone()?, f)))
+            let log_file = tokio::fs::File::create(&log_path)
+                .await
                 .map_err(|e| failed(format!("{}: {e}", log_path.display())))?;
             let args = vec![
                 serve.path.to_string_lossy().into_owned(),
@@ -256,27 +249,31 @@ impl NodeRunner {
                 "--ready".to_owned(),
                 ready_arg.clone(),
             ];
-            let mut command = self
+            let mut child = self
                 .provider
-                .command(plan, node, &self.root, &python, &args)
+                .spawn(plan, node, &self.root, &python, &args, &[])
                 .await
-                .map_err(|e| failed(e.to_string()))?;
-            command
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(log_file.0))
-                .stderr(Stdio::from(log_file.1));
-            let mut child = command.spawn().map_err(|e| {
-                failed(format!(
-                    "cannot start {taskserv} in node {}: {e}",
-                    node.name
-                ))
-            })?;
+                .map_err(|e| {
+                    failed(format!(
+                        "cannot start {taskserv} in node {}: {e}",
+                        node.name
+                    ))
+                })?;
+            drop(child.stdin.take());
+            // Its output to the log file, and its end to the wait below;
+            // it runs until the node is torn down.
+            copy_output(child.stdout.take(), child.stderr.take(), log_file);
+            let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                let _ = exit_tx.send(child.wait().await);
+            });
             let deadline = tokio::time::Instant::now() + START_WAIT;
             loop {
                 if ready.exists() {
                     break;
                 }
-                if let Ok(Some(status)) = child.try_wait() {
+                if let Ok(status) = exit_rx.try_recv() {
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                     let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
                     return Err(failed(format!(
                         "{taskserv} in node {} exited ({status}) before listening on port {port}: {}",
@@ -296,10 +293,6 @@ impl NodeRunner {
                 }
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            // It runs until the node is torn down; reap it then.
-            tokio::spawn(async move {
-                let _ = child.wait().await;
-            });
             Self::say(
                 &attempt.log,
                 format!("[{}] {taskserv} listens on port {port}", node.name),
@@ -320,6 +313,10 @@ impl NodeRunner {
         };
         match attempt.target {
             "testenv/nodes" => {
+                self.provider
+                    .health()
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
                 let missing = self.provider.missing_privileges();
                 if !missing.is_empty() {
                     return Err(failed(format!(
@@ -406,6 +403,23 @@ impl NodeRunner {
             }
             other => Err(failed(format!("unknown testenv target `{other}`"))),
         }
+    }
+}
+
+/// Copies a started service's stdout and stderr into its log file, as
+/// long as it writes.
+fn copy_output(stdout: Option<NodeReader>, stderr: Option<NodeReader>, file: tokio::fs::File) {
+    let file = Arc::new(tokio::sync::Mutex::new(file));
+    for reader in [stdout, stderr].into_iter().flatten() {
+        let file = file.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(reader).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut file = file.lock().await;
+                let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+                let _ = file.flush().await;
+            }
+        });
     }
 }
 

@@ -286,6 +286,7 @@ impl TestEnvs {
                 missing.join(", ")
             )));
         }
+        self.inner.runner.provider().health().await?;
         let workflow = {
             let _admitting = self.inner.admitting.lock().await;
             let live = self
@@ -455,7 +456,7 @@ impl TestEnvs {
             .map(|r| r.plan.names())
             .collect();
         let provider = self.inner.runner.provider();
-        if !provider.missing_privileges().is_empty() {
+        if !provider.missing_privileges().is_empty() || provider.health().await.is_err() {
             return Ok(0);
         }
         let root = self.inner.runner.root();

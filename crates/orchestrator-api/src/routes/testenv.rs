@@ -50,6 +50,11 @@ impl From<EnvError> for ApiError {
                 "missing_capability",
                 message,
             ),
+            EnvError::Unavailable(message) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_unavailable",
+                message,
+            ),
             EnvError::Engine(e) => e.into(),
             error => {
                 tracing::error!(error = %error, "test environment request failed");
@@ -128,7 +133,7 @@ pub struct TopologyList {
         (status = 409, description = "Too many environments exist (`limit_exceeded`)", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "A bad type, name, topology, taskserv or ttl; the message names the field", body = ErrorBody),
-        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`; nothing was made), or storage is unavailable", body = ErrorBody),
+        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`; nothing was made), the container engine does not answer (`provider_unavailable`, naming its socket), or storage is unavailable", body = ErrorBody),
     ))]
 pub(crate) async fn create_environment(
     State(state): State<AppState>,
