@@ -244,6 +244,27 @@ impl Drop for Podman {
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = self.service.wait();
+        // What podman left of exec sessions in removed containers (their
+        // conmon waits minutes before it goes): by pid, those whose
+        // command line names this test's dir.
+        let mark = self.dir.path().to_string_lossy().into_owned();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&mark) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        forget_cni_isolation_rules();
         // The storage's own mounts go with `podman system reset`-like
         // cleanup: unmount what is left under the dir before removing it.
         let storage = self.dir.path().join("storage");
@@ -252,6 +273,46 @@ impl Drop for Podman {
             .arg(storage.join("overlay"))
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// Podman 4 with CNI (Debian 12) leaves, per network, the two iptables
+/// rules of the CNI firewall plugin's `ingressPolicy: same-bridge` after
+/// the network and its bridge are gone (a bug of the plugin; netavark
+/// has none): the rules of environment bridges (`te…`) that no longer
+/// exist are deleted, by number, highest first.
+fn forget_cni_isolation_rules() {
+    for chain in ["CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"] {
+        let Ok(listed) = Command::new("iptables")
+            .args(["-L", chain, "-v", "-n", "--line-numbers"])
+            .output()
+        else {
+            return;
+        };
+        let mut stale: Vec<u32> = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let number = fields.first()?.parse::<u32>().ok()?;
+                let bridge = [fields.get(6)?, fields.get(7)?]
+                    .into_iter()
+                    .map(|f| f.trim_start_matches('!'))
+                    .find(|f| f.starts_with("te"))?;
+                let gone = !Command::new("ip")
+                    .args(["link", "show", bridge])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                gone.then_some(number)
+            })
+            .collect();
+        stale.sort_unstable_by(|a, b| b.cmp(a));
+        for number in stale {
+            let _ = Command::new("iptables")
+                .args(["-D", chain, &number.to_string()])
+                .status();
+        }
     }
 }
 
