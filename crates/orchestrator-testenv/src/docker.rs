@@ -4,8 +4,8 @@
 //! the test image with the node's name as host name and network alias, the
 //! plan's address, every node in its `/etc/hosts`, `sleep infinity` as its
 //! command, and no privilege beyond the engine's defaults. The scripts
-//! dir and the host's interpreters that the image lacks (`nu`) are
-//! bind-mounted read-only at the same paths, and the node's private root
+//! dir and the host's interpreters that the image lacks (`nu`, a static
+//! binary) are bind-mounted read-only at the same paths, and the node's private root
 //! (`<data dir>/testenv/<tag>-<key>/<node>`) read-write at its host path,
 //! so that a script runs where it would in a namespace node.
 //!
@@ -53,8 +53,6 @@ const EXEC_VAR: &str = "ORCHESTRATOR_EXEC";
 /// The interpreters the image may lack, mounted from the host when found
 /// on its PATH outside the system's own directories.
 const HOST_TOOLS: &[&str] = &["nu"];
-/// The system's directories: never mounted over the image's own.
-const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"];
 /// The PATH of a program in a node.
 const NODE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long one request to the engine may take (not a program's run).
@@ -73,8 +71,9 @@ pub struct DockerProvider {
     host: String,
     image: String,
     scripts_dir: PathBuf,
-    /// The host directories mounted read-only into each node.
-    tool_dirs: Vec<PathBuf>,
+    /// The host's programs mounted read-only into each node: (the file,
+    /// where it is mounted, as the service's PATH found it).
+    tools: Vec<(PathBuf, PathBuf)>,
     /// Connected (and its API version agreed) at the first call that
     /// reached the engine; a failed connection is tried again next time.
     client: tokio::sync::OnceCell<Docker>,
@@ -106,7 +105,7 @@ impl DockerProvider {
             host: host.to_owned(),
             image: image.to_owned(),
             scripts_dir,
-            tool_dirs: host_tool_dirs(),
+            tools: host_tools(),
             client: tokio::sync::OnceCell::new(),
         })
     }
@@ -228,10 +227,13 @@ impl DockerProvider {
             format!("{scripts}:{scripts}:ro"),
             format!("{node_dir}:{node_dir}:rw"),
         ];
-        binds.extend(self.tool_dirs.iter().map(|dir| {
-            let dir = dir.to_string_lossy();
-            format!("{dir}:{dir}:ro")
-        }));
+        // The program itself, not its directory: it may be a system
+        // directory the image has its own of (`/usr/local/bin`).
+        binds.extend(
+            self.tools.iter().map(|(file, at)| {
+                format!("{}:{}:ro", file.to_string_lossy(), at.to_string_lossy())
+            }),
+        );
         let mut labels = Self::labels(&names);
         labels.insert("orchestrator.testenv.node".to_owned(), node.name.clone());
         let body = ContainerCreateBody {
@@ -307,23 +309,19 @@ fn is_not_found(error: &DockerError) -> bool {
     )
 }
 
-/// The directories of the host's interpreters that the image may lack.
-fn host_tool_dirs() -> Vec<PathBuf> {
+/// The host's interpreters that the image may lack, found on the
+/// service's PATH: (the program itself, where PATH found it).
+fn host_tools() -> Vec<(PathBuf, PathBuf)> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = BTreeSet::new();
-    for tool in HOST_TOOLS {
-        let found = std::env::split_paths(&path)
-            .map(|dir| dir.join(tool))
-            .find(|candidate| candidate.is_file());
-        if let Some(dir) = found
-            .and_then(|p| std::fs::canonicalize(p).ok())
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-            && !SYSTEM_DIRS.iter().any(|system| dir.starts_with(system))
-        {
-            dirs.insert(dir);
-        }
-    }
-    dirs.into_iter().collect()
+    HOST_TOOLS
+        .iter()
+        .filter_map(|tool| {
+            let found = std::env::split_paths(&path)
+                .map(|dir| dir.join(tool))
+                .find(|candidate| candidate.is_file())?;
+            Some((std::fs::canonicalize(&found).ok()?, found))
+        })
+        .collect()
 }
 
 /// A connection to the engine, and its address for messages.
@@ -350,6 +348,8 @@ impl Engine {
             )
             .await?;
         drop(process.stdin.take());
+        // Unread, it would fill and hold the stream.
+        drop(process.stderr.take());
         let mut out = String::new();
         if let Some(mut stdout) = process.stdout.take() {
             tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out)
@@ -617,7 +617,7 @@ impl Provider for DockerProvider {
         let node_dir = plan.names().dir(root).join(&node.name);
         let node_dir = node_dir.to_string_lossy().into_owned();
         let mut path = NODE_PATH.to_owned();
-        for dir in &self.tool_dirs {
+        for dir in self.tools.iter().filter_map(|(_, at)| at.parent()) {
             path.push(':');
             path.push_str(&dir.to_string_lossy());
         }
