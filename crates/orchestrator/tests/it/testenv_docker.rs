@@ -609,3 +609,175 @@ async fn a_service_killed_mid_create_leaves_no_container_once_deleted() {
     assert_eq!(podman.leftovers(&tag), (vec![], vec![]));
     daemon.stop();
 }
+
+/// The provider's seam, on its own: a program in a node gets its stdin to
+/// its end and gives its stdout, stderr and exit code; a killed program
+/// and what it started are gone; `kill_matching` finds by command line;
+/// `destroy` removes everything and is idempotent; `existing` finds an
+/// environment by its labels.
+#[tokio::test]
+async fn a_program_in_a_container_node_is_fed_read_waited_for_and_killed() {
+    use orchestrator_testenv::{Catalog, CreateRequest, DockerProvider, EnvPlan, Provider};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    if !podman_available("a_program_in_a_container_node_is_fed_read_waited_for_and_killed") {
+        return;
+    }
+    let podman = Podman::start();
+    let tag = service_tag(&node_id("seam"));
+    let catalog = Catalog::load(&real_scripts(), Some(&templates())).unwrap();
+    let request: CreateRequest =
+        serde_json::from_value(json!({"type": "single_taskserv", "taskserv": "redis"})).unwrap();
+    let plan = EnvPlan::new(
+        &request,
+        &catalog,
+        uuid::Uuid::now_v7(),
+        &tag,
+        chrono::Utc::now(),
+    )
+    .unwrap();
+    let node = &plan.nodes[0];
+    let root = tempfile::tempdir().unwrap();
+    let provider = DockerProvider::new(
+        &podman.host(),
+        orchestrator_testenv::docker::DEFAULT_IMAGE,
+        &real_scripts(),
+    )
+    .unwrap();
+    provider.health().await.unwrap();
+    provider.create(&plan, root.path()).await.unwrap();
+    assert_eq!(
+        provider.existing(&tag, root.path()).await.unwrap(),
+        [plan.names()]
+    );
+
+    // Fed to the end of its input, read on both streams, its exit code.
+    let python = Path::new("python3");
+    let echo = "import sys; d = sys.stdin.read(); print(d.upper()); \
+                print('to stderr', file=sys.stderr); sys.exit(3)";
+    let env = [("GREETING".to_owned(), "hello".to_owned())];
+    let mut process = provider
+        .spawn(
+            &plan,
+            node,
+            root.path(),
+            python,
+            &["-c".to_owned(), echo.to_owned()],
+            &env,
+        )
+        .await
+        .unwrap();
+    let mut stdin = process.stdin.take().unwrap();
+    stdin.write_all(b"some input").await.unwrap();
+    stdin.shutdown().await.unwrap();
+    let (mut out, mut err) = (String::new(), String::new());
+    let mut stdout = process.stdout.take().unwrap();
+    let mut stderr = process.stderr.take().unwrap();
+    let (read_out, read_err) = tokio::join!(
+        stdout.read_to_string(&mut out),
+        stderr.read_to_string(&mut err)
+    );
+    read_out.unwrap();
+    read_err.unwrap();
+    let exit = process.wait().await.unwrap();
+    assert_eq!((out.trim(), err.trim()), ("SOME INPUT", "to stderr"));
+    assert_eq!(exit.code, Some(3), "{exit}");
+
+    // Its environment: the node's, and what the caller added.
+    let show = "import os; print(os.environ['GREETING'], os.environ['ORCHESTRATOR_DATA_DIR'], os.getcwd())";
+    let mut process = provider
+        .spawn(
+            &plan,
+            node,
+            root.path(),
+            python,
+            &["-c".to_owned(), show.to_owned()],
+            &env,
+        )
+        .await
+        .unwrap();
+    drop(process.stdin.take());
+    let mut out = String::new();
+    process
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    assert!(process.wait().await.unwrap().success());
+    let node_dir = plan.names().dir(root.path()).join(&node.name);
+    let node_dir = node_dir.to_string_lossy();
+    assert_eq!(out.trim(), format!("hello {node_dir} {node_dir}"));
+
+    // Killed, with the program it started.
+    let spawner = "import subprocess, sys; subprocess.Popen(['sleep', '1001']); \
+                   print('started', flush=True); subprocess.run(['sleep', '1002'])";
+    let mut process = provider
+        .spawn(
+            &plan,
+            node,
+            root.path(),
+            python,
+            &["-c".to_owned(), spawner.to_owned()],
+            &[],
+        )
+        .await
+        .unwrap();
+    drop(process.stdin.take());
+    let mut stdout = process.stdout.take().unwrap();
+    let mut started = [0u8; 7];
+    stdout.read_exact(&mut started).await.unwrap();
+    let sleeping = |words: &'static str| {
+        let list = podman.remote(&["exec", &node.netns, "ps", "-e", "-o", "args="]);
+        list.iter().any(|l| l.trim() == words)
+    };
+    wait_until("both sleeps run", || async {
+        sleeping("sleep 1001") && sleeping("sleep 1002")
+    })
+    .await;
+    process.kill().await.unwrap();
+    let exit = process.wait().await.unwrap();
+    assert!(!exit.success(), "{exit}");
+    wait_until("both sleeps are gone", || async {
+        !sleeping("sleep 1001") && !sleeping("sleep 1002")
+    })
+    .await;
+
+    // By command line.
+    let mut process = provider
+        .spawn(
+            &plan,
+            node,
+            root.path(),
+            Path::new("sleep"),
+            &["1003".to_owned()],
+            &[],
+        )
+        .await
+        .unwrap();
+    wait_until("it runs", || async { sleeping("sleep 1003") }).await;
+    assert_eq!(
+        provider
+            .kill_matching(&plan, node, "sleep 1003")
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(!process.wait().await.unwrap().success());
+
+    // Everything goes, once.
+    assert!(provider.destroy(&plan.names(), root.path()).await.unwrap() >= 3);
+    assert_eq!(podman.leftovers(&tag), (vec![], vec![]));
+    assert_eq!(
+        provider.destroy(&plan.names(), root.path()).await.unwrap(),
+        0
+    );
+    assert!(
+        provider
+            .existing(&tag, root.path())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
