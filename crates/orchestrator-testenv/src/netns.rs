@@ -191,7 +191,62 @@ impl NodeChild for NamespaceChild {
     }
 }
 
+/// Starts a command made by `NamespaceProvider::command`.
+fn start(mut command: Command, program: &Path, node: &NodePlan) -> Result<NodeProcess> {
+    let mut child = command.spawn().map_err(|e| {
+        Error::Provider(format!(
+            "cannot start {} in node {}: {e}",
+            program.display(),
+            node.name
+        ))
+    })?;
+    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    Ok(NodeProcess {
+        stdin: child.stdin.take().map(|p| Box::pin(p) as _),
+        stdout: child.stdout.take().map(|p| Box::pin(p) as _),
+        stderr: child.stderr.take().map(|p| Box::pin(p) as _),
+        child: Box::new(NamespaceChild { child, group }),
+    })
+}
+
 impl NamespaceProvider {
+    /// `program` with `args` inside `node`: its namespaces, its private
+    /// root as the working directory and as `ORCHESTRATOR_DATA_DIR`, in
+    /// its own process group, with no capability.
+    async fn command(
+        &self,
+        plan: &EnvPlan,
+        node: &NodePlan,
+        root: &Path,
+        program: &Path,
+        args: &[String],
+    ) -> Result<Command> {
+        let pid = init_pid(&node.netns).await?.ok_or_else(|| {
+            Error::Provider(format!(
+                "node {} is not running (its namespace {} has no first process)",
+                node.name, node.netns
+            ))
+        })?;
+        let node_dir = plan.names().dir(root).join(&node.name);
+        let mut command = Command::new("nsenter");
+        command
+            .arg("-t")
+            .arg(pid.to_string())
+            .args(["-n", "-u", "-m", "-p"])
+            .arg(format!("--wd={}", node_dir.display()))
+            .arg("--")
+            // `nsenter` needs the service's capabilities to enter; what
+            // runs in the node gets none of them, root or not.
+            .arg("setpriv")
+            .args(NO_CAPABILITIES)
+            .arg(program)
+            .args(args)
+            .current_dir(&node_dir)
+            .process_group(0);
+        node_env(&mut command, &node.netns, &node_dir);
+        Ok(command)
+    }
+
     /// One node: namespace, veth on the bridge, address, first process,
     /// host name, /etc/hosts.
     async fn create_node(&self, plan: &EnvPlan, node: &NodePlan, root: &Path) -> Result<()> {
@@ -309,49 +364,36 @@ impl Provider for NamespaceProvider {
         args: &[String],
         env: &[(String, String)],
     ) -> Result<NodeProcess> {
-        let pid = init_pid(&node.netns).await?.ok_or_else(|| {
-            Error::Provider(format!(
-                "node {} is not running (its namespace {} has no first process)",
-                node.name, node.netns
-            ))
-        })?;
-        let node_dir = plan.names().dir(root).join(&node.name);
-        let mut command = Command::new("nsenter");
-        command
-            .arg("-t")
-            .arg(pid.to_string())
-            .args(["-n", "-u", "-m", "-p"])
-            .arg(format!("--wd={}", node_dir.display()))
-            .arg("--")
-            // `nsenter` needs the service's capabilities to enter; what
-            // runs in the node gets none of them, root or not.
-            .arg("setpriv")
-            .args(NO_CAPABILITIES)
-            .arg(program)
-            .args(args)
-            .current_dir(&node_dir)
-            .process_group(0);
-        node_env(&mut command, &node.netns, &node_dir);
+        let mut command = self.command(plan, node, root, program, args).await?;
         command
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|e| {
-            Error::Provider(format!(
-                "cannot start {} in node {}: {e}",
-                program.display(),
-                node.name
-            ))
-        })?;
-        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
-        Ok(NodeProcess {
-            stdin: child.stdin.take().map(|p| Box::pin(p) as _),
-            stdout: child.stdout.take().map(|p| Box::pin(p) as _),
-            stderr: child.stderr.take().map(|p| Box::pin(p) as _),
-            child: Box::new(NamespaceChild { child, group }),
-        })
+        start(command, program, node)
+    }
+
+    async fn spawn_logged(
+        &self,
+        plan: &EnvPlan,
+        node: &NodePlan,
+        root: &Path,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<NodeProcess> {
+        // The file itself, not a pipe: the service keeps writing to it
+        // after this one is gone.
+        let file = std::fs::File::create(log)
+            .and_then(|f| Ok((f.try_clone()?, f)))
+            .map_err(|e| Error::Provider(format!("{}: {e}", log.display())))?;
+        let mut command = self.command(plan, node, root, program, args).await?;
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file.0))
+            .stderr(Stdio::from(file.1));
+        start(command, program, node)
     }
 
     async fn kill_matching(&self, _plan: &EnvPlan, node: &NodePlan, needle: &str) -> Result<usize> {

@@ -112,6 +112,30 @@ pub trait Provider: Send + Sync {
         env: &[(String, String)],
     ) -> Result<NodeProcess>;
 
+    /// Starts `program` as `spawn` does, for a service that outlives the
+    /// call (and maybe this service): its stdin closed, its stdout and
+    /// stderr appended to `log` (a file of the host). By default the
+    /// provider's streams are copied there while they last; a provider
+    /// that can hand the file to the program itself does, so that the
+    /// program keeps writing after this service is gone.
+    async fn spawn_logged(
+        &self,
+        plan: &EnvPlan,
+        node: &NodePlan,
+        root: &Path,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<NodeProcess> {
+        let file = tokio::fs::File::create(log)
+            .await
+            .map_err(|e| crate::Error::Provider(format!("{}: {e}", log.display())))?;
+        let mut process = self.spawn(plan, node, root, program, args, &[]).await?;
+        drop(process.stdin.take());
+        copy_lines(process.stdout.take(), process.stderr.take(), file);
+        Ok(process)
+    }
+
     /// Kills (SIGKILL) every process of `node` whose command line contains
     /// `needle`: what an earlier attempt left running. How many it killed.
     async fn kill_matching(&self, plan: &EnvPlan, node: &NodePlan, needle: &str) -> Result<usize>;
@@ -123,4 +147,22 @@ pub trait Provider: Send + Sync {
     /// The environments of the service tagged `tag` that have anything
     /// left on this host.
     async fn existing(&self, tag: &str, root: &Path) -> Result<Vec<EnvNames>>;
+}
+
+/// Copies the lines of a program's stdout and stderr into `file`, as long
+/// as it writes.
+fn copy_lines(stdout: Option<NodeReader>, stderr: Option<NodeReader>, file: tokio::fs::File) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let file = std::sync::Arc::new(tokio::sync::Mutex::new(file));
+    for reader in [stdout, stderr].into_iter().flatten() {
+        let file = file.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(reader).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut file = file.lock().await;
+                let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+                let _ = file.flush().await;
+            }
+        });
+    }
 }

@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::catalog::Catalog;
 use crate::model::{CheckPlan, EnvPlan, NodePlan};
-use crate::provider::{NodeReader, Provider};
+use crate::provider::Provider;
 
 /// The targets of the `testenv` kind.
 pub const TARGETS: &[&str] = &[
@@ -237,9 +237,6 @@ impl NodeRunner {
                 .map_err(|e| failed(e.to_string()))?;
             let _ = std::fs::remove_file(&ready);
             let log_path = run_dir.join(format!("{taskserv}.log"));
-            let log_file = tokio::fs::File::create(&log_path)
-                .await
-                .map_err(|e| failed(format!("{}: {e}", log_path.display())))?;
             let args = vec![
                 serve.path.to_string_lossy().into_owned(),
                 "--service".to_owned(),
@@ -251,7 +248,7 @@ impl NodeRunner {
             ];
             let mut child = self
                 .provider
-                .spawn(plan, node, &self.root, &python, &args, &[])
+                .spawn_logged(plan, node, &self.root, &python, &args, &log_path)
                 .await
                 .map_err(|e| {
                     failed(format!(
@@ -259,10 +256,8 @@ impl NodeRunner {
                         node.name
                     ))
                 })?;
-            drop(child.stdin.take());
-            // Its output to the log file, and its end to the wait below;
-            // it runs until the node is torn down.
-            copy_output(child.stdout.take(), child.stderr.take(), log_file);
+            // Its end to the wait below; it runs until the node is torn
+            // down.
             let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel();
             tokio::spawn(async move {
                 let _ = exit_tx.send(child.wait().await);
@@ -403,23 +398,6 @@ impl NodeRunner {
             }
             other => Err(failed(format!("unknown testenv target `{other}`"))),
         }
-    }
-}
-
-/// Copies a started service's stdout and stderr into its log file, as
-/// long as it writes.
-fn copy_output(stdout: Option<NodeReader>, stderr: Option<NodeReader>, file: tokio::fs::File) {
-    let file = Arc::new(tokio::sync::Mutex::new(file));
-    for reader in [stdout, stderr].into_iter().flatten() {
-        let file = file.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(reader).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut file = file.lock().await;
-                let _ = file.write_all(format!("{line}\n").as_bytes()).await;
-                let _ = file.flush().await;
-            }
-        });
     }
 }
 

@@ -131,7 +131,7 @@ pub async fn start_with_store(
         TestenvProvider::Docker { host, image } => Arc::new(
             orchestrator_testenv::DockerProvider::new(host, image, &settings.scripts_dir)
                 .map_err(|e| anyhow::anyhow!(e))
-                .context("--docker-host")?,
+                .context("--testenv-provider docker")?,
         ),
     };
     let node_runner = orchestrator_testenv::NodeRunner::new(
