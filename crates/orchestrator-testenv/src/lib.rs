@@ -9,7 +9,7 @@
 //!   the taskservs a node can run (`scripts/taskservs/<name>/testenv.json`).
 //! - `provider`: the `Provider` trait (make nodes, run a program in one,
 //!   tear down, list what exists) and `netns`, its Linux namespace
-//!   implementation; `node_init`, the first process of each of its nodes,
+//!   implementation, and `docker`, its Docker Engine API one; `node_init`, the first process of each of its nodes,
 //!   which builds the node's root filesystem and enters it.
 //! - `cgroup`: the nodes' limits (memory, pids, cpu), through cgroup v1
 //!   or v2, whichever this host provides.
@@ -20,6 +20,7 @@
 pub mod caps;
 pub mod catalog;
 pub mod cgroup;
+pub mod docker;
 pub mod model;
 pub mod netns;
 pub mod node_init;
@@ -29,6 +30,7 @@ pub mod service;
 pub mod topology;
 
 pub use catalog::Catalog;
+pub use docker::DockerProvider;
 pub use model::{CreateRequest, EnvPlan, EnvType, NodePlan};
 pub use netns::NamespaceProvider;
 pub use provider::Provider;
@@ -58,6 +60,10 @@ pub enum Error {
     /// limits); nothing was made.
     #[error("{0}")]
     Unsupported(String),
+    /// What the provider drives (a container engine) does not answer;
+    /// nothing was made.
+    #[error("{0}")]
+    Unavailable(String),
     /// A command of the provider failed.
     #[error("{0}")]
     Provider(String),

@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
@@ -30,7 +30,7 @@ use tokio::process::Command;
 use crate::cgroup::{Hierarchy, LimitEvents};
 use crate::model::{EnvNames, EnvPlan, NodePlan, PREFIX};
 use crate::node_init::{NODE_HOME, NodeSpec, READY};
-use crate::provider::Provider;
+use crate::provider::{NodeChild, NodeExit, NodeProcess, Provider};
 use crate::{Error, Result};
 
 /// The environment variable every process of a node carries, naming the
@@ -254,16 +254,6 @@ fn is_namespace_init(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-fn cmdline(pid: i32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            String::from_utf8_lossy(&raw)
-                .trim_end_matches('\0')
-                .replace('\0', " ")
-        })
-        .unwrap_or_default()
-}
-
 /// The first process of the node in `netns`.
 async fn init_pid(netns: &str) -> Result<Option<i32>> {
     Ok(netns_pids(netns)
@@ -294,6 +284,52 @@ fn node_env(command: &mut Command, netns: &str) {
         .env("HOME", NODE_HOME)
         .env("ORCHESTRATOR_DATA_DIR", NODE_HOME)
         .env(MARK_VAR, netns);
+}
+
+/// `nsenter` started in its own process group, with what it forked.
+struct NamespaceChild {
+    child: tokio::process::Child,
+    group: Option<Pid>,
+}
+
+#[async_trait]
+impl NodeChild for NamespaceChild {
+    async fn wait(&mut self) -> Result<NodeExit> {
+        let status =
+            self.child.wait().await.map_err(|e| {
+                Error::Provider(format!("cannot wait for a program in a node: {e}"))
+            })?;
+        Ok(NodeExit {
+            code: status.code(),
+            description: status.to_string(),
+        })
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        // The whole group: nsenter and the program it forked.
+        if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        Ok(())
+    }
+}
+
+/// Starts a command made by `NamespaceProvider::command`.
+fn start(mut command: Command, program: &Path, node: &NodePlan) -> Result<NodeProcess> {
+    let mut child = command.spawn().map_err(|e| {
+        Error::Provider(format!(
+            "cannot start {} in node {}: {e}",
+            program.display(),
+            node.name
+        ))
+    })?;
+    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    Ok(NodeProcess {
+        stdin: child.stdin.take().map(|p| Box::pin(p) as _),
+        stdout: child.stdout.take().map(|p| Box::pin(p) as _),
+        stderr: child.stderr.take().map(|p| Box::pin(p) as _),
+        child: Box::new(NamespaceChild { child, group }),
+    })
 }
 
 impl NamespaceProvider {
@@ -382,6 +418,40 @@ impl NamespaceProvider {
         }
         Ok(())
     }
+
+    /// `program` with `args` inside `node`: its namespaces and root, its
+    /// home as the working directory, in its own process group, in the
+    /// node's cgroup (joined before `nsenter` starts: see
+    /// [`JOIN_CGROUP`]), with the node's bounded capabilities.
+    async fn command(
+        &self,
+        plan: &EnvPlan,
+        node: &NodePlan,
+        root: &Path,
+        program: &Path,
+        args: &[String],
+    ) -> Result<Command> {
+        let pid = init_pid(&node.netns).await?.ok_or_else(|| {
+            Error::Provider(format!(
+                "node {} is not running (its namespace {} has no first process)",
+                node.name, node.netns
+            ))
+        })?;
+        let names = plan.names();
+        let node_dir = names.dir(root).join(&node.name);
+        let mut command = Command::new("python3");
+        command
+            .args(["-I", "-S", "-c", JOIN_CGROUP])
+            .args(self.cgroups()?.procs_files(&names.cgroup(node.index)))
+            .args(["--", "nsenter"])
+            .args(enter_args(pid))
+            .arg(program)
+            .args(args)
+            .current_dir(&node_dir)
+            .process_group(0);
+        node_env(&mut command, &node.netns);
+        Ok(command)
+    }
 }
 
 /// After `ip netns exec <ns>`: the node's init, in new UTS, mount and PID
@@ -461,42 +531,23 @@ impl Provider for NamespaceProvider {
         Ok(())
     }
 
-    async fn command(
+    async fn spawn(
         &self,
         plan: &EnvPlan,
         node: &NodePlan,
         root: &Path,
         program: &Path,
         args: &[String],
-    ) -> Result<Command> {
-        let pid = init_pid(&node.netns).await?.ok_or_else(|| {
-            Error::Provider(format!(
-                "node {} is not running (its namespace {} has no first process)",
-                node.name, node.netns
-            ))
-        })?;
-        let names = plan.names();
-        let node_dir = names.dir(root).join(&node.name);
-        let mut command = Command::new("python3");
+        env: &[(String, String)],
+    ) -> Result<NodeProcess> {
+        let mut command = self.command(plan, node, root, program, args).await?;
         command
-            .args(["-I", "-S", "-c", JOIN_CGROUP])
-            .args(self.cgroups()?.procs_files(&names.cgroup(node.index)))
-            .args(["--", "nsenter"])
-            .args(enter_args(pid))
-            .arg(program)
-            .args(args)
-            .current_dir(&node_dir)
-            .process_group(0);
-        node_env(&mut command, &node.netns);
-        Ok(command)
-    }
-
-    async fn processes(&self, _plan: &EnvPlan, node: &NodePlan) -> Result<Vec<(i32, String)>> {
-        Ok(netns_pids(&node.netns)
-            .await?
-            .into_iter()
-            .map(|pid| (pid, cmdline(pid)))
-            .collect())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        start(command, program, node)
     }
 
     fn limits_enforcement(&self) -> std::result::Result<String, String> {

@@ -415,7 +415,10 @@ fn build(spec: &NodeSpec) -> Result<(), String> {
     node_files(&spec.hostname, &hosts)?;
     sethostname(&spec.hostname).map_err(nix_err("cannot set the host name"))?;
     std::fs::create_dir_all(NODE_HOME).map_err(io_err(NODE_HOME))?;
-    std::fs::set_permissions(NODE_HOME, std::fs::Permissions::from_mode(0o700))
+    // Traversable, as `/var/lib` is: a daemon a start script runs as its
+    // own user (postgres) reaches its data dir below it, and nothing
+    // outside the node can see it anyway.
+    std::fs::set_permissions(NODE_HOME, std::fs::Permissions::from_mode(0o755))
         .map_err(io_err(NODE_HOME))?;
     // Where programs that enter the node start (`nsenter --wd` takes the
     // init's working directory: a path given to it would be opened on the

@@ -5,12 +5,9 @@
 //! too, knows every name it works on.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use orchestrator_executor::{
     Attempt, InputRefusal, Launcher, LogSink, Outcome, ScriptExecutor, StepRunner,
 };
@@ -123,31 +120,35 @@ impl NodeRunner {
             Launcher::Direct => (resolved.path.clone(), vec![]),
         };
         Self::say(&attempt.log, format!("[{}] {script}", node.name)).await;
-        let mut command = self
-            .provider
-            .command(plan, node, &self.root, &program, &args)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("ORCHESTRATOR_TASK_ID", &attempt.task_id)
-            .env("ORCHESTRATOR_WORKFLOW_ID", &attempt.workflow_id)
-            .env("ORCHESTRATOR_ATTEMPT", attempt.attempt.to_string())
-            .kill_on_drop(true);
+        let env = [
+            (
+                "ORCHESTRATOR_TASK_ID".to_owned(),
+                attempt.task_id.to_string(),
+            ),
+            (
+                "ORCHESTRATOR_WORKFLOW_ID".to_owned(),
+                attempt.workflow_id.to_string(),
+            ),
+            (
+                "ORCHESTRATOR_ATTEMPT".to_owned(),
+                attempt.attempt.to_string(),
+            ),
+        ];
         // What the node's limits stopped before this script: what they
         // stop while it runs is the reason it fails, if it does.
         let limits_before = self.provider.limit_events(plan, node).await;
-        let mut child = command
-            .spawn()
+        let mut child = self
+            .provider
+            .spawn(plan, node, &self.root, &program, &args, &env)
+            .await
             .map_err(|e| failed(format!("cannot start {script} in node {}: {e}", node.name)))?;
-        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
         if let Some(mut stdin) = child.stdin.take() {
             let body = input.to_string();
             // A script that does not read its input closes the pipe early;
-            // that is its business.
+            // that is its business. The end of the input is said (a
+            // container engine's stream stays open until then).
             let _ = stdin.write_all(body.as_bytes()).await;
+            let _ = stdin.shutdown().await;
         }
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
@@ -184,11 +185,9 @@ impl NodeRunner {
                 error: format!("{script} in node {} did not finish in {:?}", node.name, attempt.timeout),
             }),
         };
-        if ending.is_err()
-            && let Some(group) = group
-        {
-            // The whole group: nsenter and the script it forked.
-            let _ = killpg(group, Signal::SIGKILL);
+        if ending.is_err() {
+            // The script and what it started.
+            let _ = child.kill().await;
         }
         let limit_hit = self
             .provider
@@ -205,7 +204,7 @@ impl NodeRunner {
             }
             Ok(status) => Err(with_reason(
                 Outcome::Failed {
-                    exit_code: status.code(),
+                    exit_code: status.code,
                     error: format!("{script} failed in node {} ({status})", node.name),
                 },
                 limit_hit.as_deref(),
@@ -268,6 +267,10 @@ impl NodeRunner {
         };
         match attempt.target {
             "testenv/nodes" => {
+                self.provider
+                    .health()
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
                 let missing = self.provider.missing_privileges();
                 if !missing.is_empty() {
                     return Err(failed(format!(

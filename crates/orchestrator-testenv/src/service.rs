@@ -375,6 +375,7 @@ impl TestEnvs {
                 missing.join(", ")
             )));
         }
+        self.inner.runner.provider().health().await?;
         if let Err(reason) = self.inner.runner.provider().limits_enforcement() {
             return Err(Error::Unsupported(reason));
         }
@@ -549,7 +550,7 @@ impl TestEnvs {
             .map(|r| r.plan.names())
             .collect();
         let provider = self.inner.runner.provider();
-        if !provider.missing_privileges().is_empty() {
+        if !provider.missing_privileges().is_empty() || provider.health().await.is_err() {
             return Ok(0);
         }
         let root = self.inner.runner.root();

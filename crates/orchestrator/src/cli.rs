@@ -823,6 +823,24 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub script_writable: Vec<PathBuf>,
+    /// What test environments' nodes are: Linux namespaces of this host,
+    /// or containers of a Docker Engine API (Docker, or Podman's
+    /// compatible socket) [default: namespaces].
+    #[arg(
+        long,
+        env = "ORCHESTRATOR_TESTENV_PROVIDER",
+        value_name = "namespaces|docker"
+    )]
+    pub testenv_provider: Option<String>,
+    /// The Docker Engine API's socket, for `--testenv-provider docker`
+    /// [default: unix:///var/run/docker.sock].
+    #[arg(long, env = "ORCHESTRATOR_DOCKER_HOST", value_name = "unix:///PATH")]
+    pub docker_host: Option<String>,
+    /// The image the docker provider's nodes run (built locally by
+    /// scripts/testenv/build-image.sh)
+    /// [default: localhost/orchestrator-testenv:latest].
+    #[arg(long, env = "ORCHESTRATOR_DOCKER_IMAGE")]
+    pub docker_image: Option<String>,
     /// File holding the secret key (64 hex digits) that seals secrets and
     /// signs sessions [default: $CREDENTIALS_DIRECTORY/secret-key under
     /// systemd, else <data-dir>/secret.key, made on first start].

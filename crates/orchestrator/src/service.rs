@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::ServeArgs;
-use crate::settings::{LogFormat, ServeSettings};
+use crate::settings::{LogFormat, ServeSettings, TestenvProvider};
 
 /// A running service: its address, and the means to stop it.
 pub struct ServiceHandle {
@@ -126,8 +126,16 @@ pub async fn start_with_store(
     );
     let node_id = node_id(&settings, &data_dir)?;
     let tag = orchestrator_testenv::model::service_tag(&node_id);
+    let provider: Arc<dyn orchestrator_testenv::Provider> = match &settings.testenv_provider {
+        TestenvProvider::Namespaces => Arc::new(node_provider(&settings, &data_dir)?),
+        TestenvProvider::Docker { host, image } => Arc::new(
+            orchestrator_testenv::DockerProvider::new(host, image, &settings.scripts_dir)
+                .map_err(|e| anyhow::anyhow!(e))
+                .context("--testenv-provider docker")?,
+        ),
+    };
     let node_runner = orchestrator_testenv::NodeRunner::new(
-        Arc::new(node_provider(&settings, &data_dir)?),
+        provider,
         executor.clone(),
         data_dir.join("testenv"),
         catalog.clone(),

@@ -90,6 +90,12 @@ pub struct ServeConfig {
     pub script_sandbox: String,
     /// Paths scripts may write in the sandbox.
     pub script_writable: Vec<PathBuf>,
+    /// What test environments' nodes are: `namespaces` or `docker`.
+    pub testenv_provider: String,
+    /// The Docker Engine API's socket (`unix:///path`), for `docker`.
+    pub docker_host: String,
+    /// The image the `docker` provider's nodes run.
+    pub docker_image: String,
     /// A path, not a secret: shown as it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_key_file: Option<PathBuf>,
@@ -161,6 +167,9 @@ impl Default for ServeConfig {
             max_input_bytes: limits.max_input_bytes,
             script_sandbox: "bubblewrap".to_owned(),
             script_writable: Vec::new(),
+            testenv_provider: "namespaces".to_owned(),
+            docker_host: orchestrator_testenv::docker::DEFAULT_HOST.to_owned(),
+            docker_image: orchestrator_testenv::docker::DEFAULT_IMAGE.to_owned(),
             secret_key_file: None,
             surrealdb_url: surrealdb.url,
             surrealdb_username: surrealdb.username,
@@ -192,6 +201,16 @@ pub enum ScriptSandbox {
 pub enum LogFormat {
     Pretty,
     Json,
+}
+
+/// What test environments' nodes are made of (`--testenv-provider`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TestenvProvider {
+    /// Linux namespaces of this host (the default).
+    Namespaces,
+    /// Containers of the Docker Engine API at `host` (`unix:///path`),
+    /// running `image`.
+    Docker { host: String, image: String },
 }
 
 /// Fully resolved settings for `serve`.
@@ -251,6 +270,7 @@ pub struct ServeSettings {
     pub script_sandbox: ScriptSandbox,
     /// What scripts may write besides their own dirs.
     pub script_writable: Vec<PathBuf>,
+    pub testenv_provider: TestenvProvider,
     /// Where the secret key is read from, when not from the default places.
     pub secret_key_file: Option<PathBuf>,
     /// The `orchestrator` binary, whose `testenv-node-init` is each test
@@ -456,6 +476,25 @@ impl ServeConfig {
                 relative.display()
             );
         }
+        let testenv_provider = match self.testenv_provider.as_str() {
+            "namespaces" => TestenvProvider::Namespaces,
+            "docker" => TestenvProvider::Docker {
+                host: self.docker_host,
+                image: self.docker_image,
+            },
+            other => bail!(
+                "--testenv-provider: unknown provider `{other}` (expected namespaces or docker)"
+            ),
+        };
+        if let TestenvProvider::Docker { host, image } = &testenv_provider {
+            let socket = host.strip_prefix("unix://").unwrap_or_default();
+            if !socket.starts_with('/') {
+                bail!("--docker-host: `{host}` is not unix:///<absolute path of a socket>");
+            }
+            if image.trim().is_empty() {
+                bail!("--docker-image: is empty");
+            }
+        }
         if self.max_log_bytes < 1024 {
             bail!(
                 "--max-log-bytes: {} is too small; give at least 1024",
@@ -499,6 +538,7 @@ impl ServeConfig {
             config_file,
             script_sandbox,
             script_writable: self.script_writable,
+            testenv_provider,
             secret_key_file: self.secret_key_file,
             node_init_program: None,
         };

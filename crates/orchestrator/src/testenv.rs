@@ -302,7 +302,7 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
         env.auto_cleanup,
         shown(&env.create_workflow)
     );
-    let nodes: Vec<[String; 6]> = env
+    let nodes: Vec<[String; 7]> = env
         .nodes
         .iter()
         .map(|n| {

@@ -53,6 +53,11 @@ impl From<EnvError> for ApiError {
             EnvError::Unsupported(message) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported_host", message)
             }
+            EnvError::Unavailable(message) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_unavailable",
+                message,
+            ),
             EnvError::Engine(e) => e.into(),
             error => {
                 tracing::error!(error = %error, "test environment request failed");
@@ -133,7 +138,7 @@ pub struct TopologyList {
         (status = 409, description = "Too many environments exist (`limit_exceeded`)", body = ErrorBody),
         (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
         (status = 422, description = "A bad type, name, topology, taskserv, ttl or limit; the message names the field and the bound", body = ErrorBody),
-        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`), or no cgroup hierarchy of the host can enforce the nodes' limits (`unsupported_host`): nothing was made; or storage is unavailable", body = ErrorBody),
+        (status = 503, description = "The service lacks CAP_SYS_ADMIN or CAP_NET_ADMIN (`missing_capability`), no cgroup hierarchy of the host can enforce the nodes' limits (`unsupported_host`), or the container engine does not answer (`provider_unavailable`, naming its socket): nothing was made; or storage is unavailable", body = ErrorBody),
     ))]
 pub(crate) async fn create_environment(
     State(state): State<AppState>,

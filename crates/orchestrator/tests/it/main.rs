@@ -33,5 +33,6 @@ mod storage_moves;
 mod systemd;
 mod tasks;
 mod testenv;
+mod testenv_docker;
 mod upgrades;
 mod workflows;
