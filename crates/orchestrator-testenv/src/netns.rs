@@ -394,7 +394,10 @@ impl NamespaceProvider {
         // Limited before any program of the node runs: the init starts
         // none, and every later one joins by itself (`command`).
         let pid = init_pid(ns).await?.ok_or_else(|| {
-            Error::Provider(format!("node {}: its init said ready, then went", node.name))
+            Error::Provider(format!(
+                "node {}: its init said ready, then went",
+                node.name
+            ))
         })?;
         let cgroups = self.cgroups()?;
         let cgroup = names.cgroup(node.index);
@@ -721,7 +724,9 @@ mod tests {
     fn programs_enter_the_nodes_root_and_home() {
         assert_eq!(
             enter_args(4242)[..10],
-            ["-t", "4242", "-n", "-u", "-m", "-p", "-i", "--root", "--wd", "--"]
+            [
+                "-t", "4242", "-n", "-u", "-m", "-p", "-i", "--root", "--wd", "--"
+            ]
         );
         assert_eq!(enter_args(4242)[10], "setpriv");
     }
@@ -785,7 +790,6 @@ mod tests {
         );
         assert_eq!(provider.exposed, [PathBuf::from("/usr/bin")]);
     }
-
 
     #[tokio::test]
     async fn without_a_hierarchy_for_the_limits_nothing_is_made_and_the_reason_is_given() {

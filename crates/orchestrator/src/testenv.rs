@@ -330,7 +330,15 @@ fn print_env(env: &EnvView, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     print_table(
-        ["NODE", "ADDRESS", "STATUS", "ROLES", "TASKSERVS", "NETNS", "LIMITS"],
+        [
+            "NODE",
+            "ADDRESS",
+            "STATUS",
+            "ROLES",
+            "TASKSERVS",
+            "NETNS",
+            "LIMITS",
+        ],
         &nodes,
     );
     for node in env.nodes.iter().filter(|n| n.error.is_some()) {
