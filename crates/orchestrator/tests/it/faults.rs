@@ -496,7 +496,10 @@ pub(crate) mod nodes {
     /// leases expire, and every promise still holds.
     #[test]
     fn a_node_takes_over_the_work_of_a_dead_one() {
-        let cluster = SharedStore::new(&["--lease-secs", "2", "--workers", "2"]);
+        // A lease long enough that A renews it in time on a loaded
+        // machine: the restart of B below must find it alive (a lapsed
+        // lease is a dead node's, rightly taken over).
+        let cluster = SharedStore::new(&["--lease-secs", "5", "--workers", "2"]);
         let (dir, args) = (&cluster.dir, cluster.args());
         let a = Daemon::start(&dir.path().join("a"), &args);
         let b = Daemon::start(&dir.path().join("b"), &args);

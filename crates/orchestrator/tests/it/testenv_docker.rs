@@ -425,6 +425,23 @@ async fn lifecycle(podman: &Podman, service: &TestService, tag: &str, body: Valu
     let (containers, networks) = podman.leftovers(tag);
     assert!(containers.len() >= nodes, "{containers:?}");
     assert!(!networks.is_empty(), "{networks:?}");
+    // Each container holds its node's limits, as the page shows them:
+    // memory with swap included, processes, CPU time.
+    for node in env["nodes"].as_array().unwrap() {
+        let limits = &node["limits"];
+        let memory = limits["memory_mib"].as_u64().unwrap() * 1024 * 1024;
+        let nano_cpus = (limits["cpus"].as_f64().unwrap() * 1e9) as u64;
+        assert_eq!(
+            podman.remote(&[
+                "inspect",
+                node["netns"].as_str().unwrap(),
+                "--format",
+                "{{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{.HostConfig.PidsLimit}} {{.HostConfig.NanoCpus}}",
+            ]),
+            [format!("{memory} {memory} {} {nano_cpus}", limits["pids"])],
+            "{node}"
+        );
+    }
 
     let (status, ran) = service
         .post(&format!("/test/environments/{id}/run?wait=true"), json!({}))
@@ -492,6 +509,18 @@ async fn the_docker_provider_makes_checks_and_deletes_environments() {
         "FIGURE docker provider: etcd_cluster create -> checks passed -> deleted in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    assert_eq!(podman.leftovers(&tag), (vec![], vec![]));
+
+    // The same real taskservs as on the namespace provider: SQL and redis
+    // across nodes.
+    lifecycle(
+        &podman,
+        service,
+        &tag,
+        json!({"type": "cluster", "topology": "postgres_redis"}),
+        4,
+    )
+    .await;
     assert_eq!(podman.leftovers(&tag), (vec![], vec![]));
     daemon.stop();
 }
