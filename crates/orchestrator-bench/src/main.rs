@@ -14,6 +14,7 @@ mod scaleout;
 mod service;
 mod stats;
 mod surreal;
+mod testenvs;
 mod workloads;
 
 use std::path::PathBuf;
@@ -56,8 +57,10 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
-    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9 (w3
-    /// includes w4; w9 runs only with the surrealdb-server backend).
+    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9,w10
+    /// (w3 includes w4; w9 runs only with the surrealdb-server backend;
+    /// w10 needs root and the host's etcd and redis-server, else its row
+    /// says it was skipped).
     #[arg(long, default_value = ALL_WORKLOADS)]
     only: String,
     /// Where the temporary data directories go [default: the system temp dir].
@@ -70,7 +73,7 @@ struct Args {
 
 /// Every workload; a run of all of them is the only one recorded in
 /// `--out`.
-const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8,w9";
+const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8,w9,w10";
 
 /// What every workload needs.
 pub struct Ctx {
@@ -104,6 +107,8 @@ pub struct Results {
     pub live: Option<Result<live::LiveMigration, String>>,
     /// Workload 9.
     pub scale_out: Option<Result<scaleout::ScaleOut, String>>,
+    /// Workload 10.
+    pub testenvs: Option<Result<testenvs::Outcome, String>>,
 }
 
 pub struct BackendResults {
@@ -301,6 +306,16 @@ async fn run(args: Args) -> Result<bool> {
             scaleout::STEP_MS
         );
         results.scale_out = flatten(scaleout::scale_out(&ctx).await);
+    }
+
+    if only.contains(&"w10") {
+        eprintln!(
+            "workload 10: test environments (namespace provider): redis ready, etcd_cluster created, checked, deleted"
+        );
+        results.testenvs = flatten(testenvs::test_environments(&ctx).await);
+        if let Some(Ok(testenvs::Outcome::Skipped(why))) = &results.testenvs {
+            eprintln!("workload 10: skipped: {why}");
+        }
     }
 
     let env =

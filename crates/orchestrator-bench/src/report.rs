@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::stats::{median, percentile};
 use crate::workloads::{OneWorkflow, Shape, W7_WIDTH};
-use crate::{Ctx, Results, live, scaleout};
+use crate::{Ctx, Results, live, scaleout, testenvs};
 
 const LATEST_START: &str = "<!-- bench:latest:start -->";
 const LATEST_END: &str = "<!-- bench:latest:end -->";
@@ -210,6 +210,9 @@ pub fn failures(r: &Results) -> Vec<String> {
             }
         }
         None => {}
+    }
+    if let Some(Err(e)) = &r.testenvs {
+        out.push(format!("workload 10: {e}"));
     }
     out
 }
@@ -630,7 +633,56 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         Some(Err(e)) => failed(&mut row, "8", "storage move", e),
         None => {}
     }
+    match &r.testenvs {
+        Some(Ok(testenvs::Outcome::Measured(w))) => testenv_rows(w, &mut row),
+        Some(Ok(testenvs::Outcome::Skipped(why))) => row([
+            "10",
+            "test environments, namespace provider",
+            "",
+            &format!("skipped: {why}"),
+            "",
+            "",
+            "",
+            "not run",
+        ]),
+        Some(Err(e)) => failed(&mut row, "10", "test environments", e),
+        None => {}
+    }
     t
+}
+
+/// Workload 10's rows.
+fn testenv_rows(w: &testenvs::TestEnvs, row: &mut impl FnMut([&str; 8])) {
+    let redis = median(&w.redis_ready);
+    row([
+        "10",
+        "test environment `single_taskserv` redis (real `redis-server`), namespace provider",
+        "create → `ready` (`POST /test/environments/create` until `GET` says ready)",
+        &format!("{}{}", s(redis), spread(&w.redis_ready, s)),
+        "",
+        "",
+        &format!("≤ {:.0} s", testenvs::REDIS_TARGET_S),
+        &at_most(redis, testenvs::REDIS_TARGET_S),
+    ]);
+    let totals: Vec<f64> = w.etcd.iter().map(testenvs::EtcdRun::total).collect();
+    let phase =
+        |f: fn(&testenvs::EtcdRun) -> f64| s(median(&w.etcd.iter().map(f).collect::<Vec<_>>()));
+    let total = median(&totals);
+    row([
+        "10",
+        "`etcd_cluster`: three real etcd members, namespace provider",
+        &format!(
+            "create → all 6 checks passed → deleted (medians: ready {}, checks {}, teardown {})",
+            phase(|r| r.ready),
+            phase(|r| r.checks),
+            phase(|r| r.teardown)
+        ),
+        &format!("{}{}", s(total), spread(&totals, s)),
+        "",
+        "",
+        &format!("≤ {:.0} s", testenvs::ETCD_TARGET_S),
+        &at_most(total, testenvs::ETCD_TARGET_S),
+    ]);
 }
 
 /// The row of a workload that failed: what it was, and why.
@@ -1043,6 +1095,14 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
         };
         parts.push(format!("scale-out {}, {takeover}", rates.join(", ")));
     }
+    if let Some(Ok(testenvs::Outcome::Measured(w))) = &r.testenvs {
+        let totals: Vec<f64> = w.etcd.iter().map(testenvs::EtcdRun::total).collect();
+        parts.push(format!(
+            "testenv redis ready {}, etcd_cluster {}",
+            s(median(&w.redis_ready)),
+            s(median(&totals))
+        ));
+    }
     parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
     format!("- {}", parts.join(" · "))
 }
@@ -1121,6 +1181,41 @@ mod tests {
         assert_eq!(thousands(1234567.0), "1,234,567");
         assert_eq!(none(0, "failed"), "met");
         assert_eq!(none(3, "failed"), "**missed**: 3 failed");
+    }
+
+    #[test]
+    fn test_environment_rows_grade_the_medians_against_2_s_and_15_s() {
+        let w = testenvs::TestEnvs {
+            // Median 2.5 s: over the 2 s target, though one run was under.
+            redis_ready: vec![1.5, 2.5, 3.0],
+            etcd: vec![
+                testenvs::EtcdRun {
+                    ready: 5.0,
+                    checks: 1.0,
+                    teardown: 1.0,
+                },
+                testenvs::EtcdRun {
+                    ready: 9.0,
+                    checks: 2.0,
+                    teardown: 2.0,
+                },
+                testenvs::EtcdRun {
+                    ready: 6.0,
+                    checks: 1.0,
+                    teardown: 1.0,
+                },
+            ],
+        };
+        let mut rows = Vec::new();
+        testenv_rows(&w, &mut |cells: [&str; 8]| {
+            rows.push(cells.map(str::to_owned));
+        });
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0][3], "2.500 s (runs: 1.500 s–3.000 s)");
+        assert_eq!(rows[0][7], "**missed** by 1.25× (+25 %)");
+        assert_eq!(rows[1][3], "8.000 s (runs: 7.000 s–13.000 s)");
+        assert!(rows[1][2].contains("ready 6.000 s, checks 1.000 s, teardown 1.000 s"));
+        assert_eq!(rows[1][7], "met");
     }
 
     #[test]

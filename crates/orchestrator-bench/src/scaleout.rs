@@ -236,6 +236,7 @@ async fn start_cluster(ctx: &Ctx, n: usize, tag: &str) -> Result<Vec<Service>> {
                 "--lease-secs".into(),
                 LEASE_SECS.to_string(),
             ],
+            ..Join::default()
         };
         let dir = ctx.tmp.join(format!("{tag}-node{i}"));
         nodes.push(Service::start_with(ctx, "surrealdb-server", &dir, &join).await?);

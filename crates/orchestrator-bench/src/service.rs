@@ -41,6 +41,12 @@ pub struct Join {
     pub workers: Option<usize>,
     /// More `serve` flags (`--node-id`, `--lease-secs`, ...).
     pub flags: Vec<String>,
+    /// Instead of the bench's no-op scripts (workload 10: the repo's
+    /// taskserv scripts).
+    pub scripts_dir: Option<PathBuf>,
+    /// Instead of an empty templates dir (workload 10: the repo's
+    /// topologies).
+    pub templates_dir: Option<PathBuf>,
 }
 
 impl Service {
@@ -59,8 +65,14 @@ impl Service {
         std::fs::create_dir_all(data_dir)?;
         let data_dir = std::path::absolute(data_dir)?;
         let log_path = data_dir.with_extension("service.log");
-        let templates_dir = ctx.tmp.join("no-templates");
-        std::fs::create_dir_all(&templates_dir)?;
+        let templates_dir = match &join.templates_dir {
+            Some(dir) => dir.clone(),
+            None => {
+                let empty = ctx.tmp.join("no-templates");
+                std::fs::create_dir_all(&empty)?;
+                empty
+            }
+        };
         let mut cmd = Command::new(&ctx.orchestrator);
         // Loopback and no tokens: the benchmark measures the work, and its
         // clients carry no token (a token check is a hash and a map lookup).
@@ -73,7 +85,7 @@ impl Service {
             .arg("--data-dir")
             .arg(&data_dir)
             .arg("--scripts-dir")
-            .arg(&ctx.scripts)
+            .arg(join.scripts_dir.as_ref().unwrap_or(&ctx.scripts))
             .arg("--templates-dir")
             .arg(&templates_dir)
             .arg("--workers")
