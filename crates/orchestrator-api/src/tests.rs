@@ -1035,3 +1035,98 @@ mod declared {
         );
     }
 }
+
+/// The document has one schema per name, and utoipa keeps the last of two
+/// types that derive `ToSchema` under the same name, silently: one
+/// answer is then documented with the other's schema (it happened twice,
+/// `Schedule` and `NodeView`). Every type of the workspace that derives
+/// `ToSchema` has a name of its own (its `schema(as = ...)` where it has
+/// one).
+mod schema_names {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+
+    fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                rust_files(&path, into);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                into.push(path);
+            }
+        }
+    }
+
+    /// The schema name of each item after attributes that derive
+    /// `ToSchema`, with where it is.
+    fn schema_names(text: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut attributes = String::new();
+        for line in text.lines().map(str::trim) {
+            if line.starts_with("#[") || (!attributes.is_empty() && line.starts_with("//")) {
+                attributes.push_str(line);
+                continue;
+            }
+            let item = line
+                .split_whitespace()
+                .skip_while(|w| w.starts_with("pub"))
+                .collect::<Vec<_>>();
+            if let [kind, name, ..] = item.as_slice()
+                && (*kind == "struct" || *kind == "enum")
+                && attributes.contains("ToSchema")
+            {
+                let own = name
+                    .split(['<', '(', '{', ';'])
+                    .next()
+                    .unwrap_or(name)
+                    .to_owned();
+                let given = attributes.split("schema(as = ").nth(1).map(|rest| {
+                    rest.split([')', ','])
+                        .next()
+                        .unwrap_or_default()
+                        .rsplit("::")
+                        .next()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned()
+                });
+                names.push(given.unwrap_or(own));
+            }
+            if !line.starts_with("///") {
+                attributes.clear();
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn every_schema_has_a_name_of_its_own() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for krate in std::fs::read_dir(&crates).unwrap().flatten() {
+            let src = krate.path().join("src");
+            if src.is_dir() {
+                rust_files(&src, &mut files);
+            }
+        }
+        let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for name in schema_names(&text) {
+                seen.entry(name)
+                    .or_default()
+                    .push(file.strip_prefix(&crates).unwrap().display().to_string());
+            }
+        }
+        assert!(seen.len() > 50, "too few schemas found: {seen:?}");
+        let twice: Vec<_> = seen.iter().filter(|(_, at)| at.len() > 1).collect();
+        assert!(twice.is_empty(), "schema names used twice: {twice:?}");
+    }
+
+    #[test]
+    fn a_name_given_with_as_is_the_schema_name() {
+        let text = "#[derive(Serialize, ToSchema)]\n#[schema(as = MigrationStatus)]\npub struct MoveStatus {\n}\n\
+                    /// Doc.\n#[derive(ToSchema)]\npub(crate) enum Phase {}\n#[derive(Debug)]\nstruct Plain;\n";
+        assert_eq!(schema_names(text), ["MigrationStatus", "Phase"]);
+    }
+}

@@ -136,7 +136,7 @@ pub struct TaskservView {
 /// A node of an environment: its plan (name, address, namespace, ...),
 /// its status, and its taskservs with their versions.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct NodeView {
+pub struct EnvNodeView {
     #[serde(flatten)]
     pub plan: NodePlan,
     pub status: NodeStatus,
@@ -169,7 +169,7 @@ pub struct EnvView {
     pub topology: Option<String>,
     pub status: EnvStatus,
     pub provider: String,
-    pub nodes: Vec<NodeView>,
+    pub nodes: Vec<EnvNodeView>,
     pub auto_start: bool,
     pub auto_cleanup: bool,
     pub ttl_secs: u64,
@@ -711,7 +711,7 @@ impl TestEnvs {
     /// Each node with its status and its taskservs' versions, from its
     /// install and start steps: the create's, or the newest run's start
     /// when the create did not start the taskservs.
-    async fn node_views(&self, record: &Record) -> Result<Vec<NodeView>> {
+    async fn node_views(&self, record: &Record) -> Result<Vec<EnvNodeView>> {
         let plan = &record.plan;
         let deleted = record.status() == EnvStatus::Deleted;
         let mut tasks: Vec<Task> = Vec::new();
@@ -771,7 +771,7 @@ impl TestEnvs {
                         }
                     })
                     .collect();
-                NodeView {
+                EnvNodeView {
                     plan: node.clone(),
                     status,
                     error,
@@ -781,7 +781,7 @@ impl TestEnvs {
             .collect())
     }
 
-    fn view(&self, record: &Record, nodes: Vec<NodeView>, last_run: Option<RunView>) -> EnvView {
+    fn view(&self, record: &Record, nodes: Vec<EnvNodeView>, last_run: Option<RunView>) -> EnvView {
         let plan = &record.plan;
         let error = match &record.delete {
             Some(d) if d.status == WorkflowStatus::Failed => {
