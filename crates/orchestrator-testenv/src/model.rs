@@ -292,6 +292,32 @@ pub struct EnvNames {
     pub key: String,
 }
 
+/// The environments of the service tagged `tag` that have anything left:
+/// the keys a provider found (in namespace, link, container or network
+/// names), with those of the environments' directories under `root`;
+/// only well-formed keys (six hex digits) count.
+pub fn leftover_envs(
+    tag: &str,
+    mut keys: std::collections::BTreeSet<String>,
+    root: &std::path::Path,
+) -> Vec<EnvNames> {
+    if let Ok(entries) = std::fs::read_dir(root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(key) = name.strip_prefix(&format!("{tag}-")) {
+                keys.insert(key.to_owned());
+            }
+        }
+    }
+    keys.into_iter()
+        .filter(|key| key.len() == 6 && key.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(|key| EnvNames {
+            tag: tag.to_owned(),
+            key,
+        })
+        .collect()
+}
+
 impl EnvNames {
     /// The bridge: `te<tag><key>b` (13 characters; links allow 15).
     pub fn bridge(&self) -> String {

@@ -670,22 +670,7 @@ impl Provider for NamespaceProvider {
                 keys.insert(key.to_owned());
             }
         }
-        if let Ok(entries) = std::fs::read_dir(root) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if let Some(key) = name.strip_prefix(&format!("{tag}-")) {
-                    keys.insert(key.to_owned());
-                }
-            }
-        }
-        Ok(keys
-            .into_iter()
-            .filter(|key| key.len() == 6 && key.bytes().all(|b| b.is_ascii_hexdigit()))
-            .map(|key| EnvNames {
-                tag: tag.to_owned(),
-                key,
-            })
-            .collect())
+        Ok(crate::model::leftover_envs(tag, keys, root))
     }
 }
 
