@@ -260,7 +260,12 @@ fn node_provider(
 ) -> anyhow::Result<orchestrator_testenv::NamespaceProvider> {
     let init_program = match &settings.node_init_program {
         Some(program) => program.clone(),
-        None => std::env::current_exe().context("cannot tell this program's path")?,
+        // Without `/proc` (a chroot), the path it was started by; a node
+        // needs `/proc` anyway, and says so when one is made.
+        None => std::env::current_exe()
+            .ok()
+            .or_else(|| std::env::args_os().next().map(std::path::PathBuf::from))
+            .unwrap_or_else(|| std::path::PathBuf::from("orchestrator")),
     };
     let mut provider = orchestrator_testenv::NamespaceProvider::new(
         init_program,
