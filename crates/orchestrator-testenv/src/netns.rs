@@ -165,9 +165,6 @@ impl NamespaceProvider {
     fn node_spec(&self, plan: &EnvPlan, node: &NodePlan, root: &Path) -> NodeSpec {
         let node_dir = real_path(&plan.names().dir(root).join(&node.name));
         NodeSpec {
-            // Nothing of the host's is shared writable: a node's programs
-            // write only their own layer.
-            shared: vec![],
             node_dir,
             hostname: node.name.clone(),
             hidden: self.hidden.clone(),
@@ -723,7 +720,6 @@ mod tests {
             hostname: "n1".into(),
             hidden: vec!["/d".into()],
             exposed: vec![],
-            shared: vec!["/d/testenv/ab12-cd34ef/n1/run".into()],
         };
         let args: Vec<String> = init_command(Path::new("/usr/bin/orchestrator"), &spec)
             .into_iter()
@@ -748,8 +744,6 @@ mod tests {
                 "n1",
                 "--hide",
                 "/d",
-                "--share",
-                "/d/testenv/ab12-cd34ef/n1/run",
             ]
         );
     }

@@ -101,9 +101,6 @@ pub struct NodeSpec {
     /// dirs): bound read-only at the same path where the root would not
     /// show them (another filesystem, or under a mask).
     pub exposed: Vec<PathBuf>,
-    /// Host dirs bound writable at the same path (the node's `run` dir,
-    /// where the runner reads a started service's readiness and log).
-    pub shared: Vec<PathBuf>,
 }
 
 impl NodeSpec {
@@ -115,11 +112,7 @@ impl NodeSpec {
             "--hostname".into(),
             self.hostname.clone().into(),
         ];
-        for (flag, paths) in [
-            ("--hide", &self.hidden),
-            ("--expose", &self.exposed),
-            ("--share", &self.shared),
-        ] {
+        for (flag, paths) in [("--hide", &self.hidden), ("--expose", &self.exposed)] {
             for path in paths {
                 args.push(flag.into());
                 args.push(path.clone().into());
@@ -386,12 +379,6 @@ fn build(spec: &NodeSpec) -> Result<(), String> {
             bound.push(path.clone());
         }
     }
-    for path in &spec.shared {
-        let source = on_host(path);
-        mount_point(path, true)?;
-        bind(&source, path, Some(MsFlags::empty()))?;
-        bound.push(path.clone());
-    }
     // A bound dir never uncovers what is masked below it.
     for mask in &masks {
         if bound
@@ -605,7 +592,6 @@ mod tests {
             hostname: "n1".into(),
             hidden: vec!["/var/lib/orchestrator".into(), "/etc/orchestrator".into()],
             exposed: vec!["/usr/share/orchestrator/scripts".into()],
-            shared: vec!["/var/lib/orchestrator/testenv/ab12-cd34ef/n1/run".into()],
         }
     }
 
@@ -629,8 +615,6 @@ mod tests {
                 "/etc/orchestrator",
                 "--expose",
                 "/usr/share/orchestrator/scripts",
-                "--share",
-                "/var/lib/orchestrator/testenv/ab12-cd34ef/n1/run",
             ]
         );
     }

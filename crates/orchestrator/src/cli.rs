@@ -105,9 +105,6 @@ pub struct NodeInitArgs {
     /// A host path bound read-only at the same path when needed.
     #[arg(long = "expose")]
     pub exposed: Vec<PathBuf>,
-    /// A host dir bound writable at the same path.
-    #[arg(long = "share")]
-    pub shared: Vec<PathBuf>,
 }
 
 impl From<NodeInitArgs> for orchestrator_testenv::node_init::NodeSpec {
@@ -117,7 +114,6 @@ impl From<NodeInitArgs> for orchestrator_testenv::node_init::NodeSpec {
             hostname: args.hostname,
             hidden: args.hidden,
             exposed: args.exposed,
-            shared: args.shared,
         }
     }
 }
@@ -627,7 +623,7 @@ fn expose_given_secret<S: serde::Serializer>(
 
 /// Service settings. Each can also come from an `ORCHESTRATOR_*` variable
 /// or the config file; a flag beats the variable, which beats the file,
-/// which beats the default (`crate::settings` merges them). Serialized,
+/// which beats the default (the settings module merges them). Serialized,
 /// these are the top layer: only the flags and variables given count.
 #[derive(Debug, Args, Default, serde::Serialize)]
 pub struct ServeArgs {
@@ -1034,7 +1030,6 @@ mod tests {
                 "/usr/share/orchestrator/scripts".into(),
                 "/opt/nu/bin".into(),
             ],
-            shared: vec!["/var/lib/orchestrator/testenv/ab12-cd34ef/n1/run".into()],
         };
         let cli = Cli::try_parse_from(
             ["orchestrator".into(), "testenv-node-init".into()]
