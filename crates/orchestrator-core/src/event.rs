@@ -48,6 +48,10 @@ pub enum EventKind {
     Resync,
     /// A live storage migration moved on; `migration` holds its status.
     StorageMigration,
+    /// An operator paused the workflow: no new step of it starts.
+    WorkflowPaused,
+    /// A paused workflow was resumed.
+    WorkflowResumed,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -69,6 +73,8 @@ crate::named_variants!(EventKind, "kind", [
     LogAppended => "log_appended",
     Resync => "resync",
     StorageMigration => "storage_migration",
+    WorkflowPaused => "workflow_paused",
+    WorkflowResumed => "workflow_resumed",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -335,6 +341,16 @@ pub fn workflow_change(before: Before<WorkflowStatus>, after: &Workflow) -> Opti
         Before::Known(_) | Before::Unknown => {
             Some(Change::of_workflow(EventKind::WorkflowStatusChanged, after))
         }
+    }
+}
+
+/// The event of a stored pause or resume of a workflow that was
+/// `was_paused` when read, if it changed.
+pub fn pause_change(was_paused: bool, after: &Workflow) -> Option<Change> {
+    match (was_paused, after.paused) {
+        (false, true) => Some(Change::of_workflow(EventKind::WorkflowPaused, after)),
+        (true, false) => Some(Change::of_workflow(EventKind::WorkflowResumed, after)),
+        _ => None,
     }
 }
 

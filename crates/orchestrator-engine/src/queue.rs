@@ -23,6 +23,19 @@ pub(crate) struct Queue {
     /// What this node knows of workflows' `parallel_limit`s. A std mutex
     /// for the same reason as `ready`; never held together with it.
     limits: Mutex<Limits>,
+    /// Paused workflows, with the tasks popped while paused. A std mutex
+    /// for the same reason as `ready`; never held together with it.
+    paused: Mutex<HashMap<WorkflowId, Paused>>,
+}
+
+/// A workflow paused here: its tasks wait aside until it is resumed.
+#[derive(Debug, Default)]
+struct Paused {
+    /// The workflow record's version that paused it (`u64::MAX` while the
+    /// pause is being stored): only a later record can resume it, so a
+    /// record read before the pause never undoes it.
+    version: u64,
+    parked: Vec<(TaskId, Priority)>,
 }
 
 /// The workflows whose `parallel_limit` this node knows, until they
@@ -105,8 +118,19 @@ impl Queue {
         (now, ready.len() - n_now)
     }
 
-    /// Applies the workflow's `parallel_limit`, or notes that it has none.
+    /// Applies the workflow's `parallel_limit`, or notes that it has none;
+    /// and whether it is paused.
     pub(crate) fn register_limit(&self, workflow: &Workflow) {
+        if workflow.paused {
+            self.pause(workflow.id, workflow.version);
+        } else {
+            let resumed = lock(&self.paused)
+                .get(&workflow.id)
+                .is_some_and(|p| workflow.version > p.version);
+            if resumed {
+                self.resume(workflow.id);
+            }
+        }
         let mut limits = lock(&self.limits);
         match workflow.parallel_limit {
             Some(limit) => limits.slots.entry(workflow.id).or_default().limit = limit,
@@ -147,8 +171,42 @@ impl Queue {
         self.changed.notify_one();
     }
 
+    /// Holds back the workflow's tasks from now on; `version` is that of
+    /// the record that paused it (see [`Paused::version`]).
+    pub(crate) fn pause(&self, workflow: WorkflowId, version: u64) {
+        lock(&self.paused).entry(workflow).or_default().version = version;
+    }
+
+    /// Lets the workflow's tasks run again: those held back go back in
+    /// the queue.
+    pub(crate) fn resume(&self, workflow: WorkflowId) {
+        let Some(paused) = lock(&self.paused).remove(&workflow) else {
+            return;
+        };
+        {
+            let mut ready = lock(&self.ready);
+            for (id, priority) in paused.parked {
+                ready.push(id, priority);
+            }
+        }
+        self.changed.notify_one();
+    }
+
+    /// Whether the task's workflow is paused; if so the task is held
+    /// back until it is resumed.
+    pub(crate) fn park_if_paused(&self, task: &Task) -> bool {
+        match lock(&self.paused).get_mut(&task.workflow_id) {
+            Some(paused) => {
+                paused.parked.push((task.id, task.priority));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The workflow finished: its slots go.
     pub(crate) fn forget(&self, workflow: WorkflowId) {
+        lock(&self.paused).remove(&workflow);
         let mut limits = lock(&self.limits);
         limits.slots.remove(&workflow);
         limits.unlimited.remove(&workflow);
