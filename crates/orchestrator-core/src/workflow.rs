@@ -319,17 +319,17 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
 }
 
 /// Whether a task was skipped for a reason that fails the workflow: not
-/// its own `when:` condition, nor dependencies that each completed, failed
-/// while optional, or were themselves skipped by a condition (so a step
-/// after one that a condition skipped is skipped too, and that is no
-/// failure either).
+/// its own `when:` condition, nor a dependency a condition skipped (with
+/// every other one completed, or failed while optional). So a step after
+/// one that a condition skipped is skipped too, and that is no failure
+/// either.
 fn skipped_for_good(tasks: &[&Task]) -> bool {
     let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, *t)).collect();
     let mut by_condition: HashSet<TaskId> = HashSet::new();
     // Tasks are stored in topological order: dependencies come first.
     for task in tasks.iter().filter(|t| t.status == TaskStatus::Skipped) {
         let benign = task.skipped_by_condition()
-            || (!task.depends_on.is_empty()
+            || (task.depends_on.iter().any(|id| by_condition.contains(id))
                 && task.depends_on.iter().all(|id| {
                     by_condition.contains(id)
                         || by_id.get(id).is_some_and(|dep| {

@@ -431,7 +431,12 @@ impl Parser {
             Some((Segment::Key(key), _)) => Some(key.as_str()),
             _ => None,
         };
-        let rest = |from: usize| segments[from.min(segments.len())..].iter().map(|(s, _)| s.clone()).collect();
+        let rest = |from: usize| -> Vec<Segment> {
+            segments[from.min(segments.len())..]
+                .iter()
+                .map(|(s, _)| s.clone())
+                .collect()
+        };
         let (root, path) = match head.as_str() {
             "workflow" => match (key_at(0), key_at(1)) {
                 (Some("input"), Some(key)) => (
@@ -552,7 +557,8 @@ fn evaluate(node: &Node, scope: &Scope<'_>) -> Result<Value, ConditionError> {
     match &node.kind {
         NodeKind::Literal(value) => Ok(value.clone()),
         NodeKind::Path(reference) => scope.lookup(reference).map_err(|message| {
-            let message = message.replace(&reference.to_string(), &path_text(reference));
+            let message =
+                message.replace(&reference.to_string(), &format!("`{}`", path_text(reference)));
             error(at, message)
         }),
         NodeKind::List(items) => items

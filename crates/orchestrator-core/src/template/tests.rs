@@ -734,8 +734,8 @@ fn a_condition_is_checked_with_the_step_and_the_column() {
     let ok = with_when("workflow.input.env == 'prod' && plan.output.changes > 0");
     ok.validate(&kinds()).unwrap();
     let cases: &[(&str, &str)] = &[
-        ("workflow.input.env ==", "column 22: expected a value"),
-        ("workflow.input.nope == 'x'", "column 1: `workflow.input.nope` reads an input the template does not declare"),
+        ("workflow.input.env ==", "column 22: expected a value, found the end"),
+        ("workflow.input.nope == 'x'", "column 1: `workflow.input.nope` reads an input the template does not declare in `inputs`"),
         ("true && ghost.output.x", "column 9: `ghost.output.x` refers to step `ghost`, which does not exist"),
         ("other.output.ok", "column 1: `other.output.ok`: step `other` is not upstream of step `apply` (name it in depends_on)"),
         ("apply.output.ok", "column 1: `apply.output.ok`: a step can not use its own output"),
