@@ -386,8 +386,9 @@ pub struct Task {
     /// stored version equals this one, then bumps it.
     pub version: u64,
     /// What its step's `when:` condition gave when it was evaluated.
+    /// Boxed: few tasks have one, and every task record carries the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub condition: Option<ConditionOutcome>,
+    pub condition: Option<Box<ConditionOutcome>>,
 }
 
 /// A `when:` condition as evaluated: the reason a task ran, or was
@@ -554,10 +555,10 @@ impl Task {
     pub fn skip_by_condition(&mut self, expression: String, now: DateTime<Utc>) -> Result<()> {
         self.move_to(TaskStatus::Skipped, now)?;
         self.error = Some(format!("skipped: when `{expression}` is false"));
-        self.condition = Some(ConditionOutcome {
+        self.condition = Some(Box::new(ConditionOutcome {
             expression,
             value: false,
-        });
+        }));
         Ok(())
     }
 

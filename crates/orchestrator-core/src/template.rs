@@ -573,9 +573,7 @@ impl Template {
                 },
                 Root::CheckMode => None,
                 Root::Each => match reference.path.first() {
-                    Some(crate::refs::Segment::Key(key)) if step.for_each.contains_key(key) => {
-                        None
-                    }
+                    Some(crate::refs::Segment::Key(key)) if step.for_each.contains_key(key) => None,
                     _ => Some(format!("`{path}`: this step has no such for_each key")),
                 },
                 Root::StepOutput(dep) if dep == &step.ref_name => {

@@ -652,7 +652,10 @@ mod tests {
             panic!()
         };
         assert_eq!(*id, c.id);
-        assert!(reason.contains("dependency b") && reason.contains("skipped"), "{reason}");
+        assert!(
+            reason.contains("dependency b") && reason.contains("skipped"),
+            "{reason}"
+        );
         let mut skipped_after = c.clone();
         skipped_after.skip(reason.clone(), Utc::now()).unwrap();
         assert_eq!(

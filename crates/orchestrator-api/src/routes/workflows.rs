@@ -275,7 +275,10 @@ pub(crate) async fn resume_workflow(
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
     Ok(Json(
-        state.engine.resume_workflow(parse_workflow_id(&id)?).await?,
+        state
+            .engine
+            .resume_workflow(parse_workflow_id(&id)?)
+            .await?,
     ))
 }
 

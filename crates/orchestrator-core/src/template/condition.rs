@@ -251,7 +251,10 @@ impl Parser {
             return Ok(());
         }
         let (token, column) = self.peek();
-        Err(error(*column, format!("expected `{symbol}`, found {token}")))
+        Err(error(
+            *column,
+            format!("expected `{symbol}`, found {token}"),
+        ))
     }
 
     fn node(&mut self, column: usize, kind: NodeKind) -> Result<Node, ConditionError> {
@@ -335,7 +338,10 @@ impl Parser {
                 format!("`{s}` can not follow a comparison: use parentheses"),
             ));
         }
-        self.node(column, NodeKind::Binary(op, Box::new(left), Box::new(right)))
+        self.node(
+            column,
+            NodeKind::Binary(op, Box::new(left), Box::new(right)),
+        )
     }
 
     fn unary(&mut self) -> Result<Node, ConditionError> {
@@ -402,7 +408,10 @@ impl Parser {
                 match self.advance() {
                     (Token::Name(key), at) => segments.push((Segment::Key(key), at)),
                     (other, at) => {
-                        return Err(error(at, format!("expected a name after `.`, found {other}")));
+                        return Err(error(
+                            at,
+                            format!("expected a name after `.`, found {other}"),
+                        ));
                     }
                 }
             } else if self.eat("[") {
@@ -557,8 +566,10 @@ fn evaluate(node: &Node, scope: &Scope<'_>) -> Result<Value, ConditionError> {
     match &node.kind {
         NodeKind::Literal(value) => Ok(value.clone()),
         NodeKind::Path(reference) => scope.lookup(reference).map_err(|message| {
-            let message =
-                message.replace(&reference.to_string(), &format!("`{}`", path_text(reference)));
+            let message = message.replace(
+                &reference.to_string(),
+                &format!("`{}`", path_text(reference)),
+            );
             error(at, message)
         }),
         NodeKind::List(items) => items
@@ -574,7 +585,9 @@ fn evaluate(node: &Node, scope: &Scope<'_>) -> Result<Value, ConditionError> {
             )),
         },
         NodeKind::Negate(inner) => match evaluate(inner, scope)? {
-            Value::Number(n) => negate(&n).ok_or_else(|| error(at, format!("-{n} is out of range"))),
+            Value::Number(n) => {
+                negate(&n).ok_or_else(|| error(at, format!("-{n} is out of range")))
+            }
             other => Err(error(
                 at,
                 format!("`-` needs a number, got {}", value_kind(&other)),
@@ -675,9 +688,7 @@ fn equal(a: &Value, b: &Value) -> bool {
             x.len() == y.len() && x.iter().zip(y).all(|(a, b)| equal(a, b))
         }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| equal(v, w)))
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| equal(v, w)))
         }
         _ => a == b,
     }

@@ -734,12 +734,30 @@ fn a_condition_is_checked_with_the_step_and_the_column() {
     let ok = with_when("workflow.input.env == 'prod' && plan.output.changes > 0");
     ok.validate(&kinds()).unwrap();
     let cases: &[(&str, &str)] = &[
-        ("workflow.input.env ==", "column 22: expected a value, found the end"),
-        ("workflow.input.nope == 'x'", "column 1: `workflow.input.nope` reads an input the template does not declare in `inputs`"),
-        ("true && ghost.output.x", "column 9: `ghost.output.x` refers to step `ghost`, which does not exist"),
-        ("other.output.ok", "column 1: `other.output.ok`: step `other` is not upstream of step `apply` (name it in depends_on)"),
-        ("apply.output.ok", "column 1: `apply.output.ok`: a step can not use its own output"),
-        ("each.server == 'a'", "column 1: `each.server`: this step has no such for_each key"),
+        (
+            "workflow.input.env ==",
+            "column 22: expected a value, found the end",
+        ),
+        (
+            "workflow.input.nope == 'x'",
+            "column 1: `workflow.input.nope` reads an input the template does not declare in `inputs`",
+        ),
+        (
+            "true && ghost.output.x",
+            "column 9: `ghost.output.x` refers to step `ghost`, which does not exist",
+        ),
+        (
+            "other.output.ok",
+            "column 1: `other.output.ok`: step `other` is not upstream of step `apply` (name it in depends_on)",
+        ),
+        (
+            "apply.output.ok",
+            "column 1: `apply.output.ok`: a step can not use its own output",
+        ),
+        (
+            "each.server == 'a'",
+            "column 1: `each.server`: this step has no such for_each key",
+        ),
     ];
     for (when, message) in cases {
         let e = with_when(when).validate(&kinds()).unwrap_err();
@@ -752,10 +770,18 @@ fn a_condition_is_checked_with_the_step_and_the_column() {
 fn a_step_with_a_condition_is_planned_with_it_and_waits_to_be_decided() {
     let t = with_when("workflow.input.env == 'prod'");
     let e = t
-        .expand(&kinds(), &vars(json!({"env": "prod"})), false, &Limits::default())
+        .expand(
+            &kinds(),
+            &vars(json!({"env": "prod"})),
+            false,
+            &Limits::default(),
+        )
         .unwrap();
     let apply = e.tasks.iter().find(|t| t.name == "apply").unwrap();
-    assert_eq!(apply.step.when.as_deref(), Some("workflow.input.env == 'prod'"));
+    assert_eq!(
+        apply.step.when.as_deref(),
+        Some("workflow.input.env == 'prod'")
+    );
     let plan = e.tasks.iter().find(|t| t.name == "plan").unwrap();
     assert_eq!(plan.step.when, None);
 }

@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::event::TaskMark;
 use orchestrator_core::release::{evaluate_condition, resolve_input};
 use orchestrator_core::{
-    ConditionOutcome, Decision, Halt, RetryPolicy, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow,
-    WorkflowStatus,
+    ConditionOutcome, Decision, Halt, RetryPolicy, StepSettings, Task, TaskId, TaskSpec,
+    TaskStatus, Workflow, WorkflowStatus,
 };
 use orchestrator_executor::Outcome;
 use serde_json::json;
@@ -143,7 +143,7 @@ pub(super) fn release(
             if !value {
                 return Ok(task.skip_by_condition(expression, now)?);
             }
-            task.condition = Some(ConditionOutcome { expression, value });
+            task.condition = Some(Box::new(ConditionOutcome { expression, value }));
         }
         Some(Err(error)) => return Ok(task.fail_unrunnable(error, now)?),
     }

@@ -93,7 +93,11 @@ fn runs(data_dir: &Path, name: &str) -> usize {
 /// which runs only for env `prod`.
 fn plan_and_apply(env: &str, changes: u64) -> Value {
     let steps = vec![
-        step("plan", json!({"output": {"changes": "${workflow.input.changes}"}}), json!({})),
+        step(
+            "plan",
+            json!({"output": {"changes": "${workflow.input.changes}"}}),
+            json!({}),
+        ),
         step(
             "apply",
             json!({}),
@@ -128,11 +132,17 @@ fn a_false_condition_skips_the_step_and_its_dependents_with_the_reason() {
         apply["condition"],
         json!({"expression": "plan.output.changes > 0", "value": false})
     );
-    assert_eq!(apply["error"], "skipped: when `plan.output.changes > 0` is false");
+    assert_eq!(
+        apply["error"],
+        "skipped: when `plan.output.changes > 0` is false"
+    );
     let verify = task(&view, "verify");
     assert_eq!(verify["status"], "skipped", "{view}");
     assert!(
-        verify["error"].as_str().unwrap().contains("dependency apply"),
+        verify["error"]
+            .as_str()
+            .unwrap()
+            .contains("dependency apply"),
         "{verify}"
     );
     assert_eq!(task(&view, "prod_only")["status"], "skipped");
@@ -163,9 +173,18 @@ fn a_bad_condition_is_refused_at_submission_naming_the_step_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(&dir.path().join("data"), &[]);
     let cases = [
-        ("plan.output.changes >", "steps.apply.when: column 22: expected a value, found the end"),
-        ("workflow.input.nope == 1", "steps.apply.when: column 1: `workflow.input.nope` reads an input"),
-        ("other.output.x == 1", "step `other` is not upstream of step `apply`"),
+        (
+            "plan.output.changes >",
+            "steps.apply.when: column 22: expected a value, found the end",
+        ),
+        (
+            "workflow.input.nope == 1",
+            "steps.apply.when: column 1: `workflow.input.nope` reads an input",
+        ),
+        (
+            "other.output.x == 1",
+            "step `other` is not upstream of step `apply`",
+        ),
     ];
     for (when, message) in cases {
         let body = json!({"template": template(json!({}), vec![
@@ -225,7 +244,8 @@ fn a_paused_workflow_starts_nothing_new_survives_a_restart_and_completes_when_re
 
     // The running step finishes; the next one is released but not started.
     std::fs::write(script_state(&data).join("gate"), "").unwrap();
-    let view = wait_until(&daemon, &id, |v| task(v, "b")["status"] == "queued");
+    let view = wait_until(&daemon, &id, |v| task(v, "b")["status"] != "pending");
+    assert_eq!(task(&view, "b")["status"], "queued", "{view}");
     assert_eq!(task(&view, "a")["status"], "completed");
     run_another(&daemon, "other-1");
     let view = status(&daemon, &id);
@@ -245,7 +265,10 @@ fn a_paused_workflow_starts_nothing_new_survives_a_restart_and_completes_when_re
     assert_eq!(runs(&data, "b"), 0);
 
     let resumed = daemon.cli_json(&["workflow", "resume", &id, "--json"]);
-    assert!(resumed.get("paused").is_none_or(|p| p == false), "{resumed}");
+    assert!(
+        resumed.get("paused").is_none_or(|p| p == false),
+        "{resumed}"
+    );
     let view = wait_until(&daemon, &id, finished);
     assert_eq!(view["status"], "completed", "{view}");
     assert_eq!(runs(&data, "c"), 1);
@@ -276,7 +299,11 @@ fn a_paused_workflow_can_be_cancelled() {
     assert_eq!(view["status"], "cancelled", "{view}");
     assert_eq!(task(&view, "a")["status"], "cancelled");
     assert_eq!(task(&view, "c")["status"], "not_started");
-    assert_eq!(view.get("paused"), None, "a finished workflow is not paused");
+    assert_eq!(
+        view.get("paused"),
+        None,
+        "a finished workflow is not paused"
+    );
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
 }

@@ -28,8 +28,11 @@ fn eval(source: &str) -> Result<bool, ConditionError> {
     )
 }
 
-/// Each case: an expression and `Ok(value)` or `Err((column, message part))`.
-fn check(cases: &[(&str, Result<bool, (usize, &str)>)]) {
+/// What a case expects: `Ok(value)` or `Err((column, message part))`.
+type Expected<'a> = Result<bool, (usize, &'a str)>;
+
+/// Each case: an expression and what it gives.
+fn check(cases: &[(&str, Expected<'_>)]) {
     for (source, expected) in cases {
         match (eval(source), expected) {
             (Ok(got), Ok(want)) => assert_eq!(got, *want, "{source}"),
@@ -49,11 +52,17 @@ fn true_and_false() {
         ("workflow.input.env == \"staging\"", Ok(false)),
         ("workflow.input.env != 'prod'", Ok(false)),
         ("plan.output.changes > 0", Ok(true)),
-        ("plan.output.changes >= 2 && plan.output.changes <= 2", Ok(true)),
+        (
+            "plan.output.changes >= 2 && plan.output.changes <= 2",
+            Ok(true),
+        ),
         ("plan.output.summary.destroy == 0.0", Ok(true)),
         ("plan.output['summary'][\"destroy\"] < -1", Ok(false)),
         ("'db' in workflow.input.tags", Ok(true)),
-        ("'x' in workflow.input.tags || workflow.input.count > 2", Ok(true)),
+        (
+            "'x' in workflow.input.tags || workflow.input.count > 2",
+            Ok(true),
+        ),
         ("'destroy' in plan.output.summary", Ok(true)),
         ("plan.output.hosts[1] == 'b'", Ok(true)),
         ("workflow.input.env in ['prod', 'staging']", Ok(true)),
@@ -72,12 +81,27 @@ fn true_and_false() {
 #[test]
 fn type_errors_name_the_column() {
     check(&[
-        ("workflow.input.env", Err((1, "gives a string, not a boolean"))),
+        (
+            "workflow.input.env",
+            Err((1, "gives a string, not a boolean")),
+        ),
         ("1 && true", Err((1, "`&&` needs booleans, got a number"))),
-        ("false || 'x'", Err((10, "`||` needs booleans, got a string"))),
-        ("!workflow.input.count", Err((1, "`!` needs a boolean, got a number"))),
-        ("workflow.input.env < 3", Err((20, "compares two numbers or two strings"))),
-        ("1 in workflow.input.count", Err((3, "`in` needs a list or an object"))),
+        (
+            "false || 'x'",
+            Err((10, "`||` needs booleans, got a string")),
+        ),
+        (
+            "!workflow.input.count",
+            Err((1, "`!` needs a boolean, got a number")),
+        ),
+        (
+            "workflow.input.env < 3",
+            Err((20, "compares two numbers or two strings")),
+        ),
+        (
+            "1 in workflow.input.count",
+            Err((3, "`in` needs a list or an object")),
+        ),
         ("1 in plan.output.summary", Err((3, "needs a string key"))),
         ("-'x' == 1", Err((1, "`-` needs a number"))),
     ]);
@@ -88,9 +112,15 @@ fn a_missing_value_is_an_error_at_its_column() {
     check(&[
         (
             "plan.output.missing == 1",
-            Err((1, "`plan.output.missing`: the output of step `plan` has no such key")),
+            Err((
+                1,
+                "`plan.output.missing`: the output of step `plan` has no such key",
+            )),
         ),
-        ("true && workflow.input.nope", Err((9, "`workflow.input.nope` does not exist"))),
+        (
+            "true && workflow.input.nope",
+            Err((9, "`workflow.input.nope` does not exist")),
+        ),
     ]);
     let e = eval_with("plan.output.x", Value::Null).unwrap_err();
     assert_eq!(e.column, 1);
@@ -100,7 +130,11 @@ fn a_missing_value_is_an_error_at_its_column() {
 fn parse_errors_name_the_column() {
     let cases: &[(&str, usize, &str)] = &[
         ("", 1, "the expression is empty"),
-        ("workflow.input.env ==", 22, "expected a value, found the end"),
+        (
+            "workflow.input.env ==",
+            22,
+            "expected a value, found the end",
+        ),
         ("workflow.input.env = 'x'", 20, "unexpected character `=`"),
         ("(true", 6, "expected `)`"),
         ("'open", 1, "this string is not closed"),
@@ -112,7 +146,11 @@ fn parse_errors_name_the_column() {
         ("plan.output[x]", 13, "a list index or a quoted key"),
         ("99999999999999999999 > 1", 1, "out of range"),
         ("size(x)", 1, "unknown name `size`"),
-        ("workflow.input.env (", 20, "expected an operator or the end, found `(`"),
+        (
+            "workflow.input.env (",
+            20,
+            "expected an operator or the end, found `(`",
+        ),
     ];
     for (source, column, part) in cases {
         let e = Condition::parse(source).unwrap_err();
