@@ -420,6 +420,22 @@ mod tests {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
     }
 
+    #[test]
+    fn a_pause_and_a_resume_are_events_and_a_repeat_is_none() {
+        let mut workflow = Workflow::new("t", "t", now());
+        assert_eq!(pause_change(false, &workflow), None);
+        workflow.pause(now()).unwrap();
+        let paused = pause_change(false, &workflow).unwrap();
+        assert_eq!(paused.kind, EventKind::WorkflowPaused);
+        assert_eq!(paused.workflow_id, Some(workflow.id));
+        assert_eq!(pause_change(true, &workflow), None);
+        workflow.resume(now());
+        assert_eq!(
+            pause_change(true, &workflow).map(|c| c.kind),
+            Some(EventKind::WorkflowResumed)
+        );
+    }
+
     fn task(max_attempts: u32) -> Task {
         let mut task = task_of(WorkflowId::new(), None, vec![]);
         task.max_attempts = max_attempts;
