@@ -1,8 +1,9 @@
-//! Pausing and resuming a workflow: the pause is stored first, and only
-//! then does it hold anything back (the queue parks the workflow's tasks
-//! as they are popped); running steps finish as they would. A restart
-//! keeps a workflow paused, since the queue learns it again from the
-//! stored record before anything is dispatched.
+//! Pausing and resuming a workflow. The queue holds the workflow's tasks
+//! back (parks them as they are popped) from just before the pause is
+//! written, so that nothing of it starts once the pause is answered, and
+//! lets them go again if the write fails; running steps finish as they
+//! would. A restart keeps a workflow paused, since the queue learns it
+//! again from the stored record before anything is dispatched.
 
 use chrono::Utc;
 use orchestrator_core::{Workflow, WorkflowId};
@@ -31,7 +32,7 @@ impl Lifecycle {
                     return Ok(stored);
                 }
                 Err(e) => {
-                    self.queue.resume(id);
+                    self.queue.resume(id, workflow.version);
                     if !e.is_conflict() {
                         return Err(e);
                     }
@@ -50,7 +51,7 @@ impl Lifecycle {
             }
             match self.records.update_workflow_pause(&workflow, true).await {
                 Ok(stored) => {
-                    self.queue.resume(id);
+                    self.queue.resume(id, stored.version);
                     tracing::info!(workflow = %id, "workflow resumed");
                     return Ok(stored);
                 }
