@@ -164,6 +164,25 @@ fn a_false_condition_skips_the_step_and_its_dependents_with_the_reason() {
     assert_eq!(task(&view, "prod_only")["status"], "completed");
     assert_eq!(runs(&data, "apply"), 1);
 
+    // A condition that can not be evaluated (a key the output lacks)
+    // fails its step, saying why.
+    let id = submit(
+        &daemon,
+        json!({"template": template(json!({}), vec![
+            step("plan", json!({}), json!({})),
+            step("check", json!({}), json!({"depends_on": ["plan"], "when": "plan.output.missing == 1"})),
+        ])}),
+    );
+    let view = wait_until(&daemon, &id, finished);
+    assert_eq!(view["status"], "failed", "{view}");
+    let check = task(&view, "check");
+    assert_eq!(check["status"], "failed");
+    assert_eq!(
+        check["error"],
+        "when `plan.output.missing == 1`: column 1: `plan.output.missing`: the output of step `plan` has no such key"
+    );
+    assert_eq!(runs(&data, "check"), 0);
+
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
 }
