@@ -333,6 +333,16 @@ impl Client {
         self.call(self.request(Method::POST, &path)).await
     }
 
+    pub async fn pause_workflow(&self, id: &str) -> Result<WorkflowView> {
+        let path = format!("/workflows/{id}/pause");
+        self.call(self.request(Method::POST, &path)).await
+    }
+
+    pub async fn resume_workflow(&self, id: &str) -> Result<WorkflowView> {
+        let path = format!("/workflows/{id}/resume");
+        self.call(self.request(Method::POST, &path)).await
+    }
+
     /// `POST /workflows/{id}/rerun` with `{from, include_downstream, vars}`.
     pub async fn rerun_workflow(&self, id: &str, rerun: &Value) -> Result<WorkflowView> {
         let path = format!("/workflows/{id}/rerun");

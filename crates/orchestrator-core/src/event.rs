@@ -48,6 +48,10 @@ pub enum EventKind {
     Resync,
     /// A live storage migration moved on; `migration` holds its status.
     StorageMigration,
+    /// An operator paused the workflow: no new step of it starts.
+    WorkflowPaused,
+    /// A paused workflow was resumed.
+    WorkflowResumed,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -69,6 +73,8 @@ crate::named_variants!(EventKind, "kind", [
     LogAppended => "log_appended",
     Resync => "resync",
     StorageMigration => "storage_migration",
+    WorkflowPaused => "workflow_paused",
+    WorkflowResumed => "workflow_resumed",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -338,6 +344,16 @@ pub fn workflow_change(before: Before<WorkflowStatus>, after: &Workflow) -> Opti
     }
 }
 
+/// The event of a stored pause or resume of a workflow that was
+/// `was_paused` when read, if it changed.
+pub fn pause_change(was_paused: bool, after: &Workflow) -> Option<Change> {
+    match (was_paused, after.paused) {
+        (false, true) => Some(Change::of_workflow(EventKind::WorkflowPaused, after)),
+        (true, false) => Some(Change::of_workflow(EventKind::WorkflowResumed, after)),
+        _ => None,
+    }
+}
+
 fn kind_of_status(status: TaskStatus) -> EventKind {
     match status {
         TaskStatus::Pending => EventKind::Submitted,
@@ -402,6 +418,22 @@ mod tests {
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn a_pause_and_a_resume_are_events_and_a_repeat_is_none() {
+        let mut workflow = Workflow::new("t", "t", now());
+        assert_eq!(pause_change(false, &workflow), None);
+        workflow.pause(now()).unwrap();
+        let paused = pause_change(false, &workflow).unwrap();
+        assert_eq!(paused.kind, EventKind::WorkflowPaused);
+        assert_eq!(paused.workflow_id, Some(workflow.id));
+        assert_eq!(pause_change(true, &workflow), None);
+        workflow.resume(now());
+        assert_eq!(
+            pause_change(true, &workflow).map(|c| c.kind),
+            Some(EventKind::WorkflowResumed)
+        );
     }
 
     fn task(max_attempts: u32) -> Task {

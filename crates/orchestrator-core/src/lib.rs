@@ -32,8 +32,8 @@ pub use node::Node;
 pub use queue::ReadyQueue;
 pub use retry::RetryPolicy;
 pub use task::{
-    AttemptRecord, Error, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS, Priority, Result,
-    StepKind, StepSettings, Task, TaskSpec, TaskStatus,
+    AttemptRecord, ConditionOutcome, Error, FailureOutcome, FailurePolicy, MAX_INTERRUPTIONS,
+    Priority, Result, StepKind, StepSettings, Task, TaskSpec, TaskStatus,
 };
 /// The `http` step kind's block of a template, also used on its own by the
 /// http runner.

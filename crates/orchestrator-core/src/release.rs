@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::refs::{Root, Scope, StepOutputs, references_in};
+use crate::refs::{Reference, Root, Scope, StepOutputs, references_in};
+use crate::template::condition::{Condition, ConditionError};
 use crate::{Task, TaskId, Workflow};
 
 /// The task's input with every reference resolved, or why it cannot be
@@ -19,6 +20,45 @@ pub fn resolve_input(
     let Some(template) = &task.step.input_template else {
         return Ok(task.input.clone());
     };
+    let read = references_in(template, "").unwrap_or_default();
+    let scope = scope_of(workflow, task, by_id, read.iter().map(|(_, r)| r));
+    scope
+        .resolve(template, "input")
+        .map_err(|(at, message)| format!("cannot resolve {at}: {message}"))
+}
+
+/// The task's `when:` condition, evaluated against what its input would
+/// see: `None` without one; otherwise its value, or why it has none (then
+/// the task can never run). `by_id` holds (at least) its dependencies.
+pub fn evaluate_condition(
+    workflow: &Workflow,
+    task: &Task,
+    by_id: &HashMap<TaskId, &Task>,
+) -> Option<Result<bool, String>> {
+    let when = task.step.when.as_ref()?;
+    let failed = |e: ConditionError| format!("when `{when}`: {e}");
+    let condition = match Condition::parse(when) {
+        Ok(condition) => condition,
+        Err(e) => return Some(Err(failed(e))),
+    };
+    let scope = scope_of(
+        workflow,
+        task,
+        by_id,
+        condition.references().into_iter().map(|(_, r)| r),
+    );
+    Some(condition.evaluate(&scope).map_err(failed))
+}
+
+/// What references of `task` resolve against: the workflow's inputs, its
+/// `for_each` values and its dependencies' outputs. `read` are the
+/// references it will resolve.
+fn scope_of<'a, 'r>(
+    workflow: &'a Workflow,
+    task: &'a Task,
+    by_id: &HashMap<TaskId, &Task>,
+    read: impl Iterator<Item = &'r Reference>,
+) -> Scope<'a> {
     let mut grouped: HashMap<String, Vec<&Task>> = HashMap::new();
     for dep in task.depends_on.iter().filter_map(|id| by_id.get(id)) {
         if let Some(step) = &dep.step.ref_name {
@@ -28,11 +68,11 @@ pub fn resolve_input(
     let mut outputs = HashMap::new();
     // A step it reads from but does not depend on ran no instance at all
     // (a for_each over an empty list): its outputs are an empty list.
-    for (_, reference) in references_in(template, "").unwrap_or_default() {
-        if let Root::StepOutput(step) = reference.root
-            && !grouped.contains_key(&step)
+    for reference in read {
+        if let Root::StepOutput(step) = &reference.root
+            && !grouped.contains_key(step)
         {
-            outputs.insert(step, StepOutputs::Many(Vec::new()));
+            outputs.insert(step.clone(), StepOutputs::Many(Vec::new()));
         }
     }
     for (step, deps) in grouped {
@@ -47,15 +87,12 @@ pub fn resolve_input(
         };
         outputs.insert(step, value);
     }
-    let scope = Scope {
+    Scope {
         workflow_input: Some(&workflow.vars),
         check_mode: workflow.check_mode,
         each: task.step.each.as_ref(),
         outputs,
-    };
-    scope
-        .resolve(template, "input")
-        .map_err(|(at, message)| format!("cannot resolve {at}: {message}"))
+    }
 }
 
 /// Whether an instance with `for_each` values `mine` sees the instance with
@@ -134,5 +171,32 @@ mod tests {
         broken.step.input_template = Some(json!({"v": "${make.output.missing.deep}"}));
         let error = resolve_input(&workflow, &broken, &by_id).unwrap_err();
         assert!(error.starts_with("cannot resolve input.v"), "{error}");
+    }
+
+    #[test]
+    fn a_condition_reads_inputs_and_the_outputs_of_its_dependencies() {
+        let mut workflow = Workflow::new("tpl", "wf", Utc::now());
+        workflow.vars = json!({"env": "prod"});
+        let mut plan = step_task(workflow.id, "plan", None, vec![]);
+        plan.output = Some(json!({"changes": 2}));
+        let by_id: HashMap<TaskId, &Task> = [(plan.id, &plan)].into_iter().collect();
+        let mut apply = step_task(workflow.id, "apply", None, vec![plan.id]);
+        assert_eq!(evaluate_condition(&workflow, &apply, &by_id), None);
+        let mut check = |when: &str| {
+            apply.step.when = Some(when.to_owned());
+            evaluate_condition(&workflow, &apply, &by_id).unwrap()
+        };
+        assert_eq!(check("plan.output.changes > 0"), Ok(true));
+        assert_eq!(
+            check("workflow.input.env == 'prod' && plan.output.changes == 0"),
+            Ok(false)
+        );
+        assert_eq!(
+            check("plan.output.summary == 1"),
+            Err(
+                "when `plan.output.summary == 1`: column 1: `plan.output.summary`: the output of step `plan` has no such key"
+                    .to_owned()
+            )
+        );
     }
 }

@@ -60,7 +60,8 @@ pub enum TaskStatus {
     Completed,
     Failed,
     Cancelled,
-    /// Never ran because a task it depends on did not complete.
+    /// Never ran because a task it depends on did not complete, or its
+    /// `when:` condition was false.
     Skipped,
     /// Never ran because its workflow stopped first (a failure under the
     /// `fail` policy, or a workflow cancel).
@@ -281,6 +282,10 @@ pub struct StepSettings {
     /// Set on a rollback task: the completed task it undoes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_of: Option<TaskId>,
+    /// The step's `when:` condition, evaluated when its dependencies are
+    /// done (so a task with one starts `pending`, even without them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
 }
 
 impl StepSettings {
@@ -380,6 +385,21 @@ pub struct Task {
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
+    /// What its step's `when:` condition gave when it was evaluated.
+    /// Boxed: few tasks have one, and every task record carries the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<Box<ConditionOutcome>>,
+}
+
+/// A `when:` condition as evaluated: the reason a task ran, or was
+/// skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ConditionOutcome {
+    /// The expression, as the template wrote it.
+    pub expression: String,
+    /// What it evaluated to.
+    pub value: bool,
 }
 
 /// How one attempt of a task went.
@@ -418,7 +438,7 @@ pub enum FailureOutcome {
 impl Task {
     /// A new task. It is `queued` when it has no dependencies, else `pending`.
     pub fn new(workflow_id: WorkflowId, spec: TaskSpec, now: DateTime<Utc>) -> Task {
-        let status = if spec.depends_on.is_empty() {
+        let status = if spec.depends_on.is_empty() && spec.step.when.is_none() {
             TaskStatus::Queued
         } else {
             TaskStatus::Pending
@@ -455,6 +475,7 @@ impl Task {
             history: Vec::new(),
             checkpoint: Map::new(),
             version: 0,
+            condition: None,
         }
     }
 
@@ -527,6 +548,24 @@ impl Task {
         self.move_to(TaskStatus::Skipped, now)?;
         self.error = Some(reason);
         Ok(())
+    }
+
+    /// Its `when:` condition was false: it will never run. Recorded with
+    /// the expression, and named in `error`.
+    pub fn skip_by_condition(&mut self, expression: String, now: DateTime<Utc>) -> Result<()> {
+        self.move_to(TaskStatus::Skipped, now)?;
+        self.error = Some(format!("skipped: when `{expression}` is false"));
+        self.condition = Some(Box::new(ConditionOutcome {
+            expression,
+            value: false,
+        }));
+        Ok(())
+    }
+
+    /// Whether it was skipped by a condition, its own (not because a
+    /// dependency failed).
+    pub fn skipped_by_condition(&self) -> bool {
+        self.status == TaskStatus::Skipped && self.condition.as_ref().is_some_and(|c| !c.value)
     }
 
     /// A worker claims the task: a new attempt begins.
@@ -726,6 +765,7 @@ impl Task {
         self.output = None;
         self.error = None;
         self.exit_code = None;
+        self.condition = None;
         self.updated_at = now;
         if self.step.input_template.is_some() {
             self.input = Value::Null;

@@ -5,6 +5,7 @@
 //! and the field at fault (`steps.join.input.members`), so the API can pass
 //! it straight to the user.
 
+pub mod condition;
 pub mod http;
 mod kinds;
 pub mod limits;
@@ -201,6 +202,10 @@ pub struct StepTemplate {
     /// order, among instances that agree on the other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequential: Option<String>,
+    /// A condition (see `condition`): the step runs only if it is true
+    /// when its dependencies are done; false skips it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
 }
 
 impl StepTemplate {
@@ -494,6 +499,9 @@ impl Template {
                     }
                 }
             }
+            if let Some(when) = &step.when {
+                self.check_condition(step, when, &deps)?;
+            }
             edges.insert(&step.ref_name, deps);
         }
         topological_order(&self.steps, &edges)
@@ -540,6 +548,55 @@ impl Template {
                 http.validate(&format!("{at}.http"))
             }
         }
+    }
+
+    /// A step's `when:` parses, and reads only declared inputs, its own
+    /// `for_each` keys and the outputs of steps it depends on (`deps`).
+    /// Errors name the step and the column.
+    fn check_condition(
+        &self,
+        step: &StepTemplate,
+        when: &str,
+        deps: &[&str],
+    ) -> Result<(), TemplateError> {
+        let at = format!("steps.{}.when", step.ref_name);
+        let refuse = |e: condition::ConditionError| err(&at, e.to_string());
+        let parsed = condition::Condition::parse(when).map_err(refuse)?;
+        for (column, reference) in parsed.references() {
+            let path = condition::path_text(reference);
+            let message = match &reference.root {
+                Root::WorkflowInput => match reference.path.first() {
+                    Some(crate::refs::Segment::Key(key)) if self.inputs.contains_key(key) => None,
+                    _ => Some(format!(
+                        "`{path}` reads an input the template does not declare in `inputs`"
+                    )),
+                },
+                Root::CheckMode => None,
+                Root::Each => match reference.path.first() {
+                    Some(crate::refs::Segment::Key(key)) if step.for_each.contains_key(key) => None,
+                    _ => Some(format!("`{path}`: this step has no such for_each key")),
+                },
+                Root::StepOutput(dep) if dep == &step.ref_name => {
+                    Some(format!("`{path}`: a step can not use its own output"))
+                }
+                Root::StepOutput(dep) if self.step(dep).is_none() => Some(format!(
+                    "`{path}` refers to step `{dep}`, which does not exist"
+                )),
+                Root::StepOutput(dep) if !deps.contains(&dep.as_str()) => Some(format!(
+                    "`{path}`: step `{dep}` is not upstream of step `{}` (name it in depends_on)",
+                    step.ref_name
+                )),
+                Root::StepOutput(_) => None,
+                // The parser refuses these; kept out all the same.
+                Root::Secret(_) | Root::Job => {
+                    Some(format!("`{path}` can not be read by a condition"))
+                }
+            };
+            if let Some(message) = message {
+                return Err(refuse(condition::ConditionError { column, message }));
+            }
+        }
+        Ok(())
     }
 
     fn check_reference(
@@ -849,6 +906,7 @@ impl Template {
                         rollback: step.rollback.clone(),
                         rollback_of: None,
                         kind: step.kind,
+                        when: step.when.clone(),
                     },
                     max_attempts: step.retries.map(|r| r + 1),
                     timeout,

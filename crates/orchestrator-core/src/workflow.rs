@@ -2,7 +2,7 @@
 //! others, and the decisions about dependents when a task finishes.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -82,6 +82,13 @@ pub struct Workflow {
     pub updated_at: DateTime<Utc>,
     /// Optimistic-concurrency version, as on tasks.
     pub version: u64,
+    /// Paused by an operator: no new step of it starts (queued ones stay
+    /// queued) until it is resumed; running ones finish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// When it was last paused, while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<DateTime<Utc>>,
 }
 
 fn first_revision() -> u32 {
@@ -147,7 +154,38 @@ impl Workflow {
             finished_at: None,
             updated_at: now,
             version: 0,
+            paused: false,
+            paused_at: None,
         }
+    }
+
+    /// Pauses it: whether that changed it. A finished workflow refuses,
+    /// naming its status.
+    pub fn pause(&mut self, now: DateTime<Utc>) -> std::result::Result<bool, String> {
+        if self.status.is_terminal() {
+            return Err(format!(
+                "workflow {} already finished as {}; only an unfinished workflow can be paused",
+                self.id, self.status
+            ));
+        }
+        if self.paused {
+            return Ok(false);
+        }
+        self.paused = true;
+        self.paused_at = Some(now);
+        self.updated_at = now;
+        Ok(true)
+    }
+
+    /// Resumes it: whether that changed it (it was paused).
+    pub fn resume(&mut self, now: DateTime<Utc>) -> bool {
+        if !self.paused {
+            return false;
+        }
+        self.paused = false;
+        self.paused_at = None;
+        self.updated_at = now;
+        true
     }
 }
 
@@ -262,7 +300,7 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
     if all_ended {
         let failed = workflow.halt.is_some() || tasks.iter().any(|t| failed_for_good(t));
         let cancelled = tasks.iter().any(|t| t.status == TaskStatus::Cancelled);
-        let skipped = tasks.iter().any(|t| t.status == TaskStatus::Skipped);
+        let skipped = skipped_for_good(&tasks);
         let status = if workflow.cancel_requested {
             WorkflowStatus::Cancelled
         } else if failed {
@@ -278,6 +316,33 @@ pub fn decide<T: Borrow<Task>>(workflow: &Workflow, tasks: &[T]) -> Vec<Decision
         return vec![Decision::Finish(status)];
     }
     Vec::new()
+}
+
+/// Whether a task was skipped for a reason that fails the workflow: not
+/// its own `when:` condition, nor a dependency a condition skipped (with
+/// every other one completed, or failed while optional). So a step after
+/// one that a condition skipped is skipped too, and that is no failure
+/// either.
+fn skipped_for_good(tasks: &[&Task]) -> bool {
+    let by_id: HashMap<TaskId, &Task> = tasks.iter().map(|t| (t.id, *t)).collect();
+    let mut by_condition: HashSet<TaskId> = HashSet::new();
+    // Tasks are stored in topological order: dependencies come first.
+    for task in tasks.iter().filter(|t| t.status == TaskStatus::Skipped) {
+        let benign = task.skipped_by_condition()
+            || (task.depends_on.iter().any(|id| by_condition.contains(id))
+                && task.depends_on.iter().all(|id| {
+                    by_condition.contains(id)
+                        || by_id.get(id).is_some_and(|dep| {
+                            dep.status == TaskStatus::Completed
+                                || (dep.status == TaskStatus::Failed && dep.step.optional)
+                        })
+                }));
+        if !benign {
+            return true;
+        }
+        by_condition.insert(task.id);
+    }
+    false
 }
 
 /// Whether a task is still to run (or to be released).
@@ -566,6 +631,59 @@ mod tests {
             decide(&w, &[a, cleanup]),
             vec![Decision::Finish(WorkflowStatus::Cancelled)]
         );
+    }
+
+    #[test]
+    fn a_step_skipped_by_its_condition_and_its_dependents_do_not_fail_the_workflow() {
+        let mut a = task("a", vec![]);
+        let mut b = task("b", vec![a.id]);
+        let c = task("c", vec![b.id]);
+        finish(&mut a, true);
+        b.skip_by_condition("workflow.input.env == 'prod'".into(), Utc::now())
+            .unwrap();
+        assert_eq!(
+            b.error.as_deref(),
+            Some("skipped: when `workflow.input.env == 'prod'` is false")
+        );
+        let w = workflow(FailurePolicy::Fail);
+        // The dependent follows the existing skip rule.
+        let [Decision::Skip(id, reason)] = &decide(&w, &[a.clone(), b.clone(), c.clone()])[..]
+        else {
+            panic!()
+        };
+        assert_eq!(*id, c.id);
+        assert!(
+            reason.contains("dependency b") && reason.contains("skipped"),
+            "{reason}"
+        );
+        let mut skipped_after = c.clone();
+        skipped_after.skip(reason.clone(), Utc::now()).unwrap();
+        assert_eq!(
+            decide(&w, &[a.clone(), b.clone(), skipped_after]),
+            vec![Decision::Finish(WorkflowStatus::Completed)]
+        );
+        // A skip for another reason still fails it.
+        let mut plain = b.clone();
+        plain.condition = None;
+        let mut c = c;
+        c.skip("x".into(), Utc::now()).unwrap();
+        assert_eq!(
+            decide(&w, &[a, plain, c]),
+            vec![Decision::Finish(WorkflowStatus::Failed)]
+        );
+    }
+
+    #[test]
+    fn pause_refuses_a_finished_workflow_and_repeats_change_nothing() {
+        let mut w = workflow(FailurePolicy::Fail);
+        assert_eq!(w.pause(Utc::now()), Ok(true));
+        assert_eq!(w.pause(Utc::now()), Ok(false));
+        assert!(w.paused && w.paused_at.is_some());
+        assert!(w.resume(Utc::now()));
+        assert!(!w.resume(Utc::now()));
+        w.status = WorkflowStatus::Completed;
+        let e = w.pause(Utc::now()).unwrap_err();
+        assert!(e.contains("already finished as completed"), "{e}");
     }
 
     #[test]

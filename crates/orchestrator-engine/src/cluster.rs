@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use orchestrator_core::event::{Before, Change, TaskMark, task_changes, workflow_change};
+use orchestrator_core::event::{
+    Before, Change, TaskMark, pause_change, task_changes, workflow_change,
+};
 use orchestrator_core::{Node, Task, TaskId, TaskStatus, WorkflowId, WorkflowStatus};
 use orchestrator_storage::{Change as StoredChange, ChangeFeed};
 use tokio_util::sync::CancellationToken;
@@ -347,7 +349,8 @@ impl Cluster {
 #[derive(Default)]
 struct Known {
     tasks: Heard<TaskId, TaskMark>,
-    workflows: Heard<WorkflowId, WorkflowStatus>,
+    /// Per workflow, its status and whether it was paused.
+    workflows: Heard<WorkflowId, (WorkflowStatus, bool)>,
 }
 
 impl Known {
@@ -366,12 +369,20 @@ impl Known {
                 let heard = self.workflows.hear(
                     workflow.id,
                     created,
-                    (workflow.status, workflow.version),
+                    ((workflow.status, workflow.paused), workflow.version),
                     workflow.status.is_terminal(),
                 );
-                heard
-                    .and_then(|before| workflow_change(before, &workflow))
+                let Some(before) = heard else {
+                    return Vec::new();
+                };
+                let (status_before, paused_before) = match before {
+                    Before::Created => (Before::Created, None),
+                    Before::Known((status, paused)) => (Before::Known(status), Some(paused)),
+                    Before::Unknown => (Before::Unknown, None),
+                };
+                workflow_change(status_before, &workflow)
                     .into_iter()
+                    .chain(paused_before.and_then(|paused| pause_change(paused, &workflow)))
                     .collect()
             }
             StoredChange::Log { task, length } => {

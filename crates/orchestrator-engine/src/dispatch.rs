@@ -189,6 +189,11 @@ impl Dispatcher {
                 return Err(e);
             }
         };
+        if self.queue.park_if_paused(&task) {
+            // Its workflow is paused: it stays queued, held aside here
+            // until the workflow is resumed.
+            return Ok(());
+        }
         let Some(tokens) = self.attempts.begin(id) else {
             return Ok(());
         };

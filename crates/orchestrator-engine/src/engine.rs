@@ -382,6 +382,20 @@ impl Engine {
         self.workflow(id).await
     }
 
+    /// Pauses a workflow: no new step of it starts (queued ones stay
+    /// queued), running ones finish. Idempotent; a finished workflow is a
+    /// conflict.
+    pub async fn pause_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
+        self.inner.lifecycle.pause_workflow(id).await?;
+        self.workflow(id).await
+    }
+
+    /// Resumes a paused workflow. Idempotent.
+    pub async fn resume_workflow(&self, id: WorkflowId) -> Result<WorkflowView> {
+        self.inner.lifecycle.resume_workflow(id).await?;
+        self.workflow(id).await
+    }
+
     /// Runs a finished workflow again: failed, cancelled, skipped and
     /// not-started steps, and `always_run` steps. Completed steps keep their
     /// outputs and do not run again.

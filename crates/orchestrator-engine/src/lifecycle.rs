@@ -17,6 +17,7 @@
 //! I/O; this module reads, calls it, and writes and announces the result.
 
 mod decide;
+mod pause;
 
 use std::collections::{HashMap, HashSet};
 use std::mem;

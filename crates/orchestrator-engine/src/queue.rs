@@ -23,6 +23,29 @@ pub(crate) struct Queue {
     /// What this node knows of workflows' `parallel_limit`s. A std mutex
     /// for the same reason as `ready`; never held together with it.
     limits: Mutex<Limits>,
+    /// Paused workflows, with the tasks popped while paused, and the
+    /// version of the record that last resumed each one. A std mutex for
+    /// the same reason as `ready`; never held together with it.
+    paused: Mutex<PauseState>,
+}
+
+/// What this node knows of paused workflows.
+#[derive(Default)]
+struct PauseState {
+    held: HashMap<WorkflowId, Paused>,
+    /// The version of the record that last resumed each workflow here: a
+    /// record read before it (still paused) must not pause it again.
+    resumed: HashMap<WorkflowId, u64>,
+}
+
+/// A workflow paused here: its tasks wait aside until it is resumed.
+#[derive(Debug, Default)]
+struct Paused {
+    /// The workflow record's version that paused it (`u64::MAX` while the
+    /// pause is being stored): only a later record can resume it, so a
+    /// record read before the pause never undoes it.
+    version: u64,
+    parked: Vec<(TaskId, Priority)>,
 }
 
 /// The workflows whose `parallel_limit` this node knows, until they
@@ -105,8 +128,26 @@ impl Queue {
         (now, ready.len() - n_now)
     }
 
-    /// Applies the workflow's `parallel_limit`, or notes that it has none.
+    /// Applies the workflow's `parallel_limit`, or notes that it has none;
+    /// and whether it is paused.
     pub(crate) fn register_limit(&self, workflow: &Workflow) {
+        if workflow.paused {
+            let stale = lock(&self.paused)
+                .resumed
+                .get(&workflow.id)
+                .is_some_and(|resumed| workflow.version <= *resumed);
+            if !stale {
+                self.pause(workflow.id, workflow.version);
+            }
+        } else {
+            let resumed = lock(&self.paused)
+                .held
+                .get(&workflow.id)
+                .is_some_and(|p| workflow.version > p.version);
+            if resumed {
+                self.resume(workflow.id, workflow.version);
+            }
+        }
         let mut limits = lock(&self.limits);
         match workflow.parallel_limit {
             Some(limit) => limits.slots.entry(workflow.id).or_default().limit = limit,
@@ -147,8 +188,52 @@ impl Queue {
         self.changed.notify_one();
     }
 
+    /// Holds back the workflow's tasks from now on; `version` is that of
+    /// the record that paused it (see [`Paused::version`]).
+    pub(crate) fn pause(&self, workflow: WorkflowId, version: u64) {
+        lock(&self.paused).held.entry(workflow).or_default().version = version;
+    }
+
+    /// Lets the workflow's tasks run again: those held back go back in
+    /// the queue. `version` is that of the record that resumed it (or of
+    /// the record as it was, when a pause could not be stored).
+    pub(crate) fn resume(&self, workflow: WorkflowId, version: u64) {
+        let held = {
+            let mut paused = lock(&self.paused);
+            paused.resumed.insert(workflow, version);
+            paused.held.remove(&workflow)
+        };
+        let Some(paused) = held else {
+            return;
+        };
+        {
+            let mut ready = lock(&self.ready);
+            for (id, priority) in paused.parked {
+                ready.push(id, priority);
+            }
+        }
+        self.changed.notify_one();
+    }
+
+    /// Whether the task's workflow is paused; if so the task is held
+    /// back until it is resumed.
+    pub(crate) fn park_if_paused(&self, task: &Task) -> bool {
+        match lock(&self.paused).held.get_mut(&task.workflow_id) {
+            Some(paused) => {
+                paused.parked.push((task.id, task.priority));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The workflow finished: its slots go.
     pub(crate) fn forget(&self, workflow: WorkflowId) {
+        {
+            let mut paused = lock(&self.paused);
+            paused.held.remove(&workflow);
+            paused.resumed.remove(&workflow);
+        }
         let mut limits = lock(&self.limits);
         limits.slots.remove(&workflow);
         limits.unlimited.remove(&workflow);
@@ -184,5 +269,61 @@ impl Queue {
             lock(&self.ready).push(id, priority);
             self.changed.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use orchestrator_core::{TaskSpec, Workflow};
+
+    use super::*;
+
+    fn task_of(workflow: &Workflow) -> Task {
+        let spec = TaskSpec {
+            name: "t".into(),
+            script: "s.sh".into(),
+            input: serde_json::Value::Null,
+            priority: Priority::Normal,
+            max_attempts: 1,
+            timeout: Duration::from_secs(5),
+            check_mode: false,
+            depends_on: Vec::new(),
+            step: Default::default(),
+        };
+        Task::new(workflow.id, spec, Utc::now())
+    }
+
+    #[test]
+    fn a_paused_workflow_s_tasks_wait_aside_and_only_newer_records_move_the_pause() {
+        let queue = Queue::default();
+        let mut workflow = Workflow::new("t", "t", Utc::now());
+        workflow.version = 3;
+        let task = task_of(&workflow);
+        assert!(!queue.park_if_paused(&task));
+
+        queue.pause(workflow.id, 4);
+        assert!(queue.park_if_paused(&task));
+        // A record read before the pause does not resume it.
+        queue.register_limit(&workflow);
+        assert_eq!(queue.pop(Utc::now()), Err(Duration::from_secs(3600)));
+
+        // The resumed record lets the held task go.
+        workflow.version = 5;
+        queue.register_limit(&workflow);
+        assert_eq!(queue.pop(Utc::now()), Ok(task.id));
+        assert!(!queue.park_if_paused(&task));
+
+        // A paused record older than the resume does not pause it again;
+        // a newer one does.
+        workflow.paused = true;
+        workflow.version = 4;
+        queue.register_limit(&workflow);
+        assert!(!queue.park_if_paused(&task));
+        workflow.version = 6;
+        queue.register_limit(&workflow);
+        assert!(queue.park_if_paused(&task));
+        queue.forget(workflow.id);
+        assert!(!queue.park_if_paused(&task));
     }
 }

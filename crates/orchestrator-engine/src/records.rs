@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use orchestrator_core::event::{Before, Change, TaskMark, task_changes, workflow_change};
+use orchestrator_core::event::{
+    Before, Change, TaskMark, pause_change, task_changes, workflow_change,
+};
 use orchestrator_core::{Task, TaskId, Workflow, WorkflowId, WorkflowStatus};
 use orchestrator_storage::Storage;
 
@@ -68,6 +70,20 @@ impl Records {
                     .flat_map(|t| task_changes(Before::Created, t))
                     .chain(workflow_change(Before::Known(before), &stored)),
             );
+        }
+        Ok(stored)
+    }
+
+    /// Stores a workflow paused or resumed, by compare-and-set;
+    /// `was_paused` is what it was when read.
+    pub(crate) async fn update_workflow_pause(
+        &self,
+        workflow: &Workflow,
+        was_paused: bool,
+    ) -> Result<Workflow> {
+        let stored = self.store.tasks().update_workflow(workflow, &[]).await?;
+        if self.announce {
+            self.bus.publish(pause_change(was_paused, &stored));
         }
         Ok(stored)
     }

@@ -386,6 +386,11 @@ pub enum WorkflowCommand {
     /// Re-run a finished workflow from a step, as a new revision: the
     /// steps before it keep their outputs.
     Rerun(RerunArgs),
+    /// Pause a workflow: no new step of it starts until it is resumed;
+    /// running steps finish.
+    Pause(WorkflowArgs),
+    /// Resume a paused workflow.
+    Resume(WorkflowArgs),
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,10 @@ pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Resul
         }
         WorkflowCommand::Retry(args) => print_view(&api.retry_workflow(&args.id).await?, args.json),
         WorkflowCommand::Rerun(args) => rerun(&api, args).await,
+        WorkflowCommand::Pause(args) => print_view(&api.pause_workflow(&args.id).await?, args.json),
+        WorkflowCommand::Resume(args) => {
+            print_view(&api.resume_workflow(&args.id).await?, args.json)
+        }
     }
 }
 
@@ -238,6 +242,9 @@ fn print_view(view: &WorkflowView, as_json: bool) -> anyhow::Result<()> {
     );
     if let Some(halt) = &workflow.halt {
         println!("halted: {}", halt.reason);
+    }
+    if workflow.paused {
+        println!("paused: no new step starts until it is resumed");
     }
     let mut depth: HashMap<TaskId, usize> = HashMap::new();
     let names: HashMap<TaskId, &str> = view.tasks.iter().map(|t| (t.id, t.name.as_str())).collect();

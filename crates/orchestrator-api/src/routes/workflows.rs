@@ -1,5 +1,5 @@
-//! Workflows: listing and counts, one workflow, cancel, retry and
-//! rerun; submissions from a template, and their validation.
+//! Workflows: listing and counts, one workflow, cancel, retry, rerun,
+//! pause and resume; submissions from a template, and their validation.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -33,6 +33,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(cancel_workflow))
         .routes(routes!(retry_workflow))
         .routes(routes!(rerun_workflow))
+        .routes(routes!(pause_workflow))
+        .routes(routes!(resume_workflow))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -73,6 +75,9 @@ pub struct WorkflowSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     pub task_count: usize,
+    /// Paused by an operator: no new step of it starts until it is resumed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// A page of workflows, newest first.
@@ -131,6 +136,7 @@ pub(crate) async fn list_workflows(
             created_at: w.created_at,
             finished_at: w.finished_at,
             task_count: w.task_ids.len(),
+            paused: w.paused,
         })
         .collect();
     Ok(Json(WorkflowList {
@@ -227,6 +233,51 @@ pub(crate) async fn cancel_workflow(
         state
             .engine
             .cancel_workflow(parse_workflow_id(&id)?)
+            .await?,
+    ))
+}
+
+/// Pauses a workflow: no new step of it starts (queued ones stay queued)
+/// until it is resumed; running steps finish. Pausing a paused workflow
+/// changes nothing.
+#[utoipa::path(post, path = "/workflows/{id}/pause", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.pause"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow, paused", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow already finished", body = ErrorBody),
+        StorageUnavailable,
+    ))]
+pub(crate) async fn pause_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state.engine.pause_workflow(parse_workflow_id(&id)?).await?,
+    ))
+}
+
+/// Resumes a paused workflow: its queued steps may start again. Resuming
+/// a workflow that is not paused changes nothing.
+#[utoipa::path(post, path = "/workflows/{id}/resume", tag = "workflows",
+    extensions(("x-role" = json!("operator")), ("x-audit" = json!("workflow.resume"))),
+    params(("id" = uuid::Uuid, Path, description = "Workflow id")),
+    responses(
+        (status = 200, description = "The workflow, no longer paused", body = WorkflowView),
+        (status = 400, description = "The id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        StorageUnavailable,
+    ))]
+pub(crate) async fn resume_workflow(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(
+        state
+            .engine
+            .resume_workflow(parse_workflow_id(&id)?)
             .await?,
     ))
 }

@@ -176,6 +176,18 @@ pub fn check_dependency_pairs(
     }
 }
 
+/// The longest `when:` expression, in bytes. Fixed, not a setting: a
+/// condition compares a few values, and its evaluation costs at most one
+/// step per part.
+pub const MAX_CONDITION_BYTES: usize = 1024;
+
+/// The most parts (values, paths, operators) of one `when:` expression.
+pub const MAX_CONDITION_NODES: usize = 256;
+
+/// The deepest nesting (parentheses, lists, `!` and `-`) of one `when:`
+/// expression: the parser and the evaluator recurse once per level.
+pub const MAX_CONDITION_DEPTH: usize = 32;
+
 /// The length of `value` as compact JSON, without building the text.
 pub fn json_size(value: &impl serde::Serialize) -> u64 {
     struct Counter(u64);

@@ -705,3 +705,83 @@ fn dependency_pairs_past_their_limit_are_refused_before_any_edge_is_made() {
         "{e}"
     );
 }
+
+const CONDITIONS: &str = r#"
+name: Conditions
+ref_name: conditions
+schema_version: 1
+inputs:
+  env: {type: string}
+steps:
+  - ref_name: plan
+    script: plan.nu
+  - ref_name: other
+    script: other.nu
+  - ref_name: apply
+    script: apply.nu
+    depends_on: [plan]
+    when: WHEN
+"#;
+
+/// The CONDITIONS template with `when` as the apply step's condition.
+fn with_when(when: &str) -> Template {
+    let text = CONDITIONS.replace("WHEN", &serde_json::to_string(when).unwrap());
+    template(&text)
+}
+
+#[test]
+fn a_condition_is_checked_with_the_step_and_the_column() {
+    let ok = with_when("workflow.input.env == 'prod' && plan.output.changes > 0");
+    ok.validate(&kinds()).unwrap();
+    let cases: &[(&str, &str)] = &[
+        (
+            "workflow.input.env ==",
+            "column 22: expected a value, found the end",
+        ),
+        (
+            "workflow.input.nope == 'x'",
+            "column 1: `workflow.input.nope` reads an input the template does not declare in `inputs`",
+        ),
+        (
+            "true && ghost.output.x",
+            "column 9: `ghost.output.x` refers to step `ghost`, which does not exist",
+        ),
+        (
+            "other.output.ok",
+            "column 1: `other.output.ok`: step `other` is not upstream of step `apply` (name it in depends_on)",
+        ),
+        (
+            "apply.output.ok",
+            "column 1: `apply.output.ok`: a step can not use its own output",
+        ),
+        (
+            "each.server == 'a'",
+            "column 1: `each.server`: this step has no such for_each key",
+        ),
+    ];
+    for (when, message) in cases {
+        let e = with_when(when).validate(&kinds()).unwrap_err();
+        assert_eq!(e.field, "steps.apply.when", "{when}: {e}");
+        assert_eq!(&e.message, message, "{when}");
+    }
+}
+
+#[test]
+fn a_step_with_a_condition_is_planned_with_it_and_waits_to_be_decided() {
+    let t = with_when("workflow.input.env == 'prod'");
+    let e = t
+        .expand(
+            &kinds(),
+            &vars(json!({"env": "prod"})),
+            false,
+            &Limits::default(),
+        )
+        .unwrap();
+    let apply = e.tasks.iter().find(|t| t.name == "apply").unwrap();
+    assert_eq!(
+        apply.step.when.as_deref(),
+        Some("workflow.input.env == 'prod'")
+    );
+    let plan = e.tasks.iter().find(|t| t.name == "plan").unwrap();
+    assert_eq!(plan.step.when, None);
+}

@@ -10,10 +10,10 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use orchestrator_core::event::TaskMark;
-use orchestrator_core::release::resolve_input;
+use orchestrator_core::release::{evaluate_condition, resolve_input};
 use orchestrator_core::{
-    Decision, Halt, RetryPolicy, StepSettings, Task, TaskId, TaskSpec, TaskStatus, Workflow,
-    WorkflowStatus,
+    ConditionOutcome, Decision, Halt, RetryPolicy, StepSettings, Task, TaskId, TaskSpec,
+    TaskStatus, Workflow, WorkflowStatus,
 };
 use orchestrator_executor::Outcome;
 use serde_json::json;
@@ -134,6 +134,19 @@ pub(super) fn release(
     by_id: &HashMap<TaskId, &Task>,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    // Its `when:` first: false skips it, an error fails it, and either is
+    // stored before anything follows from it.
+    match evaluate_condition(workflow, task, by_id) {
+        None => {}
+        Some(Ok(value)) => {
+            let expression = task.step.when.clone().unwrap_or_default();
+            if !value {
+                return Ok(task.skip_by_condition(expression, now)?);
+            }
+            task.condition = Some(Box::new(ConditionOutcome { expression, value }));
+        }
+        Some(Err(error)) => return Ok(task.fail_unrunnable(error, now)?),
+    }
     match resolve_input(workflow, task, by_id) {
         Ok(input) => {
             task.input = input;
@@ -238,6 +251,8 @@ fn finished(workflow: &Workflow, status: WorkflowStatus, now: DateTime<Utc>) -> 
     let before = workflow.status;
     let mut workflow = workflow.clone();
     workflow.status = status;
+    // A finished workflow is no longer paused: nothing of it is left to hold.
+    workflow.resume(now);
     workflow.finished_at = Some(now);
     workflow.updated_at = now;
     WorkflowChange::Finish { workflow, before }

@@ -262,6 +262,20 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Some(json!({"from": "server"})),
             Min::Operator,
         ),
+        (
+            "POST",
+            "/workflows/{id}/pause",
+            format!("/workflows/{workflow}/pause"),
+            None,
+            Min::Operator,
+        ),
+        (
+            "POST",
+            "/workflows/{id}/resume",
+            format!("/workflows/{workflow}/resume"),
+            None,
+            Min::Operator,
+        ),
         ("GET", "/schedules", "/schedules".into(), None, Min::Viewer),
         (
             "POST",

@@ -8,6 +8,7 @@ mod backends;
 mod backup;
 mod cli;
 mod client;
+mod conditions;
 mod config;
 mod dashboard;
 mod doctor;
