@@ -48,6 +48,17 @@ pub enum EventKind {
     Resync,
     /// A live storage migration moved on; `migration` holds its status.
     StorageMigration,
+    /// An approval gate opened: it waits for decisions.
+    ApprovalRequested,
+    /// An approval was counted; `digest` is what it signed.
+    Approved,
+    /// A gate was rejected; `reason` names who and why.
+    Rejected,
+    /// Approvals stopped counting because what they covered changed;
+    /// `reason` says what. The gate waits again.
+    ApprovalInvalidated,
+    /// No decision came before the gate's deadline.
+    ApprovalTimedOut,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -69,6 +80,11 @@ crate::named_variants!(EventKind, "kind", [
     LogAppended => "log_appended",
     Resync => "resync",
     StorageMigration => "storage_migration",
+    ApprovalRequested => "approval_requested",
+    Approved => "approved",
+    Rejected => "rejected",
+    ApprovalInvalidated => "approval_invalidated",
+    ApprovalTimedOut => "approval_timed_out",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -120,6 +136,12 @@ pub struct Event {
     /// A `storage_migration` event's migration, as it is now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Box<MoveStatus>>,
+    /// Approval events: why (a rejection's comment, what changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Approval events: the digest decided on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -136,6 +158,8 @@ pub struct Change {
     pub log_length: Option<u64>,
     pub missed: Option<u64>,
     pub migration: Option<Box<MoveStatus>>,
+    pub reason: Option<String>,
+    pub digest: Option<String>,
 }
 
 impl Change {
@@ -152,6 +176,8 @@ impl Change {
             log_length: None,
             missed: None,
             migration: None,
+            reason: None,
+            digest: None,
         }
     }
 
@@ -231,6 +257,8 @@ impl Change {
             log_length: self.log_length,
             missed: self.missed,
             migration: self.migration,
+            reason: self.reason,
+            digest: self.digest,
         }
     }
 }
@@ -245,6 +273,8 @@ pub struct TaskMark {
     pub reruns: u32,
     /// How many checkpoint entries were saved.
     pub checkpoint_entries: usize,
+    /// An approval gate's progress: open, approvals counted, invalidations.
+    pub gate: Option<(bool, usize, u32)>,
 }
 
 impl TaskMark {
@@ -255,6 +285,13 @@ impl TaskMark {
             cancel_requested: task.cancel_requested,
             reruns: task.reruns,
             checkpoint_entries: task.checkpoint.len(),
+            gate: task.approval.as_ref().map(|g| {
+                (
+                    g.opened_at.is_some(),
+                    g.approvals.len(),
+                    g.invalidations,
+                )
+            }),
         }
     }
 }
@@ -291,7 +328,7 @@ pub fn task_changes(before: Before, after: &Task) -> Vec<Change> {
         }
         Before::Known(mark) => mark,
     };
-    let mut changes = Vec::new();
+    let mut changes = gate_changes(before.gate, before.status != after.status, after);
     if before.status != after.status {
         // An attempt ended: the task left `running`, or was reset after
         // an attempt that ran under another claim.
@@ -336,6 +373,57 @@ pub fn workflow_change(before: Before<WorkflowStatus>, after: &Workflow) -> Opti
             Some(Change::of_workflow(EventKind::WorkflowStatusChanged, after))
         }
     }
+}
+
+/// The approval events of a gate's change, before its status event.
+fn gate_changes(before: Option<(bool, usize, u32)>, ended_now: bool, after: &Task) -> Vec<Change> {
+    use crate::approval::GateEnd;
+    let Some(gate) = &after.approval else {
+        return Vec::new();
+    };
+    let (was_open, approvals_before, invalidations_before) = before.unwrap_or_default();
+    let event = |kind, reason: Option<String>, digest: Option<String>| Change {
+        reason,
+        digest,
+        ..Change::of_task(kind, after)
+    };
+    let mut changes = Vec::new();
+    if gate.opened_at.is_some() && !was_open {
+        changes.push(event(EventKind::ApprovalRequested, None, None));
+    }
+    if gate.invalidations > invalidations_before {
+        changes.push(event(
+            EventKind::ApprovalInvalidated,
+            gate.invalidated_because.clone(),
+            None,
+        ));
+    }
+    let counted_before = if gate.invalidations > invalidations_before {
+        0
+    } else {
+        approvals_before
+    };
+    for approval in gate.approvals.iter().skip(counted_before) {
+        changes.push(event(
+            EventKind::Approved,
+            Some(format!("approved by {}", approval.by)),
+            Some(approval.digest.clone()),
+        ));
+    }
+    match gate.ended {
+        Some(GateEnd::Rejected) if ended_now => {
+            changes.push(event(
+                EventKind::Rejected,
+                after.error.clone(),
+                gate.rejection.as_ref().map(|r| r.digest.clone()),
+            ));
+        }
+        Some(GateEnd::TimedOut) if ended_now => {
+            changes.push(event(EventKind::ApprovalTimedOut, after.error.clone(), None));
+        }
+        _ => {}
+    }
+    changes
 }
 
 fn kind_of_status(status: TaskStatus) -> EventKind {

@@ -377,6 +377,10 @@ pub struct Task {
     /// next one, so a re-run can resume instead of repeating a side effect.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub checkpoint: Map<String, Value>,
+    /// On an approval gate (`kind: approval`): its decisions so far. A
+    /// gate is never queued; see [`crate::approval`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::Gate>,
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
@@ -454,6 +458,7 @@ impl Task {
             lease_until: None,
             history: Vec::new(),
             checkpoint: Map::new(),
+            approval: None,
             version: 0,
         }
     }
@@ -481,7 +486,7 @@ impl Task {
         Duration::from_secs(self.timeout_secs)
     }
 
-    fn move_to(&mut self, next: TaskStatus, now: DateTime<Utc>) -> Result<()> {
+    pub(crate) fn move_to(&mut self, next: TaskStatus, now: DateTime<Utc>) -> Result<()> {
         if self.status.is_terminal() {
             return Err(Error::AlreadyFinished {
                 id: self.id,
@@ -733,6 +738,10 @@ impl Task {
         // A workflow retry is a fresh start: the next run must not resume
         // an external job that the failed run may have left half done.
         self.checkpoint.clear();
+        // A gate decides again: what it covers may differ this time.
+        if let Some(gate) = self.approval.as_mut() {
+            *gate = crate::approval::Gate::new(gate.submitter.take());
+        }
         Ok(())
     }
 
