@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, TokenView};
+pub use crate::routes::approvals::{ApprovalList, Decision};
+pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use crate::routes::health::{Health, NodeList, NodeView};
 pub use crate::routes::schedules::ScheduleList;
 pub use crate::routes::storage_moves::MoveList;
@@ -331,6 +333,31 @@ impl Client {
     pub async fn retry_workflow(&self, id: &str) -> Result<WorkflowView> {
         let path = format!("/workflows/{id}/retry");
         self.call(self.request(Method::POST, &path)).await
+    }
+
+    /// `GET /approvals`: the gates waiting for a decision.
+    pub async fn approvals(&self) -> Result<ApprovalList> {
+        self.get("/approvals").await
+    }
+
+    /// `GET /workflows/{id}/approval`: the workflow's waiting gate.
+    pub async fn workflow_approval(&self, id: &str, step: Option<&str>) -> Result<PendingApproval> {
+        let path = format!("/workflows/{id}/approval");
+        self.call(self.request(Method::GET, &path).query(&[("step", step)]))
+            .await
+    }
+
+    /// `POST /workflows/{id}/approve` (`approve`) or `/reject`.
+    pub async fn decide_workflow(
+        &self,
+        id: &str,
+        approve: bool,
+        decision: &Decision,
+    ) -> Result<DecisionOutcome> {
+        let verb = if approve { "approve" } else { "reject" };
+        let path = format!("/workflows/{id}/{verb}");
+        self.call(self.request(Method::POST, &path).json(decision))
+            .await
     }
 
     /// `POST /workflows/{id}/rerun` with `{from, include_downstream, vars}`.

@@ -229,6 +229,7 @@ impl Engine {
         let engine = Engine { inner };
         // Due runs are submitted like `POST /workflows`, through the engine.
         tokio::spawn(scheduler.run(Arc::new(engine.clone()), stopping.clone()));
+        tokio::spawn(crate::approvals::run(engine.clone(), stopping.clone()));
         tokio::spawn(retention::run(
             engine.inner.store.clone(),
             engine.inner.config.retention,
