@@ -18,7 +18,6 @@ use serde_json::{Map, Value};
 
 pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, TokenView};
 pub use crate::routes::approvals::{ApprovalList, Decision};
-pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use crate::routes::health::{Health, NodeList, NodeView};
 pub use crate::routes::schedules::ScheduleList;
 pub use crate::routes::storage_moves::MoveList;
@@ -30,6 +29,7 @@ pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
 pub use orchestrator_core::access::AuditRecord;
 pub use orchestrator_core::storage_move::MoveStatus;
+pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use orchestrator_engine::secrets::SecretInfo;
 pub use orchestrator_engine::{PruneReport, ScheduleView};
 pub use orchestrator_storage::live::StoreInfo;

@@ -105,10 +105,7 @@ impl ApprovalPolicy {
                 );
             }
             (Some(_), false) => {
-                return refuse(
-                    "approvers",
-                    "names a role or tokens, not both".into(),
-                );
+                return refuse("approvers", "names a role or tokens, not both".into());
             }
             _ => {}
         }
@@ -155,7 +152,8 @@ impl ApprovalPolicy {
                 ),
             );
         }
-        self.timeout_duration().map_err(|m| ("timeout".to_owned(), m))?;
+        self.timeout_duration()
+            .map_err(|m| ("timeout".to_owned(), m))?;
         if self.covers.len() > MAX_GATE_COVERED_STEPS {
             return refuse(
                 "covers",
@@ -281,7 +279,12 @@ impl Coverage {
             ));
         }
         changed_entries(&mut changes, "script", &before.scripts, &self.scripts);
-        changed_entries(&mut changes, "output of step", &before.outputs, &self.outputs);
+        changed_entries(
+            &mut changes,
+            "output of step",
+            &before.outputs,
+            &self.outputs,
+        );
         changes
     }
 }
@@ -430,7 +433,11 @@ impl Task {
 
     /// Approvals counted so far no longer do: what they covered changed
     /// (`reason` says how). The gate waits again.
-    pub fn invalidate_gate(&mut self, reason: String, now: DateTime<Utc>) -> Result<(), GateRefusal> {
+    pub fn invalidate_gate(
+        &mut self,
+        reason: String,
+        now: DateTime<Utc>,
+    ) -> Result<(), GateRefusal> {
         let gate = self.gate_mut()?;
         gate.approvals.clear();
         gate.approved_coverage = None;
@@ -532,7 +539,11 @@ impl Task {
     }
 
     /// No decision came in time: `reject` cancels the gate, `fail` fails it.
-    pub fn time_out_gate(&mut self, on_timeout: OnTimeout, now: DateTime<Utc>) -> Result<(), GateRefusal> {
+    pub fn time_out_gate(
+        &mut self,
+        on_timeout: OnTimeout,
+        now: DateTime<Utc>,
+    ) -> Result<(), GateRefusal> {
         let gate = self.gate_mut()?;
         gate.ended = Some(GateEnd::TimedOut);
         let waited = gate

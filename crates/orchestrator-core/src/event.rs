@@ -285,13 +285,10 @@ impl TaskMark {
             cancel_requested: task.cancel_requested,
             reruns: task.reruns,
             checkpoint_entries: task.checkpoint.len(),
-            gate: task.approval.as_ref().map(|g| {
-                (
-                    g.opened_at.is_some(),
-                    g.approvals.len(),
-                    g.invalidations,
-                )
-            }),
+            gate: task
+                .approval
+                .as_ref()
+                .map(|g| (g.opened_at.is_some(), g.approvals.len(), g.invalidations)),
         }
     }
 }
@@ -419,7 +416,11 @@ fn gate_changes(before: Option<(bool, usize, u32)>, ended_now: bool, after: &Tas
             ));
         }
         Some(GateEnd::TimedOut) if ended_now => {
-            changes.push(event(EventKind::ApprovalTimedOut, after.error.clone(), None));
+            changes.push(event(
+                EventKind::ApprovalTimedOut,
+                after.error.clone(),
+                None,
+            ));
         }
         _ => {}
     }

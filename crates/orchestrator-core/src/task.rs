@@ -380,7 +380,8 @@ pub struct Task {
     /// On an approval gate (`kind: approval`): its decisions so far. A
     /// gate is never queued; see [`crate::approval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval: Option<crate::approval::Gate>,
+    /// Boxed: most tasks have none, and a task is handed around by value.
+    pub approval: Option<Box<crate::approval::Gate>>,
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
@@ -740,7 +741,7 @@ impl Task {
         self.checkpoint.clear();
         // A gate decides again: what it covers may differ this time.
         if let Some(gate) = self.approval.as_mut() {
-            *gate = crate::approval::Gate::new(gate.submitter.take());
+            **gate = crate::approval::Gate::new(gate.submitter.take());
         }
         Ok(())
     }

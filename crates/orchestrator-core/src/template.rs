@@ -483,7 +483,10 @@ impl Template {
                 ("http", step.http_block()),
                 (
                     "approval",
-                    step.approval.clone().map(Value::Object).unwrap_or(Value::Null),
+                    step.approval
+                        .clone()
+                        .map(Value::Object)
+                        .unwrap_or(Value::Null),
                 ),
                 (
                     "name",

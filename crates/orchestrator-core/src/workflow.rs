@@ -322,7 +322,11 @@ pub fn decide_task<'a>(
     }
     // An open approval gate waits for its decisions, not for its
     // dependencies: only a decision (or its timeout) moves it.
-    if task.approval.as_ref().is_some_and(|g| g.opened_at.is_some()) {
+    if task
+        .approval
+        .as_ref()
+        .is_some_and(|g| g.opened_at.is_some())
+    {
         return None;
     }
     // Rollback and always_run steps wait for their dependencies to end,

@@ -91,7 +91,7 @@ impl StepRunner for ApprovalRunner {
 /// Makes a new task of `kind: approval` a gate: `pending` whatever its
 /// dependencies, and open at once if it has none.
 pub(crate) fn make_gate(task: &mut Task, submitter: Option<String>, now: DateTime<Utc>) {
-    task.approval = Some(Gate::new(submitter));
+    task.approval = Some(Box::new(Gate::new(submitter)));
     task.status = TaskStatus::Pending;
     if task.depends_on.is_empty()
         && let Ok(timeout) = ApprovalPolicy::parse(&task.input)
@@ -247,12 +247,16 @@ impl Engine {
     ) -> Result<PendingApproval> {
         let policy = policy_of(gate)?;
         let covers = self.coverage(workflow, tasks, gate, &policy).await;
-        let record = gate.approval.clone().unwrap_or_default();
+        let record = gate.approval.as_deref().cloned().unwrap_or_default();
         Ok(PendingApproval {
             workflow_id: workflow.id,
             workflow_name: workflow.name.clone(),
             task_id: gate.id,
-            step: gate.step.ref_name.clone().unwrap_or_else(|| gate.name.clone()),
+            step: gate
+                .step
+                .ref_name
+                .clone()
+                .unwrap_or_else(|| gate.name.clone()),
             opened_at: record.opened_at,
             deadline: record.deadline,
             on_timeout: policy.on_timeout,
@@ -446,11 +450,15 @@ impl Engine {
                     continue;
                 }
             } else {
-                let Some(approved) = gate.approval.as_ref().and_then(|g| g.approved_coverage.clone())
+                let Some(approved) = gate
+                    .approval
+                    .as_ref()
+                    .and_then(|g| g.approved_coverage.clone())
                 else {
                     continue;
                 };
-                let Some(workflow) = self.store().tasks().get_workflow(gate.workflow_id).await? else {
+                let Some(workflow) = self.store().tasks().get_workflow(gate.workflow_id).await?
+                else {
                     continue;
                 };
                 let tasks = self.store().tasks().workflow_tasks(workflow.id).await?;
@@ -489,7 +497,7 @@ pub(crate) async fn run(engine: Engine, stopping: CancellationToken) {
 }
 
 fn is_waiting(task: &Task) -> bool {
-    task.status == TaskStatus::Pending && task.approval.as_ref().is_some_and(Gate::is_waiting)
+    task.status == TaskStatus::Pending && task.approval.as_ref().is_some_and(|g| g.is_waiting())
 }
 
 fn policy_of(gate: &Task) -> Result<ApprovalPolicy> {

@@ -26,7 +26,14 @@ pub async fn list(client: &ClientArgs, args: ApprovalsArgs) -> anyhow::Result<()
         })
         .collect();
     print_table(
-        ["WORKFLOW", "STEP", "APPROVALS", "DEADLINE", "NAME", "DIGEST"],
+        [
+            "WORKFLOW",
+            "STEP",
+            "APPROVALS",
+            "DEADLINE",
+            "NAME",
+            "DIGEST",
+        ],
         &rows,
     );
     Ok(())

@@ -169,7 +169,7 @@ async fn decide(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_request",
             format!(
-            "digest: `{}` is not a sha256 digest (64 hex digits)",
+                "digest: `{}` is not a sha256 digest (64 hex digits)",
                 decision.digest.chars().take(80).collect::<String>()
             ),
         ));

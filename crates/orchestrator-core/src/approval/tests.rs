@@ -35,7 +35,10 @@ fn each_covered_part_changes_the_digest_and_is_named() {
         |c| c.inputs = value_hash(&json!({"env": "staging"})),
         "inputs changed",
     );
-    check(|c| c.template = "apply@1 sha256:bb".into(), "template changed");
+    check(
+        |c| c.template = "apply@1 sha256:bb".into(),
+        "template changed",
+    );
     check(
         |c| {
             c.scripts
@@ -153,7 +156,7 @@ fn who_may_decide() {
 fn gate() -> Task {
     let mut task = task_of(WorkflowId::new(), Some("approve"), vec![]);
     task.status = TaskStatus::Pending;
-    task.approval = Some(Gate::new(Some("sam".into())));
+    task.approval = Some(Box::new(Gate::new(Some("sam".into()))));
     task.open_gate(Duration::from_secs(60), now());
     task
 }
@@ -247,10 +250,7 @@ fn a_stale_digest_is_refused_and_a_change_invalidates_earlier_approvals() {
     );
     let events = task_changes(Before::Known(mark), &task);
     let kinds: Vec<EventKind> = events.iter().map(|c| c.kind).collect();
-    assert_eq!(
-        kinds,
-        [EventKind::ApprovalInvalidated, EventKind::Approved]
-    );
+    assert_eq!(kinds, [EventKind::ApprovalInvalidated, EventKind::Approved]);
     assert_eq!(events[0].reason.as_deref(), Some("script apply.sh changed"));
 }
 
@@ -291,7 +291,7 @@ fn rejection_cancels_and_timeout_follows_the_policy() {
 fn opening_announces_the_request_and_a_retry_closes_the_gate_again() {
     let mut task = task_of(WorkflowId::new(), Some("approve"), vec![]);
     task.status = TaskStatus::Pending;
-    task.approval = Some(Gate::new(Some("sam".into())));
+    task.approval = Some(Box::new(Gate::new(Some("sam".into()))));
     let mark = TaskMark::of(&task);
     task.open_gate(Duration::from_secs(60), now());
     let kinds: Vec<EventKind> = task_changes(Before::Known(mark), &task)
@@ -302,5 +302,5 @@ fn opening_announces_the_request_and_a_retry_closes_the_gate_again() {
     task.time_out_gate(OnTimeout::Fail, now()).unwrap();
     task.rerun(now()).unwrap();
     let gate = task.approval.as_ref().unwrap();
-    assert_eq!(gate, &Gate::new(Some("sam".into())));
+    assert_eq!(**gate, Gate::new(Some("sam".into())));
 }

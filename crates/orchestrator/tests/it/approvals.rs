@@ -169,7 +169,12 @@ async fn a_waiting_gate_holds_back_the_apply_until_an_allowed_token_approves_its
     assert_eq!(listed["items"][0]["workflow_id"], workflow.as_str());
     assert_eq!(listed["items"][0]["digest"], digest.as_str());
     // The single worker is free: another workflow runs meanwhile.
-    let other = submit(&service, Some(&sam), json!({"approvers": {"role": "admin"}})).await;
+    let other = submit(
+        &service,
+        Some(&sam),
+        json!({"approvers": {"role": "admin"}}),
+    )
+    .await;
     wait_gate(&service, &other, |_| true).await;
     assert_eq!(
         task_of_step(&service, &workflow, "apply").await["status"],
@@ -385,7 +390,12 @@ async fn a_gate_waiting_across_a_restart_still_waits_and_the_cli_approves_it() {
     );
     let approved = tokio::process::Command::new(BIN)
         .args(["--url", &service.base, "approve", &workflow])
-        .args(["--comment", "ok", "--digest", gate["digest"].as_str().unwrap()])
+        .args([
+            "--comment",
+            "ok",
+            "--digest",
+            gate["digest"].as_str().unwrap(),
+        ])
         .output()
         .await
         .unwrap();
@@ -446,10 +456,22 @@ async fn a_bad_approval_block_is_refused_naming_the_field() {
     settings.templates_dir = dir.path().join("no-templates");
     let service = TestService::start(settings).await;
     for (approval, field) in [
-        (json!({"approvers": {"role": "viewer"}}), "template.steps.approve.approval.approvers.role"),
-        (json!({"approvers": {"role": "operator"}, "required": 99}), "template.steps.approve.approval.required"),
-        (json!({"approvers": {"role": "operator"}, "covers": ["apply"]}), "template.steps.approve.approval.covers[0]"),
-        (json!({"approvers": {"role": "operator"}, "on_timeout": "explode"}), "template.steps.approve.approval"),
+        (
+            json!({"approvers": {"role": "viewer"}}),
+            "template.steps.approve.approval.approvers.role",
+        ),
+        (
+            json!({"approvers": {"role": "operator"}, "required": 99}),
+            "template.steps.approve.approval.required",
+        ),
+        (
+            json!({"approvers": {"role": "operator"}, "covers": ["apply"]}),
+            "template.steps.approve.approval.covers[0]",
+        ),
+        (
+            json!({"approvers": {"role": "operator"}, "on_timeout": "explode"}),
+            "template.steps.approve.approval",
+        ),
     ] {
         let (status, body) = call(
             &service,
