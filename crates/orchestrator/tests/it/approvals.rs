@@ -487,3 +487,46 @@ async fn a_bad_approval_block_is_refused_naming_the_field() {
     }
     service.stop().await;
 }
+
+#[tokio::test]
+async fn the_shipped_approved_apply_example_plans_waits_and_applies_once_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = fixture_settings(dir.path());
+    settings.scripts_dir = crate::harness::real_scripts();
+    settings.templates_dir = crate::harness::real_scripts().join("../templates");
+    let service = TestService::start(settings).await;
+    let (status, body) = call(
+        &service,
+        "POST",
+        "/workflows",
+        None,
+        Some(json!({"template": "approved-apply", "vars": {"env": "gated", "vm_count": 1}})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let workflow = body["id"].as_str().unwrap().to_owned();
+    let gate = wait_gate(&service, &workflow, |_| true).await;
+    assert!(
+        gate["covers"]["scripts"]["examples/provision_infra.py"].is_string(),
+        "{gate}"
+    );
+    assert!(gate["covers"]["outputs"]["plan"].is_string(), "{gate}");
+    assert_eq!(
+        task_of_step(&service, &workflow, "apply").await["status"],
+        "pending"
+    );
+    let (status, decided) = decide(
+        &service,
+        None,
+        &workflow,
+        "approve",
+        json!({"digest": gate["digest"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{decided}");
+    let view = wait_workflow(&service, &workflow).await;
+    assert_eq!(view["status"], "completed", "{view}");
+    let apply = task_of_step(&service, &workflow, "apply").await;
+    assert_eq!(apply["output"]["check_mode"], false, "{apply}");
+    service.stop().await;
+}
