@@ -313,6 +313,18 @@ async fn a_script_changed_on_disk_after_an_approval_invalidates_it_and_the_gate_
     assert_eq!(status, 200, "{counted}");
     assert_eq!(counted["status"], "pending");
 
+    // A script no gated step runs is not covered: `plan` ran already.
+    std::fs::write(scripts.join("plan.py"), "raise SystemExit(1)\n").unwrap();
+    let (_, same) = call(
+        &service,
+        "GET",
+        &format!("/workflows/{workflow}/approval"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(same["digest"], before["digest"], "{same}");
+
     let apply = scripts.join("apply.py");
     let mut text = std::fs::read_to_string(&apply).unwrap();
     text.push_str("\n# changed after the approval\n");
@@ -528,5 +540,39 @@ async fn the_shipped_approved_apply_example_plans_waits_and_applies_once_approve
     assert_eq!(view["status"], "completed", "{view}");
     let apply = task_of_step(&service, &workflow, "apply").await;
     assert_eq!(apply["output"]["check_mode"], false, "{apply}");
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn of_two_concurrent_decisions_one_is_stored_and_the_other_gets_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = with_auth(dir.path());
+    settings.scripts_dir = scripts_dir(dir.path());
+    settings.templates_dir = dir.path().join("no-templates");
+    let service = TestService::start(settings).await;
+    let ann = create_token(&service, "ann", "operator").await;
+    let bob = create_token(&service, "bob", "operator").await;
+    let workflow = submit(
+        &service,
+        Some(ADMIN),
+        json!({"approvers": {"role": "operator"}}),
+    )
+    .await;
+    let gate = wait_gate(&service, &workflow, |_| true).await;
+    let body = json!({"digest": gate["digest"]});
+    let (approve, reject) = tokio::join!(
+        decide(&service, Some(&ann), &workflow, "approve", body.clone()),
+        decide(&service, Some(&bob), &workflow, "reject", body),
+    );
+    let mut statuses = [approve.0, reject.0];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409], "{approve:?} {reject:?}");
+    let view = wait_workflow(&service, &workflow).await;
+    let expected = if approve.0 == 200 {
+        "completed"
+    } else {
+        "cancelled"
+    };
+    assert_eq!(view["status"], expected, "{view}");
     service.stop().await;
 }
