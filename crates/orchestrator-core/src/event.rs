@@ -374,7 +374,7 @@ pub fn workflow_change(before: Before<WorkflowStatus>, after: &Workflow) -> Opti
 
 /// The approval events of a gate's change, before its status event.
 fn gate_changes(before: Option<(bool, usize, u32)>, ended_now: bool, after: &Task) -> Vec<Change> {
-    use crate::approval::GateEnd;
+    use crate::task::gate::GateEnd;
     let Some(gate) = &after.approval else {
         return Vec::new();
     };
@@ -501,6 +501,55 @@ mod tests {
 
     fn kinds(changes: &[Change]) -> Vec<EventKind> {
         changes.iter().map(|c| c.kind).collect()
+    }
+
+    #[test]
+    fn a_gate_announces_its_request_approvals_invalidation_and_end() {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+
+        use crate::task::gate::{Choice, Coverage, Gate, OnTimeout, Verdict};
+        let mut gate = task(1);
+        gate.status = TaskStatus::Pending;
+        gate.approval = Some(Box::new(Gate::new(None)));
+        let approve = |by: &str, coverage: &Coverage| Verdict {
+            choice: Choice::Approve,
+            by: by.into(),
+            at: now(),
+            digest: coverage.digest(),
+            comment: None,
+        };
+        let first = Coverage::default();
+        let second = Coverage {
+            scripts: BTreeMap::from([("apply.sh".into(), "x".into())]),
+            ..Coverage::default()
+        };
+        assert_eq!(
+            step(&mut gate, |t| t.open_gate(Duration::from_secs(5), now())),
+            [EventKind::ApprovalRequested]
+        );
+        assert_eq!(
+            step(&mut gate, |t| {
+                t.decide_gate(approve("a", &first), &first, 2, now())
+                    .unwrap();
+            }),
+            [EventKind::Approved]
+        );
+        let before = TaskMark::of(&gate);
+        gate.decide_gate(approve("b", &second), &second, 2, now())
+            .unwrap();
+        let changes = task_changes(Before::Known(before), &gate);
+        assert_eq!(
+            kinds(&changes),
+            [EventKind::ApprovalInvalidated, EventKind::Approved]
+        );
+        assert_eq!(changes[0].reason.as_deref(), Some("script apply.sh is new"));
+        assert_eq!(
+            step(&mut gate, |t| t
+                .time_out_gate(OnTimeout::Reject, now())
+                .unwrap()),
+            [EventKind::ApprovalTimedOut, EventKind::Cancelled]
+        );
     }
 
     /// Applies a transition and returns the events it announces.

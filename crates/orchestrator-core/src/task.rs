@@ -22,6 +22,7 @@ pub use self::error::{Error, Result};
 use crate::{RetryPolicy, TaskId, WorkflowId};
 
 mod error;
+pub(crate) mod gate;
 
 /// Dispatch priority. Higher runs first; equal priorities run in FIFO order.
 #[derive(
@@ -378,10 +379,10 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub checkpoint: Map<String, Value>,
     /// On an approval gate (`kind: approval`): its decisions so far. A
-    /// gate is never queued; see [`crate::approval`].
+    /// gate is never queued; see `approval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Boxed: most tasks have none, and a task is handed around by value.
-    pub approval: Option<Box<crate::approval::Gate>>,
+    pub approval: Option<Box<gate::Gate>>,
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
@@ -741,7 +742,7 @@ impl Task {
         self.checkpoint.clear();
         // A gate decides again: what it covers may differ this time.
         if let Some(gate) = self.approval.as_mut() {
-            **gate = crate::approval::Gate::new(gate.submitter.take());
+            **gate = self::gate::Gate::new(gate.submitter.take());
         }
         Ok(())
     }

@@ -15,25 +15,25 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::Role;
 use orchestrator_core::approval::{
-    ApprovalPolicy, Approvers, Choice, Coverage, Decider, Gate, GateRefusal, OnTimeout, Verdict,
+    ApprovalPolicy, Approvers, Choice, Coverage, Decider, OnTimeout, Verdict, check_comment,
     may_decide, sha256_hex, value_hash,
 };
 use orchestrator_core::event::TaskMark;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
-use orchestrator_executor::{Attempt, InputRefusal, Outcome, StepRunner};
 use orchestrator_storage::TaskQuery;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Engine, Error, Result};
+use orchestrator_storage::Storage;
 
-/// The kind's name, as templates write it.
-pub const APPROVAL: &str = "approval";
+use crate::lifecycle::Lifecycle;
+use crate::records::Records;
+use crate::templates::Templates;
+use crate::{Error, Result};
 
 /// How often gates are looked at for their deadline and for changes
 /// under the approvals they have.
@@ -43,64 +43,6 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// reads to find them.
 pub const MAX_LISTED_GATES: usize = 200;
 const MAX_PENDING_SCANNED: usize = 10_000;
-
-/// The `approval` kind: its block is checked like any step's input; it is
-/// never dispatched (a gate stays `pending` until decided), so `run` only
-/// refuses.
-pub struct ApprovalRunner;
-
-#[async_trait]
-impl StepRunner for ApprovalRunner {
-    fn name(&self) -> &'static str {
-        APPROVAL
-    }
-
-    fn input_field(&self) -> &'static str {
-        "approval"
-    }
-
-    fn check(&self, _target: &str) -> std::result::Result<(), String> {
-        Ok(())
-    }
-
-    fn check_input(&self, input: &Value) -> std::result::Result<(), InputRefusal> {
-        // At load, `${workflow.input...}` may still stand in for a value.
-        if input.to_string().contains("${") {
-            return Ok(());
-        }
-        ApprovalPolicy::parse(input)
-            .map(|_| ())
-            .map_err(|(at, message)| InputRefusal {
-                at: if at.is_empty() { at } else { format!(".{at}") },
-                message,
-            })
-    }
-
-    async fn run(&self, _attempt: Attempt<'_>) -> Outcome {
-        Outcome::Failed {
-            exit_code: None,
-            error: "an approval step is decided through the API, never run".into(),
-        }
-    }
-
-    fn stop_leftovers(&self, _task_id: &str) -> usize {
-        0
-    }
-}
-
-/// Makes a new task of `kind: approval` a gate: `pending` whatever its
-/// dependencies, and open at once if it has none.
-pub(crate) fn make_gate(task: &mut Task, submitter: Option<String>, now: DateTime<Utc>) {
-    task.approval = Some(Box::new(Gate::new(submitter)));
-    task.status = TaskStatus::Pending;
-    if task.depends_on.is_empty()
-        && let Ok(timeout) = ApprovalPolicy::parse(&task.input)
-            .map_err(|_| ())
-            .and_then(|p| p.timeout_duration().map_err(|_| ()))
-    {
-        task.open_gate(timeout, now);
-    }
-}
 
 /// A gate waiting for decisions, as an approver sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -155,10 +97,20 @@ pub struct DecisionOutcome {
     pub required: u32,
 }
 
-impl Engine {
-    /// The scripts dir, where the gated steps' scripts are read from.
-    fn scripts_dir(&self) -> &std::path::Path {
-        &self.inner.steps.scripts().config().scripts_dir
+/// What gates need of the engine: the store, the templates as loaded,
+/// the scripts dir, the writer of records and the lifecycle that moves a
+/// workflow on once a gate ended.
+pub(crate) struct Gates {
+    pub(crate) store: Storage,
+    pub(crate) templates: Templates,
+    pub(crate) scripts_dir: std::path::PathBuf,
+    pub(crate) records: Arc<Records>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
+}
+
+impl Gates {
+    fn store(&self) -> &Storage {
+        &self.store
     }
 
     /// What `gate` of `workflow` covers now, read from the store, the
@@ -172,7 +124,6 @@ impl Engine {
     ) -> Coverage {
         let template = match workflow.input.get("template") {
             Some(Value::String(_)) => self
-                .inner
                 .templates
                 .get(&workflow.kind, workflow.template_version)
                 .and_then(|t| serde_json::to_value(&*t).ok())
@@ -207,7 +158,7 @@ impl Engine {
                 paths.extend(task.step.rollback.clone());
             }
         }
-        let dir = self.scripts_dir().to_path_buf();
+        let dir = self.scripts_dir.clone();
         let scripts = tokio::task::spawn_blocking(move || {
             paths
                 .into_iter()
@@ -272,7 +223,7 @@ impl Engine {
 
     /// The gates waiting for a decision, oldest first, at most
     /// [`MAX_LISTED_GATES`].
-    pub async fn pending_approvals(&self) -> Result<Vec<PendingApproval>> {
+    pub(crate) async fn pending_approvals(&self) -> Result<Vec<PendingApproval>> {
         let mut listed = Vec::new();
         for gate in self.waiting_gates().await? {
             if listed.len() >= MAX_LISTED_GATES {
@@ -290,7 +241,7 @@ impl Engine {
 
     /// The gate of `workflow` that waits for a decision (`step` picks one
     /// if several do), as `GET /approvals` shows it.
-    pub async fn workflow_approval(
+    pub(crate) async fn workflow_approval(
         &self,
         workflow: WorkflowId,
         step: Option<&str>,
@@ -349,16 +300,18 @@ impl Engine {
     /// the digest the decider saw. Refused: a decider the gate does not
     /// allow ([`Error::Forbidden`]), a digest that is no longer what the
     /// gate covers, a gate decided meanwhile ([`Error::Conflict`]).
-    pub async fn decide_approval(
+    pub(crate) async fn decide_approval(
         &self,
         workflow: WorkflowId,
         decider: Decider<'_>,
         request: DecisionRequest,
     ) -> Result<DecisionOutcome> {
-        self.accepting()?;
         let (workflow, tasks, gate) = self
             .waiting_gate_of(workflow, request.step.as_deref())
             .await?;
+        if let Some(comment) = &request.comment {
+            check_comment(comment).map_err(|m| Error::validation("comment", m))?;
+        }
         let policy = policy_of(&gate)?;
         let submitter = gate.approval.as_ref().and_then(|g| g.submitter.as_deref());
         may_decide(&policy, decider, submitter, request.choice).map_err(Error::Forbidden)?;
@@ -376,11 +329,8 @@ impl Engine {
             comment: request.comment,
         };
         task.decide_gate(verdict, &current, policy.required, now)
-            .map_err(|refusal| match refusal {
-                GateRefusal::CommentTooLong(_) => Error::validation("comment", refusal.to_string()),
-                other => Error::Conflict(other.to_string()),
-            })?;
-        let stored = match self.inner.records.update_task(&task, before).await {
+            .map_err(|refusal| Error::Conflict(refusal.to_string()))?;
+        let stored = match self.records.update_task(&task, before).await {
             Ok(stored) => stored,
             Err(e) if e.is_conflict() => {
                 return Err(Error::Conflict(format!(
@@ -396,7 +346,7 @@ impl Engine {
             .map_or(0, |g| g.approvals.len() as u32);
         tracing::info!(workflow = %workflow.id, task = %stored.id, choice = %request.choice, actor = decider.actor, status = %stored.status, "approval decision");
         if stored.status.is_terminal() {
-            self.inner.lifecycle.advance_soon(stored.clone()).await?;
+            self.lifecycle.advance_soon(stored.clone()).await?;
         }
         Ok(DecisionOutcome {
             workflow_id: workflow.id,
@@ -468,10 +418,10 @@ impl Engine {
                     continue;
                 }
             }
-            match self.inner.records.update_task(&task, before).await {
+            match self.records.update_task(&task, before).await {
                 Ok(stored) if stored.status.is_terminal() => {
                     tracing::warn!(workflow = %stored.workflow_id, task = %stored.id, "approval gate timed out");
-                    self.inner.lifecycle.advance_soon(stored).await?;
+                    self.lifecycle.advance_soon(stored).await?;
                 }
                 Ok(_) => {}
                 // A decision came first: the next look sees it.
@@ -484,13 +434,13 @@ impl Engine {
 }
 
 /// Looks at the gates every [`SWEEP_EVERY`] until `stopping`.
-pub(crate) async fn run(engine: Engine, stopping: CancellationToken) {
+pub(crate) async fn run(gates: Arc<Gates>, stopping: CancellationToken) {
     loop {
         tokio::select! {
             () = stopping.cancelled() => return,
             () = tokio::time::sleep(SWEEP_EVERY) => {}
         }
-        if let Err(e) = engine.sweep_gates(Utc::now()).await {
+        if let Err(e) = gates.sweep_gates(Utc::now()).await {
             tracing::warn!(error = %e, "looking at approval gates failed; trying again");
         }
     }

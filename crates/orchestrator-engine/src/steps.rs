@@ -35,7 +35,7 @@ impl Steps {
         .with(Arc::new(scripts))
         // Gates run nothing and need nothing of the service: every
         // engine decides them.
-        .with(Arc::new(crate::approvals::ApprovalRunner))
+        .with(Arc::new(crate::approval_step::ApprovalRunner))
     }
 
     pub fn scripts(&self) -> &ScriptExecutor {

@@ -312,8 +312,8 @@ impl Engine {
             };
             let mut task = Task::new(workflow.id, spec, now);
             task.not_before = workflow.start_at;
-            if task.step.kind.as_str() == crate::approvals::APPROVAL {
-                crate::approvals::make_gate(&mut task, request.meta.submitted_by.clone(), now);
+            if task.step.kind.as_str() == crate::approval_step::APPROVAL {
+                crate::approval_step::make_gate(&mut task, request.meta.submitted_by.clone(), now);
             }
             if task.step.input_template.is_some() {
                 // Its input is resolved at release, even when the steps it
