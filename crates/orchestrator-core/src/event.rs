@@ -317,6 +317,10 @@ pub fn task_changes(before: Before, after: &Task) -> Vec<Change> {
         Before::Unknown => {
             return vec![match after.status {
                 Running => claimed(after),
+                // An approval gate waiting: where it is now is a request.
+                Pending if after.approval.as_ref().is_some_and(|g| g.is_waiting()) => {
+                    status_event(EventKind::ApprovalRequested)
+                }
                 // Pending again without a create: a workflow retry.
                 Pending => status_event(EventKind::Reset),
                 RetryWaiting => retry_scheduled(after),
