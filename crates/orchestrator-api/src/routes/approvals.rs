@@ -164,12 +164,17 @@ async fn decide(
 ) -> Result<Response, ApiError> {
     let id = parse_workflow_id(id)?;
     let principal = principal.map_or_else(Principal::local, |p| p.0);
-    if decision.digest.len() != 64 || !decision.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if decision.digest.len() != 64
+        || !decision
+            .digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return Err(ApiError::new(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_request",
             format!(
-                "digest: `{}` is not a sha256 digest (64 hex digits)",
+                "digest: `{}` is not a sha256 digest (64 lowercase hex digits)",
                 decision.digest.chars().take(80).collect::<String>()
             ),
         ));
