@@ -31,6 +31,11 @@ use crate::limiter::{Limiter, MAX_KEYS};
 use crate::refusals::{AUDIT_INTERVAL, Due, MAX_ADDRESSES, RefusalTally};
 use crate::session::{self, Session, Sessions};
 
+/// What a handler adds to its call's audit record, after the target (an
+/// approval's digest), as an extension of its response.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditNote(pub(crate) String);
+
 /// What the guard needs: the engine (tokens, audit), the session keys,
 /// the rate limiters and the tally of anonymous refusals.
 #[derive(Clone)]
@@ -357,6 +362,13 @@ pub(crate) async fn guard(
     let (response, target) = match target {
         Some(target) => (response, Some(target)),
         None => created_id(response).await,
+    };
+    let target = match response.extensions().get::<AuditNote>() {
+        Some(AuditNote(note)) => Some(match target {
+            Some(target) => format!("{target} {note}"),
+            None => note.clone(),
+        }),
+        None => target,
     };
     access
         .record(audit(response.status(), principal.as_ref(), target))

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, TokenView};
+pub use crate::routes::approvals::{ApprovalList, Decision};
 pub use crate::routes::health::{Health, NodeList, NodeView};
 pub use crate::routes::schedules::ScheduleList;
 pub use crate::routes::storage_moves::MoveList;
@@ -28,6 +29,7 @@ pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
 pub use orchestrator_core::access::AuditRecord;
 pub use orchestrator_core::storage_move::MoveStatus;
+pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use orchestrator_engine::secrets::SecretInfo;
 pub use orchestrator_engine::{PruneReport, ScheduleView};
 pub use orchestrator_storage::live::StoreInfo;
@@ -341,6 +343,31 @@ impl Client {
     pub async fn resume_workflow(&self, id: &str) -> Result<WorkflowView> {
         let path = format!("/workflows/{id}/resume");
         self.call(self.request(Method::POST, &path)).await
+    }
+
+    /// `GET /approvals`: the gates waiting for a decision.
+    pub async fn approvals(&self) -> Result<ApprovalList> {
+        self.get("/approvals").await
+    }
+
+    /// `GET /workflows/{id}/approval`: the workflow's waiting gate.
+    pub async fn workflow_approval(&self, id: &str, step: Option<&str>) -> Result<PendingApproval> {
+        let path = format!("/workflows/{id}/approval");
+        self.call(self.request(Method::GET, &path).query(&[("step", step)]))
+            .await
+    }
+
+    /// `POST /workflows/{id}/approve` (`approve`) or `/reject`.
+    pub async fn decide_workflow(
+        &self,
+        id: &str,
+        approve: bool,
+        decision: &Decision,
+    ) -> Result<DecisionOutcome> {
+        let verb = if approve { "approve" } else { "reject" };
+        let path = format!("/workflows/{id}/{verb}");
+        self.call(self.request(Method::POST, &path).json(decision))
+            .await
     }
 
     /// `POST /workflows/{id}/rerun` with `{from, include_downstream, vars}`.

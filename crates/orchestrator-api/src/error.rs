@@ -97,6 +97,9 @@ impl From<EngineError> for ApiError {
             EngineError::SecretNotAllowed(message) => {
                 ApiError::new(StatusCode::FORBIDDEN, "secret_not_allowed", message)
             }
+            EngineError::Forbidden(message) => {
+                ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+            }
             EngineError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",

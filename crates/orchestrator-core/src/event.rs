@@ -52,6 +52,17 @@ pub enum EventKind {
     WorkflowPaused,
     /// A paused workflow was resumed.
     WorkflowResumed,
+    /// An approval gate opened: it waits for decisions.
+    ApprovalRequested,
+    /// An approval was counted; `digest` is what it signed.
+    Approved,
+    /// A gate was rejected; `reason` names who and why.
+    Rejected,
+    /// Approvals stopped counting because what they covered changed;
+    /// `reason` says what. The gate waits again.
+    ApprovalInvalidated,
+    /// No decision came before the gate's deadline.
+    ApprovalTimedOut,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -75,6 +86,11 @@ crate::named_variants!(EventKind, "kind", [
     StorageMigration => "storage_migration",
     WorkflowPaused => "workflow_paused",
     WorkflowResumed => "workflow_resumed",
+    ApprovalRequested => "approval_requested",
+    Approved => "approved",
+    Rejected => "rejected",
+    ApprovalInvalidated => "approval_invalidated",
+    ApprovalTimedOut => "approval_timed_out",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -126,6 +142,12 @@ pub struct Event {
     /// A `storage_migration` event's migration, as it is now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Box<MoveStatus>>,
+    /// Approval events: why (a rejection's comment, what changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Approval events: the digest decided on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -142,6 +164,8 @@ pub struct Change {
     pub log_length: Option<u64>,
     pub missed: Option<u64>,
     pub migration: Option<Box<MoveStatus>>,
+    pub reason: Option<String>,
+    pub digest: Option<String>,
 }
 
 impl Change {
@@ -158,6 +182,8 @@ impl Change {
             log_length: None,
             missed: None,
             migration: None,
+            reason: None,
+            digest: None,
         }
     }
 
@@ -237,6 +263,8 @@ impl Change {
             log_length: self.log_length,
             missed: self.missed,
             migration: self.migration,
+            reason: self.reason,
+            digest: self.digest,
         }
     }
 }
@@ -251,6 +279,8 @@ pub struct TaskMark {
     pub reruns: u32,
     /// How many checkpoint entries were saved.
     pub checkpoint_entries: usize,
+    /// An approval gate's progress: open, approvals counted, invalidations.
+    pub gate: Option<(bool, usize, u32)>,
 }
 
 impl TaskMark {
@@ -261,6 +291,10 @@ impl TaskMark {
             cancel_requested: task.cancel_requested,
             reruns: task.reruns,
             checkpoint_entries: task.checkpoint.len(),
+            gate: task
+                .approval
+                .as_ref()
+                .map(|g| (g.opened_at.is_some(), g.approvals.len(), g.invalidations)),
         }
     }
 }
@@ -289,6 +323,10 @@ pub fn task_changes(before: Before, after: &Task) -> Vec<Change> {
         Before::Unknown => {
             return vec![match after.status {
                 Running => claimed(after),
+                // An approval gate waiting: where it is now is a request.
+                Pending if after.approval.as_ref().is_some_and(|g| g.is_waiting()) => {
+                    status_event(EventKind::ApprovalRequested)
+                }
                 // Pending again without a create: a workflow retry.
                 Pending => status_event(EventKind::Reset),
                 RetryWaiting => retry_scheduled(after),
@@ -297,7 +335,7 @@ pub fn task_changes(before: Before, after: &Task) -> Vec<Change> {
         }
         Before::Known(mark) => mark,
     };
-    let mut changes = Vec::new();
+    let mut changes = gate_changes(before.gate, before.status != after.status, after);
     if before.status != after.status {
         // An attempt ended: the task left `running`, or was reset after
         // an attempt that ran under another claim.
@@ -352,6 +390,61 @@ pub fn pause_change(was_paused: bool, after: &Workflow) -> Option<Change> {
         (true, false) => Some(Change::of_workflow(EventKind::WorkflowResumed, after)),
         _ => None,
     }
+}
+
+/// The approval events of a gate's change, before its status event.
+fn gate_changes(before: Option<(bool, usize, u32)>, ended_now: bool, after: &Task) -> Vec<Change> {
+    use crate::task::gate::GateEnd;
+    let Some(gate) = &after.approval else {
+        return Vec::new();
+    };
+    let (was_open, approvals_before, invalidations_before) = before.unwrap_or_default();
+    let event = |kind, reason: Option<String>, digest: Option<String>| Change {
+        reason,
+        digest,
+        ..Change::of_task(kind, after)
+    };
+    let mut changes = Vec::new();
+    if gate.opened_at.is_some() && !was_open {
+        changes.push(event(EventKind::ApprovalRequested, None, None));
+    }
+    if gate.invalidations > invalidations_before {
+        changes.push(event(
+            EventKind::ApprovalInvalidated,
+            gate.invalidated_because.clone(),
+            None,
+        ));
+    }
+    let counted_before = if gate.invalidations > invalidations_before {
+        0
+    } else {
+        approvals_before
+    };
+    for approval in gate.approvals.iter().skip(counted_before) {
+        changes.push(event(
+            EventKind::Approved,
+            Some(format!("approved by {}", approval.by)),
+            Some(approval.digest.clone()),
+        ));
+    }
+    match gate.ended {
+        Some(GateEnd::Rejected) if ended_now => {
+            changes.push(event(
+                EventKind::Rejected,
+                after.error.clone(),
+                gate.rejection.as_ref().map(|r| r.digest.clone()),
+            ));
+        }
+        Some(GateEnd::TimedOut) if ended_now => {
+            changes.push(event(
+                EventKind::ApprovalTimedOut,
+                after.error.clone(),
+                None,
+            ));
+        }
+        _ => {}
+    }
+    changes
 }
 
 fn kind_of_status(status: TaskStatus) -> EventKind {
@@ -444,6 +537,55 @@ mod tests {
 
     fn kinds(changes: &[Change]) -> Vec<EventKind> {
         changes.iter().map(|c| c.kind).collect()
+    }
+
+    #[test]
+    fn a_gate_announces_its_request_approvals_invalidation_and_end() {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+
+        use crate::task::gate::{Choice, Coverage, Gate, OnTimeout, Verdict};
+        let mut gate = task(1);
+        gate.status = TaskStatus::Pending;
+        gate.approval = Some(Box::new(Gate::new(None)));
+        let approve = |by: &str, coverage: &Coverage| Verdict {
+            choice: Choice::Approve,
+            by: by.into(),
+            at: now(),
+            digest: coverage.digest(),
+            comment: None,
+        };
+        let first = Coverage::default();
+        let second = Coverage {
+            scripts: BTreeMap::from([("apply.sh".into(), "x".into())]),
+            ..Coverage::default()
+        };
+        assert_eq!(
+            step(&mut gate, |t| t.open_gate(Duration::from_secs(5), now())),
+            [EventKind::ApprovalRequested]
+        );
+        assert_eq!(
+            step(&mut gate, |t| {
+                t.decide_gate(approve("a", &first), &first, 2, now())
+                    .unwrap();
+            }),
+            [EventKind::Approved]
+        );
+        let before = TaskMark::of(&gate);
+        gate.decide_gate(approve("b", &second), &second, 2, now())
+            .unwrap();
+        let changes = task_changes(Before::Known(before), &gate);
+        assert_eq!(
+            kinds(&changes),
+            [EventKind::ApprovalInvalidated, EventKind::Approved]
+        );
+        assert_eq!(changes[0].reason.as_deref(), Some("script apply.sh is new"));
+        assert_eq!(
+            step(&mut gate, |t| t
+                .time_out_gate(OnTimeout::Reject, now())
+                .unwrap()),
+            [EventKind::ApprovalTimedOut, EventKind::Cancelled]
+        );
     }
 
     /// Applies a transition and returns the events it announces.

@@ -6,6 +6,7 @@
 //! every decision here is a plain function that unit tests can pin down.
 
 pub mod access;
+pub mod approval;
 pub mod backoff;
 pub mod event;
 mod ids;

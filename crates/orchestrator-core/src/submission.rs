@@ -22,7 +22,7 @@ pub fn submission_digest(body: &Value) -> String {
 }
 
 /// JSON with object keys sorted and no white space.
-fn canonical(value: &Value, out: &mut String) {
+pub(crate) fn canonical(value: &Value, out: &mut String) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();

@@ -22,6 +22,7 @@ pub use self::error::{Error, Result};
 use crate::{RetryPolicy, TaskId, WorkflowId};
 
 mod error;
+pub(crate) mod gate;
 
 /// Dispatch priority. Higher runs first; equal priorities run in FIFO order.
 #[derive(
@@ -382,6 +383,11 @@ pub struct Task {
     /// next one, so a re-run can resume instead of repeating a side effect.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub checkpoint: Map<String, Value>,
+    /// On an approval gate (`kind: approval`): its decisions so far. A
+    /// gate is never queued; see `approval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Boxed: most tasks have none, and a task is handed around by value.
+    pub approval: Option<Box<gate::Gate>>,
     /// Optimistic-concurrency version: storage accepts an update only if the
     /// stored version equals this one, then bumps it.
     pub version: u64,
@@ -474,6 +480,7 @@ impl Task {
             lease_until: None,
             history: Vec::new(),
             checkpoint: Map::new(),
+            approval: None,
             version: 0,
             condition: None,
         }
@@ -502,7 +509,7 @@ impl Task {
         Duration::from_secs(self.timeout_secs)
     }
 
-    fn move_to(&mut self, next: TaskStatus, now: DateTime<Utc>) -> Result<()> {
+    pub(crate) fn move_to(&mut self, next: TaskStatus, now: DateTime<Utc>) -> Result<()> {
         if self.status.is_terminal() {
             return Err(Error::AlreadyFinished {
                 id: self.id,
@@ -773,6 +780,10 @@ impl Task {
         // A workflow retry is a fresh start: the next run must not resume
         // an external job that the failed run may have left half done.
         self.checkpoint.clear();
+        // A gate decides again: what it covers may differ this time.
+        if let Some(gate) = self.approval.as_mut() {
+            **gate = self::gate::Gate::new(gate.submitter.take());
+        }
         Ok(())
     }
 

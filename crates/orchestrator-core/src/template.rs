@@ -180,6 +180,11 @@ pub struct StepTemplate {
     pub http: Option<HttpStep>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
+    /// Who may approve a `kind: approval` step and what the approval
+    /// covers (see [`crate::approval::ApprovalPolicy`]); it becomes the
+    /// task's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Map<String, Value>>,
     #[serde(default)]
     pub optional: bool,
     #[serde(default)]
@@ -213,9 +218,10 @@ impl StepTemplate {
     /// resolve: `input`, or an http step's block. Once the template is
     /// validated, a step has an http block exactly when its kind takes one.
     pub fn input_value(&self) -> Value {
-        match self.http {
-            Some(_) => self.http_block(),
-            None => Value::Object(self.input.clone()),
+        match (&self.http, &self.approval) {
+            (Some(_), _) => self.http_block(),
+            (None, Some(block)) => Value::Object(block.clone()),
+            (None, None) => Value::Object(self.input.clone()),
         }
     }
 
@@ -232,9 +238,10 @@ impl StepTemplate {
     /// for an http step (shown in listings, and the `script` label of
     /// the metrics, where a URL would make one series per job).
     fn target(&self) -> String {
-        match self.http {
-            Some(_) => format!("http:{}", self.ref_name),
-            None => self.script.clone(),
+        match (&self.http, &self.approval) {
+            (Some(_), _) => format!("http:{}", self.ref_name),
+            (None, Some(_)) => format!("approval:{}", self.ref_name),
+            (None, None) => self.script.clone(),
         }
     }
 }
@@ -480,6 +487,13 @@ impl Template {
                 ("input", Value::Object(step.input.clone())),
                 ("http", step.http_block()),
                 (
+                    "approval",
+                    step.approval
+                        .clone()
+                        .map(Value::Object)
+                        .unwrap_or(Value::Null),
+                ),
+                (
                     "name",
                     step.name.clone().map(Value::String).unwrap_or(Value::Null),
                 ),
@@ -519,7 +533,47 @@ impl Template {
         let input = kinds
             .input_of(step.kind)
             .map_err(|message| err(format!("{at}.kind"), message))?;
+        if input != StepInput::Approval && step.approval.is_some() {
+            return Err(err(
+                format!("{at}.approval"),
+                "only a step of `kind: approval` takes an approval block",
+            ));
+        }
         match (input, &step.http) {
+            (StepInput::Approval, http) => {
+                let Some(block) = &step.approval else {
+                    return Err(err(
+                        format!("{at}.approval"),
+                        "a step of `kind: approval` needs an approval block",
+                    ));
+                };
+                for (field, present) in [
+                    ("script", !step.script.is_empty()),
+                    ("input", !step.input.is_empty()),
+                    ("http", http.is_some()),
+                    ("rollback", step.rollback.is_some()),
+                ] {
+                    if present {
+                        return Err(err(
+                            format!("{at}.{field}"),
+                            "an approval step runs nothing; it takes only its approval block",
+                        ));
+                    }
+                }
+                // Covered outputs must exist when the gate opens.
+                if let Some(Value::Array(covers)) = block.get("covers") {
+                    for (i, covered) in covers.iter().enumerate() {
+                        let named = covered.as_str().unwrap_or_default();
+                        if !step.depends_on.iter().any(|d| d == named) {
+                            return Err(err(
+                                format!("{at}.approval.covers[{i}]"),
+                                format!("{covered} is not one of this step's depends_on"),
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
             (StepInput::Input, None) if step.script.trim().is_empty() => {
                 Err(err(format!("{at}.script"), "must name a script"))
             }
@@ -773,6 +827,12 @@ impl Template {
                 return Err(err(
                     format!("vars.steps.{step}"),
                     "an http step takes no per-step input",
+                ));
+            }
+            if step_named(step).is_some_and(|s| s.approval.is_some()) {
+                return Err(err(
+                    format!("vars.steps.{step}"),
+                    "an approval step takes no per-step input",
                 ));
             }
         }

@@ -385,6 +385,15 @@ pub fn decide_task<'a>(
     if task.status != TaskStatus::Pending {
         return None;
     }
+    // An open approval gate waits for its decisions, not for its
+    // dependencies: only a decision (or its timeout) moves it.
+    if task
+        .approval
+        .as_ref()
+        .is_some_and(|g| g.opened_at.is_some())
+    {
+        return None;
+    }
     // Rollback and always_run steps wait for their dependencies to end,
     // however they end; the others need them to succeed.
     let runs_regardless = task.step.always_run || is_rollback(task);

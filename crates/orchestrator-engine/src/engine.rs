@@ -24,6 +24,7 @@ use orchestrator_storage::{Page, Storage, TaskQuery, WorkflowQuery};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{Access, AccessConfig};
+use crate::approvals::{DecisionOutcome, DecisionRequest, Gates, PendingApproval};
 use crate::attempts::Attempts;
 use crate::cluster::{Cluster, Timing};
 use crate::dispatch::{Dispatcher, DispatcherParts};
@@ -113,6 +114,8 @@ pub(crate) struct Inner {
     dispatcher: Arc<Dispatcher>,
     cluster: Arc<Cluster>,
     pub(crate) scheduler: Arc<Scheduler>,
+    /// Approval gates: their digests, decisions and deadlines.
+    gates: Arc<Gates>,
     /// Set when shutdown begins: nothing new is dispatched or accepted.
     pub(crate) stopping: CancellationToken,
     /// Set when shutdown is over: heartbeats and lease renewal stop.
@@ -193,6 +196,13 @@ impl Engine {
             lifecycle.clone(),
             config.node_id.clone(),
         ));
+        let gates = Arc::new(Gates {
+            store: store.clone(),
+            templates: templates.clone(),
+            scripts_dir: steps.scripts().config().scripts_dir.clone(),
+            records: records.clone(),
+            lifecycle: lifecycle.clone(),
+        });
         let inner = Arc::new(Inner {
             store,
             config,
@@ -208,6 +218,7 @@ impl Engine {
             dispatcher: dispatcher.clone(),
             cluster: cluster.clone(),
             scheduler: scheduler.clone(),
+            gates: gates.clone(),
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
             live: std::sync::OnceLock::new(),
@@ -229,6 +240,7 @@ impl Engine {
         let engine = Engine { inner };
         // Due runs are submitted like `POST /workflows`, through the engine.
         tokio::spawn(scheduler.run(Arc::new(engine.clone()), stopping.clone()));
+        tokio::spawn(crate::approvals::run(gates, stopping.clone()));
         tokio::spawn(retention::run(
             engine.inner.store.clone(),
             engine.inner.config.retention,
@@ -464,6 +476,38 @@ impl Engine {
     }
 
     /// Refuses new work once shutdown has begun.
+    /// The approval gates waiting for a decision, oldest first, at most
+    /// [`crate::approvals::MAX_LISTED_GATES`].
+    pub async fn pending_approvals(&self) -> Result<Vec<PendingApproval>> {
+        self.inner.gates.pending_approvals().await
+    }
+
+    /// The gate of `workflow` that waits for a decision (`step` picks one
+    /// if several do).
+    pub async fn workflow_approval(
+        &self,
+        workflow: WorkflowId,
+        step: Option<&str>,
+    ) -> Result<PendingApproval> {
+        self.inner.gates.workflow_approval(workflow, step).await
+    }
+
+    /// Approves or rejects the waiting gate of `workflow` as `decider`, on
+    /// the digest the decider saw: `Forbidden` for a decider the gate does
+    /// not allow, `Conflict` for a stale digest or a gate decided meanwhile.
+    pub async fn decide_approval(
+        &self,
+        workflow: WorkflowId,
+        decider: orchestrator_core::approval::Decider<'_>,
+        request: DecisionRequest,
+    ) -> Result<DecisionOutcome> {
+        self.accepting()?;
+        self.inner
+            .gates
+            .decide_approval(workflow, decider, request)
+            .await
+    }
+
     pub(crate) fn accepting(&self) -> Result<()> {
         if self.inner.stopping.is_cancelled() {
             Err(Error::ShuttingDown)

@@ -15,6 +15,10 @@ pub enum Error {
     /// secret and the rule, never the value.
     #[error("{0}")]
     SecretNotAllowed(String),
+    /// The caller may not do this (an approval gate's rule); the message
+    /// names the token and the rule.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("the service is shutting down")]
     ShuttingDown,
     /// A fault of the service itself (a panic while planning), told to

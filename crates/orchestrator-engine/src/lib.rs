@@ -20,6 +20,8 @@
 //! `templates` stand alone.
 
 pub mod access;
+pub mod approval_step;
+pub mod approvals;
 mod attempts;
 pub mod builtin;
 mod cluster;

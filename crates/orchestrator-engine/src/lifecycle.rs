@@ -576,6 +576,8 @@ impl Lifecycle {
             for stored in stored {
                 match stored? {
                     Some(task) if task.status == TaskStatus::Queued => self.queue.push(&task),
+                    // An approval gate opened: it waits for its decisions.
+                    Some(task) if task.status == TaskStatus::Pending => {}
                     // Skipped or unrunnable: its dependents are next.
                     Some(task) => ended.push(task),
                     // Someone else moved it: the full round sees how.

@@ -32,6 +32,9 @@ pub struct RerunRequest {
     /// Inputs that replace the workflow's (top-level keys); `steps.<step>`
     /// gives per-step inputs of steps that run again.
     pub vars: Map<String, Value>,
+    /// The token that asks for the re-run: the new revision's submitter
+    /// (see [`crate::Meta::submitted_by`]).
+    pub submitted_by: Option<String>,
 }
 
 impl Engine {
@@ -201,6 +204,7 @@ fn rerun_submission(
             name: Some(old.name.clone()),
             description: old.description.clone(),
             retain: old.retain,
+            submitted_by: request.submitted_by.clone(),
         },
         start_at: None,
         check_mode: old.check_mode,

@@ -286,6 +286,8 @@ fn run_request(schedule: &Schedule, claim: Option<&ScheduleClaim>) -> SubmitRequ
         },
         vars: schedule.vars.clone(),
         meta: Meta {
+            // A schedule's run has no submitting token.
+            submitted_by: None,
             reference: None,
             trace_id: Some(trace_id),
             name,

@@ -33,6 +33,9 @@ impl Steps {
             scripts: scripts.clone(),
         }
         .with(Arc::new(scripts))
+        // Gates run nothing and need nothing of the service: every
+        // engine decides them.
+        .with(Arc::new(crate::approval_step::ApprovalRunner))
     }
 
     pub fn scripts(&self) -> &ScriptExecutor {

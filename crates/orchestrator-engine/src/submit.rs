@@ -56,6 +56,9 @@ pub struct Meta {
     pub description: Option<String>,
     /// How long to keep the workflow once finished (`meta.retain`).
     pub retain: Option<orchestrator_core::retention::Keep>,
+    /// The token that submits it, when the service runs with tokens: its
+    /// approval gates refuse its own approval unless they allow it.
+    pub submitted_by: Option<String>,
 }
 
 /// Everything a workflow submission says.
@@ -309,6 +312,9 @@ impl Engine {
             };
             let mut task = Task::new(workflow.id, spec, now);
             task.not_before = workflow.start_at;
+            if task.step.kind.as_str() == crate::approval_step::APPROVAL {
+                crate::approval_step::make_gate(&mut task, request.meta.submitted_by.clone(), now);
+            }
             if task.step.input_template.is_some() {
                 // Its input is resolved at release, even when the steps it
                 // reads from have no instances (then it reads `[]`).

@@ -34,6 +34,12 @@ pub enum Command {
     /// Submit, follow, cancel and retry template workflows.
     #[command(subcommand)]
     Workflow(WorkflowCommand),
+    /// List the approval gates waiting for a decision, with their digests.
+    Approvals(ApprovalsArgs),
+    /// Approve a workflow's waiting approval gate.
+    Approve(DecideArgs),
+    /// Reject a workflow's waiting approval gate: the gated steps never run.
+    Reject(DecideArgs),
     /// Check and list workflow templates.
     #[command(subcommand)]
     Template(TemplateCommand),
@@ -260,6 +266,33 @@ pub enum SecretCommand {
     List,
     /// Delete a secret.
     Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsArgs {
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// The workflow's id.
+    pub workflow: String,
+    /// Why; kept with the decision and in the audit log.
+    #[arg(long)]
+    pub comment: Option<String>,
+    /// The gate's step, when the workflow has several waiting.
+    #[arg(long)]
+    pub step: Option<String>,
+    /// The digest you reviewed (`orchestrator approvals`); refused if the
+    /// gate now covers anything else. Without it, the digest the gate
+    /// covers now is shown and decided on.
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

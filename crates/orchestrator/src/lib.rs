@@ -1,6 +1,7 @@
 //! The `orchestrator` command: `serve` runs the daemon, the other
 //! subcommands are clients of a running daemon's HTTP API.
 
+mod approvals;
 mod backup;
 pub mod cli;
 mod client;
@@ -51,6 +52,9 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Logs(args) => client::logs(&cli.client, args).await,
             Command::Cancel(args) => client::cancel(&cli.client, args).await,
             Command::Workflow(command) => workflows::run(&cli.client, command).await,
+            Command::Approvals(args) => approvals::list(&cli.client, args).await,
+            Command::Approve(args) => approvals::decide(&cli.client, args, true).await,
+            Command::Reject(args) => approvals::decide(&cli.client, args, false).await,
             Command::Template(command) => workflows::template(&cli.client, command).await,
             Command::Schedule(command) => schedules::run(&cli.client, command).await,
             Command::Test(command) => testenv::run(&cli.client, command).await,

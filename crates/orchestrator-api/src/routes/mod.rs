@@ -6,6 +6,7 @@
 //! ([`operations`], `auth::Declarations`).
 
 pub(crate) mod admin;
+pub(crate) mod approvals;
 pub(crate) mod backup;
 pub(crate) mod builtin;
 pub(crate) mod dashboard;
@@ -44,6 +45,7 @@ pub(crate) fn operations() -> OpenApiRouter<AppState> {
         .merge(builtin::routes())
         .merge(templates::routes())
         .merge(schedules::routes())
+        .merge(approvals::routes())
         .merge(admin::routes())
         .merge(backup::routes())
         .merge(storage_moves::routes())

@@ -337,6 +337,7 @@ fn yes() -> bool {
     ))]
 pub(crate) async fn rerun_workflow(
     State(state): State<AppState>,
+    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
     Path(id): Path<String>,
     JsonBody(rerun): JsonBody<Rerun>,
 ) -> Result<Response, ApiError> {
@@ -344,6 +345,7 @@ pub(crate) async fn rerun_workflow(
         from: rerun.from,
         include_downstream: rerun.include_downstream,
         vars: rerun.vars,
+        submitted_by: submitter(principal.as_ref().map(|p| &p.0)),
     };
     let view = state
         .engine
@@ -511,6 +513,7 @@ impl WorkflowSubmission {
                 name: self.meta.name,
                 description: self.meta.description,
                 retain: self.meta.retain,
+                submitted_by: None,
             },
             start_at: match self.schedule {
                 Some(StartWhen::At { start }) => Some(start),
@@ -568,12 +571,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     ))]
 pub(crate) async fn submit_workflow(
     State(state): State<AppState>,
+    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
     let wait = wait_limit(submission.wait, submission.wait_timeout_secs.map(u64::from));
-    let request = submission.into_request(body, idempotency_key(&headers)?)?;
+    let mut request = submission.into_request(body, idempotency_key(&headers)?)?;
+    request.meta.submitted_by = submitter(principal.as_ref().map(|p| &p.0));
     submit(&state.engine, request, wait).await
 }
 
@@ -608,6 +613,14 @@ pub(crate) async fn validate_workflow(
         valid: true,
         workflow,
     }))
+}
+
+/// The token a submission comes from, for its approval gates; none
+/// without tokens (`local`: everyone is the same caller then).
+fn submitter(principal: Option<&orchestrator_engine::access::Principal>) -> Option<String> {
+    principal
+        .filter(|p| p.token_id.is_some())
+        .map(|p| p.actor.clone())
 }
 
 /// Typed view of a body already parsed as JSON, with the same 422 errors.

@@ -14,16 +14,20 @@ pub enum StepInput {
     /// The step's `http` block (see [`crate::http`]); the step has no
     /// `script` and no `input`.
     Http,
+    /// The step's `approval` block (see [`crate::approval`]); the step
+    /// has no `script` and no `input`.
+    Approval,
 }
 
 impl StepInput {
-    const ALL: [StepInput; 2] = [StepInput::Input, StepInput::Http];
+    const ALL: [StepInput; 3] = [StepInput::Input, StepInput::Http, StepInput::Approval];
 
     /// The template field, as it is written.
     pub fn field(self) -> &'static str {
         match self {
             StepInput::Input => "input",
             StepInput::Http => "http",
+            StepInput::Approval => "approval",
         }
     }
 
@@ -33,7 +37,7 @@ impl StepInput {
             .into_iter()
             .find(|input| input.field() == field)
             .ok_or_else(|| {
-                format!("`{field}` is not a template field a step's input can come from (expected input or http)")
+                format!("`{field}` is not a template field a step's input can come from (expected input, http or approval)")
             })
     }
 }

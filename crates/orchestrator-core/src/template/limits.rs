@@ -7,6 +7,15 @@ use serde_json::Value;
 
 use super::{TemplateError, err};
 
+/// Tokens an approval gate may name as its deciders (`approval.approvers.tokens`).
+pub const MAX_GATE_APPROVER_TOKENS: usize = 32;
+/// Approvals a gate may require (`approval.required`).
+pub const MAX_GATE_REQUIRED: u32 = 10;
+/// Steps whose outputs one gate may cover (`approval.covers`).
+pub const MAX_GATE_COVERED_STEPS: usize = 32;
+/// A decision's comment, in bytes.
+pub const MAX_GATE_COMMENT_BYTES: usize = 2048;
+
 /// The service's limits on one submission; each is a setting of its own
 /// (named by [`Limit::setting`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

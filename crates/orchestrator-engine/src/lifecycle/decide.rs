@@ -148,6 +148,21 @@ pub(super) fn release(
         Some(Err(error)) => return Ok(task.fail_unrunnable(error, now)?),
     }
     match resolve_input(workflow, task, by_id) {
+        // An approval gate is never queued: it opens and waits for its
+        // decisions (`approvals`).
+        Ok(input) if task.approval.is_some() => {
+            match orchestrator_core::approval::ApprovalPolicy::parse(&input)
+                .and_then(|p| p.timeout_duration().map_err(|m| ("timeout".to_owned(), m)))
+            {
+                Ok(timeout) => {
+                    task.input = input;
+                    task.open_gate(timeout, now);
+                }
+                Err((at, message)) => {
+                    task.fail_unrunnable(format!("approval.{at}: {message}"), now)?
+                }
+            }
+        }
         Ok(input) => {
             task.input = input;
             task.not_before = workflow.start_at.filter(|at| *at > now);

@@ -153,7 +153,7 @@ async fn a_kind_no_runner_declares_is_refused_with_the_known_ones() {
     assert_eq!(field, "template.steps.hi.kind");
     assert_eq!(
         message,
-        "unknown step kind `greet` (expected one of script)"
+        "unknown step kind `greet` (expected one of script, approval)"
     );
     engine.shutdown(Duration::from_secs(5)).await;
 }

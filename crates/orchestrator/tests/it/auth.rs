@@ -248,6 +248,30 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             None,
             Min::Operator,
         ),
+        ("GET", "/approvals", "/approvals".into(), None, Min::Viewer),
+        (
+            "GET",
+            "/workflows/{id}/approval",
+            format!("/workflows/{workflow}/approval"),
+            None,
+            Min::Viewer,
+        ),
+        // The gate's own rule says who decides: the door asks for any
+        // valid token (and there is no gate here: 409).
+        (
+            "POST",
+            "/workflows/{id}/approve",
+            format!("/workflows/{workflow}/approve"),
+            Some(json!({"digest": "0".repeat(64)})),
+            Min::Viewer,
+        ),
+        (
+            "POST",
+            "/workflows/{id}/reject",
+            format!("/workflows/{workflow}/reject"),
+            Some(json!({"digest": "0".repeat(64)})),
+            Min::Viewer,
+        ),
         (
             "POST",
             "/workflows/{id}/retry",

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod approvals;
 mod auth;
 mod backends;
 mod backup;

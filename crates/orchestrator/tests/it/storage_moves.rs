@@ -55,6 +55,7 @@ async fn wait_migration(service: &TestService, id: &str) -> Value {
 
 /// What a steady client saw.
 #[derive(Default)]
+#[cfg_attr(not(feature = "surrealdb"), allow(dead_code))] // only the moves to SurrealDB load it
 struct Load {
     acknowledged: Vec<String>,
     errors: Vec<String>,
@@ -63,6 +64,7 @@ struct Load {
 }
 
 /// Submits a workflow and reads it back every `every`, until `stop`.
+#[cfg_attr(not(feature = "surrealdb"), allow(dead_code))] // only the moves to SurrealDB load it
 async fn steady_client(base: String, stop: Arc<AtomicBool>, every: Duration) -> Load {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -127,6 +129,7 @@ async fn all_complete(service: &TestService, ids: &[String]) {
 /// store to `target`, and checks what the issue promises: no client
 /// error, every acknowledged submission on the target and finished, and
 /// a restart with the same settings on the target.
+#[cfg_attr(not(feature = "surrealdb"), allow(dead_code))] // only the moves to SurrealDB load it
 async fn move_under_load(
     mut settings: orchestrator::settings::ServeSettings,
     target: &str,
