@@ -17,7 +17,7 @@ use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Error, Result};
 
 /// The on-disk layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 pub(super) const LAYOUT_FILE: &str = "layout.json";
 
@@ -47,6 +47,13 @@ pub(super) const UPGRADES: &[Upgrade] = &[Upgrade {
     // of the journal ("restore the data dir from a backup"); with the
     // version raised, it refuses the store for what it is: newer.
     name: "journal lines for schedules (schedule, schedule_deleted, schedule_claim)",
+    convert: None,
+}, Upgrade {
+    from: 2,
+    // As for schedules: a build of layout 2 refuses the webhook lines as
+    // newer instead of taking them for damage.
+    name: "journal lines for webhooks (webhook_subscription, webhook_subscription_deleted, \
+           webhook_delivery, webhook_deliveries_pruned)",
     convert: None,
 }];
 
