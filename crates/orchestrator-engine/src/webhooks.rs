@@ -55,6 +55,11 @@ const SECRET_BYTES: usize = 32;
 const BATCH: usize = 64;
 /// Claims per schedule the schedule watch reads each round.
 const CLAIMS_LOOKED_AT: usize = 10;
+/// How far back a catch-up looks for events the bus did not bring.
+const CATCH_UP: Duration = Duration::from_secs(3600);
+/// The newest finished workflows of each status (and failed tasks) a
+/// catch-up reads.
+const CATCH_UP_RECORDS: usize = 200;
 
 /// How deliveries are sent, retried and kept.
 #[derive(Debug, Clone)]
@@ -344,7 +349,14 @@ impl Webhooks {
         mut received: crate::events::Subscription,
         stopping: CancellationToken,
     ) {
+        let mut behind = true;
         loop {
+            if behind {
+                match self.catch_up().await {
+                    Ok(()) => behind = false,
+                    Err(e) => tracing::warn!(error = %e, "cannot catch up on webhook events; trying again at the next event"),
+                }
+            }
             let event = tokio::select! {
                 () = stopping.cancelled() => return,
                 next = received.recv() => match next {
@@ -352,6 +364,10 @@ impl Webhooks {
                     None => return,
                 },
             };
+            if crate::events::is_resync(&event) {
+                behind = true;
+                continue;
+            }
             let Some(event_type) = event_type_of(&event) else {
                 continue;
             };
@@ -375,11 +391,94 @@ impl Webhooks {
         if subscriptions.is_empty() {
             return Ok(());
         }
-        let Some((key, fields)) = self.describe(event_type, event).await? else {
+        let Some(workflow_id) = event.workflow_id else {
             return Ok(());
         };
-        self.enqueue(&subscriptions, event_type, &key, fields, event.time)
+        let Some(workflow) = self.store.tasks().get_workflow(workflow_id).await? else {
+            return Ok(());
+        };
+        let task = match event.task_id {
+            Some(id) => match self.store.tasks().get_task(id).await? {
+                Some(task) => Some(task),
+                None => return Ok(()),
+            },
+            None => None,
+        };
+        self.enqueue_about(&subscriptions, event_type, &workflow, task.as_ref(), event.time)
             .await
+    }
+
+    /// Stores the deliveries of an event about a workflow (and one of its
+    /// tasks, for a step's event).
+    async fn enqueue_about(
+        &self,
+        subscriptions: &[Subscription],
+        event_type: &'static str,
+        workflow: &Workflow,
+        task: Option<&Task>,
+        seen: DateTime<Utc>,
+    ) -> Result<()> {
+        let (key, fields) = self.describe(event_type, workflow, task, seen);
+        let happened = task
+            .and_then(|t| t.finished_at)
+            .or(workflow.finished_at)
+            .unwrap_or(seen);
+        self.enqueue(subscriptions, event_type, &key, fields, happened)
+            .await
+    }
+
+    /// After a start, and after the bus dropped events for the listener
+    /// (a `resync`): the events of the last [`CATCH_UP`] that the bus did
+    /// not bring, read from the newest finished workflows and failed
+    /// tasks. Their deliveries' ids are those the live events would have
+    /// made, so one already stored is not stored again.
+    async fn catch_up(&self) -> Result<()> {
+        let window = CATCH_UP.min(self.config.retain);
+        let since = chrono::Duration::from_std(window)
+            .ok()
+            .and_then(|w| Utc::now().checked_sub_signed(w))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let recent = |at: Option<DateTime<Utc>>| at.is_some_and(|at| at >= since);
+        for (status, event_type) in [
+            (WorkflowStatus::Completed, "workflow.completed"),
+            (WorkflowStatus::Failed, "workflow.failed"),
+            (WorkflowStatus::Cancelled, "workflow.cancelled"),
+        ] {
+            let subscriptions = self.wanting(event_type).await?;
+            if subscriptions.is_empty() {
+                continue;
+            }
+            let query = orchestrator_storage::WorkflowQuery {
+                status: Some(status),
+                limit: CATCH_UP_RECORDS,
+                ..Default::default()
+            };
+            for workflow in self.store.tasks().list_workflows(&query).await?.items {
+                if recent(workflow.finished_at) {
+                    self.enqueue_about(&subscriptions, event_type, &workflow, None, Utc::now())
+                        .await?;
+                }
+            }
+        }
+        let subscriptions = self.wanting("step.failed").await?;
+        if !subscriptions.is_empty() {
+            let query = orchestrator_storage::TaskQuery {
+                status: Some(TaskStatus::Failed),
+                workflow: None,
+                limit: CATCH_UP_RECORDS,
+                offset: 0,
+            };
+            for task in self.store.tasks().list_tasks(&query).await?.items {
+                if !recent(task.finished_at) {
+                    continue;
+                }
+                if let Some(workflow) = self.store.tasks().get_workflow(task.workflow_id).await? {
+                    self.enqueue_about(&subscriptions, "step.failed", &workflow, Some(&task), Utc::now())
+                        .await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn wanting(&self, event_type: &str) -> Result<Vec<Subscription>> {
@@ -387,39 +486,32 @@ impl Webhooks {
         Ok(all.into_iter().filter(|s| s.wants(event_type)).collect())
     }
 
-    /// The event's identity (the same on every node that sees it) and its
-    /// fields, from the records it is about; `None` when they are gone.
-    async fn describe(
+    /// The event's identity (the same on every node that sees it, and on
+    /// a catch-up) and its fields.
+    fn describe(
         &self,
         event_type: &'static str,
-        event: &Event,
-    ) -> Result<Option<(String, EventFields)>> {
-        let Some(workflow_id) = event.workflow_id else {
-            return Ok(None);
-        };
-        let Some(workflow) = self.store.tasks().get_workflow(workflow_id).await? else {
-            return Ok(None);
-        };
-        let task = match event.task_id {
-            Some(id) => match self.store.tasks().get_task(id).await? {
-                Some(task) => Some(task),
-                None => return Ok(None),
-            },
-            None => None,
-        };
-        let key = match &task {
+        workflow: &Workflow,
+        task: Option<&Task>,
+        seen: DateTime<Utc>,
+    ) -> (String, EventFields) {
+        let key = match task {
             Some(task) => format!("{event_type}:{}:{}:{}", task.id, task.reruns, task.attempts),
             None => format!(
                 "{event_type}:{}:{}",
                 workflow.id,
-                workflow.finished_at.map(|t| t.to_rfc3339()).unwrap_or_default()
+                workflow.finished_at.map(|t| t.timestamp_micros()).unwrap_or_default()
             ),
         };
-        let mut fields = self.workflow_fields(event_type, event.time, &workflow);
-        if let Some(task) = &task {
-            task_fields(&mut fields, &workflow, task);
+        let happened = task
+            .and_then(|t| t.finished_at)
+            .or(workflow.finished_at)
+            .unwrap_or(seen);
+        let mut fields = self.workflow_fields(event_type, happened, workflow);
+        if let Some(task) = task {
+            task_fields(&mut fields, workflow, task);
         }
-        Ok(Some((key, fields)))
+        (key, fields)
     }
 
     fn workflow_fields(

@@ -435,7 +435,9 @@ pub enum WebhookCommand {
 #[derive(Debug, Args)]
 pub struct WebhookAddArgs {
     /// Where to POST; its host must be in the service's --http-allow.
-    pub url: String,
+    /// (Not `url`: that is the client's own `--url`.)
+    #[arg(value_name = "URL")]
+    pub target: String,
     /// Event types, comma-separated: workflow.completed, workflow.failed,
     /// workflow.cancelled, step.failed, schedule.missed.
     #[arg(long, value_delimiter = ',', required = true)]

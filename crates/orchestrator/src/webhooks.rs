@@ -24,7 +24,7 @@ pub async fn run(client: &ClientArgs, command: WebhookCommand) -> anyhow::Result
             };
             let created = api
                 .create_webhook(&NewWebhook {
-                    url: args.url,
+                    url: args.target,
                     events: args.events,
                     body_template,
                     description: args.description,

@@ -35,4 +35,5 @@ mod tasks;
 mod testenv;
 mod testenv_docker;
 mod upgrades;
+mod webhooks;
 mod workflows;
