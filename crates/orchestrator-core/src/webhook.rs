@@ -40,7 +40,10 @@ pub const EVENT_FIELDS: &[(&str, &str)] = &[
     ("id", "the delivery's id, also sent as `webhook-id`"),
     ("type", "the event type, e.g. `workflow.failed`"),
     ("timestamp", "when the event happened (RFC 3339)"),
-    ("summary", "one line for people, e.g. \"workflow `deploy` failed\""),
+    (
+        "summary",
+        "one line for people, e.g. \"workflow `deploy` failed\"",
+    ),
     ("workflow_id", "the workflow's id"),
     ("workflow_name", "the workflow's name"),
     ("workflow_kind", "the template it runs (`ref_name`)"),
@@ -153,19 +156,17 @@ pub fn check_body_template(template: &Value) -> Result<(), SubscriptionError> {
 
 fn check_strings(value: &Value, path: String) -> Result<(), SubscriptionError> {
     match value {
-        Value::String(text) => placeholders(text)
-            .map(|found| match found {
-                Ok((_, name)) if field_known(name) => Ok(()),
-                Ok((whole, _)) | Err(whole) => Err(refuse(
-                    path.clone(),
-                    format!(
-                        "unknown placeholder `{whole}` (expected ${{event.<field>}} with a \
+        Value::String(text) => placeholders(text).try_for_each(|found| match found {
+            Ok((_, name)) if field_known(name) => Ok(()),
+            Ok((whole, _)) | Err(whole) => Err(refuse(
+                path.clone(),
+                format!(
+                    "unknown placeholder `{whole}` (expected ${{event.<field>}} with a \
                          field of {})",
-                        field_names().join(", ")
-                    ),
-                )),
-            })
-            .collect(),
+                    field_names().join(", ")
+                ),
+            )),
+        }),
         Value::Array(items) => items
             .iter()
             .enumerate()
@@ -218,7 +219,9 @@ pub fn render_body(template: Option<&Value>, fields: &EventFields) -> Value {
         None => {
             let data: Map<String, Value> = fields
                 .iter()
-                .filter(|(name, value)| !value.is_empty() && !matches!(**name, "type" | "timestamp"))
+                .filter(|(name, value)| {
+                    !value.is_empty() && !matches!(**name, "type" | "timestamp")
+                })
                 .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
                 .collect();
             let field = |name: &str| fields.get(name).cloned().unwrap_or_default();
@@ -331,7 +334,8 @@ pub struct DeliveryAttempt {
 
 impl DeliveryAttempt {
     pub fn succeeded(&self) -> bool {
-        self.status_code.is_some_and(|code| (200..300).contains(&code))
+        self.status_code
+            .is_some_and(|code| (200..300).contains(&code))
     }
 }
 
@@ -481,8 +485,14 @@ mod tests {
         let body = render_body(None, &fields());
         assert_eq!(body["type"], "workflow.failed");
         assert_eq!(body["timestamp"], "2026-01-01T00:00:00Z");
-        assert_eq!(body["data"]["workflow_name"], "deploy \"prod\"\nline two \\ end");
-        assert!(body["data"].get("step").is_none(), "empty fields are left out");
+        assert_eq!(
+            body["data"]["workflow_name"],
+            "deploy \"prod\"\nline two \\ end"
+        );
+        assert!(
+            body["data"].get("step").is_none(),
+            "empty fields are left out"
+        );
         assert!(body["data"].get("type").is_none());
     }
 
@@ -490,7 +500,10 @@ mod tests {
     fn unknown_placeholders_are_refused_with_their_path() {
         let check = |template: Value| check_body_template(&template).unwrap_err().to_string();
         let error = check(serde_json::json!({"a": [{"b": "x ${event.nope} y"}]}));
-        assert!(error.starts_with("body_template.a[0].b: unknown placeholder `${event.nope}`"), "{error}");
+        assert!(
+            error.starts_with("body_template.a[0].b: unknown placeholder `${event.nope}`"),
+            "{error}"
+        );
         let error = check(serde_json::json!({"a": "${workflow.input.x}"}));
         assert!(error.contains("`${workflow.input.x}`"), "{error}");
         let error = check(serde_json::json!("open ${event.type"));
@@ -505,9 +518,17 @@ mod tests {
         check_event_types(&names(&["workflow.failed", "step.failed"])).unwrap();
         let error = |n: &[&str]| check_event_types(&names(n)).unwrap_err().to_string();
         assert!(error(&[]).starts_with("events: name at least one"));
-        assert!(error(&["workflow.exploded"]).starts_with("events[0]: unknown event type `workflow.exploded`"));
-        assert!(error(&["approval.requested"]).contains("reserved: it arrives with approval steps"));
-        assert!(error(&["step.failed", "step.failed"]).starts_with("events[1]: event type `step.failed` is named twice"));
+        assert!(
+            error(&["workflow.exploded"])
+                .starts_with("events[0]: unknown event type `workflow.exploded`")
+        );
+        assert!(
+            error(&["approval.requested"]).contains("reserved: it arrives with approval steps")
+        );
+        assert!(
+            error(&["step.failed", "step.failed"])
+                .starts_with("events[1]: event type `step.failed` is named twice")
+        );
     }
 
     #[test]
@@ -525,7 +546,13 @@ mod tests {
             },
             created_at: now,
         };
-        let mut delivery = Delivery::new("msg_1".into(), &subscription, "workflow.failed", "{}".into(), now);
+        let mut delivery = Delivery::new(
+            "msg_1".into(),
+            &subscription,
+            "workflow.failed",
+            "{}".into(),
+            now,
+        );
         let attempt = |code: u16| DeliveryAttempt {
             at: now,
             status_code: Some(code),
@@ -541,7 +568,10 @@ mod tests {
         assert_eq!(delivery.status, DeliveryStatus::Failed);
         assert_eq!(delivery.next_attempt_at, None);
         delivery.resend(now);
-        assert_eq!((delivery.status, delivery.round_attempts), (DeliveryStatus::Pending, 0));
+        assert_eq!(
+            (delivery.status, delivery.round_attempts),
+            (DeliveryStatus::Pending, 0)
+        );
         delivery.record(attempt(204), 3, retry);
         assert_eq!(delivery.status, DeliveryStatus::Delivered);
         assert_eq!(delivery.attempts.len(), 4);

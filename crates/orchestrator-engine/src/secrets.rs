@@ -285,7 +285,9 @@ impl Secrets {
             ))
         };
         let nonce = BASE64.decode(&sealed.nonce).map_err(|_| unreadable())?;
-        let ciphertext = BASE64.decode(&sealed.ciphertext).map_err(|_| unreadable())?;
+        let ciphertext = BASE64
+            .decode(&sealed.ciphertext)
+            .map_err(|_| unreadable())?;
         if nonce.len() != 24 {
             return Err(unreadable());
         }

@@ -287,7 +287,10 @@ impl Webhooks {
             description: request.description,
             created_at: Utc::now(),
         };
-        self.store.webhooks().insert_subscription(&subscription).await?;
+        self.store
+            .webhooks()
+            .insert_subscription(&subscription)
+            .await?;
         Ok(CreatedSubscription {
             subscription: SubscriptionView::of(subscription),
             secret: format!("whsec_{}", BASE64.encode(key)),
@@ -297,7 +300,10 @@ impl Webhooks {
     /// Every subscription, oldest first.
     pub async fn list(&self) -> Result<Vec<SubscriptionView>> {
         let subscriptions = self.store.webhooks().subscriptions().await?;
-        Ok(subscriptions.into_iter().map(SubscriptionView::of).collect())
+        Ok(subscriptions
+            .into_iter()
+            .map(SubscriptionView::of)
+            .collect())
     }
 
     /// Deletes a subscription; its pending deliveries are not sent.
@@ -332,7 +338,11 @@ impl Webhooks {
                 "delivery {id} is pending: it is sent already"
             )));
         }
-        if webhooks.get_subscription(&delivery.subscription_id).await?.is_none() {
+        if webhooks
+            .get_subscription(&delivery.subscription_id)
+            .await?
+            .is_none()
+        {
             return Err(Error::Conflict(format!(
                 "delivery {id}: its subscription {} was deleted",
                 delivery.subscription_id
@@ -354,7 +364,9 @@ impl Webhooks {
             if behind {
                 match self.catch_up().await {
                     Ok(()) => behind = false,
-                    Err(e) => tracing::warn!(error = %e, "cannot catch up on webhook events; trying again at the next event"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot catch up on webhook events; trying again at the next event")
+                    }
                 }
             }
             let event = tokio::select! {
@@ -404,8 +416,14 @@ impl Webhooks {
             },
             None => None,
         };
-        self.enqueue_about(&subscriptions, event_type, &workflow, task.as_ref(), event.time)
-            .await
+        self.enqueue_about(
+            &subscriptions,
+            event_type,
+            &workflow,
+            task.as_ref(),
+            event.time,
+        )
+        .await
     }
 
     /// Stores the deliveries of an event about a workflow (and one of its
@@ -473,8 +491,14 @@ impl Webhooks {
                     continue;
                 }
                 if let Some(workflow) = self.store.tasks().get_workflow(task.workflow_id).await? {
-                    self.enqueue_about(&subscriptions, "step.failed", &workflow, Some(&task), Utc::now())
-                        .await?;
+                    self.enqueue_about(
+                        &subscriptions,
+                        "step.failed",
+                        &workflow,
+                        Some(&task),
+                        Utc::now(),
+                    )
+                    .await?;
                 }
             }
         }
@@ -500,7 +524,10 @@ impl Webhooks {
             None => format!(
                 "{event_type}:{}:{}",
                 workflow.id,
-                workflow.finished_at.map(|t| t.timestamp_micros()).unwrap_or_default()
+                workflow
+                    .finished_at
+                    .map(|t| t.timestamp_micros())
+                    .unwrap_or_default()
             ),
         };
         let happened = task
@@ -697,8 +724,7 @@ impl Webhooks {
     /// deadline, so no other node sends it meanwhile), sent, recorded.
     async fn attempt(&self, delivery: Delivery) -> Result<()> {
         let webhooks = self.store.webhooks();
-        let Some(subscription) = webhooks.get_subscription(&delivery.subscription_id).await?
-        else {
+        let Some(subscription) = webhooks.get_subscription(&delivery.subscription_id).await? else {
             let mut orphan = delivery;
             orphan.give_up("its subscription was deleted".into(), Utc::now());
             webhooks.update_delivery(&orphan).await?;
@@ -708,7 +734,9 @@ impl Webhooks {
         let mut claimed = delivery;
         claimed.next_attempt_at = Some(Utc::now() + lease);
         let mut claimed = webhooks.update_delivery(&claimed).await?;
-        let key = self.secrets.unseal(&purpose(&subscription.id), &subscription.secret)?;
+        let key = self
+            .secrets
+            .unseal(&purpose(&subscription.id), &subscription.secret)?;
         let started = Utc::now();
         let timestamp = started.timestamp();
         let request = WebhookRequest {
@@ -810,7 +838,11 @@ fn event_type_of(event: &Event) -> Option<&'static str> {
 }
 
 fn task_fields(fields: &mut EventFields, workflow: &Workflow, task: &Task) {
-    let step = task.step.ref_name.clone().unwrap_or_else(|| task.name.clone());
+    let step = task
+        .step
+        .ref_name
+        .clone()
+        .unwrap_or_else(|| task.name.clone());
     fields.insert("task_id", task.id.to_string());
     fields.insert("step", step.clone());
     let error = task.error.clone().unwrap_or_default();
@@ -888,7 +920,12 @@ mod tests {
             br#"{"test": 2432232314}"#,
         );
         assert_eq!(signature, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-        let other = sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265331, br#"{"test": 2432232314}"#);
+        let other = sign(
+            &key,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265331,
+            br#"{"test": 2432232314}"#,
+        );
         assert_ne!(other, signature, "the timestamp is signed");
     }
 
@@ -921,9 +958,18 @@ mod tests {
             migration: None,
         };
         let of = |kind, status, task| event_type_of(&event(kind, status, task));
-        assert_eq!(of(EventKind::WorkflowStatusChanged, "failed", false), Some("workflow.failed"));
-        assert_eq!(of(EventKind::WorkflowStatusChanged, "completed", false), Some("workflow.completed"));
-        assert_eq!(of(EventKind::WorkflowStatusChanged, "cancelled", false), Some("workflow.cancelled"));
+        assert_eq!(
+            of(EventKind::WorkflowStatusChanged, "failed", false),
+            Some("workflow.failed")
+        );
+        assert_eq!(
+            of(EventKind::WorkflowStatusChanged, "completed", false),
+            Some("workflow.completed")
+        );
+        assert_eq!(
+            of(EventKind::WorkflowStatusChanged, "cancelled", false),
+            Some("workflow.cancelled")
+        );
         assert_eq!(of(EventKind::WorkflowStatusChanged, "running", false), None);
         assert_eq!(of(EventKind::Failed, "failed", true), Some("step.failed"));
         assert_eq!(of(EventKind::AttemptEnded, "retry_waiting", true), None);

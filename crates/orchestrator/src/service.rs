@@ -258,7 +258,12 @@ impl orchestrator_engine::webhooks::WebhookSender for WebhookSender {
         request: orchestrator_engine::webhooks::WebhookRequest,
     ) -> orchestrator_engine::webhooks::SendOutcome {
         self.0
-            .post(&request.url, &request.headers, request.body, request.timeout)
+            .post(
+                &request.url,
+                &request.headers,
+                request.body,
+                request.timeout,
+            )
             .await
     }
 }

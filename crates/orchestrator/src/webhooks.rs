@@ -34,7 +34,10 @@ pub async fn run(client: &ClientArgs, command: WebhookCommand) -> anyhow::Result
                 return print_json(&created);
             }
             println!("webhook {} created", created.subscription.id);
-            println!("signing secret (shown once, store it now): {}", created.secret);
+            println!(
+                "signing secret (shown once, store it now): {}",
+                created.secret
+            );
             Ok(())
         }
         WebhookCommand::List(args) => {

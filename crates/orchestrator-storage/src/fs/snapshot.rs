@@ -64,7 +64,11 @@ impl SnapshotRecords {
             .chain(self.audit.into_iter().map(Line::Audit))
             .chain(self.schedules.into_iter().map(Line::Schedule))
             .chain(self.claims.into_iter().map(Line::ScheduleClaim))
-            .chain(self.subscriptions.into_iter().map(Line::WebhookSubscription))
+            .chain(
+                self.subscriptions
+                    .into_iter()
+                    .map(Line::WebhookSubscription),
+            )
             .chain(self.deliveries.into_iter().map(Line::WebhookDelivery));
         for line in lines {
             line.encode_into(&mut bytes)?;

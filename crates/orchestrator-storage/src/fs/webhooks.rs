@@ -20,10 +20,7 @@ impl WebhookStore for FsBackend {
                     id: subscription.id.clone(),
                 });
             }
-            self.commit(
-                &mut state,
-                Line::WebhookSubscription(subscription.clone()),
-            )?
+            self.commit(&mut state, Line::WebhookSubscription(subscription.clone()))?
         };
         pending.durable().await
     }

@@ -168,9 +168,7 @@ impl WebhookStore for SurrealBackend {
         let context = "list webhook deliveries";
         let mut response = self.query(context, &sql, &vars).await?;
         let docs: Vec<String> = response.take(0).map_err(|e| db_error(context, &e))?;
-        let counts: Vec<i64> = response
-            .take((1, "n"))
-            .map_err(|e| db_error(context, &e))?;
+        let counts: Vec<i64> = response.take((1, "n")).map_err(|e| db_error(context, &e))?;
         Ok(Page {
             items: docs
                 .iter()

@@ -15,6 +15,7 @@ use futures_util::future::join_all;
 use orchestrator_core::ScheduleId;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord, SecretScope};
 use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
+use orchestrator_core::webhook::{Delivery, DeliveryAttempt, DeliveryStatus, Sealed, Subscription};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
@@ -22,7 +23,6 @@ use orchestrator_storage::{
     AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
     ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
-use orchestrator_core::webhook::{Delivery, DeliveryAttempt, DeliveryStatus, Sealed, Subscription};
 use orchestrator_storage::{DeliveryQuery, WebhookStore};
 use serde_json::json;
 
@@ -1322,7 +1322,10 @@ pub async fn webhook_store_suite(store: &dyn WebhookStore) {
         store.insert_subscription(&first).await,
         Err(Error::AlreadyExists { .. })
     ));
-    assert_eq!(store.get_subscription(&first.id).await.unwrap(), Some(first.clone()));
+    assert_eq!(
+        store.get_subscription(&first.id).await.unwrap(),
+        Some(first.clone())
+    );
     assert_eq!(
         store.subscriptions().await.unwrap(),
         vec![first.clone(), second.clone()]
@@ -1338,7 +1341,10 @@ pub async fn webhook_store_suite(store: &dyn WebhookStore) {
     // A second node storing the same event's delivery stores nothing.
     let racing = join_all((0..4).map(|_| store.insert_delivery(&newer))).await;
     assert!(racing.into_iter().all(|created| !created.unwrap()));
-    assert_eq!(store.get_delivery("msg_newer").await.unwrap(), Some(newer.clone()));
+    assert_eq!(
+        store.get_delivery("msg_newer").await.unwrap(),
+        Some(newer.clone())
+    );
 
     let mut sent = newer.clone();
     sent.record(
@@ -1353,32 +1359,61 @@ pub async fn webhook_store_suite(store: &dyn WebhookStore) {
     );
     let stored = store.update_delivery(&sent).await.unwrap();
     assert_eq!(stored.version, sent.version + 1);
-    assert_eq!(store.get_delivery("msg_newer").await.unwrap(), Some(stored.clone()));
+    assert_eq!(
+        store.get_delivery("msg_newer").await.unwrap(),
+        Some(stored.clone())
+    );
     assert!(matches!(
         store.update_delivery(&sent).await,
         Err(Error::Conflict { .. })
     ));
     assert!(matches!(
-        store.update_delivery(&delivery("msg_ghost", &first, now)).await,
+        store
+            .update_delivery(&delivery("msg_ghost", &first, now))
+            .await,
         Err(Error::NotFound { .. })
     ));
 
     let ids = |page: orchestrator_storage::Page<Delivery>| {
-        (page.items.into_iter().map(|d| d.id).collect::<Vec<_>>(), page.total)
+        (
+            page.items.into_iter().map(|d| d.id).collect::<Vec<_>>(),
+            page.total,
+        )
     };
-    let all = DeliveryQuery { limit: 10, ..Default::default() };
+    let all = DeliveryQuery {
+        limit: 10,
+        ..Default::default()
+    };
     assert_eq!(
         ids(store.deliveries(&all).await.unwrap()),
-        (vec!["msg_newer".into(), "msg_other".into(), "msg_older".into()], 3)
+        (
+            vec!["msg_newer".into(), "msg_other".into(), "msg_older".into()],
+            3
+        )
     );
-    let paged = DeliveryQuery { limit: 1, offset: 1, ..Default::default() };
-    assert_eq!(ids(store.deliveries(&paged).await.unwrap()), (vec!["msg_other".into()], 3));
-    let of_first = DeliveryQuery { subscription: Some(first.id.clone()), limit: 10, ..Default::default() };
+    let paged = DeliveryQuery {
+        limit: 1,
+        offset: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(store.deliveries(&paged).await.unwrap()),
+        (vec!["msg_other".into()], 3)
+    );
+    let of_first = DeliveryQuery {
+        subscription: Some(first.id.clone()),
+        limit: 10,
+        ..Default::default()
+    };
     assert_eq!(
         ids(store.deliveries(&of_first).await.unwrap()),
         (vec!["msg_newer".into(), "msg_older".into()], 2)
     );
-    let pending = DeliveryQuery { status: Some(DeliveryStatus::Pending), limit: 10, ..Default::default() };
+    let pending = DeliveryQuery {
+        status: Some(DeliveryStatus::Pending),
+        limit: 10,
+        ..Default::default()
+    };
     assert_eq!(
         ids(store.deliveries(&pending).await.unwrap()),
         (vec!["msg_other".into(), "msg_older".into()], 2)

@@ -580,15 +580,27 @@ async fn reopening_restores_webhook_subscriptions_and_the_outbox() {
             webhooks.insert_delivery(&pruned).await.unwrap();
             pruned_done.give_up("x".into(), Utc::now());
             webhooks.update_delivery(&pruned_done).await.unwrap();
-            assert_eq!(webhooks.prune_deliveries(&["msg_pruned".into()]).await.unwrap(), 1);
+            assert_eq!(
+                webhooks
+                    .prune_deliveries(&["msg_pruned".into()])
+                    .await
+                    .unwrap(),
+                1
+            );
             store.close().await.unwrap();
             (pending, failed)
         };
         let store = open(&dir, options).await;
         let webhooks = store.webhooks();
         assert_eq!(webhooks.subscriptions().await.unwrap(), vec![kept]);
-        assert_eq!(webhooks.get_delivery("msg_pending").await.unwrap(), Some(pending));
-        assert_eq!(webhooks.get_delivery("msg_failed").await.unwrap(), Some(failed));
+        assert_eq!(
+            webhooks.get_delivery("msg_pending").await.unwrap(),
+            Some(pending)
+        );
+        assert_eq!(
+            webhooks.get_delivery("msg_failed").await.unwrap(),
+            Some(failed)
+        );
         assert_eq!(webhooks.get_delivery("msg_pruned").await.unwrap(), None);
         let outbox = DeliveryQuery {
             status: Some(DeliveryStatus::Pending),

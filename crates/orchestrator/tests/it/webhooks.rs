@@ -136,7 +136,13 @@ async fn receive(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) 
 /// receiver checks it.
 fn verified(received: &Received, secret: &str) -> bool {
     let key = secret_key(secret).expect("a whsec_ secret");
-    received.signature == sign(&key, &received.id, received.timestamp, received.body.as_bytes())
+    received.signature
+        == sign(
+            &key,
+            &received.id,
+            received.timestamp,
+            received.body.as_bytes(),
+        )
 }
 
 fn daemon(data: &std::path::Path, hook: &Hook) -> Daemon {
@@ -177,7 +183,10 @@ fn subscribe(daemon: &Daemon, hook: &Hook, dir: &std::path::Path) -> (String, St
         !listed.to_string().contains(&secret),
         "the secret is shown once: {listed}"
     );
-    (created["subscription"]["id"].as_str().unwrap().to_owned(), secret)
+    (
+        created["subscription"]["id"].as_str().unwrap().to_owned(),
+        secret,
+    )
 }
 
 fn fail_a_workflow(daemon: &Daemon) -> String {
@@ -193,9 +202,11 @@ fn fail_a_workflow(daemon: &Daemon) -> String {
 fn until_delivery(daemon: &Daemon, status: &str, attempts: impl Fn(usize) -> bool) -> Value {
     for _ in 0..1200 {
         let page = daemon.cli_json(&["webhook", "deliveries", "--json"]);
-        if let Some(found) = page["deliveries"].as_array().unwrap().iter().find(|d| {
-            d["status"] == status && attempts(d["attempts"].as_array().unwrap().len())
-        }) {
+        if let Some(found) =
+            page["deliveries"].as_array().unwrap().iter().find(|d| {
+                d["status"] == status && attempts(d["attempts"].as_array().unwrap().len())
+            })
+        {
             return found.clone();
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -256,7 +267,10 @@ fn a_failed_workflow_is_signed_templated_retried_logged_and_resent() {
 
     let removed = daemon.cli(&["webhook", "rm", &subscription]);
     assert!(removed.status.success(), "{removed:?}");
-    assert_eq!(daemon.cli_json(&["webhook", "list", "--json"])["webhooks"], json!([]));
+    assert_eq!(
+        daemon.cli_json(&["webhook", "list", "--json"])["webhooks"],
+        json!([])
+    );
 }
 
 #[test]
@@ -309,14 +323,26 @@ fn a_target_outside_the_allowlist_is_refused_naming_the_host() {
         json!({"url": "http://hooks.elsewhere.example/x", "events": ["workflow.failed"]}),
     );
     assert_eq!(answer["error"]["code"], "invalid_request", "{answer}");
-    assert!(answer["error"]["message"].as_str().unwrap().starts_with("url: "), "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("url: "),
+        "{answer}"
+    );
     let unknown = submit(
         &format!("{}/webhooks", daemon.url),
         json!({"url": hook.url(), "events": ["approval.requested"]}),
     );
     assert!(
-        unknown["error"]["message"].as_str().unwrap().contains("events[0]"),
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("events[0]"),
         "{unknown}"
     );
-    assert_eq!(daemon.cli_json(&["webhook", "list", "--json"])["webhooks"], json!([]));
+    assert_eq!(
+        daemon.cli_json(&["webhook", "list", "--json"])["webhooks"],
+        json!([])
+    );
 }
