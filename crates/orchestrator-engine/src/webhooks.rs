@@ -55,6 +55,8 @@ const SECRET_BYTES: usize = 32;
 const BATCH: usize = 64;
 /// Claims per schedule the schedule watch reads each round.
 const CLAIMS_LOOKED_AT: usize = 10;
+/// How often retention looks through the delivery log.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// How far back a catch-up looks for events the bus did not bring.
 const CATCH_UP: Duration = Duration::from_secs(3600);
 /// The newest finished workflows of each status (and failed tasks) a
@@ -673,6 +675,7 @@ impl Webhooks {
     }
 
     async fn send_due(self: Arc<Self>, stopping: CancellationToken) {
+        let mut last_prune: Option<std::time::Instant> = None;
         loop {
             let next = match self.send_round().await {
                 Ok(next) => next,
@@ -689,8 +692,11 @@ impl Webhooks {
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
-            if let Err(e) = self.prune().await {
-                tracing::warn!(error = %e, "cannot prune the webhook delivery log");
+            if last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                last_prune = Some(std::time::Instant::now());
+                if let Err(e) = self.prune().await {
+                    tracing::warn!(error = %e, "cannot prune the webhook delivery log");
+                }
             }
         }
     }
@@ -709,6 +715,7 @@ impl Webhooks {
         let (due, later): (Vec<_>, Vec<_>) = pending
             .into_iter()
             .partition(|d| d.next_attempt_at.is_none_or(|at| at <= now));
+        let more = due.len() > BATCH;
         let sends = due.into_iter().take(BATCH).map(|d| self.attempt(d));
         for result in futures_util::future::join_all(sends).await {
             if let Err(e) = result
@@ -716,6 +723,9 @@ impl Webhooks {
             {
                 tracing::warn!(error = %e, "a webhook delivery attempt was not recorded");
             }
+        }
+        if more {
+            return Ok(Some(now));
         }
         Ok(later.first().and_then(|d| d.next_attempt_at))
     }
@@ -733,12 +743,26 @@ impl Webhooks {
         let lease = self.config.request_timeout * 2 + Duration::from_secs(5);
         let mut claimed = delivery;
         claimed.next_attempt_at = Some(Utc::now() + lease);
-        let mut claimed = webhooks.update_delivery(&claimed).await?;
-        let key = self
-            .secrets
-            .unseal(&purpose(&subscription.id), &subscription.secret)?;
+        let claimed = webhooks.update_delivery(&claimed).await?;
         let started = Utc::now();
         let timestamp = started.timestamp();
+        let key = match self
+            .secrets
+            .unseal(&purpose(&subscription.id), &subscription.secret)
+        {
+            Ok(key) => key,
+            Err(e) => {
+                // Counted as an attempt, so a key that cannot open the
+                // secret (a changed --secret-key-file) ends the round.
+                let attempt = DeliveryAttempt {
+                    at: started,
+                    status_code: None,
+                    error: Some(e.to_string()),
+                    duration_ms: 0,
+                };
+                return self.record(claimed, attempt).await;
+            }
+        };
         let request = WebhookRequest {
             url: claimed.url.clone(),
             headers: vec![
@@ -770,6 +794,11 @@ impl Webhooks {
                 duration_ms,
             },
         };
+        self.record(claimed, attempt).await
+    }
+
+    /// Stores an attempt in its delivery, moving it on.
+    async fn record(&self, mut claimed: Delivery, attempt: DeliveryAttempt) -> Result<()> {
         let retry_in = self
             .config
             .backoff
@@ -779,7 +808,7 @@ impl Webhooks {
             self.config.max_attempts,
             chrono::Duration::from_std(retry_in).unwrap_or(chrono::Duration::MAX),
         );
-        let stored = webhooks.update_delivery(&claimed).await?;
+        let stored = self.store.webhooks().update_delivery(&claimed).await?;
         tracing::info!(
             delivery = %stored.id,
             status = %stored.status,

@@ -163,7 +163,7 @@ fn subscribe(daemon: &Daemon, hook: &Hook, dir: &std::path::Path) -> (String, St
     let template = dir.join("slack.json");
     std::fs::write(
         &template,
-        r#"{"text": "${event.summary}", "workflow": "${event.workflow_name}", "type": "${event.type}", "id": "${event.id}"}"#,
+        r#"{"text": "${event.summary}", "workflow": "${event.workflow_name}", "type": "${event.type}", "id": "${event.id}", "note": "sent with hunter2-webhook-token"}"#,
     )
     .unwrap();
     let created = daemon.cli_json(&[
@@ -217,11 +217,35 @@ fn until_delivery(daemon: &Daemon, status: &str, attempts: impl Fn(usize) -> boo
     );
 }
 
+/// PUTs JSON through a throwaway runtime, as `submit` POSTs.
+fn put(url: &str, body: Value) -> u16 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .put(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    })
+}
+
 #[test]
 fn a_failed_workflow_is_signed_templated_retried_logged_and_resent() {
     let dir = tempfile::tempdir().unwrap();
     let hook = Hook::start(&[500, 500]);
     let daemon = daemon(&dir.path().join("data"), &hook);
+    // A secret's value written into the template is redacted from the
+    // payload, as from a log.
+    let stored = put(
+        &format!("{}/secrets/webhook-token", daemon.url),
+        json!({"value": "hunter2-webhook-token"}),
+    );
+    assert_eq!(stored, 200);
     let (subscription, secret) = subscribe(&daemon, &hook, dir.path());
     let workflow = fail_a_workflow(&daemon);
 
@@ -249,6 +273,7 @@ fn a_failed_workflow_is_signed_templated_retried_logged_and_resent() {
             "workflow": "Chain",
             "type": "workflow.failed",
             "id": delivery["id"],
+            "note": "sent with <redacted>",
         }),
         "workflow {workflow}"
     );
