@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::template::limits::{
     MAX_LOGGED_DELIVERY_ATTEMPTS, MAX_WEBHOOK_EVENT_TYPES, MAX_WEBHOOK_TEMPLATE_BYTES,
-    MAX_WEBHOOK_URL_BYTES,
+    MAX_WEBHOOK_URL_CHARS,
 };
 
 /// The event types a subscription may name. Adding a type is one line
@@ -128,13 +128,12 @@ pub fn check_url(url: &str) -> Result<(), SubscriptionError> {
     if url.is_empty() {
         return Err(refuse("url", "must not be empty"));
     }
-    if url.len() > MAX_WEBHOOK_URL_BYTES {
+    // Counted in characters, as the API document's `maxLength` is.
+    let length = url.chars().count();
+    if length > MAX_WEBHOOK_URL_CHARS {
         return Err(refuse(
             "url",
-            format!(
-                "{} bytes is more than the maximum of {MAX_WEBHOOK_URL_BYTES}",
-                url.len()
-            ),
+            format!("{length} characters is more than the maximum of {MAX_WEBHOOK_URL_CHARS}"),
         ));
     }
     Ok(())

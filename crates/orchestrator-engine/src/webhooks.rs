@@ -32,7 +32,7 @@ use orchestrator_core::backoff::Backoff;
 use orchestrator_core::event::{Event, EventKind};
 use orchestrator_core::schedule::ClaimState;
 use orchestrator_core::template::limits::{
-    MAX_WEBHOOK_ATTEMPTS, MAX_WEBHOOK_DESCRIPTION_BYTES, MAX_WEBHOOK_SUBSCRIPTIONS,
+    MAX_WEBHOOK_ATTEMPTS, MAX_WEBHOOK_DESCRIPTION_CHARS, MAX_WEBHOOK_SUBSCRIPTIONS,
 };
 use orchestrator_core::webhook::{
     self, Delivery, DeliveryAttempt, DeliveryStatus, EventFields, Subscription,
@@ -259,16 +259,18 @@ impl Webhooks {
         if let Some(template) = &request.body_template {
             webhook::check_body_template(template).map_err(invalid)?;
         }
-        if let Some(description) = &request.description
-            && description.len() > MAX_WEBHOOK_DESCRIPTION_BYTES
-        {
-            return Err(Error::validation(
-                "description",
-                format!(
-                    "{} bytes is more than the maximum of {MAX_WEBHOOK_DESCRIPTION_BYTES}",
-                    description.len()
-                ),
-            ));
+        if let Some(description) = &request.description {
+            // Counted in characters, as the API document's `maxLength` is.
+            let length = description.chars().count();
+            if length > MAX_WEBHOOK_DESCRIPTION_CHARS {
+                return Err(Error::validation(
+                    "description",
+                    format!(
+                        "{length} characters is more than the maximum of \
+                         {MAX_WEBHOOK_DESCRIPTION_CHARS}"
+                    ),
+                ));
+            }
         }
         let existing = self.store.webhooks().subscriptions().await?.len();
         if existing >= MAX_WEBHOOK_SUBSCRIPTIONS {
