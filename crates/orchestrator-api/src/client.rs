@@ -24,6 +24,7 @@ pub use crate::routes::storage_moves::MoveList;
 pub use crate::routes::tasks::TaskList;
 pub use crate::routes::templates::{TemplateList, TemplateSummary};
 pub use crate::routes::testenv::{EnvironmentList, EnvironmentLogs, TopologyList};
+pub use crate::routes::webhooks::{DeliveryList, WebhookList};
 pub use crate::routes::workflows::{Validated, WorkflowCounts, WorkflowList, WorkflowSummary};
 pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
@@ -31,6 +32,7 @@ pub use orchestrator_core::access::AuditRecord;
 pub use orchestrator_core::storage_move::MoveStatus;
 pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use orchestrator_engine::secrets::SecretInfo;
+pub use orchestrator_engine::webhooks::{CreatedSubscription, DeliveryView, SubscriptionView};
 pub use orchestrator_engine::{PruneReport, ScheduleView};
 pub use orchestrator_storage::live::StoreInfo;
 pub use orchestrator_testenv::model::Topology;
@@ -159,6 +161,32 @@ pub struct AuditFilter {
     pub limit: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offset: Option<usize>,
+}
+
+/// `GET /webhook-deliveries`: which page of which deliveries.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeliveryFilter {
+    /// A subscription's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// `pending`, `delivered` or `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<usize>,
+}
+
+/// `POST /webhooks`: a new subscription.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NewWebhook {
+    pub url: String,
+    pub events: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_template: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
 }
 
 /// A client of one service, with its token. Cheap to clone.
@@ -416,6 +444,37 @@ impl Client {
         let path = format!("/schedules/{id}");
         self.send(self.request(Method::DELETE, &path)).await?;
         Ok(())
+    }
+
+    // Webhooks.
+
+    /// A new subscription; its signing secret is in the answer only.
+    pub async fn create_webhook(&self, webhook: &NewWebhook) -> Result<CreatedSubscription> {
+        self.call(self.request(Method::POST, "/webhooks").json(webhook))
+            .await
+    }
+
+    pub async fn list_webhooks(&self) -> Result<WebhookList> {
+        self.get("/webhooks").await
+    }
+
+    pub async fn delete_webhook(&self, id: &str) -> Result<()> {
+        let path = format!("/webhooks/{id}");
+        self.send(self.request(Method::DELETE, &path)).await?;
+        Ok(())
+    }
+
+    pub async fn webhook_deliveries(&self, filter: &DeliveryFilter) -> Result<DeliveryList> {
+        let request = self
+            .request(Method::GET, "/webhook-deliveries")
+            .query(filter);
+        self.call(request).await
+    }
+
+    /// Puts a delivered or failed delivery back in the outbox.
+    pub async fn resend_delivery(&self, id: &str) -> Result<DeliveryView> {
+        let path = format!("/webhook-deliveries/{id}/resend");
+        self.call(self.request(Method::POST, &path)).await
     }
 
     // Tokens, secrets, audit, prune, backup.

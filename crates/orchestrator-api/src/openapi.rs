@@ -82,6 +82,7 @@ fn spell_links(doc: &mut Value) {
         (name = "templates", description = "The registered workflow templates"),
         (name = "schedules", description = "Recurring runs of a template on a cron expression"),
         (name = "approvals", description = "Approval gates waiting for a decision, and the decisions"),
+        (name = "webhooks", description = "Webhook subscriptions, their delivery log and re-sends (role admin)"),
         (name = "test", description = "Test environments: isolated nodes in Linux namespaces, made, checked and torn down as workflows"),
         (name = "operations", description = "Health, metrics, cluster nodes and this document"),
         (name = "admin", description = "API tokens, secrets, the audit log, backups, prunes and live storage migration (role admin)"),

@@ -25,6 +25,7 @@ pub mod submission;
 mod task;
 pub mod template;
 pub mod view;
+pub mod webhook;
 pub mod whole_number;
 mod workflow;
 

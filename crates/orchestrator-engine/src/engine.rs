@@ -122,6 +122,8 @@ pub(crate) struct Inner {
     closed: CancellationToken,
     /// The service's live storage migrations, once attached.
     live: std::sync::OnceLock<LiveMigrations>,
+    /// Webhook notifications, once attached.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Webhooks>>,
 }
 
 impl Engine {
@@ -222,6 +224,7 @@ impl Engine {
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
             live: std::sync::OnceLock::new(),
+            webhooks: std::sync::OnceLock::new(),
         });
         cluster.heartbeat().await?;
         // Listening before recovering, and before the start returns: what
@@ -264,6 +267,31 @@ impl Engine {
     /// The storage moves, where the service attached them.
     pub fn live_migrations(&self) -> Option<&LiveMigrations> {
         self.inner.live.get()
+    }
+
+    /// Starts webhook notifications, sent through `sender` (which knows
+    /// HTTP and the allowlist). Once; a second call changes nothing.
+    pub fn attach_webhooks(
+        &self,
+        sender: Arc<dyn crate::webhooks::WebhookSender>,
+        config: crate::webhooks::WebhookConfig,
+    ) {
+        let inner = &self.inner;
+        let webhooks = Arc::new(crate::webhooks::Webhooks::new(
+            inner.store.clone(),
+            inner.secrets.clone(),
+            sender,
+            config,
+            inner.config.node_id.clone(),
+        ));
+        if inner.webhooks.set(webhooks.clone()).is_ok() {
+            webhooks.start(&inner.events, inner.stopping.clone());
+        }
+    }
+
+    /// Webhook notifications, where the service attached them.
+    pub fn webhooks(&self) -> Option<&crate::webhooks::Webhooks> {
+        self.inner.webhooks.get().map(|w| &**w)
     }
 
     pub fn config(&self) -> &EngineConfig {

@@ -17,7 +17,8 @@
 //! which `schedules` (the engine's schedule calls) implements with
 //! `submit`; `rerun` builds a new revision through `submit`.
 //! `retention` sweeps the store on its own. `access`, `secrets` and
-//! `templates` stand alone.
+//! `templates` stand alone. `webhooks` (notifications) listens to `events`
+//! and seals with `secrets`.
 
 pub mod access;
 pub mod approval_step;
@@ -40,6 +41,7 @@ pub mod secrets;
 pub mod steps;
 mod submit;
 pub mod templates;
+pub mod webhooks;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{Error, Result};

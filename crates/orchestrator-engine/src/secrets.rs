@@ -248,6 +248,60 @@ impl Secrets {
         Ok(SecretInfo::of(record))
     }
 
+    /// Seals a value that is not a named secret (a webhook's signing
+    /// secret) under the service's key, bound to `purpose` as the
+    /// associated data, so a sealed value cannot be moved to another use.
+    pub(crate) fn seal(
+        &self,
+        purpose: &str,
+        value: &[u8],
+    ) -> Result<orchestrator_core::webhook::Sealed> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let sealed = self
+            .cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: value,
+                    aad: purpose.as_bytes(),
+                },
+            )
+            .map_err(|_| Error::Internal(format!("{purpose}: cannot be encrypted")))?;
+        Ok(orchestrator_core::webhook::Sealed {
+            nonce: BASE64.encode(nonce),
+            ciphertext: BASE64.encode(sealed),
+        })
+    }
+
+    /// Opens what [`Secrets::seal`] sealed for `purpose`.
+    pub(crate) fn unseal(
+        &self,
+        purpose: &str,
+        sealed: &orchestrator_core::webhook::Sealed,
+    ) -> Result<Vec<u8>> {
+        let unreadable = || {
+            Error::Internal(format!(
+                "{purpose}: cannot be decrypted (the secret key is not the one it was sealed with)"
+            ))
+        };
+        let nonce = BASE64.decode(&sealed.nonce).map_err(|_| unreadable())?;
+        let ciphertext = BASE64
+            .decode(&sealed.ciphertext)
+            .map_err(|_| unreadable())?;
+        if nonce.len() != 24 {
+            return Err(unreadable());
+        }
+        self.cipher
+            .decrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &ciphertext,
+                    aad: purpose.as_bytes(),
+                },
+            )
+            .map_err(|_| unreadable())
+    }
+
     async fn stored(&self, name: &str) -> Result<Option<SecretRecord>> {
         Ok(self
             .store

@@ -13,6 +13,7 @@
 
 mod allowlist;
 mod job;
+mod webhook;
 mod wire;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use reqwest::redirect::Policy;
 use serde_json::Value;
 
 pub use allowlist::{Allowlist, HTTPS, literal_origin};
+pub use webhook::WebhookClient;
 
 /// The largest request body a step may send.
 pub const MAX_REQUEST_BODY: usize = 1 << 20;

@@ -1,6 +1,6 @@
 //! Storage: traits by concern ([`Backend`], [`TaskStore`], [`NodeStore`],
-//! [`AccessStore`], [`ScheduleStore`], [`BulkTransfer`]) and the backends
-//! behind them.
+//! [`AccessStore`], [`ScheduleStore`], [`BulkTransfer`], [`WebhookStore`])
+//! and the backends behind them.
 //!
 //! Callers hold a [`Storage`], a cheap clonable handle with one trait
 //! object per concern, and never name a concrete backend. [`StorageType`] lists every
@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::webhook::{Delivery, DeliveryStatus, Subscription};
 use orchestrator_core::{
     Node, ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
@@ -204,6 +205,64 @@ pub trait RetentionStore: Send + Sync {
 
     /// Deletes the audit records older than `before`; returns how many.
     async fn prune_audit(&self, before: DateTime<Utc>) -> Result<u64>;
+}
+
+/// Webhook subscriptions, and their deliveries: the outbox (pending
+/// ones) and the delivery log (every one, with its attempts) in one
+/// record each. Few subscriptions; deliveries are bounded by the
+/// engine's retention.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Stores a new subscription. Refused with [`Error::AlreadyExists`]
+    /// if its id is taken.
+    async fn insert_subscription(&self, subscription: &Subscription) -> Result<()>;
+
+    /// Deletes a subscription; whether there was one. Its deliveries stay
+    /// in the log until retention deletes them; pending ones are not sent.
+    async fn delete_subscription(&self, id: &str) -> Result<bool>;
+
+    async fn get_subscription(&self, id: &str) -> Result<Option<Subscription>>;
+
+    /// Every subscription, oldest first.
+    async fn subscriptions(&self) -> Result<Vec<Subscription>>;
+
+    /// Creates a delivery unless one with its id exists: `true` if this
+    /// call created it. Atomic in the store, so of nodes that each see one
+    /// event, exactly one stores its delivery. Durable on return.
+    async fn insert_delivery(&self, delivery: &Delivery) -> Result<bool>;
+
+    /// Replaces a delivery by compare-and-set on `version`, as
+    /// [`TaskStore::update_task`] does; returns it stored, one version
+    /// higher.
+    async fn update_delivery(&self, delivery: &Delivery) -> Result<Delivery>;
+
+    async fn get_delivery(&self, id: &str) -> Result<Option<Delivery>>;
+
+    /// Deliveries matching the query, newest first (by `created_at`, then
+    /// id), and how many matched in all.
+    async fn deliveries(&self, query: &DeliveryQuery) -> Result<Page<Delivery>>;
+
+    /// Deletes the named deliveries that are no longer pending; returns
+    /// how many it deleted. Which ones is the engine's retention decision.
+    async fn prune_deliveries(&self, ids: &[String]) -> Result<u64>;
+}
+
+/// Filters for [`WebhookStore::deliveries`]; every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryQuery {
+    pub subscription: Option<String>,
+    pub status: Option<DeliveryStatus>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+impl DeliveryQuery {
+    pub fn matches(&self, delivery: &Delivery) -> bool {
+        self.subscription
+            .as_ref()
+            .is_none_or(|s| &delivery.subscription_id == s)
+            && self.status.is_none_or(|s| delivery.status == s)
+    }
 }
 
 /// What [`RetentionStore::prune_workflows`] deleted.
@@ -528,6 +587,7 @@ pub struct Storage {
     schedules: Arc<dyn ScheduleStore>,
     retention: Arc<dyn RetentionStore>,
     transfer: Arc<dyn BulkTransfer>,
+    webhooks: Arc<dyn WebhookStore>,
 }
 
 impl Storage {
@@ -540,6 +600,7 @@ impl Storage {
             + ScheduleStore
             + RetentionStore
             + BulkTransfer
+            + WebhookStore
             + 'static,
     {
         let backend = Arc::new(backend);
@@ -550,7 +611,8 @@ impl Storage {
             access: backend.clone(),
             schedules: backend.clone(),
             retention: backend.clone(),
-            transfer: backend,
+            transfer: backend.clone(),
+            webhooks: backend,
         }
     }
 
@@ -591,6 +653,10 @@ impl Storage {
 
     pub fn transfer(&self) -> &dyn BulkTransfer {
         &*self.transfer
+    }
+
+    pub fn webhooks(&self) -> &dyn WebhookStore {
+        &*self.webhooks
     }
 
     /// The same store with its [`Backend`] side wrapped.
@@ -646,6 +712,17 @@ impl Storage {
     ) -> Storage {
         Storage {
             retention: wrap(self.retention),
+            ..self
+        }
+    }
+
+    /// The same store with its [`WebhookStore`] side wrapped.
+    pub fn map_webhooks(
+        self,
+        wrap: impl FnOnce(Arc<dyn WebhookStore>) -> Arc<dyn WebhookStore>,
+    ) -> Storage {
+        Storage {
+            webhooks: wrap(self.webhooks),
             ..self
         }
     }

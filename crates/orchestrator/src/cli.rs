@@ -61,6 +61,10 @@ pub enum Command {
     Secret(SecretCommand),
     /// Read the audit log (needs an admin token).
     Audit(AuditArgs),
+    /// Webhook subscriptions, their delivery log and re-sends (needs an
+    /// admin token); see docs/notifications.md.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
     /// Store copy: copy every record of a stopped store into another, of
     /// any backend (`--from` is only read), resumable and verifiable; see
     /// docs/migration.md.
@@ -448,6 +452,67 @@ pub struct RerunArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Subscribe a URL to events; prints the signing secret, shown once.
+    Add(WebhookAddArgs),
+    /// List the subscriptions (never their secrets).
+    List(WebhookListArgs),
+    /// Delete a subscription; its pending deliveries are not sent.
+    Rm { id: String },
+    /// The delivery log: each delivery with its attempts.
+    Deliveries(WebhookDeliveriesArgs),
+    /// Send a delivered or failed delivery again (same id and body).
+    Resend {
+        id: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookAddArgs {
+    /// Where to POST; its host must be in the service's --http-allow.
+    /// (Not `url`: that is the client's own `--url`.)
+    #[arg(value_name = "URL")]
+    pub target: String,
+    /// Event types, comma-separated: workflow.completed, workflow.failed,
+    /// workflow.cancelled, step.failed, schedule.missed.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub events: Vec<String>,
+    /// A JSON file with the body template (`${event.<field>}` placeholders).
+    #[arg(long, value_name = "FILE")]
+    pub body_template: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookDeliveriesArgs {
+    /// Only the deliveries of this subscription.
+    #[arg(long)]
+    pub webhook: Option<String>,
+    /// Only deliveries in this status: pending, delivered or failed.
+    #[arg(long)]
+    pub status: Option<String>,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum ScheduleCommand {
     /// Create a schedule: a registered template run on a cron expression.
     Create(Box<ScheduleCreateArgs>),
@@ -745,6 +810,18 @@ pub struct ServeArgs {
     /// Delete audit records this long after they are written [default: forever].
     #[arg(long, env = "ORCHESTRATOR_RETAIN_AUDIT", value_name = "PERIOD", value_parser = parse_keep)]
     pub retain_audit: Option<Keep>,
+    /// Attempts per round of a webhook delivery, 1 to 30 [default: 8].
+    #[arg(long, env = "ORCHESTRATOR_WEBHOOK_MAX_ATTEMPTS")]
+    pub webhook_max_attempts: Option<u32>,
+    /// Milliseconds before a webhook delivery's first retry; doubling,
+    /// at most 10 minutes [default: 1000].
+    #[arg(long, env = "ORCHESTRATOR_WEBHOOK_RETRY_BASE_MS")]
+    pub webhook_retry_base_ms: Option<u64>,
+    /// Delete delivered and failed webhook deliveries from the log this
+    /// long after their last attempt; the newest 10,000 at most are kept
+    /// whatever the period [default: 7d].
+    #[arg(long, env = "ORCHESTRATOR_WEBHOOK_RETAIN", value_name = "PERIOD", value_parser = parse_keep)]
+    pub webhook_retain: Option<Keep>,
     /// Requests per second per token (or per address without one) before
     /// 429; 0 for no limit [default: 50].
     #[arg(long, env = "ORCHESTRATOR_RATE_LIMIT")]

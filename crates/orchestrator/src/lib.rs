@@ -16,6 +16,7 @@ mod storage_move;
 mod store_copy;
 mod systemd;
 mod testenv;
+mod webhooks;
 mod workflows;
 
 use std::process::ExitCode;
@@ -63,6 +64,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Token(command) => client::token(&cli.client, command).await,
             Command::Secret(command) => client::secret(&cli.client, command).await,
             Command::Audit(args) => client::audit(&cli.client, args).await,
+            Command::Webhook(command) => webhooks::run(&cli.client, command).await,
             Command::Checkpoint(command) => client::checkpoint(&cli.client, command).await,
             Command::Backup(args) => backup::backup(&cli.client, args).await,
             Command::Restore(args) => backup::restore(args).await,

@@ -176,6 +176,13 @@ pub async fn start_with_store(
     .await
     .context("cannot start the engine")?;
     engine.attach_live_migrations(live);
+    // Webhooks reach the hosts http steps may reach, and no others.
+    let webhook_client = orchestrator_http::WebhookClient::new(settings.http_allow.clone())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    engine.attach_webhooks(
+        Arc::new(WebhookSender(webhook_client)),
+        settings.webhooks.clone(),
+    );
     announce_access(&engine, &settings).await?;
     let testenvs = orchestrator_testenv::TestEnvs::start(engine.clone(), node_runner, catalog, tag);
     tracing::info!(
@@ -235,6 +242,30 @@ pub async fn start_with_store(
         stop,
         task,
     })
+}
+
+/// The engine's webhook sender: HTTP through `orchestrator-http`.
+struct WebhookSender(orchestrator_http::WebhookClient);
+
+#[async_trait::async_trait]
+impl orchestrator_engine::webhooks::WebhookSender for WebhookSender {
+    fn check_target(&self, url: &str) -> Result<(), String> {
+        self.0.check(url)
+    }
+
+    async fn send(
+        &self,
+        request: orchestrator_engine::webhooks::WebhookRequest,
+    ) -> orchestrator_engine::webhooks::SendOutcome {
+        self.0
+            .post(
+                &request.url,
+                &request.headers,
+                request.body,
+                request.timeout,
+            )
+            .await
+    }
 }
 
 /// The step kinds this service runs: scripts, and http steps limited to

@@ -66,6 +66,10 @@ pub struct ServeConfig {
     pub retain_finished: Keep,
     #[serde(serialize_with = "period")]
     pub retain_audit: Keep,
+    pub webhook_max_attempts: u32,
+    pub webhook_retry_base_ms: u64,
+    #[serde(serialize_with = "period")]
+    pub webhook_retain: Keep,
     pub rate_limit: u32,
     pub address_rate_limit: u32,
     /// Hosts http steps may reach: `["awx.example.com", "127.0.0.1:8081"]`.
@@ -151,6 +155,9 @@ impl Default for ServeConfig {
             secure_cookies: false,
             retain_finished: Keep::Forever,
             retain_audit: Keep::Forever,
+            webhook_max_attempts: 8,
+            webhook_retry_base_ms: 1000,
+            webhook_retain: Keep::For(Duration::from_secs(7 * 86_400)),
             rate_limit: 50,
             address_rate_limit: 200,
             http_allow: Vec::new(),
@@ -249,6 +256,8 @@ pub struct ServeSettings {
     /// How long finished workflows and audit records are kept.
     pub retain_finished: Keep,
     pub retain_audit: Keep,
+    /// How webhook deliveries are retried and kept.
+    pub webhooks: orchestrator_engine::webhooks::WebhookConfig,
     /// Between background retention sweeps (a setting for tests).
     pub retention_every: Duration,
     /// Requests per second per client address, before the token is
@@ -501,6 +510,31 @@ impl ServeConfig {
                 self.max_log_bytes
             );
         }
+        let max_attempts = orchestrator_core::template::limits::MAX_WEBHOOK_ATTEMPTS;
+        if !(1..=max_attempts).contains(&self.webhook_max_attempts) {
+            bail!(
+                "--webhook-max-attempts: {} is out of range: must be from 1 to {max_attempts}",
+                self.webhook_max_attempts
+            );
+        }
+        let retry_max = Duration::from_secs(600);
+        let webhook_retry_base = Duration::from_millis(self.webhook_retry_base_ms);
+        if webhook_retry_base.is_zero() || webhook_retry_base > retry_max {
+            bail!(
+                "--webhook-retry-base-ms: {} is out of range: must be from 1 to {}",
+                self.webhook_retry_base_ms,
+                retry_max.as_millis()
+            );
+        }
+        let webhooks = orchestrator_engine::webhooks::WebhookConfig {
+            max_attempts: self.webhook_max_attempts,
+            backoff: orchestrator_core::backoff::Backoff::doubling(webhook_retry_base, retry_max),
+            retain: match self.webhook_retain {
+                Keep::Forever => Duration::MAX,
+                Keep::For(period) => period,
+            },
+            ..Default::default()
+        };
         let settings = ServeSettings {
             bind: self.bind,
             port: self.port,
@@ -529,6 +563,7 @@ impl ServeConfig {
             rate_limit: self.rate_limit,
             retain_finished: self.retain_finished,
             retain_audit: self.retain_audit,
+            webhooks,
             retention_every: Duration::from_secs(600),
             address_rate_limit: self.address_rate_limit,
             bootstrap_token: None,

@@ -17,6 +17,7 @@ pub(crate) mod storage_moves;
 pub(crate) mod tasks;
 pub(crate) mod templates;
 pub(crate) mod testenv;
+pub(crate) mod webhooks;
 pub(crate) mod workflows;
 
 use axum::http::{StatusCode, Uri};
@@ -51,6 +52,7 @@ pub(crate) fn operations() -> OpenApiRouter<AppState> {
         .merge(storage_moves::routes())
         .merge(testenv::routes())
         .merge(dashboard::routes())
+        .merge(webhooks::routes())
         .routes(routes!(crate::live::events))
         .routes(routes!(crate::prometheus::metrics))
         .merge(document::routes())

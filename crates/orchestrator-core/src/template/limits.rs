@@ -216,6 +216,22 @@ pub fn json_size(value: &impl serde::Serialize) -> u64 {
     counter.0
 }
 
+/// Webhook subscriptions a service keeps (`POST /webhooks`).
+pub const MAX_WEBHOOK_SUBSCRIPTIONS: usize = 100;
+/// Event types one subscription names.
+pub const MAX_WEBHOOK_EVENT_TYPES: usize = 16;
+/// A subscription's target URL, in characters.
+pub const MAX_WEBHOOK_URL_CHARS: usize = 2048;
+/// A subscription's body template, as compact JSON.
+pub const MAX_WEBHOOK_TEMPLATE_BYTES: usize = 16 * 1024;
+/// A subscription's description, in characters.
+pub const MAX_WEBHOOK_DESCRIPTION_CHARS: usize = 1024;
+/// Attempts a delivery's log keeps (the newest); a round of attempts is
+/// bounded by the service's `--webhook-max-attempts`.
+pub const MAX_LOGGED_DELIVERY_ATTEMPTS: usize = 50;
+/// The most `--webhook-max-attempts` may be.
+pub const MAX_WEBHOOK_ATTEMPTS: u32 = 30;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Error, Result};
 
 /// The on-disk layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 pub(super) const LAYOUT_FILE: &str = "layout.json";
 
@@ -41,14 +41,24 @@ pub(super) struct Upgrade {
 /// [`LAYOUT_VERSION`], adds its step here, and keeps a store of the old
 /// layout in `crates/orchestrator/tests/fixtures/stores/`, whose test
 /// proves that the new build still opens it.
-pub(super) const UPGRADES: &[Upgrade] = &[Upgrade {
-    from: 1,
-    // A build of layout 1 would take these lines for damage in the middle
-    // of the journal ("restore the data dir from a backup"); with the
-    // version raised, it refuses the store for what it is: newer.
-    name: "journal lines for schedules (schedule, schedule_deleted, schedule_claim)",
-    convert: None,
-}];
+pub(super) const UPGRADES: &[Upgrade] = &[
+    Upgrade {
+        from: 1,
+        // A build of layout 1 would take these lines for damage in the middle
+        // of the journal ("restore the data dir from a backup"); with the
+        // version raised, it refuses the store for what it is: newer.
+        name: "journal lines for schedules (schedule, schedule_deleted, schedule_claim)",
+        convert: None,
+    },
+    Upgrade {
+        from: 2,
+        // As for schedules: a build of layout 2 refuses the webhook lines as
+        // newer instead of taking them for damage.
+        name: "journal lines for webhooks (webhook_subscription, webhook_subscription_deleted, \
+           webhook_delivery, webhook_deliveries_pruned)",
+        convert: None,
+    },
+];
 
 /// How an open treats an older layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! Layout of `--data-dir` (see `docs/storage.md`):
 //!
 //! ```text
-//! layout.json      {"layout_version": 2}; upgraded if older, refused if newer than this build
+//! layout.json      {"layout_version": 3}; upgraded if older, refused if newer than this build
 //! LOCK             held (flock) while a service has the dir open
 //! snapshot.jsonl   every record as of the last compaction, one checksummed line each
 //! journal.jsonl    every change since, appended with group commit
@@ -19,7 +19,7 @@
 //! write (commit, compare-and-set, compaction) and holds the lifecycle and
 //! the node's heartbeats. Each other storage trait has a file, as the
 //! SurrealDB backend's do: `tasks`, `access`, `schedules`, `retention`,
-//! `transfer`. The files on disk are handled by concern: `line`, the one
+//! `transfer`, `webhooks`. The files on disk are handled by concern: `line`, the one
 //! format of a journal or snapshot line; `journal`, its writer (group
 //! commit) and its one reader, with the one rule for a line torn by a
 //! crash; `snapshot`, what a compaction writes; `logs`, the task log
@@ -39,6 +39,7 @@ pub(crate) mod snapshot;
 mod state;
 mod tasks;
 mod transfer;
+mod webhooks;
 
 pub use self::indexed::IndexedStore;
 pub use self::layout::{LAYOUT_VERSION, layout_version};

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::webhook::{Delivery, Subscription};
 use orchestrator_core::{Task, Workflow};
 
 use super::line::Line;
@@ -28,6 +29,8 @@ pub(super) struct SnapshotRecords {
     audit: Vec<AuditRecord>,
     schedules: Vec<Schedule>,
     claims: Vec<ScheduleClaim>,
+    subscriptions: Vec<Subscription>,
+    deliveries: Vec<Delivery>,
 }
 
 impl SnapshotRecords {
@@ -42,6 +45,8 @@ impl SnapshotRecords {
             audit: state.audit().cloned().collect(),
             schedules: state.schedules().cloned().collect(),
             claims: state.all_claims().cloned().collect(),
+            subscriptions: state.subscriptions().cloned().collect(),
+            deliveries: state.deliveries().cloned().collect(),
         }
     }
 
@@ -58,7 +63,13 @@ impl SnapshotRecords {
             .chain(self.secrets.into_iter().map(Line::Secret))
             .chain(self.audit.into_iter().map(Line::Audit))
             .chain(self.schedules.into_iter().map(Line::Schedule))
-            .chain(self.claims.into_iter().map(Line::ScheduleClaim));
+            .chain(self.claims.into_iter().map(Line::ScheduleClaim))
+            .chain(
+                self.subscriptions
+                    .into_iter()
+                    .map(Line::WebhookSubscription),
+            )
+            .chain(self.deliveries.into_iter().map(Line::WebhookDelivery));
         for line in lines {
             line.encode_into(&mut bytes)?;
         }

@@ -7,6 +7,7 @@ use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
+use orchestrator_core::webhook::{Delivery, Subscription};
 
 use crate::{AuditQuery, Page, Record, RecordKind, TaskQuery, WorkflowQuery};
 
@@ -28,6 +29,10 @@ pub(super) struct State {
     schedules: BTreeMap<String, Schedule>,
     /// By claim key: a schedule's claims are together, in due order.
     claims: BTreeMap<String, ScheduleClaim>,
+    /// By id (UUIDv7, so in creation order).
+    subscriptions: BTreeMap<String, Subscription>,
+    /// By id; few enough (bounded by retention) to sort when listed.
+    deliveries: BTreeMap<String, Delivery>,
     /// Bytes appended to the journal since the last compaction.
     pub(super) journal_bytes: u64,
 }
@@ -63,6 +68,48 @@ impl State {
             .is_none_or(|old| old.version <= schedule.version)
         {
             self.schedules.insert(key, schedule);
+        }
+    }
+
+    pub(super) fn put_subscription(&mut self, subscription: Subscription) {
+        self.subscriptions
+            .insert(subscription.id.clone(), subscription);
+    }
+
+    pub(super) fn delete_subscription(&mut self, id: &str) -> bool {
+        self.subscriptions.remove(id).is_some()
+    }
+
+    pub(super) fn subscription(&self, id: &str) -> Option<&Subscription> {
+        self.subscriptions.get(id)
+    }
+
+    pub(super) fn subscriptions(&self) -> impl Iterator<Item = &Subscription> {
+        self.subscriptions.values()
+    }
+
+    /// Replaying an older version over a newer one changes nothing.
+    pub(super) fn put_delivery(&mut self, delivery: Delivery) {
+        if self
+            .deliveries
+            .get(&delivery.id)
+            .is_none_or(|old| old.version <= delivery.version)
+        {
+            self.deliveries.insert(delivery.id.clone(), delivery);
+        }
+    }
+
+    pub(super) fn delivery(&self, id: &str) -> Option<&Delivery> {
+        self.deliveries.get(id)
+    }
+
+    pub(super) fn deliveries(&self) -> impl Iterator<Item = &Delivery> {
+        self.deliveries.values()
+    }
+
+    pub(super) fn remove_deliveries(&mut self, ids: &[String]) {
+        for id in ids {
+            self.deliveries.remove(id);
         }
     }
 

@@ -77,6 +77,18 @@ pub(super) fn classify(context: &str, e: surrealdb::Error) -> Error {
                     id: key,
                 };
             }
+            "webhook_subscription" => {
+                return Error::AlreadyExists {
+                    what: "webhook subscription",
+                    id: key,
+                };
+            }
+            "webhook_delivery" => {
+                return Error::AlreadyExists {
+                    what: "webhook delivery",
+                    id: key,
+                };
+            }
             _ => {}
         }
     }

@@ -24,7 +24,7 @@
 //! `errors` (classification), `rows` (records as rows), `tasks`
 //! ([`crate::TaskStore`]), `nodes` ([`crate::NodeStore`] and the change
 //! feed), `access` ([`crate::AccessStore`]), `schedules`
-//! ([`crate::ScheduleStore`]), `transfer`
+//! ([`crate::ScheduleStore`]), `webhooks` ([`crate::WebhookStore`]), `transfer`
 //! ([`crate::BulkTransfer`] and the read-only [`SurrealSource`]) and
 //! `migrate` (the schema).
 
@@ -40,6 +40,7 @@ mod schedules;
 pub mod schema_migrations;
 mod tasks;
 mod transfer;
+mod webhooks;
 
 pub use self::transfer::SurrealSource;
 

@@ -15,6 +15,7 @@ use futures_util::future::join_all;
 use orchestrator_core::ScheduleId;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord, SecretScope};
 use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
+use orchestrator_core::webhook::{Delivery, DeliveryAttempt, DeliveryStatus, Sealed, Subscription};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
@@ -22,6 +23,7 @@ use orchestrator_storage::{
     AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
     ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
+use orchestrator_storage::{DeliveryQuery, WebhookStore};
 use serde_json::json;
 
 /// Opens a fresh, empty store.
@@ -37,6 +39,7 @@ pub async fn suite(harness: &impl Harness) {
     schedule_store_suite(harness.open().await.schedules()).await;
     retention_store_suite(&harness.open().await).await;
     bulk_transfer_suite(harness.open().await.transfer()).await;
+    webhook_store_suite(harness.open().await.webhooks()).await;
 }
 
 /// What [`TaskStore`] promises: each check on a fresh store from `harness`.
@@ -1305,4 +1308,154 @@ async fn log_imports_start_exactly_at_the_length(store: &dyn BulkTransfer, fixtu
     let mut grown = log.clone();
     grown.extend_from_slice(b"more!");
     assert_eq!(read_whole_log(store, task).await, grown);
+}
+
+/// What [`WebhookStore`] promises, on an empty store: subscriptions,
+/// deliveries stored once per id, changed by compare-and-set, listed
+/// newest first with filters, and pruned only when no longer pending.
+pub async fn webhook_store_suite(store: &dyn WebhookStore) {
+    let first = subscription("http://127.0.0.1:9/a");
+    let second = subscription("http://127.0.0.1:9/b");
+    store.insert_subscription(&first).await.unwrap();
+    store.insert_subscription(&second).await.unwrap();
+    assert!(matches!(
+        store.insert_subscription(&first).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert_eq!(
+        store.get_subscription(&first.id).await.unwrap(),
+        Some(first.clone())
+    );
+    assert_eq!(
+        store.subscriptions().await.unwrap(),
+        vec![first.clone(), second.clone()]
+    );
+
+    let now = Utc::now();
+    let older = delivery("msg_older", &first, now - chrono::TimeDelta::seconds(10));
+    let newer = delivery("msg_newer", &first, now);
+    let other = delivery("msg_other", &second, now - chrono::TimeDelta::seconds(5));
+    for d in [&older, &newer, &other] {
+        assert!(store.insert_delivery(d).await.unwrap());
+    }
+    // A second node storing the same event's delivery stores nothing.
+    let racing = join_all((0..4).map(|_| store.insert_delivery(&newer))).await;
+    assert!(racing.into_iter().all(|created| !created.unwrap()));
+    assert_eq!(
+        store.get_delivery("msg_newer").await.unwrap(),
+        Some(newer.clone())
+    );
+
+    let mut sent = newer.clone();
+    sent.record(
+        DeliveryAttempt {
+            at: now,
+            status_code: Some(500),
+            error: Some("answered 500 \"oops\" ✓".into()),
+            duration_ms: 12,
+        },
+        1,
+        chrono::TimeDelta::seconds(1),
+    );
+    let stored = store.update_delivery(&sent).await.unwrap();
+    assert_eq!(stored.version, sent.version + 1);
+    assert_eq!(
+        store.get_delivery("msg_newer").await.unwrap(),
+        Some(stored.clone())
+    );
+    assert!(matches!(
+        store.update_delivery(&sent).await,
+        Err(Error::Conflict { .. })
+    ));
+    assert!(matches!(
+        store
+            .update_delivery(&delivery("msg_ghost", &first, now))
+            .await,
+        Err(Error::NotFound { .. })
+    ));
+
+    let ids = |page: orchestrator_storage::Page<Delivery>| {
+        (
+            page.items.into_iter().map(|d| d.id).collect::<Vec<_>>(),
+            page.total,
+        )
+    };
+    let all = DeliveryQuery {
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(store.deliveries(&all).await.unwrap()),
+        (
+            vec!["msg_newer".into(), "msg_other".into(), "msg_older".into()],
+            3
+        )
+    );
+    let paged = DeliveryQuery {
+        limit: 1,
+        offset: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(store.deliveries(&paged).await.unwrap()),
+        (vec!["msg_other".into()], 3)
+    );
+    let of_first = DeliveryQuery {
+        subscription: Some(first.id.clone()),
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(store.deliveries(&of_first).await.unwrap()),
+        (vec!["msg_newer".into(), "msg_older".into()], 2)
+    );
+    let pending = DeliveryQuery {
+        status: Some(DeliveryStatus::Pending),
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(store.deliveries(&pending).await.unwrap()),
+        (vec!["msg_other".into(), "msg_older".into()], 2)
+    );
+
+    // Pending deliveries stay: they are the outbox.
+    let pruned = store
+        .prune_deliveries(&["msg_newer".into(), "msg_older".into(), "msg_ghost".into()])
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    assert_eq!(store.get_delivery("msg_newer").await.unwrap(), None);
+    assert!(store.get_delivery("msg_older").await.unwrap().is_some());
+
+    assert!(store.delete_subscription(&first.id).await.unwrap());
+    assert!(!store.delete_subscription(&first.id).await.unwrap());
+    assert_eq!(store.get_subscription(&first.id).await.unwrap(), None);
+    assert_eq!(store.subscriptions().await.unwrap(), vec![second]);
+}
+
+pub fn subscription(url: &str) -> Subscription {
+    Subscription {
+        id: uuid::Uuid::now_v7().to_string(),
+        url: url.into(),
+        events: vec!["workflow.failed".into(), "step.failed".into()],
+        body_template: Some(json!({"text": "${event.summary} ✓"})),
+        description: Some("ünïcode".into()),
+        secret: Sealed {
+            nonce: "bm9uY2U=".into(),
+            ciphertext: "c2VhbGVk".into(),
+        },
+        // Stored to the microsecond or finer on every backend.
+        created_at: Utc::now().with_nanosecond(0).unwrap(),
+    }
+}
+
+pub fn delivery(id: &str, subscription: &Subscription, at: chrono::DateTime<Utc>) -> Delivery {
+    Delivery::new(
+        id.into(),
+        subscription,
+        "workflow.failed",
+        r#"{"text":"workflow `x` failed ✓"}"#.into(),
+        at.with_nanosecond(0).unwrap(),
+    )
 }

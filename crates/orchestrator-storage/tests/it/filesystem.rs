@@ -547,3 +547,67 @@ fn a_stalled_log_file_does_not_stall_the_runtime() {
         "both calls waited, the runtime did not"
     );
 }
+
+/// The outbox survives a restart: subscriptions, deliveries as last
+/// changed and prunes are there after reopening, from the journal alone
+/// and from a snapshot.
+#[tokio::test]
+async fn reopening_restores_webhook_subscriptions_and_the_outbox() {
+    use orchestrator_core::webhook::DeliveryStatus;
+    use orchestrator_storage::DeliveryQuery;
+    for compact_after_bytes in [1, u64::MAX] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_path_buf();
+        let options = FsOptions {
+            compact_after_bytes,
+        };
+        let kept = conformance::subscription("http://127.0.0.1:9/kept");
+        let gone = conformance::subscription("http://127.0.0.1:9/gone");
+        let (pending, failed) = {
+            let store = open(&dir, options.clone()).await;
+            let webhooks = store.webhooks();
+            webhooks.insert_subscription(&kept).await.unwrap();
+            webhooks.insert_subscription(&gone).await.unwrap();
+            webhooks.delete_subscription(&gone.id).await.unwrap();
+            let pending = conformance::delivery("msg_pending", &kept, Utc::now());
+            webhooks.insert_delivery(&pending).await.unwrap();
+            let mut failed = conformance::delivery("msg_failed", &kept, Utc::now());
+            webhooks.insert_delivery(&failed).await.unwrap();
+            failed.give_up("outbox full".into(), Utc::now());
+            let failed = webhooks.update_delivery(&failed).await.unwrap();
+            let pruned = conformance::delivery("msg_pruned", &kept, Utc::now());
+            let mut pruned_done = pruned.clone();
+            webhooks.insert_delivery(&pruned).await.unwrap();
+            pruned_done.give_up("x".into(), Utc::now());
+            webhooks.update_delivery(&pruned_done).await.unwrap();
+            assert_eq!(
+                webhooks
+                    .prune_deliveries(&["msg_pruned".into()])
+                    .await
+                    .unwrap(),
+                1
+            );
+            store.close().await.unwrap();
+            (pending, failed)
+        };
+        let store = open(&dir, options).await;
+        let webhooks = store.webhooks();
+        assert_eq!(webhooks.subscriptions().await.unwrap(), vec![kept]);
+        assert_eq!(
+            webhooks.get_delivery("msg_pending").await.unwrap(),
+            Some(pending)
+        );
+        assert_eq!(
+            webhooks.get_delivery("msg_failed").await.unwrap(),
+            Some(failed)
+        );
+        assert_eq!(webhooks.get_delivery("msg_pruned").await.unwrap(), None);
+        let outbox = DeliveryQuery {
+            status: Some(DeliveryStatus::Pending),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(webhooks.deliveries(&outbox).await.unwrap().total, 1);
+        store.close().await.unwrap();
+    }
+}

@@ -37,4 +37,5 @@ mod tasks;
 mod testenv;
 mod testenv_docker;
 mod upgrades;
+mod webhooks;
 mod workflows;
