@@ -357,7 +357,7 @@ fn a_target_outside_the_allowlist_is_refused_naming_the_host() {
     );
     let unknown = submit(
         &format!("{}/webhooks", daemon.url),
-        json!({"url": hook.url(), "events": ["approval.requested"]}),
+        json!({"url": hook.url(), "events": ["approval.asked"]}),
     );
     assert!(
         unknown["error"]["message"]
@@ -369,5 +369,47 @@ fn a_target_outside_the_allowlist_is_refused_naming_the_host() {
     assert_eq!(
         daemon.cli_json(&["webhook", "list", "--json"])["webhooks"],
         json!([])
+    );
+}
+
+#[test]
+fn an_approval_gate_that_opens_is_announced_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Hook::start(&[]);
+    let daemon = daemon(&dir.path().join("data"), &hook);
+    let created = daemon.cli_json(&[
+        "webhook",
+        "add",
+        &hook.url(),
+        "--events",
+        "approval.requested",
+        "--json",
+    ]);
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    let workflow = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": {
+            "name": "gated", "ref_name": "gated", "schema_version": 1,
+            "steps": [
+                {"ref_name": "plan", "script": "dag/step.py", "input": {"name": "plan"}},
+                {"ref_name": "approve", "kind": "approval", "depends_on": ["plan"],
+                 "approval": {"approvers": {"role": "operator"}}},
+            ]
+        }}),
+    );
+    let workflow = workflow["id"].as_str().expect("submitted").to_owned();
+    let received = hook.until_received(1);
+    assert!(verified(&received[0], &secret), "{received:?}");
+    // No body template: the Standard Webhooks shape, `type` and `data`.
+    let body: Value = serde_json::from_str(&received[0].body).unwrap();
+    assert_eq!(body["type"], "approval.requested", "{body}");
+    assert_eq!(body["data"]["workflow_id"], workflow.as_str(), "{body}");
+    assert_eq!(body["data"]["step"], "approve", "{body}");
+    assert!(
+        body["data"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("waits for a decision"),
+        "{body}"
     );
 }
