@@ -48,6 +48,14 @@ pub enum EventKind {
     Resync,
     /// A live storage migration moved on; `migration` holds its status.
     StorageMigration,
+    /// A workflow's task was granted a named lock; `lock` says which, with
+    /// its fencing token.
+    LockGranted,
+    /// A workflow let go of a named lock (its last step that needed it
+    /// ended, or its node life did), or left its line.
+    LockReleased,
+    /// A workflow's task waits for a named lock; `lock` says its place.
+    LockWaiting,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -69,6 +77,9 @@ crate::named_variants!(EventKind, "kind", [
     LogAppended => "log_appended",
     Resync => "resync",
     StorageMigration => "storage_migration",
+    LockGranted => "lock_granted",
+    LockReleased => "lock_released",
+    LockWaiting => "lock_waiting",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -120,6 +131,27 @@ pub struct Event {
     /// A `storage_migration` event's migration, as it is now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Box<MoveStatus>>,
+    /// A `lock_*` event's lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<Box<LockChange>>,
+}
+
+/// What a `lock_granted`, `lock_released` or `lock_waiting` event says of
+/// its lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockChange {
+    /// The resource's name.
+    pub name: String,
+    /// The fencing token granted or released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// A waiter's place in line (0: next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    /// Why it was released: `ended` (no step needs it any more),
+    /// `finished` (the workflow ended), `expired` (its node life ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -136,6 +168,7 @@ pub struct Change {
     pub log_length: Option<u64>,
     pub missed: Option<u64>,
     pub migration: Option<Box<MoveStatus>>,
+    pub lock: Option<Box<LockChange>>,
 }
 
 impl Change {
@@ -152,6 +185,7 @@ impl Change {
             log_length: None,
             missed: None,
             migration: None,
+            lock: None,
         }
     }
 
@@ -214,6 +248,21 @@ impl Change {
         }
     }
 
+    /// A lock event of `workflow` (and the task that asked, where known).
+    pub fn lock(
+        kind: EventKind,
+        workflow: WorkflowId,
+        task: Option<TaskId>,
+        lock: LockChange,
+    ) -> Change {
+        Change {
+            workflow_id: Some(workflow),
+            task_id: task,
+            lock: Some(Box::new(lock)),
+            ..Change::bare(kind)
+        }
+    }
+
     /// Numbers the change as the node's event `seq`.
     pub fn into_event(self, seq: u64, node: &str, time: DateTime<Utc>) -> Event {
         Event {
@@ -231,6 +280,7 @@ impl Change {
             log_length: self.log_length,
             missed: self.missed,
             migration: self.migration,
+            lock: self.lock,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod access;
 pub mod backoff;
 pub mod event;
 mod ids;
+pub mod lock;
 mod names;
 mod node;
 mod period;

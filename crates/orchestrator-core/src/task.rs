@@ -281,6 +281,10 @@ pub struct StepSettings {
     /// Set on a rollback task: the completed task it undoes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_of: Option<TaskId>,
+    /// The named locks the task's attempts hold while they run (resolved
+    /// at submission from the template's `locks:`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<crate::lock::LockClaim>,
 }
 
 impl StepSettings {

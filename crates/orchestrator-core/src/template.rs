@@ -8,6 +8,7 @@
 pub mod http;
 mod kinds;
 pub mod limits;
+mod locks;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -37,6 +38,10 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_limit: Option<usize>,
     pub steps: Vec<StepTemplate>,
+    /// Named resource locks the workflow holds (see docs/locks.md), by the
+    /// key its steps know each one by.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locks: BTreeMap<String, crate::lock::LockSpec>,
 }
 
 /// A workflow-level input.
@@ -496,6 +501,7 @@ impl Template {
             }
             edges.insert(&step.ref_name, deps);
         }
+        locks::validate(self)?;
         topological_order(&self.steps, &edges)
     }
 
@@ -571,6 +577,16 @@ impl Template {
                 }
             }
             Root::CheckMode => {}
+            Root::Lock(key) if locks::step_holds(self, key, &step.ref_name) => {}
+            Root::Lock(key) => {
+                return Err(err(
+                    path,
+                    format!(
+                        "{reference}: step `{}` holds no lock declared as `{key}` in `locks`",
+                        step.ref_name
+                    ),
+                ));
+            }
             // Where it may stand was checked above, for an http block.
             Root::Job if field == "http" => {}
             Root::Job => {
@@ -720,6 +736,7 @@ impl Template {
             }
         }
         let vars_value = Value::Object(inputs);
+        let step_locks = locks::resolve(self, &vars_value)?;
         let base_scope = Scope {
             workflow_input: Some(&vars_value),
             check_mode,
@@ -849,6 +866,10 @@ impl Template {
                         rollback: step.rollback.clone(),
                         rollback_of: None,
                         kind: step.kind,
+                        locks: step_locks
+                            .get(ref_name.as_str())
+                            .cloned()
+                            .unwrap_or_default(),
                     },
                     max_attempts: step.retries.map(|r| r + 1),
                     timeout,

@@ -60,6 +60,7 @@ impl Cluster {
         node_id: String,
         address: String,
         Timing { lease, poll }: Timing,
+        started_at: DateTime<Utc>,
     ) -> Cluster {
         Cluster {
             records,
@@ -68,7 +69,7 @@ impl Cluster {
             lifecycle,
             node_id,
             address,
-            started_at: Utc::now(),
+            started_at,
             lease,
             poll,
             feed_lost: AtomicBool::new(false),

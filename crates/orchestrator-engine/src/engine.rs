@@ -29,6 +29,7 @@ use crate::cluster::{Cluster, Timing};
 use crate::dispatch::{Dispatcher, DispatcherParts};
 use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
 use crate::lifecycle::Lifecycle;
+use crate::locks::{self, Locks};
 use crate::queue::Queue;
 use crate::records::Records;
 use crate::retention::{self, PruneReport, PruneRequest, RetentionConfig};
@@ -119,6 +120,7 @@ pub(crate) struct Inner {
     closed: CancellationToken,
     /// The service's live storage migrations, once attached.
     live: std::sync::OnceLock<LiveMigrations>,
+    pub(crate) locks: Arc<Locks>,
 }
 
 impl Engine {
@@ -164,6 +166,17 @@ impl Engine {
             config.retry,
             config.node_id.clone(),
         ));
+        // This life of the node: its heartbeats name it, and lock holds
+        // last while it does.
+        let started_at = chrono::Utc::now();
+        let locks = Arc::new(Locks::new(
+            records.clone(),
+            orchestrator_core::lock::NodeLife {
+                node: config.node_id.clone(),
+                life: started_at,
+            },
+            config.lease,
+        ));
         let dispatcher = Arc::new(Dispatcher::new(DispatcherParts {
             records: records.clone(),
             queue: queue.clone(),
@@ -175,6 +188,7 @@ impl Engine {
             node_id: config.node_id.clone(),
             lease: config.lease,
             workers: config.workers,
+            locks: locks.clone(),
         }));
         let cluster = Arc::new(Cluster::new(
             records.clone(),
@@ -187,6 +201,7 @@ impl Engine {
                 lease: config.lease,
                 poll: config.poll,
             },
+            started_at,
         ));
         let scheduler = Arc::new(Scheduler::new(
             store.clone(),
@@ -211,6 +226,7 @@ impl Engine {
             stopping: CancellationToken::new(),
             closed: CancellationToken::new(),
             live: std::sync::OnceLock::new(),
+            locks: locks.clone(),
         });
         cluster.heartbeat().await?;
         // Listening before recovering, and before the start returns: what
@@ -225,6 +241,11 @@ impl Engine {
         lifecycle.recover().await?;
         tokio::spawn(dispatcher.run(inner.stopping.clone()));
         tokio::spawn(cluster.run(inner.stopping.clone(), inner.closed.clone()));
+        tokio::spawn(locks::sweep_every(
+            locks.clone(),
+            (inner.config.lease / 3).max(std::time::Duration::from_millis(100)),
+            inner.stopping.clone(),
+        ));
         let stopping = inner.stopping.clone();
         let engine = Engine { inner };
         // Due runs are submitted like `POST /workflows`, through the engine.

@@ -7,6 +7,14 @@ use serde_json::Value;
 
 use super::{TemplateError, err};
 
+/// The most locks one template may declare (`locks:`): each is asked for
+/// and released by its own store write.
+pub const MAX_LOCKS_PER_WORKFLOW: usize = 16;
+/// The longest resolved lock name, in bytes.
+pub const MAX_LOCK_NAME_BYTES: usize = 200;
+/// The largest semaphore (`limit:`) of a shared lock.
+pub const MAX_LOCK_LIMIT: u32 = 1_000;
+
 /// The service's limits on one submission; each is a setting of its own
 /// (named by [`Limit::setting`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -145,6 +145,7 @@ pub fn wrap(
         schedules: Arc::new(Live(store.clone())),
         retention: Arc::new(Live(store.clone())),
         transfer: Arc::new(Live(store.clone())),
+        locks: Arc::new(Live(store.clone())),
     };
     let controller = Controller {
         store,

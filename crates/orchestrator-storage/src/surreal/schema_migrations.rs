@@ -76,6 +76,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "task_listing",
         sql: include_str!("../../../../migrations/0006_task_listing.surql"),
     },
+    Migration {
+        version: 7,
+        name: "locks",
+        sql: include_str!("../../../../migrations/0007_locks.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with

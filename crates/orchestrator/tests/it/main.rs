@@ -19,6 +19,7 @@ mod harness;
 mod http;
 mod limits;
 mod live;
+mod locks;
 mod migrate;
 mod network;
 mod operations;
