@@ -424,6 +424,8 @@ impl Template {
                 ));
             }
         }
+        // Before the steps' references, which name the locks' keys.
+        locks::validate(self)?;
         let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         // Names looked up by hash: a linear `step()` per dependency made a
         // template of n steps cost O(n²) to validate.
@@ -501,7 +503,6 @@ impl Template {
             }
             edges.insert(&step.ref_name, deps);
         }
-        locks::validate(self)?;
         topological_order(&self.steps, &edges)
     }
 

@@ -128,9 +128,9 @@ fn shared_holders_share_and_an_exclusive_waiter_blocks_later_ones() {
         .is_none()
     );
     let (_, moves) = lock.release(r2, &everyone, now());
-    assert_eq!(moves.granted, vec![(w, 4)]);
+    assert_eq!(moves.granted, vec![(w, 3)]);
     let (_, moves) = lock.release(w, &everyone, now());
-    assert_eq!(moves.granted, vec![(r3, 5)]);
+    assert_eq!(moves.granted, vec![(r3, 4)]);
 }
 
 #[test]
