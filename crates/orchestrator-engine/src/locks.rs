@@ -193,24 +193,26 @@ impl Locks {
         alive: &Alive,
         reason: &str,
     ) -> Result<()> {
-        let (held, moves) = self
+        let (involved, held, moves) = self
             .change(name, |lock, now| {
                 if lock.involves(workflow) {
-                    lock.release(workflow, &**alive, now)
+                    let (held, moves) = lock.release(workflow, &**alive, now);
+                    (true, held, moves)
                 } else {
-                    (None, Moves::default())
+                    (false, None, Moves::default())
                 }
             })
             .await?;
-        if let Some(token) = held {
-            tracing::info!(lock = %name, workflow = %workflow, token, "lock released");
+        if involved {
+            // A hold let go (with its token), or a place in line left.
+            tracing::info!(lock = %name, workflow = %workflow, token = ?held, "lock released");
             self.announce(
                 EventKind::LockReleased,
                 workflow,
                 None,
                 LockChange {
                     name: name.to_owned(),
-                    token: Some(token),
+                    token: held,
                     position: None,
                     reason: Some(reason.to_owned()),
                 },
