@@ -200,8 +200,8 @@ impl Engine {
             Timing {
                 lease: config.lease,
                 poll: config.poll,
+                started_at,
             },
-            started_at,
         ));
         let scheduler = Arc::new(Scheduler::new(
             store.clone(),
