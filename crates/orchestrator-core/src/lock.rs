@@ -101,17 +101,6 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Whether a resolved lock name is acceptable: 1 to
-/// [`crate::template::limits::MAX_LOCK_NAME_BYTES`] bytes of letters,
-/// digits and `.`, `_`, `-`, `:`, `/`, `@`.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= crate::template::limits::MAX_LOCK_NAME_BYTES
-        && name.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/' | b'@')
-        })
-}
-
 /// One life of one node: its id and when that life started, as its
 /// heartbeats say. A hold or a place in line lasts while its life does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -304,6 +304,18 @@ impl Engine {
 
     /// Events from now on: every durable change of a task or workflow,
     /// on a shared store every node's.
+    /// Every lock that has a holder or a waiter, by name (`GET /locks`).
+    pub async fn locks(&self) -> Result<Vec<orchestrator_core::lock::LockRecord>> {
+        Ok(self
+            .inner
+            .locks
+            .list()
+            .await?
+            .into_iter()
+            .filter(|l| !l.idle())
+            .collect())
+    }
+
     pub fn subscribe(&self) -> Subscription {
         self.inner.events.subscribe()
     }

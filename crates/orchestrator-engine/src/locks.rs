@@ -338,17 +338,3 @@ impl Locks {
             .announce_here(Change::lock(kind, workflow, task, lock));
     }
 }
-
-impl crate::Engine {
-    /// Every lock that has a holder or a waiter, by name (`GET /locks`).
-    pub async fn locks(&self) -> Result<Vec<LockRecord>> {
-        Ok(self
-            .inner
-            .locks
-            .list()
-            .await?
-            .into_iter()
-            .filter(|l| !l.idle())
-            .collect())
-    }
-}

@@ -7,10 +7,21 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use super::limits::{MAX_LOCK_LIMIT, MAX_LOCKS_PER_WORKFLOW};
+use super::limits::{MAX_LOCK_LIMIT, MAX_LOCK_NAME_BYTES, MAX_LOCKS_PER_WORKFLOW};
 use super::{Template, TemplateError, err};
 use crate::lock::{self, LockClaim, LockMode};
 use crate::refs::{Root, Scope, references_in};
+
+/// Whether a resolved lock name is acceptable: 1 to
+/// [`MAX_LOCK_NAME_BYTES`] bytes of letters, digits and `.`, `_`, `-`,
+/// `:`, `/`, `@`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_LOCK_NAME_BYTES
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/' | b'@')
+        })
+}
 
 /// Checks every declared lock; errors name `locks.<key>` and the field.
 pub(super) fn validate(template: &Template) -> Result<(), TemplateError> {
@@ -117,7 +128,7 @@ pub(super) fn resolve(
             Value::String(name) => name,
             other => other.to_string(),
         };
-        if !lock::valid_name(&name) {
+        if !valid_name(&name) {
             return Err(err(
                 &at,
                 format!(
