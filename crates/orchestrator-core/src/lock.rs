@@ -22,6 +22,11 @@ use serde_json::Value;
 use crate::WorkflowId;
 use crate::refs::{Piece, Root};
 
+/// The most waiters one lock record keeps in line. One more asks again
+/// later without a place (it is not lost: its task stays queued), so that
+/// a record stays small however many workflows pile up behind a lock.
+pub const MAX_WAITERS: usize = 10_000;
+
 /// How a lock is held.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -264,6 +269,7 @@ impl LockRecord {
             );
         }
         let mut fresh = false;
+        let line_full = self.waiters.len() >= MAX_WAITERS;
         match self
             .waiters
             .iter_mut()
@@ -272,6 +278,16 @@ impl LockRecord {
             // The same workflow from another life (a takeover, a restart):
             // the new life waits in the old one's place.
             Some(waiter) => waiter.life = request.life.clone(),
+            None if line_full => {
+                let position = MAX_WAITERS;
+                return (
+                    Answer::Waiting {
+                        position,
+                        fresh: false,
+                    },
+                    moves,
+                );
+            }
             None => {
                 fresh = true;
                 self.waiters.push(LockWaiter {

@@ -235,3 +235,38 @@ fn tokens_are_put_in_where_referenced() {
             .contains("`db`")
     );
 }
+
+#[test]
+fn the_line_is_bounded() {
+    let mut lock = LockRecord::new("busy");
+    lock.request(
+        &ask(WorkflowId::new(), LockMode::Exclusive, None),
+        &everyone,
+        now(),
+    );
+    for _ in 0..MAX_WAITERS {
+        lock.request(
+            &ask(WorkflowId::new(), LockMode::Exclusive, None),
+            &everyone,
+            now(),
+        );
+    }
+    assert_eq!(lock.waiters.len(), MAX_WAITERS);
+    let (answer, _) = lock.request(
+        &ask(WorkflowId::new(), LockMode::Exclusive, None),
+        &everyone,
+        now(),
+    );
+    assert_eq!(
+        answer,
+        Answer::Waiting {
+            position: MAX_WAITERS,
+            fresh: false
+        }
+    );
+    assert_eq!(
+        lock.waiters.len(),
+        MAX_WAITERS,
+        "no place is taken past the bound"
+    );
+}
