@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, TokenView};
 pub use crate::routes::approvals::{ApprovalList, Decision};
 pub use crate::routes::health::{Health, NodeList, NodeView};
+pub use crate::routes::locks::{LockHolderView, LockList, LockView, LockWaiterView};
 pub use crate::routes::schedules::ScheduleList;
 pub use crate::routes::storage_moves::MoveList;
 pub use crate::routes::tasks::TaskList;
@@ -543,6 +544,11 @@ impl Client {
 
     pub async fn list_nodes(&self) -> Result<NodeList> {
         self.get("/cluster/nodes").await
+    }
+
+    /// Held and awaited locks (`GET /locks`).
+    pub async fn list_locks(&self) -> Result<LockList> {
+        self.get("/locks").await
     }
 
     // Live moves of the store.

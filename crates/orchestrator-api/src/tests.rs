@@ -372,6 +372,7 @@ async fn served_objects_match_their_schemas() {
         (format!("/tasks/{task}"), "/tasks/{id}"),
         ("/templates".to_owned(), "/templates"),
         ("/cluster/nodes".to_owned(), "/cluster/nodes"),
+        ("/locks".to_owned(), "/locks"),
         ("/health".to_owned(), "/health"),
         ("/tasks/nope".to_owned(), "/tasks/{id}"),
     ] {

@@ -63,6 +63,14 @@ pub enum EventKind {
     ApprovalInvalidated,
     /// No decision came before the gate's deadline.
     ApprovalTimedOut,
+    /// A workflow's task was granted a named lock; `lock` says which, with
+    /// its fencing token.
+    LockGranted,
+    /// A workflow let go of a named lock (its last step that needed it
+    /// ended, or its node life did), or left its line.
+    LockReleased,
+    /// A workflow's task waits for a named lock; `lock` says its place.
+    LockWaiting,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -91,6 +99,9 @@ crate::named_variants!(EventKind, "kind", [
     Rejected => "rejected",
     ApprovalInvalidated => "approval_invalidated",
     ApprovalTimedOut => "approval_timed_out",
+    LockGranted => "lock_granted",
+    LockReleased => "lock_released",
+    LockWaiting => "lock_waiting",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -148,6 +159,27 @@ pub struct Event {
     /// Approval events: the digest decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// A `lock_*` event's lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<Box<LockChange>>,
+}
+
+/// What a `lock_granted`, `lock_released` or `lock_waiting` event says of
+/// its lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockChange {
+    /// The resource's name.
+    pub name: String,
+    /// The fencing token granted or released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// A waiter's place in line (0: next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    /// Why it was released: `ended` (no step needs it any more),
+    /// `finished` (the workflow ended), `expired` (its node life ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// An event before a node numbers and publishes it.
@@ -166,6 +198,7 @@ pub struct Change {
     pub migration: Option<Box<MoveStatus>>,
     pub reason: Option<String>,
     pub digest: Option<String>,
+    pub lock: Option<Box<LockChange>>,
 }
 
 impl Change {
@@ -184,6 +217,7 @@ impl Change {
             migration: None,
             reason: None,
             digest: None,
+            lock: None,
         }
     }
 
@@ -246,6 +280,21 @@ impl Change {
         }
     }
 
+    /// A lock event of `workflow` (and the task that asked, where known).
+    pub fn lock(
+        kind: EventKind,
+        workflow: WorkflowId,
+        task: Option<TaskId>,
+        lock: LockChange,
+    ) -> Change {
+        Change {
+            workflow_id: Some(workflow),
+            task_id: task,
+            lock: Some(Box::new(lock)),
+            ..Change::bare(kind)
+        }
+    }
+
     /// Numbers the change as the node's event `seq`.
     pub fn into_event(self, seq: u64, node: &str, time: DateTime<Utc>) -> Event {
         Event {
@@ -265,6 +314,7 @@ impl Change {
             migration: self.migration,
             reason: self.reason,
             digest: self.digest,
+            lock: self.lock,
         }
     }
 }

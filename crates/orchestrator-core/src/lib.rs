@@ -10,6 +10,7 @@ pub mod approval;
 pub mod backoff;
 pub mod event;
 mod ids;
+pub mod lock;
 mod names;
 mod node;
 mod period;

@@ -31,6 +31,10 @@ pub enum Root {
     /// while the step runs, so it stays this text in stored inputs and its
     /// runner puts the id in (poll and cancel requests only).
     Job,
+    /// `locks.<key>.token`: the fencing token of the lock the template
+    /// declares under `<key>`. Granted only when the step starts, so it
+    /// stays this text in stored inputs and the engine puts it in.
+    Lock(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,6 +59,7 @@ impl fmt::Display for Reference {
             Root::StepOutput(step) => write!(f, "${{{step}.output")?,
             Root::Secret(name) => write!(f, "${{secrets.{name}")?,
             Root::Job => f.write_str("${job.id")?,
+            Root::Lock(key) => write!(f, "${{locks.{key}.token")?,
         }
         for segment in &self.path {
             match segment {
@@ -101,6 +106,10 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
             root: Root::Secret((*name).to_owned()),
             path: vec![],
         }),
+        ("locks", [key, "token"]) => Ok(Reference {
+            root: Root::Lock((*key).to_owned()),
+            path: vec![],
+        }),
         ("job", ["id"]) => Ok(Reference {
             root: Root::Job,
             path: vec![],
@@ -118,7 +127,11 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
             })
         }
         (step, ["output", more @ ..])
-            if !step.is_empty() && step != "workflow" && step != "each" && step != "secrets" =>
+            if !step.is_empty()
+                && step != "workflow"
+                && step != "each"
+                && step != "secrets"
+                && step != "locks" =>
         {
             Ok(Reference {
                 root: Root::StepOutput(step.to_owned()),
@@ -128,7 +141,7 @@ fn parse_reference(inner: &str) -> Result<Reference, String> {
         _ => Err(format!(
             "`${{{inner}}}` is not a reference this engine knows \
              (expected workflow.input.<key>, workflow.check_mode, each.<key>, secrets.<name>, \
-             <step>.output[.<key>], or job.id in an http step)"
+             <step>.output[.<key>], locks.<key>.token, or job.id in an http step)"
         )),
     }
 }
@@ -256,7 +269,7 @@ impl Scope<'_> {
             Root::CheckMode => Ok(Value::Bool(self.check_mode)),
             // Stays a reference: the value never enters a stored record
             // (a secret), or exists only while the step runs (a job id).
-            Root::Secret(_) | Root::Job => Ok(Value::String(reference.to_string())),
+            Root::Secret(_) | Root::Job | Root::Lock(_) => Ok(Value::String(reference.to_string())),
             Root::Each => {
                 let each = self
                     .each

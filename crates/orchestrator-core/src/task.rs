@@ -287,6 +287,10 @@ pub struct StepSettings {
     /// done (so a task with one starts `pending`, even without them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<String>,
+    /// The named locks the task's attempts hold while they run (resolved
+    /// at submission from the template's `locks:`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<crate::lock::LockClaim>,
 }
 
 impl StepSettings {

@@ -9,6 +9,7 @@ pub mod condition;
 pub mod http;
 mod kinds;
 pub mod limits;
+mod locks;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -38,6 +39,10 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_limit: Option<usize>,
     pub steps: Vec<StepTemplate>,
+    /// Named resource locks the workflow holds (see docs/locks.md), by the
+    /// key its steps know each one by.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub locks: BTreeMap<String, crate::lock::LockSpec>,
 }
 
 /// A workflow-level input.
@@ -431,6 +436,8 @@ impl Template {
                 ));
             }
         }
+        // Before the steps' references, which name the locks' keys.
+        locks::validate(self)?;
         let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         // Names looked up by hash: a linear `step()` per dependency made a
         // template of n steps cost O(n²) to validate.
@@ -642,7 +649,7 @@ impl Template {
                 )),
                 Root::StepOutput(_) => None,
                 // The parser refuses these; kept out all the same.
-                Root::Secret(_) | Root::Job => {
+                Root::Secret(_) | Root::Job | Root::Lock(_) => {
                     Some(format!("`{path}` can not be read by a condition"))
                 }
             };
@@ -682,6 +689,16 @@ impl Template {
                 }
             }
             Root::CheckMode => {}
+            Root::Lock(key) if locks::step_holds(self, key, &step.ref_name) => {}
+            Root::Lock(key) => {
+                return Err(err(
+                    path,
+                    format!(
+                        "{reference}: step `{}` holds no lock declared as `{key}` in `locks`",
+                        step.ref_name
+                    ),
+                ));
+            }
             // Where it may stand was checked above, for an http block.
             Root::Job if field == "http" => {}
             Root::Job => {
@@ -837,6 +854,7 @@ impl Template {
             }
         }
         let vars_value = Value::Object(inputs);
+        let step_locks = locks::resolve(self, &vars_value)?;
         let base_scope = Scope {
             workflow_input: Some(&vars_value),
             check_mode,
@@ -967,6 +985,10 @@ impl Template {
                         rollback_of: None,
                         kind: step.kind,
                         when: step.when.clone(),
+                        locks: step_locks
+                            .get(ref_name.as_str())
+                            .cloned()
+                            .unwrap_or_default(),
                     },
                     max_attempts: step.retries.map(|r| r + 1),
                     timeout,

@@ -44,7 +44,10 @@ pub const EVENT_FIELDS: &[(&str, &str)] = &[
     ("workflow_name", "the workflow's name"),
     ("workflow_kind", "the template it runs (`ref_name`)"),
     ("workflow_status", "the workflow's status"),
-    ("step", "the template step of a failed step or of an approval gate"),
+    (
+        "step",
+        "the template step of a failed step or of an approval gate",
+    ),
     ("task_id", "the step's task id"),
     ("error", "why it failed (secret values redacted)"),
     ("schedule_id", "the schedule's id"),

@@ -33,6 +33,9 @@ const ADVANCE_EVERY: u32 = 10;
 pub(crate) struct Timing {
     pub(crate) lease: Duration,
     pub(crate) poll: Duration,
+    /// When this life of the node started: its heartbeats say so, and
+    /// its lock holds last while it does.
+    pub(crate) started_at: DateTime<Utc>,
 }
 
 /// One node's part in a cluster (also of a cluster of one).
@@ -61,7 +64,11 @@ impl Cluster {
         lifecycle: Arc<Lifecycle>,
         node_id: String,
         address: String,
-        Timing { lease, poll }: Timing,
+        Timing {
+            lease,
+            poll,
+            started_at,
+        }: Timing,
     ) -> Cluster {
         Cluster {
             records,
@@ -70,7 +77,7 @@ impl Cluster {
             lifecycle,
             node_id,
             address,
-            started_at: Utc::now(),
+            started_at,
             lease,
             poll,
             feed_lost: AtomicBool::new(false),

@@ -20,6 +20,7 @@ use crate::Result;
 use crate::access::Access;
 use crate::attempts::{Attempts, StopTokens};
 use crate::lifecycle::Lifecycle;
+use crate::locks::{LOCK_RETRY, Locks};
 use crate::queue::Queue;
 use crate::records::Records;
 use crate::secrets::Secrets;
@@ -81,6 +82,7 @@ pub(crate) struct Dispatcher {
     access: Arc<Access>,
     node_id: String,
     lease: Duration,
+    locks: Arc<Locks>,
     /// One permit per worker; a step runs while it holds one.
     workers: Arc<Semaphore>,
     /// Every attempt from its claim until its outcome is stored and its
@@ -100,6 +102,7 @@ pub(crate) struct DispatcherParts {
     pub(crate) node_id: String,
     pub(crate) lease: Duration,
     pub(crate) workers: usize,
+    pub(crate) locks: Arc<Locks>,
 }
 
 impl Dispatcher {
@@ -114,6 +117,7 @@ impl Dispatcher {
             access: parts.access,
             node_id: parts.node_id,
             lease: parts.lease,
+            locks: parts.locks,
             workers: Arc::new(Semaphore::new(parts.workers.max(1))),
             in_flight: TaskTracker::new(),
         }
@@ -194,6 +198,20 @@ impl Dispatcher {
             // until the workflow is resumed.
             return Ok(());
         }
+        // Its locks first: a task that must wait goes back to the queue,
+        // and its worker is free again when this returns.
+        let lock_tokens = match self.locks.acquire(&task).await {
+            Ok(Some(tokens)) => tokens,
+            Ok(None) => {
+                self.queue.push_after(&task, LOCK_RETRY);
+                return Ok(());
+            }
+            Err(e) => {
+                self.queue.push_after(&task, CLAIM_RETRY);
+                return Err(e);
+            }
+        };
+        let lock_names: Vec<String> = task.step.locks.iter().map(|c| c.name.clone()).collect();
         let Some(tokens) = self.attempts.begin(id) else {
             return Ok(());
         };
@@ -203,10 +221,17 @@ impl Dispatcher {
         }
         let workflow = task.workflow_id;
         let (retry_id, priority) = (task.id, task.priority);
-        let attempt = self.claim_and_run(task, tokens, worker).await;
+        let attempt = self.claim_and_run(task, tokens, worker, lock_tokens).await;
         self.attempts.end(id);
         let result = match attempt {
-            Ok(Some((task, outcome))) => self.lifecycle.finish_attempt(task, outcome).await,
+            Ok(Some((task, outcome))) => {
+                let finished = self.lifecycle.finish_attempt(task, outcome).await;
+                // Stored first: a lock is let go only once the step's end is.
+                if let Err(e) = self.locks.release_unneeded(workflow, &lock_names).await {
+                    tracing::warn!(workflow = %workflow, error = %e, "could not release locks; the sweep will");
+                }
+                finished
+            }
             Ok(None) => Ok(()),
             Err(e) => {
                 // The claim could not be stored: the task is still queued
@@ -251,6 +276,7 @@ impl Dispatcher {
         task: Task,
         tokens: StopTokens,
         worker: OwnedSemaphorePermit,
+        lock_tokens: orchestrator_core::lock::Tokens,
     ) -> Result<Option<(Task, Outcome)>> {
         let before = TaskMark::of(&task);
         let mut claim = task;
@@ -279,7 +305,7 @@ impl Dispatcher {
         // step instead of delaying it.
         let (marked, outcome) = tokio::join!(
             self.lifecycle.mark_workflow_running(task.workflow_id),
-            self.run_step(&task, tokens, worker)
+            self.run_step(&task, tokens, worker, &lock_tokens)
         );
         if let Err(e) = marked {
             tracing::warn!(workflow = %task.workflow_id, error = %e, "could not mark the workflow running");
@@ -354,6 +380,7 @@ impl Dispatcher {
         task: &Task,
         tokens: StopTokens,
         worker: OwnedSemaphorePermit,
+        lock_tokens: &orchestrator_core::lock::Tokens,
     ) -> Outcome {
         tracing::debug!(task = %task.id, attempt = task.attempts, script = %task.script, "attempt started");
         metrics::counter!("orchestrator_task_attempts_total", "script" => task.script.clone())
@@ -376,7 +403,26 @@ impl Dispatcher {
                 error,
             };
         }
-        let input = match self.secrets.resolve(&task.input).await {
+        // Fencing tokens go in before secrets, into a copy only where the
+        // task holds locks.
+        let with_tokens;
+        let input = if lock_tokens.is_empty() {
+            &task.input
+        } else {
+            match orchestrator_core::lock::put_tokens(&task.input, lock_tokens) {
+                Ok(input) => {
+                    with_tokens = input;
+                    &with_tokens
+                }
+                Err(error) => {
+                    return Outcome::Failed {
+                        exit_code: None,
+                        error,
+                    };
+                }
+            }
+        };
+        let input = match self.secrets.resolve(input).await {
             Ok(input) => input,
             Err(error) => {
                 return Outcome::Failed {
@@ -419,6 +465,15 @@ impl Dispatcher {
             log: logs,
             redactor: redactor.clone(),
             token: Some(self.access.task_token(task.id)),
+            lock_tokens: task
+                .step
+                .locks
+                .iter()
+                .filter_map(|c| {
+                    let token = lock_tokens.get(&c.key)?;
+                    Some((orchestrator_core::lock::env_var(&c.key), *token))
+                })
+                .collect(),
         };
         self.records.announce(Change::started(task));
         // A step that panics fails its attempt, with the panic's message:

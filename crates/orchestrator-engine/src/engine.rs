@@ -30,6 +30,7 @@ use crate::cluster::{Cluster, Timing};
 use crate::dispatch::{Dispatcher, DispatcherParts};
 use crate::events::{DEFAULT_CAPACITY, EventBus, Subscription};
 use crate::lifecycle::Lifecycle;
+use crate::locks::{self, Locks};
 use crate::queue::Queue;
 use crate::records::Records;
 use crate::retention::{self, PruneReport, PruneRequest, RetentionConfig};
@@ -124,6 +125,7 @@ pub(crate) struct Inner {
     live: std::sync::OnceLock<LiveMigrations>,
     /// Webhook notifications, once attached.
     webhooks: std::sync::OnceLock<Arc<crate::webhooks::Webhooks>>,
+    pub(crate) locks: Arc<Locks>,
 }
 
 impl Engine {
@@ -169,6 +171,17 @@ impl Engine {
             config.retry,
             config.node_id.clone(),
         ));
+        // This life of the node: its heartbeats name it, and lock holds
+        // last while it does.
+        let started_at = chrono::Utc::now();
+        let locks = Arc::new(Locks::new(
+            records.clone(),
+            orchestrator_core::lock::NodeLife {
+                node: config.node_id.clone(),
+                life: started_at,
+            },
+            config.lease,
+        ));
         let dispatcher = Arc::new(Dispatcher::new(DispatcherParts {
             records: records.clone(),
             queue: queue.clone(),
@@ -180,6 +193,7 @@ impl Engine {
             node_id: config.node_id.clone(),
             lease: config.lease,
             workers: config.workers,
+            locks: locks.clone(),
         }));
         let cluster = Arc::new(Cluster::new(
             records.clone(),
@@ -191,6 +205,7 @@ impl Engine {
             Timing {
                 lease: config.lease,
                 poll: config.poll,
+                started_at,
             },
         ));
         let scheduler = Arc::new(Scheduler::new(
@@ -225,6 +240,7 @@ impl Engine {
             closed: CancellationToken::new(),
             live: std::sync::OnceLock::new(),
             webhooks: std::sync::OnceLock::new(),
+            locks: locks.clone(),
         });
         cluster.heartbeat().await?;
         // Listening before recovering, and before the start returns: what
@@ -239,6 +255,11 @@ impl Engine {
         lifecycle.recover().await?;
         tokio::spawn(dispatcher.run(inner.stopping.clone()));
         tokio::spawn(cluster.run(inner.stopping.clone(), inner.closed.clone()));
+        tokio::spawn(locks::sweep_every(
+            locks.clone(),
+            (inner.config.lease / 3).max(std::time::Duration::from_millis(100)),
+            inner.stopping.clone(),
+        ));
         let stopping = inner.stopping.clone();
         let engine = Engine { inner };
         // Due runs are submitted like `POST /workflows`, through the engine.
@@ -323,6 +344,18 @@ impl Engine {
 
     /// Events from now on: every durable change of a task or workflow,
     /// on a shared store every node's.
+    /// Every lock that has a holder or a waiter, by name (`GET /locks`).
+    pub async fn locks(&self) -> Result<Vec<orchestrator_core::lock::LockRecord>> {
+        Ok(self
+            .inner
+            .locks
+            .list()
+            .await?
+            .into_iter()
+            .filter(|l| !l.idle())
+            .collect())
+    }
+
     pub fn subscribe(&self) -> Subscription {
         self.inner.events.subscribe()
     }

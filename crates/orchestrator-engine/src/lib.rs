@@ -31,6 +31,7 @@ mod engine;
 mod error;
 pub mod events;
 mod lifecycle;
+mod locks;
 mod queue;
 mod records;
 mod rerun;

@@ -152,6 +152,12 @@ impl Records {
         }
     }
 
+    /// Announces a change that no change feed carries (a lock's, whose
+    /// records are not followed): on any store, by the node that made it.
+    pub(crate) fn announce_here(&self, change: Change) {
+        self.bus.publish([change]);
+    }
+
     pub(crate) fn store(&self) -> &Storage {
         &self.store
     }

@@ -997,6 +997,7 @@ mod tests {
             migration: None,
             reason: None,
             digest: None,
+            lock: None,
         };
         let of = |kind, status, task| event_type_of(&event(kind, status, task));
         assert_eq!(

@@ -45,6 +45,10 @@ pub struct Job<'a> {
     /// Takes secret values out of the log and the stderr tail, before
     /// either is cut.
     pub redactor: std::sync::Arc<Redactor>,
+    /// `ORCHESTRATOR_LOCK_<KEY>` variables: the fencing tokens of the
+    /// locks the attempt holds (names the engine made from validated
+    /// keys, values numbers).
+    pub lock_tokens: Vec<(String, u64)>,
 }
 
 enum Ending {
@@ -144,6 +148,9 @@ impl ScriptExecutor {
         }
         if let Some(token) = &job.token {
             command.env("ORCHESTRATOR_TOKEN", token);
+        }
+        for (name, token) in &job.lock_tokens {
+            command.env(name, token.to_string());
         }
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -693,6 +700,7 @@ impl StepRunner for ScriptExecutor {
             checkpoint: attempt.checkpoint,
             token: attempt.token,
             redactor: attempt.redactor,
+            lock_tokens: attempt.lock_tokens,
         };
         ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await
     }

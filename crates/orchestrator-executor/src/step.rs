@@ -115,6 +115,10 @@ pub struct Attempt<'a> {
     /// The task's own API token, which may save its checkpoint and nothing
     /// else.
     pub token: Option<String>,
+    /// The fencing tokens of the named locks the attempt holds, each with
+    /// the environment variable a script reads it from
+    /// (`ORCHESTRATOR_LOCK_<KEY>`).
+    pub lock_tokens: Vec<(String, u64)>,
 }
 
 /// Runs the steps of one kind (`script`, ...). Implementations must never panic on anything the

@@ -30,6 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
+use orchestrator_core::lock::LockRecord;
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::webhook::{Delivery, DeliveryStatus, Subscription};
 use orchestrator_core::{
@@ -190,6 +191,26 @@ pub trait ScheduleStore: Send + Sync {
 
     /// A schedule's claims, newest due time first, at most `limit`.
     async fn claims(&self, schedule: ScheduleId, limit: usize) -> Result<Vec<ScheduleClaim>>;
+}
+
+/// Named resource locks: one [`LockRecord`] per name (holders, waiters in
+/// order, the fencing counter), changed only by compare-and-set on its
+/// `version`, so that of nodes racing to change one lock exactly one
+/// write lands and the others read again. Records are never deleted: an
+/// idle one keeps its fencing counter, which must only grow. Who gets a
+/// lock is the core's decision (`orchestrator_core::lock`).
+#[async_trait]
+pub trait LockStore: Send + Sync {
+    /// The lock named `name`, if anyone ever asked for it.
+    async fn get_lock(&self, name: &str) -> Result<Option<LockRecord>>;
+
+    /// Stores `lock` if the stored version is `lock.version` (`0`: none
+    /// is stored yet); returns it as stored, one version higher.
+    /// [`Error::Conflict`] otherwise.
+    async fn put_lock(&self, lock: &LockRecord) -> Result<LockRecord>;
+
+    /// Every lock record, by name.
+    async fn locks(&self) -> Result<Vec<LockRecord>>;
 }
 
 /// Retention: deleting what is old enough. Which records are old enough is
@@ -588,6 +609,7 @@ pub struct Storage {
     retention: Arc<dyn RetentionStore>,
     transfer: Arc<dyn BulkTransfer>,
     webhooks: Arc<dyn WebhookStore>,
+    locks: Arc<dyn LockStore>,
 }
 
 impl Storage {
@@ -601,6 +623,7 @@ impl Storage {
             + RetentionStore
             + BulkTransfer
             + WebhookStore
+            + LockStore
             + 'static,
     {
         let backend = Arc::new(backend);
@@ -612,7 +635,8 @@ impl Storage {
             schedules: backend.clone(),
             retention: backend.clone(),
             transfer: backend.clone(),
-            webhooks: backend,
+            webhooks: backend.clone(),
+            locks: backend,
         }
     }
 
@@ -657,6 +681,10 @@ impl Storage {
 
     pub fn webhooks(&self) -> &dyn WebhookStore {
         &*self.webhooks
+    }
+
+    pub fn locks(&self) -> &dyn LockStore {
+        &*self.locks
     }
 
     /// The same store with its [`Backend`] side wrapped.

@@ -98,6 +98,16 @@ pub enum Command {
     /// filesystem, enters it, and reaps orphans until killed.
     #[command(hide = true, name = "testenv-node-init")]
     TestenvNodeInit(NodeInitArgs),
+    /// List the named locks that are held or waited for: holders with
+    /// their fencing token, waiters in order (docs/locks.md).
+    Locks(LocksArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LocksArgs {
+    /// Print the JSON answer.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `testenv-node-init`: what `orchestrator_testenv::node_init::NodeSpec`

@@ -387,6 +387,41 @@ pub async fn audit(client: &ClientArgs, args: AuditArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `orchestrator locks`: one line per holder and per waiter, by lock.
+pub async fn locks(client: &ClientArgs, args: crate::cli::LocksArgs) -> anyhow::Result<()> {
+    let list = connect(client)?.list_locks().await?;
+    if args.json {
+        return print_json(&list);
+    }
+    if list.locks.is_empty() {
+        println!("no lock is held or waited for");
+    }
+    for lock in &list.locks {
+        println!("{} (last token {})", lock.name, lock.fencing);
+        for h in &lock.holders {
+            println!(
+                "  held    token {:<6} {:<9} {} {} since {}",
+                h.token,
+                h.mode.as_str(),
+                h.workflow_id,
+                h.step,
+                shown(&h.since),
+            );
+        }
+        for (i, w) in lock.waiters.iter().enumerate() {
+            println!(
+                "  waiting #{:<5} {:<9} {} {} since {}",
+                i + 1,
+                w.mode.as_str(),
+                w.workflow_id,
+                w.step,
+                shown(&w.since),
+            );
+        }
+    }
+    Ok(())
+}
+
 pub async fn prune(client: &ClientArgs, args: PruneArgs) -> anyhow::Result<()> {
     if args.older_than.is_none() && args.audit_older_than.is_none() {
         anyhow::bail!("say what to prune: --older-than PERIOD and/or --audit-older-than PERIOD");

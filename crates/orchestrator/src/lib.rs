@@ -71,6 +71,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Prune(args) => client::prune(&cli.client, args).await,
             Command::Storage(command) => storage_move::run(&cli.client, command).await,
             Command::Doctor(args) => doctor::run(args).await,
+            Command::Locks(args) => client::locks(&cli.client, args).await,
             Command::TestenvNodeInit(_) => unreachable!("run before the runtime starts"),
         }
     });

@@ -12,6 +12,7 @@ pub(crate) mod builtin;
 pub(crate) mod dashboard;
 pub(crate) mod document;
 pub(crate) mod health;
+pub(crate) mod locks;
 pub(crate) mod schedules;
 pub(crate) mod storage_moves;
 pub(crate) mod tasks;
@@ -56,6 +57,7 @@ pub(crate) fn operations() -> OpenApiRouter<AppState> {
         .routes(routes!(crate::live::events))
         .routes(routes!(crate::prometheus::metrics))
         .merge(document::routes())
+        .merge(locks::routes())
 }
 
 pub(crate) async fn not_found(uri: Uri) -> ApiError {

@@ -15,6 +15,13 @@ pub const MAX_GATE_REQUIRED: u32 = 10;
 pub const MAX_GATE_COVERED_STEPS: usize = 32;
 /// A decision's comment, in bytes.
 pub const MAX_GATE_COMMENT_BYTES: usize = 2048;
+/// The most locks one template may declare (`locks:`): each is asked for
+/// and released by its own store write.
+pub const MAX_LOCKS_PER_WORKFLOW: usize = 16;
+/// The longest resolved lock name, in bytes.
+pub const MAX_LOCK_NAME_BYTES: usize = 200;
+/// The largest semaphore (`limit:`) of a shared lock.
+pub const MAX_LOCK_LIMIT: u32 = 1_000;
 
 /// The service's limits on one submission; each is a setting of its own
 /// (named by [`Limit::setting`]).

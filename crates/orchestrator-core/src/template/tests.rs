@@ -785,3 +785,128 @@ fn a_step_with_a_condition_is_planned_with_it_and_waits_to_be_decided() {
     let plan = e.tasks.iter().find(|t| t.name == "plan").unwrap();
     assert_eq!(plan.step.when, None);
 }
+
+const LOCKED: &str = r#"
+name: Deploy
+ref_name: deploy
+schema_version: 1
+inputs:
+  env: {type: string}
+locks:
+  env: {name: "env:${workflow.input.env}"}
+  db-main: {name: "db", mode: shared, limit: 2, steps: [apply, check]}
+steps:
+  - ref_name: plan
+    script: plan.nu
+  - ref_name: apply
+    script: apply.nu
+    depends_on: [plan]
+    input: {fence: "${locks.db-main.token}"}
+  - ref_name: check
+    script: check.nu
+    depends_on: [apply]
+"#;
+
+#[test]
+fn locks_resolve_per_step_at_submission() {
+    let e = template(LOCKED)
+        .expand(
+            &kinds(),
+            &vars(json!({"env": "prod"})),
+            false,
+            &Limits::default(),
+        )
+        .unwrap();
+    let locks_of = |name: &str| {
+        e.tasks
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap()
+            .step
+            .locks
+            .iter()
+            .map(|c| (c.key.clone(), c.name.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        locks_of("plan"),
+        vec![("env".to_owned(), "env:prod".to_owned())]
+    );
+    assert_eq!(
+        locks_of("apply"),
+        vec![
+            ("db-main".to_owned(), "db".to_owned()),
+            ("env".to_owned(), "env:prod".to_owned())
+        ]
+    );
+    // The token stays a reference until the step runs.
+    let apply = e.tasks.iter().find(|t| t.name == "apply").unwrap();
+    assert_eq!(apply.input["fence"], json!("${locks.db-main.token}"));
+}
+
+#[test]
+fn bad_locks_are_refused_naming_the_field() {
+    let with = |locks: &str| {
+        format!(
+            "name: t\nref_name: t\nschema_version: 1\ninputs:\n  x: {{type: string, default: a}}\nlocks:\n{locks}\nsteps:\n  - ref_name: s\n    script: s.nu\n"
+        )
+    };
+    check_invalid(
+        &with("  l: {name: a, mode: sometimes}"),
+        json!({}),
+        "template",
+        "locks.l.mode",
+    );
+    check_invalid(
+        &with("  l: {name: a, limit: 2}"),
+        json!({}),
+        "locks.l.limit",
+        "only a shared lock",
+    );
+    check_invalid(
+        &with("  l: {name: a, mode: shared, limit: 0}"),
+        json!({}),
+        "locks.l.limit",
+        "out of range",
+    );
+    check_invalid(
+        &with("  l: {name: a, steps: [nope]}"),
+        json!({}),
+        "locks.l.steps[0]",
+        "nope",
+    );
+    check_invalid(
+        &with("  l: {name: \"${workflow.input.y}\"}"),
+        json!({}),
+        "locks.l.name",
+        "declared workflow inputs",
+    );
+    check_invalid(
+        &with("  a-b: {name: a}\n  a_b: {name: b}"),
+        json!({}),
+        "locks.a_b",
+        "ORCHESTRATOR_LOCK_A_B",
+    );
+    check_invalid(
+        &with("  l: {name: \"e ${workflow.input.x}\"}"),
+        json!({}),
+        "locks.l.name",
+        "`e a` is not a lock name",
+    );
+    check_invalid(
+        &with("  l: {name: a}\n  m: {name: a}"),
+        json!({}),
+        "locks.m.name",
+        "also the name of lock `l`",
+    );
+    let many: String = (0..17)
+        .map(|i| format!("  l{i}: {{name: n{i}}}\n"))
+        .collect();
+    check_invalid(&with(many.trim_end()), json!({}), "locks", "limit of 16");
+    check_invalid(
+        &one_step("  - ref_name: s\n    script: s.nu\n    input: {t: \"${locks.env.token}\"}"),
+        json!({}),
+        "steps.s.input.t",
+        "holds no lock declared as `env`",
+    );
+}

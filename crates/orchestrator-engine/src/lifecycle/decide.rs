@@ -300,6 +300,8 @@ fn rollback(
             step: StepSettings {
                 ref_name: done.step.ref_name.clone(),
                 rollback_of: Some(done.id),
+                // The undo touches what the step touched: under its locks.
+                locks: done.step.locks.clone(),
                 ..Default::default()
             },
         };

@@ -5,6 +5,7 @@
 
 mod ambiguous;
 mod events;
+mod locks;
 mod panics;
 mod step_kinds;
 

@@ -32,6 +32,7 @@ mod indexed;
 pub(crate) mod journal;
 mod layout;
 mod line;
+mod locks;
 mod logs;
 mod retention;
 mod schedules;
@@ -129,6 +130,10 @@ pub struct FsBackend {
     /// Holds the `LOCK` file's advisory lock until the store is closed
     /// (or dropped), so that a restart in the same process can reopen it.
     lock: Mutex<Option<File>>,
+    /// The named locks (`locks.json`); a tokio mutex, as it is held
+    /// across the file's write.
+    locks:
+        tokio::sync::Mutex<std::collections::BTreeMap<String, orchestrator_core::lock::LockRecord>>,
 }
 
 impl FsBackend {
@@ -159,6 +164,7 @@ impl FsBackend {
             "filesystem storage opened"
         );
         let journal = JournalWriter::start(journal_path, snapshot_path)?;
+        let locks = locks::read(&dir)?;
         Ok(FsBackend {
             dir,
             logs_dir,
@@ -167,6 +173,7 @@ impl FsBackend {
             journal: Some(journal),
             nodes: Mutex::new(Default::default()),
             lock: Mutex::new(Some(lock)),
+            locks: tokio::sync::Mutex::new(locks),
         })
     }
 

@@ -146,6 +146,7 @@ pub fn wrap(
         retention: Arc::new(Live(store.clone())),
         transfer: Arc::new(Live(store.clone())),
         webhooks: Arc::new(Live(store.clone())),
+        locks: Arc::new(Live(store.clone())),
     };
     let controller = Controller {
         store,

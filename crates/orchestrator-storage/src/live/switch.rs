@@ -507,6 +507,28 @@ impl ScheduleStore for Live {
     }
 }
 
+/// Locks are not copied by a move (see `fs::locks`): they are read from
+/// and written to the store the service works on now, past the gate.
+#[async_trait]
+impl crate::LockStore for Live {
+    async fn get_lock(&self, name: &str) -> Result<Option<orchestrator_core::lock::LockRecord>> {
+        self.0.current().locks().get_lock(name).await
+    }
+
+    async fn put_lock(
+        &self,
+        lock: &orchestrator_core::lock::LockRecord,
+    ) -> Result<orchestrator_core::lock::LockRecord> {
+        self.0
+            .write(|s| async move { s.locks().put_lock(lock).await }, |_| {})
+            .await
+    }
+
+    async fn locks(&self) -> Result<Vec<orchestrator_core::lock::LockRecord>> {
+        self.0.current().locks().locks().await
+    }
+}
+
 #[async_trait]
 impl RetentionStore for Live {
     async fn prune_workflows(&self, workflows: &[(WorkflowId, u64)]) -> Result<Pruned> {

@@ -31,6 +31,7 @@
 mod access;
 mod connection;
 mod errors;
+mod locks;
 mod nodes;
 #[cfg(test)]
 mod plans;

@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "webhooks",
         sql: include_str!("../../../../migrations/0007_webhooks.surql"),
     },
+    Migration {
+        version: 8,
+        name: "locks",
+        sql: include_str!("../../../../migrations/0008_locks.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with

@@ -14,14 +14,15 @@ use chrono::{Timelike, Utc};
 use futures_util::future::join_all;
 use orchestrator_core::ScheduleId;
 use orchestrator_core::access::{ApiToken, AuditRecord, Role, SecretRecord, SecretScope};
+use orchestrator_core::lock::LockRecord;
 use orchestrator_core::schedule::{ClaimState, Schedule, ScheduleClaim};
 use orchestrator_core::webhook::{Delivery, DeliveryAttempt, DeliveryStatus, Sealed, Subscription};
 use orchestrator_core::{
     Priority, Task, TaskId, TaskSpec, TaskStatus, Workflow, WorkflowId, WorkflowStatus,
 };
 use orchestrator_storage::{
-    AccessStore, AuditQuery, BulkTransfer, Error, LogPiece, NodeStore, Record, RecordKind,
-    ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
+    AccessStore, AuditQuery, BulkTransfer, Error, LockStore, LogPiece, NodeStore, Record,
+    RecordKind, ScheduleStore, Storage, TaskQuery, TaskStore, WorkflowQuery,
 };
 use orchestrator_storage::{DeliveryQuery, WebhookStore};
 use serde_json::json;
@@ -40,6 +41,99 @@ pub async fn suite(harness: &impl Harness) {
     retention_store_suite(&harness.open().await).await;
     bulk_transfer_suite(harness.open().await.transfer()).await;
     webhook_store_suite(harness.open().await.webhooks()).await;
+    lock_store_suite(harness.open().await.locks()).await;
+}
+
+/// What [`LockStore`] promises, on an empty store: records by name,
+/// changed by compare-and-set only, so racing read-modify-writes each land
+/// once (the fencing counter they raise hands out every number once).
+pub async fn lock_store_suite(store: &dyn LockStore) {
+    locks_are_created_once_and_changed_by_compare_and_set(store).await;
+    racing_lock_changes_each_land_once(store).await;
+}
+
+async fn locks_are_created_once_and_changed_by_compare_and_set(store: &dyn LockStore) {
+    assert_eq!(store.get_lock("env:prod/eu-1").await.unwrap(), None);
+    let mut lock = LockRecord::new("env:prod/eu-1");
+    lock.fencing = 1;
+    let stored = store.put_lock(&lock).await.unwrap();
+    assert_eq!(stored.version, 1);
+    assert_eq!(
+        store.get_lock("env:prod/eu-1").await.unwrap(),
+        Some(stored.clone())
+    );
+    // A second first write, and a stale one, are conflicts.
+    assert!(matches!(
+        store.put_lock(&lock).await,
+        Err(Error::Conflict {
+            what: "lock",
+            found: 1,
+            ..
+        })
+    ));
+    let mut next = stored.clone();
+    next.fencing = 2;
+    let next = store.put_lock(&next).await.unwrap();
+    assert_eq!((next.version, next.fencing), (2, 2));
+    assert!(matches!(
+        store.put_lock(&stored).await,
+        Err(Error::Conflict {
+            expected: 1,
+            found: 2,
+            ..
+        })
+    ));
+    store.put_lock(&LockRecord::new("a-first")).await.unwrap();
+    let names: Vec<String> = store
+        .locks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["a-first".to_owned(), "env:prod/eu-1".to_owned()]
+    );
+}
+
+async fn racing_lock_changes_each_land_once(store: &dyn LockStore) {
+    const RACERS: u64 = 6;
+    const ROUNDS: u64 = 5;
+    let racer = || async {
+        let mut tokens = Vec::new();
+        for _ in 0..ROUNDS {
+            loop {
+                let mut lock = store
+                    .get_lock("raced")
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| LockRecord::new("raced"));
+                lock.fencing += 1;
+                match store.put_lock(&lock).await {
+                    Ok(stored) => {
+                        tokens.push(stored.fencing);
+                        break;
+                    }
+                    Err(Error::Conflict { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        tokens
+    };
+    let mut all: Vec<u64> = join_all((0..RACERS).map(|_| racer()))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    all.sort_unstable();
+    assert_eq!(all, (1..=RACERS * ROUNDS).collect::<Vec<_>>());
+    let lock = store.get_lock("raced").await.unwrap().unwrap();
+    assert_eq!(
+        (lock.fencing, lock.version),
+        (RACERS * ROUNDS, RACERS * ROUNDS)
+    );
 }
 
 /// What [`TaskStore`] promises: each check on a fresh store from `harness`.

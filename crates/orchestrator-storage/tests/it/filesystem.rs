@@ -611,3 +611,19 @@ async fn reopening_restores_webhook_subscriptions_and_the_outbox() {
         store.close().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn locks_survive_a_reopen() {
+    let root = tempfile::tempdir().unwrap();
+    let store = open(root.path(), FsOptions::default()).await;
+    let mut lock = orchestrator_core::lock::LockRecord::new("env:prod");
+    lock.fencing = 7;
+    let stored = store.locks().put_lock(&lock).await.unwrap();
+    store.close().await.unwrap();
+    drop(store);
+    let store = open(root.path(), FsOptions::default()).await;
+    assert_eq!(
+        store.locks().get_lock("env:prod").await.unwrap(),
+        Some(stored)
+    );
+}

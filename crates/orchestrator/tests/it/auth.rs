@@ -336,6 +336,7 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             None,
             Min::Viewer,
         ),
+        ("GET", "/locks", "/locks".into(), None, Min::Viewer),
         ("GET", "/templates", "/templates".into(), None, Min::Viewer),
         (
             "GET",

@@ -21,6 +21,7 @@ mod harness;
 mod http;
 mod limits;
 mod live;
+mod locks;
 mod migrate;
 mod network;
 mod operations;
