@@ -431,6 +431,37 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             None,
             Min::Admin,
         ),
+        // A webhook's target URL is itself a credential (Slack's): every
+        // webhook operation is the admin's, reading the log included.
+        ("GET", "/webhooks", "/webhooks".into(), None, Min::Admin),
+        (
+            "POST",
+            "/webhooks",
+            "/webhooks".into(),
+            Some(json!({"url": "http://127.0.0.1:9/hook", "events": ["workflow.failed"]})),
+            Min::Admin,
+        ),
+        (
+            "DELETE",
+            "/webhooks/{id}",
+            "/webhooks/wh_unknown".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "GET",
+            "/webhook-deliveries",
+            "/webhook-deliveries".into(),
+            None,
+            Min::Admin,
+        ),
+        (
+            "POST",
+            "/webhook-deliveries/{id}/resend",
+            "/webhook-deliveries/msg_unknown/resend".into(),
+            None,
+            Min::Admin,
+        ),
         // A backup holds every record, token hashes and sealed secrets too.
         ("POST", "/backup", "/backup".into(), None, Min::Admin),
         // A prune deletes history, the audit log included.
@@ -634,11 +665,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             })
             .filter(|r| {
                 let action = r["action"].as_str().unwrap();
-                // `/admin/<resource>/...` is audited as `<resource>.<verb>`.
+                // `/admin/<resource>/...` is audited as `<resource>.<verb>`;
+                // `/webhook-deliveries/...` as `webhook.<verb>`.
                 template
                     .trim_start_matches("/admin")
                     .split('/')
                     .find(|s| !s.is_empty())
+                    .and_then(|first| first.split('-').next())
                     .is_some_and(|first| action.starts_with(first.trim_end_matches('s')))
             })
             .collect();

@@ -122,7 +122,7 @@ mod surrealdb {
         let (ok, text) = db_status(&["--storage-type", "surrealdb-embedded"], dir.path());
         assert!(ok, "{text}");
         assert!(text.contains("workflows_and_tasks  applied"), "{text}");
-        assert!(text.contains("6 applied, 0 pending"), "{text}");
+        assert!(text.contains("8 applied, 0 pending"), "{text}");
     }
 
     #[tokio::test]
