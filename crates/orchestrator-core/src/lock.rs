@@ -256,14 +256,28 @@ impl LockRecord {
             .iter_mut()
             .find(|h| h.workflow == request.workflow)
         {
-            if !held.lives.contains(&request.life) {
-                held.lives.push(request.life.clone());
+            if held.lives.contains(&request.life) {
+                let token = held.token;
+                return (
+                    Answer::Held {
+                        token,
+                        fresh: false,
+                    },
+                    moves,
+                );
             }
-            let token = held.token;
+            // Another life joins the hold: another node runs a step of
+            // the workflow, or took over the task of a life that still
+            // looks alive (its heartbeat outlives its task's lease by up
+            // to a heartbeat). Either way the joiner gets a new token, so
+            // that whatever the old life still sends is the stale one.
+            self.fencing += 1;
+            held.token = self.fencing;
+            held.lives.push(request.life.clone());
             return (
                 Answer::Held {
-                    token,
-                    fresh: false,
+                    token: self.fencing,
+                    fresh: true,
                 },
                 moves,
             );

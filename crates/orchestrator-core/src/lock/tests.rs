@@ -201,7 +201,17 @@ fn a_workflow_on_two_nodes_holds_once_until_both_lives_end() {
     let mut on_b = on_a.clone();
     on_b.life = life("b");
     assert_eq!(held(lock.request(&on_a, &everyone, now()).0), Some(1));
-    assert_eq!(held(lock.request(&on_b, &everyone, now()).0), Some(1));
+    // The second life joins the one grant with a new token: a takeover
+    // from a life not yet seen dead is fenced like any other.
+    assert_eq!(
+        lock.request(&on_b, &everyone, now()).0,
+        Answer::Held {
+            token: 2,
+            fresh: true
+        }
+    );
+    assert_eq!(held(lock.request(&on_b, &everyone, now()).0), Some(2));
+    assert_eq!(lock.fencing, 2);
     let without_a = |l: &NodeLife| l.node != "a";
     let mut wait = ask(other, LockMode::Exclusive, None);
     wait.life = life("b");

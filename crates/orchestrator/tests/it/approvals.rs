@@ -576,3 +576,56 @@ async fn of_two_concurrent_decisions_one_is_stored_and_the_other_gets_409() {
     assert_eq!(view["status"], expected, "{view}");
     service.stop().await;
 }
+
+/// A gate waits in the store, not in a node: with the node that ran the
+/// plan killed (-9), the other node of a shared SurrealDB server lists
+/// the gate, takes the decision and runs the gated step.
+#[cfg(feature = "surrealdb")]
+#[test]
+fn a_waiting_gate_outlives_its_node_and_is_decided_on_another() {
+    use crate::cli::Daemon;
+    use crate::faults::nodes::SharedStore;
+    let cluster = SharedStore::new(&["--lease-secs", "3"]);
+    let dir = &cluster.dir;
+    let a = Daemon::start(&dir.path().join("a"), &cluster.args());
+    let b = Daemon::start(&dir.path().join("b"), &cluster.args());
+    let created = crate::cli::submit(
+        &format!("{}/workflows", a.url),
+        json!({"template": {
+            "name": "gated", "ref_name": "gated", "schema_version": 1,
+            "steps": [
+                {"ref_name": "plan", "script": "dag/step.py", "input": {"name": "plan"}},
+                // No auth on these nodes: the submitter and the approver
+                // are one local caller.
+                {"ref_name": "approve", "kind": "approval", "depends_on": ["plan"],
+                 "approval": {"approvers": {"role": "operator"},
+                              "allow_submitter": true, "covers": ["plan"]}},
+                {"ref_name": "apply", "script": "dag/step.py", "depends_on": ["approve"],
+                 "input": {"name": "apply"}},
+            ]
+        }}),
+    );
+    let workflow = created["id"].as_str().expect("submitted").to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = b.cli_json(&["approvals", "--json"]);
+        if listed.to_string().contains(&workflow) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node b never listed the gate: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.signal("-KILL");
+    assert!(!a.wait().success());
+    let approved = b.cli(&["approve", &workflow, "--comment", "after the takeover"]);
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let views = crate::faults::wait_for_workflows(&b, std::slice::from_ref(&workflow));
+    assert_eq!(views[0]["status"], "completed", "{}", views[0]);
+}
