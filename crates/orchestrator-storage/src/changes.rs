@@ -11,6 +11,9 @@ use orchestrator_core::{Task, TaskId, Workflow};
 use tokio::sync::{mpsc, watch};
 
 /// One committed change, or the news that some were missed.
+// Almost every change is a task's: boxing it would cost an allocation per
+// change to save the stack of the rare small variants.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// A task was created (`created`) or replaced.

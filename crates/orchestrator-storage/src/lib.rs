@@ -467,6 +467,10 @@ impl fmt::Display for RecordKind {
 }
 
 /// One stored record of any kind.
+// Records stream one at a time and are mostly tasks and workflows: boxing
+// them would cost an allocation per record to save the stack of the rare
+// small variants.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     Workflow(Workflow),
