@@ -89,6 +89,12 @@ pub(super) fn classify(context: &str, e: surrealdb::Error) -> Error {
                     id: key,
                 };
             }
+            "resource_lock" => {
+                return Error::AlreadyExists {
+                    what: "lock",
+                    id: key,
+                };
+            }
             _ => {}
         }
     }
