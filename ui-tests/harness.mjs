@@ -4,7 +4,8 @@
 // playwright-core. No browser is downloaded: `CHROMIUM` or /usr/bin/chromium.
 
 import { spawn } from 'node:child_process';
-import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -164,4 +165,30 @@ export async function signedInPage(browser, service, token, options = {}) {
 export async function screenshot(page, name) {
   mkdirSync(artifacts, { recursive: true });
   await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true });
+}
+
+/** axe-core's source, evaluated in the page (not a <script>: the page's CSP rightly refuses inline scripts). */
+const AXE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+/** The WCAG 2.x levels A and AA: what every page must meet. */
+const AXE_TAGS = ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'wcag22aa'];
+
+/**
+ * Checks the page as it is now with axe-core; throws naming each
+ * violation, its rule and the elements, so a failure says what to fix.
+ * Call it once the page shows what it is for (data loaded, a form open).
+ */
+export async function assertAccessible(page, what) {
+  if (!(await page.evaluate(() => typeof window.axe === 'object'))) await page.evaluate(AXE);
+  const violations = await page.evaluate(async (tags) => {
+    const result = await window.axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] });
+    return result.violations.map((v) => ({
+      rule: v.id, impact: v.impact, help: v.help,
+      nodes: v.nodes.slice(0, 5).map((n) => `${n.target.join(' ')}: ${n.failureSummary.replace(/\s+/g, ' ')}`),
+    }));
+  }, AXE_TAGS);
+  if (violations.length) {
+    const text = violations.map((v) => `- ${v.rule} (${v.impact}): ${v.help}\n    ${v.nodes.join('\n    ')}`).join('\n');
+    throw new Error(`${what}: ${violations.length} accessibility violation(s) (WCAG A/AA):\n${text}`);
+  }
 }

@@ -16,6 +16,14 @@ import * as workflow from './page-workflow.js';
 import * as submit from './page-submit.js';
 import * as nodes from './page-nodes.js';
 import * as audit from './page-audit.js';
+import * as schedules from './page-schedules.js';
+import * as environments from './page-environments.js';
+import * as storage from './page-storage.js';
+import * as access from './page-access.js';
+import * as approvals from './page-approvals.js';
+import * as locks from './page-locks.js';
+import * as notifications from './page-notifications.js';
+import * as compare from './page-compare.js';
 
 const ROLES = ['viewer', 'operator', 'admin'];
 
@@ -25,6 +33,16 @@ const ROUTES = [
   { pattern: /^\/workflows\/([^/]+)$/, page: workflow, name: 'workflows', keys: ['id'] },
   { pattern: /^\/submit$/, page: submit, name: 'submit', title: 'Submit' },
   { pattern: /^\/nodes$/, page: nodes, name: 'nodes', title: 'Nodes' },
+  { pattern: /^\/compare$/, page: compare, name: 'workflows', title: 'Compare two runs' },
+  { pattern: /^\/schedules$/, page: schedules, name: 'schedules', title: 'Schedules' },
+  { pattern: /^\/schedules\/([^/]+)$/, page: schedules, name: 'schedules', keys: ['id'] },
+  { pattern: /^\/approvals$/, page: approvals, name: 'approvals', title: 'Approvals' },
+  { pattern: /^\/(?:environments|test)$/, page: environments, name: 'environments', title: 'Test environments' },
+  { pattern: /^\/environments\/([^/]+)$/, page: environments, name: 'environments', keys: ['id'] },
+  { pattern: /^\/locks$/, page: locks, name: 'locks', title: 'Locks' },
+  { pattern: /^\/storage$/, page: storage, name: 'storage', title: 'Storage', role: 'admin' },
+  { pattern: /^\/access$/, page: access, name: 'access', title: 'Access', role: 'admin' },
+  { pattern: /^\/notifications$/, page: notifications, name: 'notifications', title: 'Notifications', role: 'admin' },
   { pattern: /^\/audit$/, page: audit, name: 'audit', title: 'Audit log', role: 'admin' },
 ];
 

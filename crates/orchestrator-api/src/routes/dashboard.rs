@@ -73,7 +73,24 @@ pub(crate) const ASSETS: &[Asset] = &[
     asset!("page-submit.js", "text/javascript; charset=utf-8"),
     asset!("page-nodes.js", "text/javascript; charset=utf-8"),
     asset!("page-audit.js", "text/javascript; charset=utf-8"),
+    asset!("page-schedules.js", "text/javascript; charset=utf-8"),
+    asset!("page-environments.js", "text/javascript; charset=utf-8"),
+    asset!("page-storage.js", "text/javascript; charset=utf-8"),
+    asset!("page-access.js", "text/javascript; charset=utf-8"),
+    asset!("page-approvals.js", "text/javascript; charset=utf-8"),
+    asset!("page-locks.js", "text/javascript; charset=utf-8"),
+    asset!("page-notifications.js", "text/javascript; charset=utf-8"),
+    asset!("page-compare.js", "text/javascript; charset=utf-8"),
 ];
+
+/// For working on the dashboard: a debug build started with
+/// `ORCHESTRATOR_UI_DIR=crates/orchestrator-api/ui` reads the files of the
+/// table above from that directory at each request, so an edit shows on
+/// the next reload without a rebuild. A release build has no such hook:
+/// what it serves is what it was built with.
+#[cfg(debug_assertions)]
+static UI_DIR: LazyLock<Option<std::path::PathBuf>> =
+    LazyLock::new(|| std::env::var_os("ORCHESTRATOR_UI_DIR").map(Into::into));
 
 /// The page itself, in [`ASSETS`].
 const INDEX: usize = 0;
@@ -154,22 +171,36 @@ pub(crate) async fn file(Path(path): Path<String>, headers: HeaderMap) -> Respon
 
 fn serve(index: usize, request: &HeaderMap) -> Response {
     let asset = &ASSETS[index];
+    #[cfg(debug_assertions)]
+    if let Some(dir) = UI_DIR.as_ref() {
+        // Only the table's own paths are read, so no request names a file
+        // outside the directory; no ETag, since the file may change.
+        let response = match std::fs::read(dir.join(asset.path)) {
+            Ok(bytes) => bytes.into_response(),
+            Err(e) => return ApiError::not_found(format!("{}: {e}", asset.path)).into_response(),
+        };
+        return with_headers(response, asset, None);
+    }
     let etag = &ETAGS[index];
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|tag| tag.trim() == etag));
-    let mut response = if fresh {
+    let response = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         asset.bytes.into_response()
     };
+    with_headers(response, asset, Some(etag))
+}
+
+fn with_headers(mut response: Response, asset: &Asset, etag: Option<&str>) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(asset.content_type),
     );
-    if let Ok(etag) = HeaderValue::from_str(etag) {
+    if let Some(Ok(etag)) = etag.map(HeaderValue::from_str) {
         headers.insert(header::ETAG, etag);
     }
     // Always revalidate: a new binary serves new files at the same URLs.

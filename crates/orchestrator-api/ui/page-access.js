@@ -1,0 +1,11 @@
+// Access: a placeholder while the page is built (issue 30).
+
+import { fill, h } from './dom.js';
+
+export function mount(main, ctx) {
+  fill(main, h('h1', { text: 'Access' }));
+  ctx.setTitle('Access');
+  ctx.live.stop();
+  main.dataset.loaded = 'true';
+  return {};
+}
