@@ -131,7 +131,7 @@ function render() {
 }
 
 function renderWho() {
-  const roleLinks = document.querySelectorAll('nav a[data-min-role]');
+  const roleLinks = document.querySelectorAll('nav [data-min-role]');
   for (const link of roleLinks) link.hidden = !can(link.dataset.minRole);
   if (!session) {
     fill(who);
