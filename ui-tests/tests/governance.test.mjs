@@ -257,11 +257,11 @@ test('notifications: a subscription to a real receiver, its secret shown once, t
   assert.equal(log.deliveries.find((d) => d.id === deliveryId).attempts.length, 2);
 
   // The log filtered by subscription, bookmarkable.
-  await page.getByLabel('Subscription').selectOption(sub.id);
+  await page.getByLabel('Subscription', { exact: true }).selectOption(sub.id);
   await page.waitForURL(new RegExp(`webhook=${sub.id}`));
   await page.reload();
   await page.locator(`#deliveries tr[data-delivery-id="${deliveryId}"]`).waitFor();
-  assert.equal(await page.getByLabel('Subscription').inputValue(), sub.id);
+  assert.equal(await page.getByLabel('Subscription', { exact: true }).inputValue(), sub.id);
   await screenshot(page, 'notifications');
 
   // Delete asks first.

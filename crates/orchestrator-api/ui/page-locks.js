@@ -23,7 +23,18 @@ export function mount(main, ctx) {
     list,
   );
 
-  const workflowLink = (id) => h('a', { href: `#/workflows/${id}`, class: 'mono', text: id });
+  // Workflow names by id: read once each (a name never changes), so the
+  // links read as names rather than ids.
+  const names = new Map();
+  // Two runs of one template share a name: the id's end tells them apart.
+  const workflowLink = (id) => h('a', { href: `#/workflows/${id}`, title: id },
+    names.get(id) ?? '', ' ', h('span', { class: 'mono', text: names.has(id) ? `…${id.slice(-8)}` : id }));
+  async function learnNames(locks) {
+    const unknown = [...new Set(locks.flatMap((l) => [...l.holders, ...l.waiters].map((x) => x.workflow_id)))]
+      .filter((id) => !names.has(id)).slice(0, 50);
+    await Promise.all(unknown.map((id) => api(`/workflows/${id}`)
+      .then((w) => names.set(id, w.name)).catch(() => names.set(id, id))));
+  }
 
   function renderLock(lock) {
     const holders = lock.holders.map((holder) => h('tr', { dataset: { role: 'holder', workflowId: holder.workflow_id, token: holder.token } },
@@ -59,6 +70,7 @@ export function mount(main, ctx) {
     const mine = ++generation;
     try {
       const answer = await api('/locks');
+      await learnNames(answer.locks);
       if (mine !== generation) return;
       const locks = answer.locks;
       fill(list, locks.length ? locks.map(renderLock)
