@@ -121,6 +121,16 @@ test('approvals: a gate that opens appears live; a viewer reads it, its submitte
   assert.deepEqual(submitterPage.errors, []);
   await submitterPage.context().close();
 
+  // The page only guesses from the gate's rule; the service judges, and
+  // its refusal is shown as it says it (here one answer is stood in for).
+  const refusal = 'token `gov-approver` may not decide this gate: only someone-else may';
+  await page.route('**/approve', (route) => route.fulfill({
+    status: 403, contentType: 'application/json', body: JSON.stringify({ error: { code: 'forbidden', message: refusal } }),
+  }), { times: 1 });
+  await page.locator('button[data-action="approve"]').click();
+  await page.locator('#gate-error', { hasText: refusal }).waitFor();
+  await page.unroute('**/approve');
+
   // Another operator approves, with a comment, the digest it was shown.
   await page.getByLabel('Comment').fill('plan looks right');
   await page.locator('button[data-action="approve"]').click();
