@@ -148,7 +148,20 @@ test('approvals: a gate that opens appears live; a viewer reads it, its submitte
 
 test('approvals: a decision on a stale digest is refused, the gate is read again, and a rejection with a comment cancels the workflow', async () => {
   const { id, gate } = await gatedWorkflow('stale');
-  const page = await openPage(approver, `/approvals?workflow=${id}&step=approve`);
+  // What the page shows of the gate stays as first read until the
+  // decision is sent: a change on disk sends no event, but a re-read the
+  // page makes anyway (the stream's snapshot) could otherwise show the
+  // new digest first. Frozen from before the page opens, so no read is
+  // under way when the script changes.
+  const page = await signedInPage(browser, service, approver);
+  let frozen = true;
+  await page.route((url) => url.pathname.endsWith('/approval'), (route) => (frozen && route.request().method() === 'GET'
+    ? route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(gate) })
+    : route.continue()));
+  page.on('request', (request) => {
+    if (request.method() === 'POST' && request.url().endsWith('/approve')) frozen = false;
+  });
+  await page.goto(`${service.base}/ui#/approvals?workflow=${id}&step=approve`);
   await page.locator('#gate-digest').waitFor();
   assert.equal(await page.locator('#gate-digest').textContent(), gate.digest);
   // The script the gated step runs changes on disk: the digest is no longer the one shown.
