@@ -26,9 +26,12 @@ function binary() {
 
 /**
  * Starts the service; resolves once it listens. The port is the one the
- * OS gave (`port = 0`), read from the start-up log line.
+ * OS gave (`port = 0`), read from the start-up log line. `extraConfig`:
+ * more lines of config.toml (top-level keys, before `[interpreters]`);
+ * `env`: more environment variables (which win over the file, as
+ * `ORCHESTRATOR_SCRIPTS_DIR` for a scripts dir of the test's own).
  */
-export async function startService() {
+export async function startService({ extraConfig = [], env = {} } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'orchestrator-ui-'));
   const dataDir = join(dir, 'data');
   mkdirSync(dataDir);
@@ -46,13 +49,14 @@ export async function startService() {
     // The page polls while the event stream is missing; tests must not
     // trip over the per-token rate limit meant for runaway clients.
     'rate_limit = 0',
+    ...extraConfig,
     '[interpreters]',
     // The fixture scripts are bash under the built-in `.nu` names.
     'nu = "bash"',
     '',
   ].join('\n'));
   const child = spawn(binary(), ['serve', '--config', config], {
-    env: { ...process.env, ORCHESTRATOR_BOOTSTRAP_TOKEN: ADMIN, RUST_LOG: 'info', NO_COLOR: '1' },
+    env: { ...process.env, ORCHESTRATOR_BOOTSTRAP_TOKEN: ADMIN, RUST_LOG: 'info', NO_COLOR: '1', ...env },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let log = '';

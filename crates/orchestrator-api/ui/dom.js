@@ -110,3 +110,84 @@ export function coalesce(fn, ms) {
   };
   return call;
 }
+
+/**
+ * A credential shown this once (a new API token, a webhook's signing
+ * secret): a read-only field with a copy button, and a button that
+ * removes it. Nothing else keeps the value: once removed, or once the
+ * page is left, it is gone for good (the service never shows it again).
+ */
+export function shownOnce({ id, title, value, hint, onDone }) {
+  const field = h('input', {
+    id, type: 'text', class: 'mono once-value', readOnly: true, spellcheck: 'false', autocomplete: 'off',
+  });
+  field.value = value; // the property, not an attribute of the markup
+  const status = h('span', { class: 'hint', 'aria-live': 'polite' });
+  const copy = h('button', { type: 'button', class: 'primary', dataset: { action: 'copy' }, text: 'Copy' });
+  const done = h('button', { type: 'button', class: 'secondary', dataset: { action: 'dismiss' }, text: 'I have stored it' });
+  const box = h('section', { class: 'once', role: 'region', 'aria-labelledby': `${id}-title` },
+    h('h3', { id: `${id}-title`, text: title }),
+    h('p', { class: 'once-warning', text: hint }),
+    h('div', { class: 'once-row' }, h('label', { for: id, class: 'visually-hidden', text: title }), field, copy, done),
+    status);
+  copy.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(field.value);
+      status.textContent = 'Copied to the clipboard.';
+    } catch {
+      // No clipboard API (an insecure origin, a refused permission):
+      // select the text, so that Ctrl+C (⌘C) copies it.
+      field.focus();
+      field.select();
+      let copied = false;
+      try {
+        copied = document.execCommand('copy');
+      } catch {
+        copied = false;
+      }
+      status.textContent = copied ? 'Copied to the clipboard.' : 'Selected: press Ctrl+C (⌘C) to copy it.';
+    }
+  });
+  done.addEventListener('click', () => {
+    field.value = '';
+    box.remove();
+    onDone?.();
+  });
+  return box;
+}
+
+/**
+ * A button that asks before it acts: a click shows the question with a
+ * confirming button (focused) and a way back; only the confirmation calls
+ * `act`, whose errors are the caller's to show.
+ */
+export function confirmButton({ label, question, confirm, action, act }) {
+  const wrap = h('span', { class: 'confirm' });
+  const start = h('button', { type: 'button', class: 'danger', dataset: { action }, text: label });
+  const showStart = () => {
+    fill(wrap, start);
+  };
+  start.addEventListener('click', () => {
+    const yes = h('button', { type: 'button', class: 'danger', dataset: { action: `${action}-confirm` }, text: confirm });
+    const no = h('button', { type: 'button', class: 'secondary', dataset: { action: `${action}-keep` }, text: 'Keep' });
+    yes.addEventListener('click', async () => {
+      yes.disabled = true;
+      no.disabled = true;
+      try {
+        await act();
+      } finally {
+        if (wrap.isConnected) {
+          showStart();
+        }
+      }
+    });
+    no.addEventListener('click', () => {
+      showStart();
+      start.focus();
+    });
+    fill(wrap, h('span', { class: 'confirm-question', role: 'alert', text: question }), yes, no);
+    yes.focus();
+  });
+  showStart();
+  return wrap;
+}
