@@ -9,8 +9,9 @@ run starts clean. Luigi runs them as `luigi --workers N --local-scheduler`
 would, with its defaults otherwise.
 
 Prints one JSON line on stdout: the tasks expected, the markers found
-afterwards, Luigi's status and the seconds inside `luigi.build`. Exits 1
-unless Luigi reports success and every marker is there.
+afterwards, Luigi's version and status, and the seconds inside
+`luigi.build`. Exits 1 unless Luigi reports success and every marker is
+there.
 """
 
 import argparse
@@ -97,7 +98,8 @@ def main():
     tasks = a.layers * a.width
     done = len(os.listdir(a.out))
     ok = result.status == LuigiStatusCode.SUCCESS and done == tasks
-    print(json.dumps({"tasks": tasks, "done": done, "status": result.status.name, "build_s": build_s}))
+    summary = {"luigi": luigi.__version__, "tasks": tasks, "done": done, "status": result.status.name, "build_s": build_s}
+    print(json.dumps(summary))
     if not ok:
         print(result.summary_text, file=sys.stderr)
     return 0 if ok else 1

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::stats::{median, percentile};
 use crate::workloads::{OneWorkflow, Shape, W7_WIDTH};
-use crate::{Ctx, Results, live, scaleout, testenvs};
+use crate::{Ctx, Results, live, peers, scaleout, testenvs};
 
 const LATEST_START: &str = "<!-- bench:latest:start -->";
 const LATEST_END: &str = "<!-- bench:latest:end -->";
@@ -213,6 +213,9 @@ pub fn failures(r: &Results) -> Vec<String> {
     }
     if let Some(Err(e)) = &r.testenvs {
         out.push(format!("workload 10: {e}"));
+    }
+    if let Some(Err(e)) = &r.peers {
+        out.push(format!("workload 11: {e}"));
     }
     out
 }
@@ -648,7 +651,67 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         Some(Err(e)) => failed(&mut row, "10", "test environments", e),
         None => {}
     }
+    match &r.peers {
+        Some(Ok(peers::Outcome::Measured(p))) => peer_rows(p, ctx.workers, &mut row),
+        Some(Ok(peers::Outcome::Skipped(why))) => row([
+            "11",
+            "peers: the same workflows through Luigi",
+            "",
+            &format!("skipped: {why}"),
+            "",
+            "",
+            "",
+            "not run",
+        ]),
+        Some(Err(e)) => failed(&mut row, "11", "peers (Luigi)", e),
+        None => {}
+    }
     t
+}
+
+/// Workload 11's rows: per shape, the orchestrator against the floor, then
+/// Luigi against the same floor and against the orchestrator.
+fn peer_rows(p: &peers::Peers, workers: usize, row: &mut impl FnMut([&str; 8])) {
+    for r in &p.rows {
+        let floor = match r.graph.shape {
+            Shape::Independent => format!("`xargs -P {workers}`"),
+            Shape::Dag => format!("`make -j{workers}`"),
+        };
+        let base = format!("{}, {floor}{}", s(median(&r.base_s)), spread(&r.base_s, s));
+        row([
+            "11",
+            &format!(
+                "peers: one workflow, {}, one inline template ({}); the floor, this and Luigi in turn",
+                r.graph.describe(),
+                p.backend
+            ),
+            "this orchestrator: submit (`wait`) → workflow completed",
+            &format!("{}{}", s(median(&r.orch_s)), spread(&r.orch_s, s)),
+            &base,
+            &format!("{:.2}", r.orch_ratio()),
+            "",
+            "",
+        ]);
+        row([
+            "11",
+            "",
+            &format!(
+                "Luigi {} (`--workers {workers} --local-scheduler`, a `bash noop.sh` per task): spawn → exit of `peers/luigi_dag.py`",
+                p.luigi_version
+            ),
+            &format!(
+                "Luigi: {}{} (in `luigi.build`: {}) = {:.2}× this orchestrator",
+                s(median(&r.luigi_s)),
+                spread(&r.luigi_s, s),
+                s(median(&r.luigi_build_s)),
+                r.luigi_ratio() / r.orch_ratio()
+            ),
+            &base,
+            &format!("{:.2}", r.luigi_ratio()),
+            "",
+            "",
+        ]);
+    }
 }
 
 /// Workload 10's rows.
@@ -1102,6 +1165,25 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
             s(median(&w.redis_ready)),
             s(median(&totals))
         ));
+    }
+    if let Some(Ok(peers::Outcome::Measured(p))) = &r.peers {
+        let rows: Vec<String> = p
+            .rows
+            .iter()
+            .map(|r| {
+                let shape = match r.graph.shape {
+                    Shape::Independent => "flat",
+                    Shape::Dag => "dag",
+                };
+                format!(
+                    "{shape} {} this {:.1}× Luigi {:.1}×",
+                    r.graph.steps(),
+                    r.orch_ratio(),
+                    r.luigi_ratio()
+                )
+            })
+            .collect();
+        parts.push(format!("w11 ({}) {}", short(&p.backend), rows.join(", ")));
     }
     parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
     format!("- {}", parts.join(" · "))
