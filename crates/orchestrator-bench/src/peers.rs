@@ -230,6 +230,10 @@ pub async fn peers(ctx: &Ctx, backend: &str, python: Option<&Path>) -> Result<Ou
     if !python.is_file() {
         bail!("--luigi-python {} does not exist", python.display());
     }
+    // Absolute, as Luigi runs in the temporary directory; not
+    // canonicalized: a venv's python is a symlink, and only through the
+    // venv's path does it find the venv's packages.
+    let python = &std::path::absolute(python)?;
     let noop = ctx.scripts.join("noop.sh");
     let mut peers = Peers {
         backend: backend.to_owned(),
