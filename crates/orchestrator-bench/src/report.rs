@@ -1266,6 +1266,41 @@ mod tests {
     }
 
     #[test]
+    fn peer_rows_give_luigi_beside_the_floor_and_the_orchestrator() {
+        let p = peers::Peers {
+            backend: "filesystem".into(),
+            luigi_version: "3.8.1".into(),
+            rows: vec![peers::Row {
+                graph: peers::Graph {
+                    shape: Shape::Dag,
+                    layers: 20,
+                    width: 25,
+                    fan_in: 2,
+                },
+                base_s: vec![0.5, 0.4, 0.6],
+                orch_s: vec![1.0, 1.2, 1.1],
+                luigi_s: vec![4.0, 3.0, 3.5],
+                luigi_build_s: vec![3.5, 2.5, 3.0],
+            }],
+        };
+        let mut rows = Vec::new();
+        peer_rows(&p, 2, &mut |cells: [&str; 8]| {
+            rows.push(cells.map(str::to_owned));
+        });
+        assert_eq!(rows.len(), 2);
+        assert!(rows[0][1].contains("DAG of 500 steps, 20 layers × 25, 2 deps each"));
+        assert_eq!(rows[0][3], "1.100 s (runs: 1.000 s–1.200 s)");
+        assert_eq!(rows[0][4], "0.500 s, `make -j2` (runs: 0.400 s–0.600 s)");
+        assert_eq!(rows[0][5], "2.20");
+        assert!(rows[1][2].starts_with("Luigi 3.8.1 (`--workers 2 --local-scheduler`"));
+        assert_eq!(
+            rows[1][3],
+            "Luigi: 3.500 s (runs: 3.000 s–4.000 s) (in `luigi.build`: 3.000 s) = 3.18× this orchestrator"
+        );
+        assert_eq!(rows[1][5], "7.00");
+    }
+
+    #[test]
     fn test_environment_rows_grade_the_medians_against_2_s_and_15_s() {
         let w = testenvs::TestEnvs {
             // Median 2.5 s: over the 2 s target, though one run was under.
