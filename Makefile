@@ -102,7 +102,7 @@ surreal:
 # Orchestration overhead against spawning the scripts directly, written to
 # docs/benchmarks.md (about 6.5 minutes after the release build, 2 of them for
 # workload 7's workflows of up to 10,000 steps and 1.3 for workload 8's live
-# migration under load). The default
+# migration under load, plus workload 11's peer rows, below). The default
 # measures the filesystem backend; add embedded SurrealDB with
 # `make bench BENCH_BACKENDS=filesystem,surrealdb-embedded` (builds with
 # --features orchestrator/surrealdb: 20+ minutes the first time, about an hour
@@ -118,10 +118,25 @@ BENCH_BACKENDS ?= filesystem
 BENCH_FEATURES := $(if $(findstring surrealdb,$(BENCH_BACKENDS)),--features orchestrator/surrealdb)
 BENCH_SERVER := $(if $(findstring surrealdb-server,$(BENCH_BACKENDS)),-p surreal-dev-server)
 BENCH_BIN := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release/orchestrator-bench
+# Workload 11, the peer rows: the same 500-step and DAG workflows through
+# Luigi beside xargs, make and the orchestrator in the same run (about a
+# minute). Luigi comes from PyPI at the versions of
+# crates/orchestrator-bench/peers/requirements.txt, in a venv under .tools/
+# made once per pinned version, as the contract test's is.
+PEERS_DIR := crates/orchestrator-bench/peers
+BENCH_VENV := $(TOOLS_DIR)/bench-venv
+BENCH_STAMP := $(BENCH_VENV)/.installed
 
-bench:
+bench: $(BENCH_STAMP)
 	$(CARGO) build --release -p orchestrator -p orchestrator-bench $(BENCH_SERVER) $(BENCH_FEATURES)
-	$(BENCH_BIN) --backends $(BENCH_BACKENDS) --out docs/benchmarks.md
+	$(BENCH_BIN) --backends $(BENCH_BACKENDS) --luigi-python $(BENCH_VENV)/bin/python --out docs/benchmarks.md
+
+$(BENCH_STAMP): $(PEERS_DIR)/requirements.txt
+	@command -v python3 >/dev/null || { echo "the benchmark's peer rows need python3 (with venv)" >&2; exit 1; }
+	rm -rf $(BENCH_VENV)
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(PEERS_DIR)/requirements.txt
+	touch $@
 
 # The Debian package, in $(TARGET_DIR)/debian/: the release binary with its
 # default features (the filesystem backend only; see docs/deployment.md for

@@ -8,6 +8,7 @@
 mod dataset;
 mod live;
 mod load;
+mod peers;
 mod report;
 mod rusage;
 mod scaleout;
@@ -57,12 +58,16 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
-    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9,w10
+    /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9,w10,w11
     /// (w3 includes w4; w9 runs only with the surrealdb-server backend;
-    /// w10 needs root and the host's etcd and redis-server, else its row
-    /// says it was skipped).
+    /// w10 needs root and the host's etcd and redis-server, and w11
+    /// `--luigi-python`, else their rows say they were skipped).
     #[arg(long, default_value = ALL_WORKLOADS)]
     only: String,
+    /// The Python of a venv with Luigi (`make bench`: .tools/bench-venv),
+    /// for workload 11's peer rows; without it they are skipped.
+    #[arg(long)]
+    luigi_python: Option<PathBuf>,
     /// Where the temporary data directories go [default: the system temp dir].
     #[arg(long)]
     tmp_dir: Option<PathBuf>,
@@ -73,7 +78,7 @@ struct Args {
 
 /// Every workload; a run of all of them is the only one recorded in
 /// `--out`.
-const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8,w9,w10";
+const ALL_WORKLOADS: &str = "w1,w2,w3,w5,w6,w7,w8,w9,w10,w11";
 
 /// What every workload needs.
 pub struct Ctx {
@@ -109,6 +114,8 @@ pub struct Results {
     pub scale_out: Option<Result<scaleout::ScaleOut, String>>,
     /// Workload 10.
     pub testenvs: Option<Result<testenvs::Outcome, String>>,
+    /// Workload 11.
+    pub peers: Option<Result<peers::Outcome, String>>,
 }
 
 pub struct BackendResults {
@@ -236,6 +243,18 @@ async fn run(args: Args) -> Result<bool> {
             b.w3 = flatten(workloads::latency_and_reads(&ctx, backend).await);
         }
         results.backends.push(b);
+    }
+    if only.contains(&"w11") {
+        // Luigi and the floor do not depend on the backend: the
+        // orchestrator's side runs on the first one only.
+        let backend = backends.first().map_or("filesystem", String::as_str);
+        eprintln!(
+            "[{backend}] workload 11: peers, the same workflows through the floor, the orchestrator and Luigi"
+        );
+        results.peers = flatten(peers::peers(&ctx, backend, args.luigi_python.as_deref()).await);
+        if let Some(Ok(peers::Outcome::Skipped(why))) = &results.peers {
+            eprintln!("workload 11: skipped: {why}");
+        }
     }
     let (want5, want6) = (only.contains(&"w5"), only.contains(&"w6"));
     let want8 = only.contains(&"w8");

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::stats::{median, percentile};
 use crate::workloads::{OneWorkflow, Shape, W7_WIDTH};
-use crate::{Ctx, Results, live, scaleout, testenvs};
+use crate::{Ctx, Results, live, peers, scaleout, testenvs};
 
 const LATEST_START: &str = "<!-- bench:latest:start -->";
 const LATEST_END: &str = "<!-- bench:latest:end -->";
@@ -213,6 +213,9 @@ pub fn failures(r: &Results) -> Vec<String> {
     }
     if let Some(Err(e)) = &r.testenvs {
         out.push(format!("workload 10: {e}"));
+    }
+    if let Some(Err(e)) = &r.peers {
+        out.push(format!("workload 11: {e}"));
     }
     out
 }
@@ -648,7 +651,67 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         Some(Err(e)) => failed(&mut row, "10", "test environments", e),
         None => {}
     }
+    match &r.peers {
+        Some(Ok(peers::Outcome::Measured(p))) => peer_rows(p, ctx.workers, &mut row),
+        Some(Ok(peers::Outcome::Skipped(why))) => row([
+            "11",
+            "peers: the same workflows through Luigi",
+            "",
+            &format!("skipped: {why}"),
+            "",
+            "",
+            "",
+            "not run",
+        ]),
+        Some(Err(e)) => failed(&mut row, "11", "peers (Luigi)", e),
+        None => {}
+    }
     t
+}
+
+/// Workload 11's rows: per shape, the orchestrator against the floor, then
+/// Luigi against the same floor and against the orchestrator.
+fn peer_rows(p: &peers::Peers, workers: usize, row: &mut impl FnMut([&str; 8])) {
+    for r in &p.rows {
+        let floor = match r.graph.shape {
+            Shape::Independent => format!("`xargs -P {workers}`"),
+            Shape::Dag => format!("`make -j{workers}`"),
+        };
+        let base = format!("{}, {floor}{}", s(median(&r.base_s)), spread(&r.base_s, s));
+        row([
+            "11",
+            &format!(
+                "peers: one workflow, {}, one inline template ({}); the floor, this and Luigi in turn",
+                r.graph.describe(),
+                p.backend
+            ),
+            "this orchestrator: submit (`wait`) → workflow completed",
+            &format!("{}{}", s(median(&r.orch_s)), spread(&r.orch_s, s)),
+            &base,
+            &format!("{:.2}", r.orch_ratio()),
+            "",
+            "",
+        ]);
+        row([
+            "11",
+            "",
+            &format!(
+                "Luigi {} (`--workers {workers} --local-scheduler`, a `bash noop.sh` per task): spawn → exit of `peers/luigi_dag.py`",
+                p.luigi_version
+            ),
+            &format!(
+                "Luigi: {}{} (in `luigi.build`: {}) = {:.2}× this orchestrator",
+                s(median(&r.luigi_s)),
+                spread(&r.luigi_s, s),
+                s(median(&r.luigi_build_s)),
+                r.luigi_ratio() / r.orch_ratio()
+            ),
+            &base,
+            &format!("{:.2}", r.luigi_ratio()),
+            "",
+            "",
+        ]);
+    }
 }
 
 /// Workload 10's rows.
@@ -1103,6 +1166,25 @@ pub fn history_line(env: &Environment, r: &Results) -> String {
             s(median(&totals))
         ));
     }
+    if let Some(Ok(peers::Outcome::Measured(p))) = &r.peers {
+        let rows: Vec<String> = p
+            .rows
+            .iter()
+            .map(|r| {
+                let shape = match r.graph.shape {
+                    Shape::Independent => "flat",
+                    Shape::Dag => "dag",
+                };
+                format!(
+                    "{shape} {} this {:.1}× Luigi {:.1}×",
+                    r.graph.steps(),
+                    r.orch_ratio(),
+                    r.luigi_ratio()
+                )
+            })
+            .collect();
+        parts.push(format!("w11 ({}) {}", short(&p.backend), rows.join(", ")));
+    }
     parts.push(format!("took {:.0} s", env.took.as_secs_f64()));
     format!("- {}", parts.join(" · "))
 }
@@ -1181,6 +1263,41 @@ mod tests {
         assert_eq!(thousands(1234567.0), "1,234,567");
         assert_eq!(none(0, "failed"), "met");
         assert_eq!(none(3, "failed"), "**missed**: 3 failed");
+    }
+
+    #[test]
+    fn peer_rows_give_luigi_beside_the_floor_and_the_orchestrator() {
+        let p = peers::Peers {
+            backend: "filesystem".into(),
+            luigi_version: "3.8.1".into(),
+            rows: vec![peers::Row {
+                graph: peers::Graph {
+                    shape: Shape::Dag,
+                    layers: 20,
+                    width: 25,
+                    fan_in: 2,
+                },
+                base_s: vec![0.5, 0.4, 0.6],
+                orch_s: vec![1.0, 1.2, 1.1],
+                luigi_s: vec![4.0, 3.0, 3.5],
+                luigi_build_s: vec![3.5, 2.5, 3.0],
+            }],
+        };
+        let mut rows = Vec::new();
+        peer_rows(&p, 2, &mut |cells: [&str; 8]| {
+            rows.push(cells.map(str::to_owned));
+        });
+        assert_eq!(rows.len(), 2);
+        assert!(rows[0][1].contains("DAG of 500 steps, 20 layers × 25, 2 deps each"));
+        assert_eq!(rows[0][3], "1.100 s (runs: 1.000 s–1.200 s)");
+        assert_eq!(rows[0][4], "0.500 s, `make -j2` (runs: 0.400 s–0.600 s)");
+        assert_eq!(rows[0][5], "2.20");
+        assert!(rows[1][2].starts_with("Luigi 3.8.1 (`--workers 2 --local-scheduler`"));
+        assert_eq!(
+            rows[1][3],
+            "Luigi: 3.500 s (runs: 3.000 s–4.000 s) (in `luigi.build`: 3.000 s) = 3.18× this orchestrator"
+        );
+        assert_eq!(rows[1][5], "7.00");
     }
 
     #[test]

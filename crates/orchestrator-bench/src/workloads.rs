@@ -118,7 +118,7 @@ pub async fn independent(ctx: &Ctx, backend: &str) -> Result<W1> {
 }
 
 /// `seq N | xargs -P <workers> -n 1 bash noop.sh`: the floor for N tasks.
-async fn xargs(ctx: &Ctx, n: usize) -> Result<Duration> {
+pub async fn xargs(ctx: &Ctx, n: usize) -> Result<Duration> {
     let noop = ctx.scripts.join("noop.sh");
     let mut cmd = Command::new("xargs");
     cmd.arg("-P")
@@ -429,7 +429,7 @@ pub async fn one_workflow(ctx: &Ctx, backend: &str) -> Result<W7> {
 }
 
 /// `make -s -f <makefile> -j<workers> all`: the floor for a DAG.
-async fn make(ctx: &Ctx, makefile: &Path) -> Result<Duration> {
+pub async fn make(ctx: &Ctx, makefile: &Path) -> Result<Duration> {
     let mut cmd = Command::new("make");
     cmd.arg("-s")
         .arg("-f")
@@ -1122,7 +1122,7 @@ async fn migrate(
     Ok(run)
 }
 
-fn tail_of(path: &Path) -> String {
+pub fn tail_of(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
