@@ -411,7 +411,10 @@ impl AuditQuery {
 /// describe live processes, which re-register on the new store). Secrets
 /// move encrypted, as they are stored. Schedules move with their claims,
 /// so a moved schedule neither starts a due run twice nor catches up on
-/// runs it already made.
+/// runs it already made. Webhook subscriptions move with their signing
+/// secrets sealed, and deliveries with their attempts, so a pending
+/// delivery is sent from the new store and a sent one is not sent again.
+/// Lock records do not move (see `fs::locks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordKind {
@@ -422,10 +425,12 @@ pub enum RecordKind {
     Audit,
     Schedule,
     ScheduleClaim,
+    WebhookSubscription,
+    WebhookDelivery,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 7] = [
+    pub const ALL: [RecordKind; 9] = [
         RecordKind::Workflow,
         RecordKind::Task,
         RecordKind::Token,
@@ -433,6 +438,8 @@ impl RecordKind {
         RecordKind::Audit,
         RecordKind::Schedule,
         RecordKind::ScheduleClaim,
+        RecordKind::WebhookSubscription,
+        RecordKind::WebhookDelivery,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -444,6 +451,8 @@ impl RecordKind {
             RecordKind::Audit => "audit",
             RecordKind::Schedule => "schedule",
             RecordKind::ScheduleClaim => "schedule_claim",
+            RecordKind::WebhookSubscription => "webhook_subscription",
+            RecordKind::WebhookDelivery => "webhook_delivery",
         }
     }
 
@@ -456,6 +465,8 @@ impl RecordKind {
             RecordKind::Audit => "audit",
             RecordKind::Schedule => "schedules",
             RecordKind::ScheduleClaim => "claims",
+            RecordKind::WebhookSubscription => "webhook subscriptions",
+            RecordKind::WebhookDelivery => "webhook deliveries",
         }
     }
 }
@@ -480,6 +491,8 @@ pub enum Record {
     Audit(AuditRecord),
     Schedule(Schedule),
     ScheduleClaim(ScheduleClaim),
+    WebhookSubscription(orchestrator_core::webhook::Subscription),
+    WebhookDelivery(orchestrator_core::webhook::Delivery),
 }
 
 impl Record {
@@ -492,6 +505,8 @@ impl Record {
             Record::Audit(_) => RecordKind::Audit,
             Record::Schedule(_) => RecordKind::Schedule,
             Record::ScheduleClaim(_) => RecordKind::ScheduleClaim,
+            Record::WebhookSubscription(_) => RecordKind::WebhookSubscription,
+            Record::WebhookDelivery(_) => RecordKind::WebhookDelivery,
         }
     }
 
@@ -506,11 +521,13 @@ impl Record {
             Record::Audit(a) => a.id.clone(),
             Record::Schedule(s) => s.id.to_string(),
             Record::ScheduleClaim(c) => c.key(),
+            Record::WebhookSubscription(s) => s.id.clone(),
+            Record::WebhookDelivery(d) => d.id.clone(),
         }
     }
 
-    /// Its compare-and-set version: higher is newer. Audit records never
-    /// change.
+    /// Its compare-and-set version: higher is newer. Audit records and
+    /// webhook subscriptions never change.
     pub fn version(&self) -> u64 {
         match self {
             Record::Workflow(w) => w.version,
@@ -520,6 +537,8 @@ impl Record {
             Record::Audit(_) => 0,
             Record::Schedule(s) => s.version,
             Record::ScheduleClaim(c) => c.version,
+            Record::WebhookSubscription(_) => 0,
+            Record::WebhookDelivery(d) => d.version,
         }
     }
 
@@ -534,6 +553,8 @@ impl Record {
             Record::Audit(a) => serde_json::to_vec(a),
             Record::Schedule(s) => serde_json::to_vec(s),
             Record::ScheduleClaim(c) => serde_json::to_vec(c),
+            Record::WebhookSubscription(s) => serde_json::to_vec(s),
+            Record::WebhookDelivery(d) => serde_json::to_vec(d),
         };
         // Plain data with string keys: serialization cannot fail.
         json.unwrap_or_default()
@@ -549,6 +570,10 @@ impl Record {
             RecordKind::Audit => serde_json::from_slice(json).map(Record::Audit),
             RecordKind::Schedule => serde_json::from_slice(json).map(Record::Schedule),
             RecordKind::ScheduleClaim => serde_json::from_slice(json).map(Record::ScheduleClaim),
+            RecordKind::WebhookSubscription => {
+                serde_json::from_slice(json).map(Record::WebhookSubscription)
+            }
+            RecordKind::WebhookDelivery => serde_json::from_slice(json).map(Record::WebhookDelivery),
         };
         record.map_err(|e| format!("unreadable {kind}: {e}"))
     }

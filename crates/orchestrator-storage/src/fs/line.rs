@@ -126,6 +126,8 @@ impl Line {
             Record::Audit(a) => Line::Audit(a),
             Record::Schedule(s) => Line::Schedule(s),
             Record::ScheduleClaim(c) => Line::ScheduleClaim(c),
+            Record::WebhookSubscription(s) => Line::WebhookSubscription(s),
+            Record::WebhookDelivery(d) => Line::WebhookDelivery(d),
         }
     }
 }
@@ -158,11 +160,15 @@ impl Line {
             .chain(tasks.iter().map(|t| (RecordKind::Task, t.to_string())))
             .chain(audit.iter().map(|a| (RecordKind::Audit, a.clone())))
             .collect(),
-            // Not moved by a migration (see `docs/notifications.md`).
-            Line::WebhookSubscription(_)
-            | Line::WebhookSubscriptionDeleted { .. }
-            | Line::WebhookDelivery(_)
-            | Line::WebhookDeliveriesPruned { .. } => Vec::new(),
+            Line::WebhookSubscription(s) => vec![(RecordKind::WebhookSubscription, s.id.clone())],
+            Line::WebhookSubscriptionDeleted { id } => {
+                vec![(RecordKind::WebhookSubscription, id.clone())]
+            }
+            Line::WebhookDelivery(d) => vec![(RecordKind::WebhookDelivery, d.id.clone())],
+            Line::WebhookDeliveriesPruned { ids } => ids
+                .iter()
+                .map(|id| (RecordKind::WebhookDelivery, id.clone()))
+                .collect(),
         }
     }
 
@@ -215,6 +221,12 @@ impl Line {
                     .and_then(|n| n.as_str())
                     .map(|n| (RecordKind::Secret, n.to_owned())),
             ),
+            Some("webhook_subscription" | "webhook_subscription_deleted") => {
+                keys.extend(id(data).map(|k| (RecordKind::WebhookSubscription, k)));
+            }
+            Some("webhook_delivery") => {
+                keys.extend(id(data).map(|k| (RecordKind::WebhookDelivery, k)));
+            }
             _ => {}
         }
         keys
@@ -235,10 +247,11 @@ impl Line {
             Line::Schedule(s) => vec![Record::Schedule(s)],
             Line::ScheduleDeleted { .. } | Line::Pruned { .. } => Vec::new(),
             Line::ScheduleClaim(c) => vec![Record::ScheduleClaim(c)],
-            Line::WebhookSubscription(_)
-            | Line::WebhookSubscriptionDeleted { .. }
-            | Line::WebhookDelivery(_)
-            | Line::WebhookDeliveriesPruned { .. } => Vec::new(),
+            Line::WebhookSubscription(s) => vec![Record::WebhookSubscription(s)],
+            Line::WebhookDelivery(d) => vec![Record::WebhookDelivery(d)],
+            Line::WebhookSubscriptionDeleted { .. } | Line::WebhookDeliveriesPruned { .. } => {
+                Vec::new()
+            }
         }
     }
 

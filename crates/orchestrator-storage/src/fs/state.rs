@@ -55,6 +55,8 @@ impl State {
             RecordKind::Audit => self.audit.len(),
             RecordKind::Schedule => self.schedules.len(),
             RecordKind::ScheduleClaim => self.claims.len(),
+            RecordKind::WebhookSubscription => self.subscriptions.len(),
+            RecordKind::WebhookDelivery => self.deliveries.len(),
         }
     }
 
@@ -221,6 +223,16 @@ impl State {
             RecordKind::ScheduleClaim => {
                 return self.claims.get(key).cloned().map(Record::ScheduleClaim);
             }
+            RecordKind::WebhookSubscription => {
+                return self
+                    .subscriptions
+                    .get(key)
+                    .cloned()
+                    .map(Record::WebhookSubscription);
+            }
+            RecordKind::WebhookDelivery => {
+                return self.deliveries.get(key).cloned().map(Record::WebhookDelivery);
+            }
             RecordKind::Workflow | RecordKind::Task => {}
         }
         let id: uuid::Uuid = key.parse().ok()?;
@@ -286,6 +298,20 @@ impl State {
                     self.claims
                         .range(by_text(after))
                         .map(|(_, c)| Record::ScheduleClaim(c.clone())),
+                );
+            }
+            RecordKind::WebhookSubscription => {
+                return Box::new(
+                    self.subscriptions
+                        .range(by_text(after))
+                        .map(|(_, s)| Record::WebhookSubscription(s.clone())),
+                );
+            }
+            RecordKind::WebhookDelivery => {
+                return Box::new(
+                    self.deliveries
+                        .range(by_text(after))
+                        .map(|(_, d)| Record::WebhookDelivery(d.clone())),
                 );
             }
             RecordKind::Workflow | RecordKind::Task => {}

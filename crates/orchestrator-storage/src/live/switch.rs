@@ -616,9 +616,8 @@ impl BulkTransfer for Live {
     }
 }
 
-/// Webhook records are not moved by a storage move (see
-/// `docs/notifications.md`): writes pass the gate, so none is half-way
-/// during a switch, but note nothing for the migration to copy.
+/// Webhook records move like the others: each write passes the gate and
+/// notes what it changed for the move's catch-up passes.
 #[async_trait]
 impl crate::WebhookStore for Live {
     async fn insert_subscription(
@@ -628,7 +627,7 @@ impl crate::WebhookStore for Live {
         self.0
             .write(
                 |s| async move { s.webhooks().insert_subscription(subscription).await },
-                |_| {},
+                |c| c.record(RecordKind::WebhookSubscription, subscription.id.clone()),
             )
             .await
     }
@@ -637,7 +636,7 @@ impl crate::WebhookStore for Live {
         self.0
             .write(
                 |s| async move { s.webhooks().delete_subscription(id).await },
-                |_| {},
+                |c| c.record(RecordKind::WebhookSubscription, id.to_owned()),
             )
             .await
     }
@@ -660,7 +659,7 @@ impl crate::WebhookStore for Live {
         self.0
             .write(
                 |s| async move { s.webhooks().insert_delivery(delivery).await },
-                |_| {},
+                |c| c.record(RecordKind::WebhookDelivery, delivery.id.clone()),
             )
             .await
     }
@@ -672,7 +671,7 @@ impl crate::WebhookStore for Live {
         self.0
             .write(
                 |s| async move { s.webhooks().update_delivery(delivery).await },
-                |_| {},
+                |c| c.record(RecordKind::WebhookDelivery, delivery.id.clone()),
             )
             .await
     }
@@ -692,7 +691,11 @@ impl crate::WebhookStore for Live {
         self.0
             .write(
                 |s| async move { s.webhooks().prune_deliveries(ids).await },
-                |_| {},
+                |c| {
+                    for id in ids {
+                        c.record(RecordKind::WebhookDelivery, id.clone());
+                    }
+                },
             )
             .await
     }

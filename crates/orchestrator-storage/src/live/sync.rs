@@ -121,6 +121,12 @@ async fn delete(target: &Storage, record: &Record) -> Result<(), TransferError> 
             .map(drop),
         Record::Secret(s) => target.access().delete_secret(&s.name).await.map(drop),
         Record::Schedule(s) => target.schedules().delete_schedule(s.id).await.map(drop),
+        Record::WebhookSubscription(s) => target.webhooks().delete_subscription(&s.id).await.map(drop),
+        Record::WebhookDelivery(d) => target
+            .webhooks()
+            .prune_deliveries(std::slice::from_ref(&d.id))
+            .await
+            .map(drop),
         // Tasks go with their workflow; audit records by an audit prune,
         // applied as such. Tokens and claims are never deleted.
         Record::Task(_) | Record::Audit(_) | Record::Token(_) | Record::ScheduleClaim(_) => Ok(()),

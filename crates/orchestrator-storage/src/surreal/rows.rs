@@ -1,6 +1,7 @@
 //! Records as rows: the `doc` every record is stored as, the fields
 //! queries filter on, and the rows of task logs.
 
+use orchestrator_core::webhook::Delivery;
 use orchestrator_core::{Priority, Task, Workflow};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,6 +34,8 @@ pub(super) fn table_of(kind: RecordKind) -> &'static str {
         RecordKind::Audit => "audit",
         RecordKind::Schedule => "schedule",
         RecordKind::ScheduleClaim => "schedule_claim",
+        RecordKind::WebhookSubscription => "webhook_subscription",
+        RecordKind::WebhookDelivery => "webhook_delivery",
     }
 }
 
@@ -72,7 +75,20 @@ pub(super) fn row_of(record: &Record) -> Result<serde_json::Value> {
             "schedule": c.schedule_id.to_string(),
             "due_ms": c.due.timestamp_millis(),
         })),
+        Record::WebhookSubscription(s) => Ok(serde_json::json!({"doc": to_doc(s)?})),
+        Record::WebhookDelivery(d) => delivery_row(d),
     }
+}
+
+/// The `webhook_delivery` row: `doc` and the fields its queries filter on.
+pub(super) fn delivery_row(delivery: &Delivery) -> Result<serde_json::Value> {
+    Ok(serde_json::json!({
+        "doc": to_doc(delivery)?,
+        "version": version_param(delivery.version),
+        "subscription": delivery.subscription_id,
+        "status": delivery.status.as_str(),
+        "created_ms": delivery.created_at.timestamp_millis(),
+    }))
 }
 
 /// Appends to `data` the bytes of `chunks` (`[start, end, bytes]`, in

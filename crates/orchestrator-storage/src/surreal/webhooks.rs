@@ -9,18 +9,8 @@ use surrealdb::types::Variables;
 
 use super::SurrealBackend;
 use super::errors::db_error;
-use super::rows::{to_doc, to_i64, version_param};
+use super::rows::{delivery_row, to_doc, to_i64, version_param};
 use crate::{DeliveryQuery, Error, Page, Result, WebhookStore};
-
-fn delivery_row(delivery: &Delivery) -> Result<serde_json::Value> {
-    Ok(serde_json::json!({
-        "doc": to_doc(delivery)?,
-        "version": version_param(delivery.version),
-        "subscription": delivery.subscription_id,
-        "status": delivery.status.as_str(),
-        "created_ms": delivery.created_at.timestamp_millis(),
-    }))
-}
 
 #[async_trait]
 impl WebhookStore for SurrealBackend {

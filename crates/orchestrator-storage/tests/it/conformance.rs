@@ -1152,7 +1152,7 @@ async fn workflows_filter_by_every_field(store: &dyn TaskStore) {
 /// Records of every kind, and task logs in pieces, for the bulk suites.
 pub struct BulkFixture {
     /// Workflows, then tasks, tokens, secrets, audit records, schedule
-    /// claims and schedules.
+    /// claims and schedules, webhook deliveries and subscriptions.
     pub records: Vec<Record>,
     /// Log pieces, two of them for one task.
     pub logs: Vec<LogPiece>,
@@ -1205,6 +1205,14 @@ impl BulkFixture {
         }
         records.push(Record::Schedule(nightly));
         records.push(Record::Schedule(schedule("hourly")));
+        // Webhook subscriptions and deliveries (one sent, with its
+        // attempt) move too.
+        let hook = subscription("https://hooks.example/a");
+        let mut sent = delivery("msg_0190aa", &hook, now);
+        sent.version = 2;
+        records.push(Record::WebhookDelivery(sent));
+        records.push(Record::WebhookDelivery(delivery("msg_0190bb", &hook, now)));
+        records.push(Record::WebhookSubscription(hook));
         let piece = |task: &Task, offset: u64, data: &str| LogPiece {
             task: task.id,
             offset,

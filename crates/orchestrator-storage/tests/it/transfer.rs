@@ -158,6 +158,12 @@ pub(crate) async fn fill(store: &Storage) {
         let record = crate::conformance::audit_record("ops", action, None, now);
         store.access().append_audit(&record).await.unwrap();
     }
+    // A webhook subscription with a delivery: a move must neither lose
+    // the subscription nor send the delivery again.
+    let hook = crate::conformance::subscription("https://hooks.example/fill");
+    store.webhooks().insert_subscription(&hook).await.unwrap();
+    let delivery = crate::conformance::delivery("msg_0190fill", &hook, now);
+    assert!(store.webhooks().insert_delivery(&delivery).await.unwrap());
     // One log over a megabyte, so it moves in more than one chunk.
     let (workflow, tasks) = workflow_with_tasks(1);
     store
