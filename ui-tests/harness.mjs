@@ -26,17 +26,21 @@ function binary() {
 
 /**
  * Starts the service; resolves once it listens. The port is the one the
- * OS gave (`port = 0`), read from the start-up log line.
+ * OS gave (`port = 0`), read from the start-up log line. `scripts: 'real'`
+ * runs the repository's own scripts and templates with the interpreters on
+ * `PATH` (`nu`, `python3`: what test environments need) instead of the
+ * fixtures.
  */
-export async function startService() {
+export async function startService(options = {}) {
+  const real = options.scripts === 'real';
   const dir = mkdtempSync(join(tmpdir(), 'orchestrator-ui-'));
   const dataDir = join(dir, 'data');
   mkdirSync(dataDir);
   const config = join(dir, 'config.toml');
   writeFileSync(config, [
     `data_dir = ${JSON.stringify(dataDir)}`,
-    `scripts_dir = ${JSON.stringify(join(repo, 'crates/orchestrator/tests/fixtures/scripts'))}`,
-    `templates_dir = ${JSON.stringify(join(here, 'fixtures/templates'))}`,
+    `scripts_dir = ${JSON.stringify(join(repo, real ? 'scripts' : 'crates/orchestrator/tests/fixtures/scripts'))}`,
+    `templates_dir = ${JSON.stringify(real ? join(repo, 'templates') : join(here, 'fixtures/templates'))}`,
     'port = 0',
     'workers = 4',
     'retry_base_ms = 200',
@@ -46,9 +50,8 @@ export async function startService() {
     // The page polls while the event stream is missing; tests must not
     // trip over the per-token rate limit meant for runaway clients.
     'rate_limit = 0',
-    '[interpreters]',
     // The fixture scripts are bash under the built-in `.nu` names.
-    'nu = "bash"',
+    ...(real ? [] : ['[interpreters]', 'nu = "bash"']),
     '',
   ].join('\n'));
   const child = spawn(binary(), ['serve', '--config', config], {
