@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { after, before, test } from 'node:test';
 
 import {
-  ADMIN, assertAccessible, call, createToken, launchBrowser, signedInPage, startService,
+  ADMIN, assertAccessible, call, createToken, launchBrowser, screenshot, signedInPage, startService,
 } from '../harness.mjs';
 
 const TOPOLOGY = 'containerd_test';
@@ -32,15 +32,21 @@ const when = why ? { skip: why } : {};
 
 let service;
 let browser;
-let operator;
-let viewer;
+// One signed-in page per role for the file (signing in is not what is
+// tested here); a test switches its colour scheme with `emulateMedia`.
+let operatorPage;
+let viewerPage;
 
 before(async () => {
   if (why) return;
   service = await startService({ scripts: 'real' });
   browser = await launchBrowser();
-  operator = await createToken(service, 'ui-env-operator', 'operator');
-  viewer = await createToken(service, 'ui-env-viewer', 'viewer');
+  const operator = await createToken(service, 'ui-env-operator', 'operator');
+  const viewer = await createToken(service, 'ui-env-viewer', 'viewer');
+  [operatorPage, viewerPage] = await Promise.all([
+    signedInPage(browser, service, operator),
+    signedInPage(browser, service, viewer),
+  ]);
 });
 
 after(async () => {
@@ -64,7 +70,7 @@ async function environment(id) {
 }
 
 test('a viewer sees each topology\'s nodes and checks before anything is made, and no action', when, async () => {
-  const page = await signedInPage(browser, service, viewer);
+  const page = viewerPage;
   await page.goto(`${service.base}/ui#/environments?topology=${TOPOLOGY}`);
   await page.locator('main[data-loaded="true"]').waitFor();
   await page.getByRole('heading', { name: 'Test environments', level: 1 }).waitFor();
@@ -99,12 +105,12 @@ test('a viewer sees each topology\'s nodes and checks before anything is made, a
   assert.equal(await page.getByRole('button', { name: 'Quick test' }).count(), 0);
   assert.equal(await page.getByRole('link', { name: 'Test environments' }).getAttribute('aria-current'), 'page');
   await assertAccessible(page, 'environments (viewer) light');
+  await screenshot(page, 'environments-viewer');
   assert.deepEqual(page.errors, []);
-  await page.context().close();
 });
 
 test('an operator creates from a topology, watches it live, runs its checks, reads the logs and deletes it', when, async () => {
-  const page = await signedInPage(browser, service, operator);
+  const page = operatorPage;
   await page.goto(`${service.base}/ui#/test`);
   await page.locator('main[data-loaded="true"]').waitFor();
   await page.locator('#env-preview[data-subject]').waitFor();
@@ -155,12 +161,14 @@ test('an operator creates from a topology, watches it live, runs its checks, rea
   assert.ok(steps.includes('run: check containerd@containerd'), steps.join('\n'));
   await page.locator('#env-logs details.log-entry[data-step="check containerd@containerd"] summary').first().click();
   await assertAccessible(page, 'environment (operator) light');
+  await screenshot(page, 'environment');
   assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was reloaded');
   await page.reload();
   await page.locator('#env-logs details.log-entry').first().waitFor();
 
   // A viewer sees the same environment, in the dark, without its actions.
-  const dark = await signedInPage(browser, service, viewer, { colorScheme: 'dark' });
+  const dark = viewerPage;
+  await dark.emulateMedia({ colorScheme: 'dark' });
   await dark.goto(`${service.base}/ui#/environments/${id}`);
   await dark.locator('#env-checks tbody tr[data-status="passed"]').waitFor();
   assert.equal(await dark.locator('#env-nodes tbody tr').count(), 1);
@@ -194,12 +202,11 @@ test('an operator creates from a topology, watches it live, runs its checks, rea
   await page.locator(`#environments tr[data-env-id="${id}"][data-status="deleted"]`).waitFor();
   assert.match(page.url(), /deleted=1/);
   assert.deepEqual(page.errors, []);
-  await dark.context().close();
-  await page.context().close();
 });
 
 test('the quick test creates, runs, shows the result table and deletes, or keeps when asked', when, async () => {
-  const page = await signedInPage(browser, service, operator, { colorScheme: 'dark' });
+  const page = operatorPage;
+  await page.emulateMedia({ colorScheme: 'dark' });
   await page.goto(`${service.base}/ui#/environments?taskserv=kubernetes`);
   await page.locator('#env-preview[data-subject="kubernetes"]').waitFor();
   await assertAccessible(page, 'environments (operator) dark');
@@ -215,6 +222,7 @@ test('the quick test creates, runs, shows the result table and deletes, or keeps
   assert.match(await page.locator('#quick-summary').textContent(), /The environment is deleted\./);
   assert.equal((await environment(first)).status, 'deleted');
   await assertAccessible(page, 'environments quick test dark');
+  await screenshot(page, 'environments-quick-dark');
 
   // Kept: the same, and the environment stays ready.
   await page.getByLabel('Keep the environment after a quick test').check();
@@ -233,6 +241,5 @@ test('the quick test creates, runs, shows the result table and deletes, or keeps
   await page.getByRole('link', { name: `Open ${env.name}` }).click();
   await page.locator('#env-status[data-env-status="ready"]').waitFor();
   assert.deepEqual(page.errors, []);
-  await page.context().close();
   // `after` deletes it.
 });

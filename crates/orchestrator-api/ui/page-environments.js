@@ -158,15 +158,15 @@ function mountList(main, ctx) {
     h('p', { class: 'hint', text: 'Isolated nodes made, checked and torn down as workflows, before a change touches real infrastructure.' }),
     limitsNote,
     h('section', { 'aria-labelledby': 'env-list-title' },
-      h('div', { class: 'page-head' }, h('h2', { id: 'env-list-title', text: 'Environments' }),
+      h('div', { class: 'page-head env-head' }, h('h2', { id: 'env-list-title', text: 'Environments' }),
         h('div', { class: 'filters' }, showDeleted, h('label', { for: 'env-show-deleted', text: 'Show deleted ones' }))),
       h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'environments' },
         h('caption', { class: 'visually-hidden', text: 'Test environments, newest first' }),
         headRow('Name', 'Type', 'Status', 'Nodes', 'Created', 'Expires'),
         tbody)),
       h('p', {}, summary)),
-    quickSection,
     form,
+    quickSection,
   );
   ctx.setTitle('Test environments');
 
@@ -297,6 +297,7 @@ function mountList(main, ctx) {
     createButton.disabled = true;
     quickButton.disabled = true;
     quickSection.hidden = false;
+    quickSection.scrollIntoView({ block: 'nearest' });
     quickSection.dataset.state = 'creating';
     fill(quickTable.tbody, emptyRow(7, 'The checks run once the environment is made.'));
     fill(quickSummary);
@@ -442,7 +443,7 @@ function mountEnvironment(main, ctx) {
     h('section', { 'aria-labelledby': 'env-checks-title' },
       h('h2', { id: 'env-checks-title', text: 'Checks' }), runNote, checks.wrap),
     h('section', { 'aria-labelledby': 'env-logs-title' },
-      h('div', { class: 'page-head' }, h('h2', { id: 'env-logs-title', text: 'Logs' }), logsButton),
+      h('div', { class: 'page-head env-head' }, h('h2', { id: 'env-logs-title', text: 'Logs' }), logsButton),
       logsBox),
     dialog,
   );
@@ -566,10 +567,13 @@ function mountEnvironment(main, ctx) {
       return;
     }
     if (mine !== logsGeneration || !showingLogs()) return;
+    // Runs by number, oldest first, as the entries come.
+    const runs = [...new Set(answer.entries.filter((e) => e.workflow === 'run').map((e) => e.workflow_id))];
     fill(logsBox, answer.entries.length ? answer.entries.map((entry) => {
       const key = `${entry.workflow_id}/${entry.step}`;
+      const kind = entry.workflow === 'run' ? `run ${runs.indexOf(entry.workflow_id) + 1}` : entry.workflow;
       const item = h('details', { class: 'log-entry', dataset: { workflow: entry.workflow, step: entry.step, status: entry.status }, open: openLogs.has(key) },
-        h('summary', {}, h('span', { class: 'log-kind', text: entry.workflow }), ` ${entry.step} `, badge(entry.status)),
+        h('summary', {}, h('span', { class: 'log-kind', text: kind }), ` ${entry.step} `, badge(entry.status)),
         entry.error ? h('p', { class: 'error-text', text: entry.error }) : null,
         h('pre', { class: 'log', tabindex: 0, 'aria-label': `Log of ${entry.step}`, text: entry.log || '(empty)' }),
         entry.truncated ? h('p', { class: 'hint', text: 'The log is longer; this is its start.' }) : null);
