@@ -116,6 +116,13 @@ test('an operator creates from a topology, watches it live, runs its checks, rea
   await page.locator('#env-preview[data-subject]').waitFor();
   await page.getByLabel('Topology', { exact: true }).selectOption(TOPOLOGY);
   await page.locator(`#env-preview[data-subject="${TOPOLOGY}"]`).waitFor();
+  // A bad time to live: the service's message, naming the field, and nothing made.
+  await page.getByLabel('Time to live (optional)').fill('2 days');
+  await page.getByRole('button', { name: 'Create', exact: true }).click();
+  await page.locator('#env-error:not([hidden])').waitFor();
+  assert.match(await page.locator('#env-error').textContent(), /^ttl: /);
+  assert.equal((await call(service, ADMIN, 'GET', '/test/environments')).body.environments.length, 0);
+  await page.getByLabel('Time to live (optional)').fill('');
   await page.getByLabel('Name (optional)').fill('ui-env');
   await page.getByRole('button', { name: 'Create', exact: true }).click();
   await page.waitForURL(/#\/environments\/[0-9a-f-]{36}$/);
