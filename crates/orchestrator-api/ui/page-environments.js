@@ -226,7 +226,7 @@ function mountList(main, ctx) {
       const name = taskservSelect.value;
       const info = catalog?.taskservs.find((t) => t.name === name);
       if (!info) return;
-      about.textContent = `${info.name} (port ${info.port}${info.simulated ? ', simulated' : ''})${info.description ? `: ${info.description}` : ''}`;
+      about.textContent = `${info.name}, on port ${info.port}${info.description ? `: ${info.description}` : ''}`;
       nodes = [{ name, roles: [], taskservs: [name] }];
       checks = [{ name: `${name}@${name}`, from: name, taskserv: name, to: [name] }];
     }
