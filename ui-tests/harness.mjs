@@ -29,17 +29,21 @@ function binary() {
  * OS gave (`port = 0`), read from the start-up log line. `extraConfig`:
  * more lines of config.toml (top-level keys, before `[interpreters]`);
  * `env`: more environment variables (which win over the file, as
- * `ORCHESTRATOR_SCRIPTS_DIR` for a scripts dir of the test's own).
+ * `ORCHESTRATOR_SCRIPTS_DIR` for a scripts dir of the test's own);
+ * `scripts: 'real'` runs the repository's own scripts and templates with
+ * the interpreters on `PATH` (`nu`, `python3`: what test environments
+ * need) instead of the fixtures.
  */
-export async function startService({ extraConfig = [], env = {} } = {}) {
+export async function startService({ extraConfig = [], env = {}, scripts } = {}) {
+  const real = scripts === 'real';
   const dir = mkdtempSync(join(tmpdir(), 'orchestrator-ui-'));
   const dataDir = join(dir, 'data');
   mkdirSync(dataDir);
   const config = join(dir, 'config.toml');
   writeFileSync(config, [
     `data_dir = ${JSON.stringify(dataDir)}`,
-    `scripts_dir = ${JSON.stringify(join(repo, 'crates/orchestrator/tests/fixtures/scripts'))}`,
-    `templates_dir = ${JSON.stringify(join(here, 'fixtures/templates'))}`,
+    `scripts_dir = ${JSON.stringify(join(repo, real ? 'scripts' : 'crates/orchestrator/tests/fixtures/scripts'))}`,
+    `templates_dir = ${JSON.stringify(real ? join(repo, 'templates') : join(here, 'fixtures/templates'))}`,
     'port = 0',
     'workers = 4',
     'retry_base_ms = 200',
@@ -50,9 +54,8 @@ export async function startService({ extraConfig = [], env = {} } = {}) {
     // trip over the per-token rate limit meant for runaway clients.
     'rate_limit = 0',
     ...extraConfig,
-    '[interpreters]',
     // The fixture scripts are bash under the built-in `.nu` names.
-    'nu = "bash"',
+    ...(real ? [] : ['[interpreters]', 'nu = "bash"']),
     '',
   ].join('\n'));
   const child = spawn(binary(), ['serve', '--config', config], {

@@ -71,6 +71,10 @@ pub enum EventKind {
     LockReleased,
     /// A workflow's task waits for a named lock; `lock` says its place.
     LockWaiting,
+    /// A test environment changed (its status, a node's, a check's):
+    /// `environment_id` says which, `status` is its status now. Published
+    /// by the test-environment service once the change is stored.
+    EnvironmentChanged,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -102,6 +106,7 @@ crate::named_variants!(EventKind, "kind", [
     LockGranted => "lock_granted",
     LockReleased => "lock_released",
     LockWaiting => "lock_waiting",
+    EnvironmentChanged => "environment_changed",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -162,6 +167,9 @@ pub struct Event {
     /// A `lock_*` event's lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock: Option<Box<LockChange>>,
+    /// An `environment_changed` event's test environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<String>,
 }
 
 /// What a `lock_granted`, `lock_released` or `lock_waiting` event says of
@@ -199,6 +207,7 @@ pub struct Change {
     pub reason: Option<String>,
     pub digest: Option<String>,
     pub lock: Option<Box<LockChange>>,
+    pub environment_id: Option<String>,
 }
 
 impl Change {
@@ -218,6 +227,7 @@ impl Change {
             reason: None,
             digest: None,
             lock: None,
+            environment_id: None,
         }
     }
 
@@ -295,6 +305,15 @@ impl Change {
         }
     }
 
+    /// A test environment's change, once stored: `status` is its status now.
+    pub fn environment_changed(environment_id: String, status: String) -> Change {
+        Change {
+            environment_id: Some(environment_id),
+            status: Some(status),
+            ..Change::bare(EventKind::EnvironmentChanged)
+        }
+    }
+
     /// Numbers the change as the node's event `seq`.
     pub fn into_event(self, seq: u64, node: &str, time: DateTime<Utc>) -> Event {
         Event {
@@ -315,6 +334,7 @@ impl Change {
             reason: self.reason,
             digest: self.digest,
             lock: self.lock,
+            environment_id: self.environment_id,
         }
     }
 }
@@ -774,6 +794,24 @@ mod tests {
         assert_eq!(
             "attempt_ended".parse::<EventKind>(),
             Ok(EventKind::AttemptEnded)
+        );
+    }
+
+    #[test]
+    fn an_environment_change_names_the_environment_and_its_status() {
+        let event = Change::environment_changed("0190-env".into(), "ready".into()).into_event(
+            4,
+            "n1",
+            now(),
+        );
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["kind"], "environment_changed");
+        assert_eq!(json["environment_id"], "0190-env");
+        assert_eq!(json["status"], "ready");
+        assert!(json.get("workflow_id").is_none());
+        assert_eq!(
+            "environment_changed".parse::<EventKind>(),
+            Ok(EventKind::EnvironmentChanged)
         );
     }
 }

@@ -366,6 +366,12 @@ impl Engine {
         self.inner.events.subscribe_after(seq)
     }
 
+    /// Announces a change made beside the engine (a test environment's),
+    /// on this node only: call it once the change is stored.
+    pub fn announce(&self, change: orchestrator_core::event::Change) {
+        self.inner.events.publish([change]);
+    }
+
     /// Tells this life of the node from earlier ones, whose event numbers
     /// mean nothing now.
     pub fn event_life(&self) -> Arc<str> {

@@ -3,20 +3,24 @@
 //! stored before any step runs); each `run` is a `testenv-run` workflow and
 //! the teardown a `testenv-delete` workflow, both naming the environment.
 //! Retries, logs, events, audit and crash recovery are the engine's. This
-//! module adds the bounds, the ttl and auto-cleanup loop, and the sweep at
+//! module adds the bounds, the ttl and auto-cleanup loop, the sweep at
 //! start that removes what this service made for environments it no
-//! longer keeps.
+//! longer keeps, and the `environment_changed` events (an environment's
+//! changes are its workflows' events, which a page watching environments
+//! would otherwise have to map back to them).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use orchestrator_core::event::{Change, Event, EventKind};
 use orchestrator_core::retention::Keep;
 use orchestrator_core::template::Template;
 use orchestrator_core::{Priority, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 use orchestrator_engine::Engine;
+use orchestrator_engine::events::Subscription;
 use orchestrator_engine::{Meta, SubmitRequest, TemplateSource};
 use orchestrator_storage::WorkflowQuery;
 use serde::{Deserialize, Serialize};
@@ -47,6 +51,10 @@ const LOG_TAIL_LINES: usize = 12;
 const LOG_TAIL_BYTES: usize = 16 * 1024;
 /// How long a delete waits for a cancelled create or run to stop.
 const CANCEL_WAIT: Duration = Duration::from_secs(60);
+/// How long an environment's changes are gathered into one
+/// `environment_changed` event: a create's burst of task events becomes
+/// a few events, each after one re-read of the store.
+const ANNOUNCE_AFTER: Duration = Duration::from_millis(250);
 
 /// Where an environment is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -72,6 +80,19 @@ impl EnvStatus {
     /// Whether it still holds (or may still hold) namespaces.
     fn is_live(self) -> bool {
         !matches!(self, EnvStatus::Deleted)
+    }
+
+    /// Its name in the API (`delete_failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnvStatus::Creating => "creating",
+            EnvStatus::Ready => "ready",
+            EnvStatus::Failed => "failed",
+            EnvStatus::Cancelled => "cancelled",
+            EnvStatus::Deleting => "deleting",
+            EnvStatus::Deleted => "deleted",
+            EnvStatus::DeleteFailed => "delete_failed",
+        }
     }
 }
 
@@ -278,6 +299,27 @@ struct Inner {
     /// and store counts.
     creates: AtomicU64,
     idle_at: AtomicU64,
+    /// Which environment each of its workflows belongs to, as this life
+    /// of the service has seen them (listed or submitted): how an engine
+    /// event is known to be an environment's. A few entries per
+    /// environment; std mutexes, never held across an await.
+    env_of: Mutex<HashMap<WorkflowId, String>>,
+    /// Environments changed since the last `environment_changed` events,
+    /// and whether every live one should be announced (events were lost).
+    changed: Mutex<Changed>,
+    /// Wakes the announcer when a submission changed an environment.
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Changed {
+    ids: BTreeSet<String>,
+    every_live: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // What the mutexes guard stays whole under a panic (inserts only).
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl TestEnvs {
@@ -301,8 +343,15 @@ impl TestEnvs {
                 stop: CancellationToken::new(),
                 creates: AtomicU64::new(0),
                 idle_at: AtomicU64::new(u64::MAX),
+                env_of: Mutex::new(HashMap::new()),
+                changed: Mutex::new(Changed::default()),
+                wake: tokio::sync::Notify::new(),
             }),
         };
+        // Subscribed before anything is submitted, so no change is missed.
+        let announcer = envs.clone();
+        let events = envs.inner.engine.subscribe();
+        tokio::spawn(async move { announcer.announce_changes(events).await });
         let background = envs.clone();
         tokio::spawn(async move {
             if let Err(e) = background.sweep().await {
@@ -327,6 +376,92 @@ impl TestEnvs {
             }
         });
         envs
+    }
+
+    /// Announces `environment_changed` for each environment whose
+    /// workflows changed (their engine events) or that a submission
+    /// changed, gathered for [`ANNOUNCE_AFTER`]; each event carries the
+    /// environment's status as the store holds it after the change.
+    async fn announce_changes(self, mut events: Subscription) {
+        let inner = &self.inner;
+        let mut due: Option<tokio::time::Instant> = None;
+        loop {
+            let flush = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = inner.stop.cancelled() => break,
+                () = inner.wake.notified() => {}
+                event = events.recv() => match event {
+                    Some(event) => self.note(&event),
+                    None => break,
+                },
+                () = flush => {
+                    due = None;
+                    self.announce().await;
+                    continue;
+                }
+            }
+            let pending = {
+                let changed = lock(&inner.changed);
+                changed.every_live || !changed.ids.is_empty()
+            };
+            if due.is_none() && pending {
+                due = Some(tokio::time::Instant::now() + ANNOUNCE_AFTER);
+            }
+        }
+    }
+
+    /// Notes the environment an engine event is about, if any.
+    fn note(&self, event: &Event) {
+        match event.kind {
+            // Lost events may have changed any environment.
+            EventKind::Resync => lock(&self.inner.changed).every_live = true,
+            // A log growing changes no status; our own events are ours.
+            EventKind::LogAppended | EventKind::EnvironmentChanged => {}
+            _ => {
+                let Some(workflow) = event.workflow_id else {
+                    return;
+                };
+                let env = lock(&self.inner.env_of).get(&workflow).cloned();
+                if let Some(env) = env {
+                    lock(&self.inner.changed).ids.insert(env);
+                }
+            }
+        }
+    }
+
+    /// One `environment_changed` per noted environment, with its status
+    /// read back from the store.
+    async fn announce(&self) {
+        let changed = std::mem::take(&mut *lock(&self.inner.changed));
+        let records = match self.records().await {
+            Ok(records) => records,
+            Err(e) => {
+                // The page re-reads when its stream resumes; nothing to keep.
+                tracing::debug!(error = %e, "test environments: cannot read them to announce a change");
+                return;
+            }
+        };
+        for (id, record) in &records {
+            let status = record.status();
+            if changed.ids.contains(id) || (changed.every_live && status.is_live()) {
+                self.inner.engine.announce(Change::environment_changed(
+                    id.clone(),
+                    status.as_str().to_owned(),
+                ));
+            }
+        }
+    }
+
+    /// Remembers whose a workflow is, and that the environment changed.
+    fn changed(&self, workflow: WorkflowId, env: &str) {
+        lock(&self.inner.env_of).insert(workflow, env.to_owned());
+        lock(&self.inner.changed).ids.insert(env.to_owned());
+        self.inner.wake.notify_one();
     }
 
     /// Stops the ttl loop (at shutdown).
@@ -641,6 +776,8 @@ impl TestEnvs {
                 body,
             })
             .await?;
+        // Stored: the environment is creating, running or deleting now.
+        self.changed(view.workflow.id, &plan.id);
         Ok(view.workflow.id)
     }
 
@@ -692,6 +829,17 @@ impl TestEnvs {
                 }
             }
         }
+        let mut env_of = lock(&self.inner.env_of);
+        for (id, record) in &records {
+            let workflows = [record.create.id]
+                .into_iter()
+                .chain(record.runs.iter().map(|r| r.id))
+                .chain(record.delete.iter().map(|d| d.id));
+            for workflow in workflows {
+                env_of.entry(workflow).or_insert_with(|| id.clone());
+            }
+        }
+        drop(env_of);
         Ok(records)
     }
 

@@ -9,20 +9,21 @@ use crate::harness::{TestService, fixture_settings};
 
 /// One server-sent event as received.
 #[derive(Debug, Clone)]
-struct Sse {
-    event: String,
+pub(crate) struct Sse {
+    pub(crate) event: String,
     id: Option<String>,
-    data: Value,
+    pub(crate) data: Value,
 }
 
-/// A reader of one `text/event-stream` response.
-struct Stream {
+/// A reader of one `text/event-stream` response (`testenv.rs` reads
+/// environment events with it too).
+pub(crate) struct Stream {
     response: reqwest::Response,
     pending: String,
 }
 
 impl Stream {
-    async fn open(service: &TestService, query: &str, last_id: Option<&str>) -> Stream {
+    pub(crate) async fn open(service: &TestService, query: &str, last_id: Option<&str>) -> Stream {
         let mut request = service.http.get(format!("{}/events{query}", service.base));
         if let Some(id) = last_id {
             request = request.header("last-event-id", id);
@@ -83,7 +84,7 @@ impl Stream {
         .expect("an event in time")
     }
 
-    async fn next(&mut self) -> Sse {
+    pub(crate) async fn next(&mut self) -> Sse {
         loop {
             let sse = self.next_within(Duration::from_secs(30)).await;
             if sse.event != ":" {

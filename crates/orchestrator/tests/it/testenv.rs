@@ -2013,3 +2013,100 @@ async fn a_nodes_root_is_its_own_and_shows_nothing_of_the_service() {
     }
     service.stop().await;
 }
+
+/// The next `environment_changed` event of `id` on a stream filtered to
+/// that kind, as its status.
+async fn next_env_status(stream: &mut crate::live::Stream, id: &str) -> String {
+    next_env_event(stream, id).await["status"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn next_env_event(stream: &mut crate::live::Stream, id: &str) -> Value {
+    loop {
+        let sse = stream.next().await;
+        if sse.event != "change" {
+            continue;
+        }
+        assert_eq!(sse.data["kind"], "environment_changed", "{:?}", sse.data);
+        if sse.data["environment_id"] == id {
+            return sse.data;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_environments_changes_are_events_on_the_one_stream() {
+    if !privileged("an_environments_changes_are_events_on_the_one_stream") {
+        return;
+    }
+    let tagged = Tagged::new("events");
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(tagged.settings(dir.path())).await;
+    let mut stream = crate::live::Stream::open(&service, "?kind=environment_changed", None).await;
+    assert_eq!(stream.next().await.event, "snapshot");
+
+    // Created without waiting: its events say `creating`, then `ready`
+    // once its create workflow is stored as completed.
+    let (status, env) = service
+        .post(
+            "/test/environments/create",
+            json!({"type": "cluster", "topology": "containerd_test"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{env}");
+    let id = env["id"].as_str().unwrap().to_owned();
+    assert_eq!(next_env_status(&mut stream, &id).await, "creating");
+    let mut seen = vec!["creating".to_owned()];
+    while seen.last().unwrap() != "ready" {
+        let status = next_env_status(&mut stream, &id).await;
+        assert!(
+            ["creating", "ready"].contains(&status.as_str()),
+            "{status} after {seen:?}"
+        );
+        seen.push(status);
+    }
+    // When the event comes, the API shows the same.
+    assert_eq!(env_status(&service, &id).await, "ready");
+
+    // A run changes no status, but its checks: announced, still `ready`.
+    let before_run = chrono::Utc::now();
+    let run = run(&service, &id).await;
+    assert_eq!(run["status"], "passed", "{run}");
+    loop {
+        let event = next_env_event(&mut stream, &id).await;
+        assert_eq!(event["status"], "ready", "{event}");
+        let at: chrono::DateTime<chrono::Utc> = event["time"].as_str().unwrap().parse().unwrap();
+        if at > before_run {
+            break;
+        }
+    }
+
+    // Deleted: `deleting` (unless the teardown outran the gathering),
+    // then `deleted`, and nothing else.
+    let (status, deleting) = service.delete(&format!("/test/environments/{id}")).await;
+    assert_eq!(status, 202, "{deleting}");
+    let mut statuses = Vec::new();
+    loop {
+        let status = next_env_status(&mut stream, &id).await;
+        let done = status == "deleted";
+        statuses.push(status);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        statuses
+            .iter()
+            .all(|s| ["ready", "deleting", "deleted"].contains(&s.as_str())),
+        "{statuses:?}"
+    );
+    assert_eq!(env_status(&service, &id).await, "deleted");
+    assert_eq!(tagged.leftovers(), Leftovers::none());
+
+    // An unknown kind is still refused by name.
+    let (status, body) = service.get("/events?kind=environment_chnged").await;
+    assert_eq!(status, 400, "{body}");
+    service.stop().await;
+}
