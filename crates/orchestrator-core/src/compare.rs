@@ -268,7 +268,13 @@ pub fn compare(a: &Run<'_>, b: &Run<'_>) -> Comparison {
     let mut seen = BTreeSet::new();
     for (key, task) in &a_steps {
         seen.insert(key.clone());
-        steps.push(compare_step(key, Some(task), b_steps.get(key).copied(), a, b));
+        steps.push(compare_step(
+            key,
+            Some(task),
+            b_steps.get(key).copied(),
+            a,
+            b,
+        ));
     }
     for (key, task) in instances(b.tasks) {
         if !seen.contains(&key) {
@@ -385,9 +391,13 @@ fn compare_step(
         ),
         _ => (false, false),
     };
-    let output = |t: Option<&Task>| as_map(t.and_then(|t| t.output.as_ref()).unwrap_or(&Value::Null));
+    let output =
+        |t: Option<&Task>| as_map(t.and_then(|t| t.output.as_ref()).unwrap_or(&Value::Null));
     let all_outputs = key_changes(&output(a_task), &output(b_task), false);
-    let outputs_same = all_outputs.iter().filter(|k| k.change == Change::Same).count();
+    let outputs_same = all_outputs
+        .iter()
+        .filter(|k| k.change == Change::Same)
+        .count();
     let outputs: Vec<KeyChange> = all_outputs
         .into_iter()
         .filter(|k| k.change != Change::Same)
@@ -402,7 +412,9 @@ fn compare_step(
         _ if status_changed
             || script_changed
             || !outputs.is_empty()
-            || log.as_ref().is_some_and(|l| l.outcome == LogOutcome::Differs) =>
+            || log
+                .as_ref()
+                .is_some_and(|l| l.outcome == LogOutcome::Differs) =>
         {
             Change::Changed
         }

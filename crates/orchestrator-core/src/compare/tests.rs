@@ -56,20 +56,42 @@ fn one_changed_input_and_one_changed_output_are_what_differs() {
     let mut a = side(json!({"env": "dev", "size": 1}));
     let mut b = side(json!({"env": "prod", "size": 1}));
     for s in [&mut a, &mut b] {
-        s.step("build", TaskStatus::Completed, json!({"image": "x"}), "building\ndone\n");
+        s.step(
+            "build",
+            TaskStatus::Completed,
+            json!({"image": "x"}),
+            "building\ndone\n",
+        );
     }
-    a.step("ship", TaskStatus::Completed, json!({"url": "dev.example", "n": 1}), "ship to dev\nok\n");
-    b.step("ship", TaskStatus::Completed, json!({"url": "prod.example", "n": 1}), "ship to prod\nok\n");
+    a.step(
+        "ship",
+        TaskStatus::Completed,
+        json!({"url": "dev.example", "n": 1}),
+        "ship to dev\nok\n",
+    );
+    b.step(
+        "ship",
+        TaskStatus::Completed,
+        json!({"url": "prod.example", "n": 1}),
+        "ship to prod\nok\n",
+    );
     let c = compare(&a.run(), &b.run());
 
-    let changed: Vec<_> = c.inputs.iter().filter(|k| k.change != Change::Same).collect();
+    let changed: Vec<_> = c
+        .inputs
+        .iter()
+        .filter(|k| k.change != Change::Same)
+        .collect();
     assert_eq!(changed.len(), 1);
     assert_eq!(changed[0].key, "env");
     assert_eq!(changed[0].a, Some(json!("dev")));
     assert_eq!(changed[0].b, Some(json!("prod")));
     // A same input still shows its value, side by side.
     let size = c.inputs.iter().find(|k| k.key == "size").unwrap();
-    assert_eq!((size.change, size.a.clone()), (Change::Same, Some(json!(1))));
+    assert_eq!(
+        (size.change, size.a.clone()),
+        (Change::Same, Some(json!(1)))
+    );
 
     assert_eq!(c.steps[0].key, "build");
     assert_eq!(c.steps[0].change, Change::Same);
@@ -97,7 +119,12 @@ fn one_changed_input_and_one_changed_output_are_what_differs() {
 #[test]
 fn a_run_against_itself_is_the_same() {
     let mut a = side(json!({"env": "dev"}));
-    a.step("build", TaskStatus::Completed, json!({"image": "x"}), "one\ntwo\n");
+    a.step(
+        "build",
+        TaskStatus::Completed,
+        json!({"image": "x"}),
+        "one\ntwo\n",
+    );
     let c = compare(&a.run(), &a.run());
     assert!(c.summary.same);
     assert_eq!(c.summary.steps, 1);
@@ -131,11 +158,19 @@ fn steps_in_one_run_only_status_script_and_template_changes_are_found() {
 fn for_each_instances_are_matched_by_their_values() {
     let mut a = side(json!({}));
     let mut b = side(json!({}));
-    a.step("host", TaskStatus::Completed, json!({"ip": 1}), "").step.each = Some(json!({"h": "x"}));
-    a.step("host", TaskStatus::Completed, json!({"ip": 2}), "").step.each = Some(json!({"h": "y"}));
+    a.step("host", TaskStatus::Completed, json!({"ip": 1}), "")
+        .step
+        .each = Some(json!({"h": "x"}));
+    a.step("host", TaskStatus::Completed, json!({"ip": 2}), "")
+        .step
+        .each = Some(json!({"h": "y"}));
     // In the other order in b, with y's output changed.
-    b.step("host", TaskStatus::Completed, json!({"ip": 3}), "").step.each = Some(json!({"h": "y"}));
-    b.step("host", TaskStatus::Completed, json!({"ip": 1}), "").step.each = Some(json!({"h": "x"}));
+    b.step("host", TaskStatus::Completed, json!({"ip": 3}), "")
+        .step
+        .each = Some(json!({"h": "y"}));
+    b.step("host", TaskStatus::Completed, json!({"ip": 1}), "")
+        .step
+        .each = Some(json!({"h": "x"}));
     let c = compare(&a.run(), &b.run());
     assert_eq!(c.steps.len(), 2);
     assert_eq!(c.steps[0].key, r#"host[{"h":"x"}]"#);
@@ -146,8 +181,12 @@ fn for_each_instances_are_matched_by_their_values() {
 
 #[test]
 fn a_log_cut_at_the_limit_says_so_and_its_unread_rest_is_no_difference() {
-    let long: String = (0..LOG_COMPARE_LINES + 10).map(|i| format!("line {i}\n")).collect();
-    let short: String = (0..LOG_COMPARE_LINES - 5).map(|i| format!("line {i}\n")).collect();
+    let long: String = (0..LOG_COMPARE_LINES + 10)
+        .map(|i| format!("line {i}\n"))
+        .collect();
+    let short: String = (0..LOG_COMPARE_LINES - 5)
+        .map(|i| format!("line {i}\n"))
+        .collect();
     let mut a = side(json!({}));
     let mut b = side(json!({}));
     a.step("s", TaskStatus::Completed, json!(null), &long);
@@ -182,7 +221,10 @@ fn bytes_past_the_limit_are_cut_at_a_whole_line_and_long_lines_shortened() {
     let b = LogExcerpt::from_read(b"b\n".to_vec());
     let log = compare_logs(Some(&a), Some(&b));
     assert_eq!(log.a.unwrap().chars().count(), LOG_LINE_SHOWN_CHARS + 1);
-    assert_eq!(compare_logs(None, Some(&b)).outcome, LogOutcome::NotCompared);
+    assert_eq!(
+        compare_logs(None, Some(&b)).outcome,
+        LogOutcome::NotCompared
+    );
 }
 
 #[test]
