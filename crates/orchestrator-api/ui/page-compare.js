@@ -105,7 +105,7 @@ export function mount(main, ctx) {
             h('div', { class: 'mono hint', text: r.id }))),
           row('Status', (r) => h('td', { ...differs(c.a.status === c.b.status) }, badge(r.status))),
           row('Template', (r) => h('td', { ...differs(templateSame), dataset: { field: 'template' } },
-            marker(templateSame ? 'same' : 'changed'), h('span', { class: 'mono', text: r.template_revision }))),
+            marker(templateSame ? 'same' : 'changed'), h('div', { class: 'mono wrap', text: r.template_revision }))),
           row('Reference', (r) => h('td', { text: r.ref ? `${r.ref} rev ${r.revision}` : '—' })),
           row('Created', (r) => h('td', {}, time(r.created_at))),
           row('Took', (r) => h('td', { text: formatDuration(r.duration_ms) })),
@@ -166,16 +166,20 @@ export function mount(main, ctx) {
   }
 
   function stepDetails(step) {
-    const fact = (name, value) => [h('dt', { text: name }), h('dd', {}, value)];
-    const script = (run) => (run ? [run.script, run.script_hash ? h('div', { class: 'mono hint', text: `sha256 ${run.script_hash}` }) : ''] : '—');
-    const task = (run) => (run ? h('a', { href: `/tasks/${run.task_id}/logs`, text: 'whole log' }) : '—');
+    const script = (run) => (run
+      ? [run.script, run.script_hash ? h('div', { class: 'mono hint wrap', text: `sha256 ${run.script_hash}` }) : '']
+      : h('span', { class: 'hint', text: 'no such step' }));
+    const log = (run) => (run ? h('a', { href: `/tasks/${run.task_id}/logs`, text: 'whole log' }) : '—');
+    const kept = (run) => (run?.kept_from ? h('div', { class: 'hint', text: 'kept from the earlier revision: it did not run again' }) : '');
     const parts = [
-      h('dl', { class: 'facts-grid' },
-        fact(`Script A${step.script_changed ? ' (differs)' : ''}`, script(step.a)),
-        fact(`Script B${step.script_changed ? ' (differs)' : ''}`, script(step.b)),
-        fact('Log A', task(step.a)),
-        fact('Log B', task(step.b)),
-        step.b?.kept_from ? fact('B kept', 'its output from the earlier revision (it did not run again)') : null),
+      h('table', { class: 'list compare compare-scripts' },
+        h('thead', {}, h('tr', {}, h('td'), h('th', { scope: 'col', text: 'A' }), h('th', { scope: 'col', text: 'B' }))),
+        h('tbody', {},
+          h('tr', { class: step.script_changed ? 'differs' : '' },
+            h('th', { scope: 'row' }, 'Script', step.script_changed ? h('div', {}, marker('changed')) : ''),
+            h('td', {}, script(step.a)), h('td', {}, script(step.b))),
+          h('tr', {}, h('th', { scope: 'row', text: 'Log' }),
+            h('td', {}, log(step.a), kept(step.a)), h('td', {}, log(step.b), kept(step.b))))),
     ];
     if (step.outputs.length > 0 || step.outputs_same > 0) {
       parts.push(h('h3', { text: 'Outputs' }));

@@ -21,8 +21,8 @@ pub(crate) fn print(c: &Comparison, all: bool) {
         row(
             marked("template", c.template_changed),
             "",
-            c.a.template_revision.clone(),
-            c.b.template_revision.clone(),
+            short_revision(&c.a.template_revision),
+            short_revision(&c.b.template_revision),
         );
     }
     for input in c.inputs.iter().filter(|k| all || k.change != Change::Same) {
@@ -116,8 +116,17 @@ fn run_line(run: &RunSummary) -> String {
         run.id,
         run.name,
         shown(&run.status),
-        run.template_revision
+        short_revision(&run.template_revision)
     )
+}
+
+/// `name@1 sha256:<64 hex>` with the hash cut to 12 characters, as git
+/// shows a commit: enough to tell two apart (`--json` has it whole).
+fn short_revision(revision: &str) -> String {
+    match revision.split_once(" sha256:") {
+        Some((name, hash)) if hash.len() > 12 => format!("{name} sha256:{}…", &hash[..12]),
+        _ => revision.to_owned(),
+    }
 }
 
 /// A `*` before what differs, so the table does not rely on its layout.
