@@ -78,7 +78,7 @@ pub struct Comparison {
     pub b: RunSummary,
     /// Both are revisions of one `meta.ref` (a re-run, or a resubmission).
     pub revisions: bool,
-    /// Whether the template revisions differ (see [`RunSummary::template_revision`]).
+    /// Whether the template revisions differ (`template_revision` of `a` and `b`).
     pub template_changed: bool,
     /// Each key of the workflows' inputs (after defaults), in key order.
     pub inputs: Vec<KeyChange>,
