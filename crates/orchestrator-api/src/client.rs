@@ -30,6 +30,7 @@ pub use crate::routes::workflows::{Validated, WorkflowCounts, WorkflowList, Work
 pub use orchestrator_core::Task;
 pub use orchestrator_core::WorkflowView;
 pub use orchestrator_core::access::AuditRecord;
+pub use orchestrator_core::compare::Comparison;
 pub use orchestrator_core::storage_move::MoveStatus;
 pub use orchestrator_engine::approvals::{DecisionOutcome, PendingApproval};
 pub use orchestrator_engine::secrets::SecretInfo;
@@ -336,6 +337,11 @@ impl Client {
 
     pub async fn workflow(&self, id: &str) -> Result<WorkflowView> {
         self.get(&format!("/workflows/{id}")).await
+    }
+
+    /// Two runs of one template side by side (`a` then `b`).
+    pub async fn compare_workflows(&self, a: &str, b: &str) -> Result<Comparison> {
+        self.get(&format!("/workflows/{a}/compare/{b}")).await
     }
 
     /// `POST /workflows` with a submission as the API documents it

@@ -10,6 +10,7 @@ import {
   TERMINAL_TASK, TERMINAL_WORKFLOW, badge, coalesce, fill, formatDuration, h, json, time,
 } from './dom.js';
 import { renderGantt } from './gantt.js';
+import { compareWith } from './page-compare.js';
 
 /** The most of a log the page shows; the rest is one link away. */
 const LOG_CAP = 2 * 1024 * 1024;
@@ -27,6 +28,8 @@ export function mount(main, ctx) {
   const status = h('span', { class: 'head-status' });
   const facts = h('p', { class: 'facts' });
   const actions = h('div', { class: 'actions', role: 'group', 'aria-label': 'Workflow actions' });
+  // "Compare with…" another run of the same template (page-compare.js).
+  const compareBox = h('div', { class: 'compare-with-box' });
   const halt = h('p', { class: 'notice', hidden: true });
   const graph = h('div', { class: 'dag-wrap', id: 'dag' });
   const timeline = h('div', { class: 'gantt-wrap', id: 'timeline' });
@@ -34,7 +37,7 @@ export function mount(main, ctx) {
 
   fill(main,
     h('p', { class: 'crumbs' }, h('a', { href: '#/workflows', text: '← Workflows' })),
-    h('div', { class: 'page-head' }, h('div', {}, title, status), actions),
+    h('div', { class: 'page-head' }, h('div', {}, title, status), h('div', { class: 'actions' }, actions, compareBox)),
     facts, halt,
     h('section', { 'aria-labelledby': 'graph-title' }, h('h2', { id: 'graph-title', text: 'Graph' }), graph),
     h('section', { 'aria-labelledby': 'timeline-title' },
@@ -72,6 +75,7 @@ export function mount(main, ctx) {
       }
     }
     fill(actions, ...buttons);
+    if (!compareBox.firstChild) fill(compareBox, compareWith(w));
   }
 
   function actionButton(label, name, path, done, style = 'primary') {

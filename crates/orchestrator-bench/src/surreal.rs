@@ -17,7 +17,7 @@ pub struct SurrealServer {
 
 impl SurrealServer {
     /// Starts `<binary> start --bind 127.0.0.1:<free port> memory` and
-    /// waits until it accepts connections.
+    /// waits until it is ready to serve queries.
     pub async fn start(binary: &Path) -> Result<SurrealServer> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -34,13 +34,23 @@ impl SurrealServer {
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
         let pid = child.id().context("the SurrealDB server exited at once")?;
+        // The server listens before its start-up work is done, and refuses
+        // queries with 503 until then: wait for `GET /ready`, not the port.
+        let ready = format!("http://{bind}/ready");
+        let http = reqwest::Client::new();
         let t0 = Instant::now();
-        while tokio::net::TcpStream::connect(&bind).await.is_err() {
+        while !http
+            .get(&ready)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             if let Some(status) = child.try_wait()? {
                 bail!("the SurrealDB server exited at start with {status}");
             }
             if t0.elapsed() > Duration::from_secs(60) {
-                bail!("the SurrealDB server never listened on {bind}");
+                bail!("the SurrealDB server was not ready on {bind} within 60 s");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

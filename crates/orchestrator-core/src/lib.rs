@@ -8,6 +8,7 @@
 pub mod access;
 pub mod approval;
 pub mod backoff;
+pub mod compare;
 pub mod event;
 mod ids;
 pub mod lock;

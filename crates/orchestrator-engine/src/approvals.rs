@@ -122,20 +122,7 @@ impl Gates {
         gate: &Task,
         policy: &ApprovalPolicy,
     ) -> Coverage {
-        let template = match workflow.input.get("template") {
-            Some(Value::String(_)) => self
-                .templates
-                .get(&workflow.kind, workflow.template_version)
-                .and_then(|t| serde_json::to_value(&*t).ok())
-                .map_or_else(|| "missing".to_owned(), |t| value_hash(&t)),
-            Some(inline) => value_hash(inline),
-            None => "none".to_owned(),
-        };
-        let template = format!(
-            "{}@{} sha256:{template}",
-            workflow.kind,
-            workflow.template_version.unwrap_or_default()
-        );
+        let template = template_revision(&self.templates, workflow);
         // Every task after the gate: its dependents, transitively.
         let mut dependents: HashMap<TaskId, Vec<&Task>> = HashMap::new();
         for task in tasks {
@@ -456,8 +443,28 @@ fn policy_of(gate: &Task) -> Result<ApprovalPolicy> {
     })
 }
 
+/// The revision of the template a workflow ran, as an approval's digest
+/// and a comparison of two runs name it: `<name>@<version> sha256:<hash>`
+/// of the registered template as the service holds it (`missing` when it
+/// is gone), or of the inline template the workflow was submitted with.
+pub(crate) fn template_revision(templates: &Templates, workflow: &Workflow) -> String {
+    let hash = match workflow.input.get("template") {
+        Some(Value::String(_)) => templates
+            .get(&workflow.kind, workflow.template_version)
+            .and_then(|t| serde_json::to_value(&*t).ok())
+            .map_or_else(|| "missing".to_owned(), |t| value_hash(&t)),
+        Some(inline) => value_hash(inline),
+        None => "none".to_owned(),
+    };
+    format!(
+        "{}@{} sha256:{hash}",
+        workflow.kind,
+        workflow.template_version.unwrap_or_default()
+    )
+}
+
 /// SHA-256 of a script under `dir`, `missing` if it cannot be read.
-fn script_hash(dir: &std::path::Path, path: &str) -> String {
+pub(crate) fn script_hash(dir: &std::path::Path, path: &str) -> String {
     std::fs::read(dir.join(path)).map_or_else(|_| "missing".to_owned(), |bytes| sha256_hex(&bytes))
 }
 

@@ -26,6 +26,7 @@ pub mod approvals;
 mod attempts;
 pub mod builtin;
 mod cluster;
+mod compare;
 mod dispatch;
 mod engine;
 mod error;

@@ -438,6 +438,24 @@ pub enum WorkflowCommand {
     Pause(WorkflowArgs),
     /// Resume a paused workflow.
     Resume(WorkflowArgs),
+    /// Compare two runs of one template (or two revisions of one
+    /// workflow): inputs, template revision, and each step's status,
+    /// script, outputs and first differing log line.
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The first workflow's id.
+    pub a: String,
+    /// The workflow to compare it with.
+    pub b: String,
+    /// Show every input and step, the same ones too (with durations).
+    #[arg(long)]
+    pub all: bool,
+    /// Print the API's answer as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

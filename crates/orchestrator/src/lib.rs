@@ -6,6 +6,7 @@ mod backup;
 pub mod cli;
 mod client;
 mod db;
+mod diff;
 mod doctor;
 mod recovery;
 mod sandbox;

@@ -30,6 +30,14 @@ pub async fn run(client: &ClientArgs, command: WorkflowCommand) -> anyhow::Resul
         WorkflowCommand::Resume(args) => {
             print_view(&api.resume_workflow(&args.id).await?, args.json)
         }
+        WorkflowCommand::Diff(args) => {
+            let comparison = api.compare_workflows(&args.a, &args.b).await?;
+            if args.json {
+                return print_json(&comparison);
+            }
+            crate::diff::print(&comparison, args.all);
+            Ok(())
+        }
     }
 }
 

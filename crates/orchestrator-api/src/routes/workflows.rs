@@ -1,5 +1,6 @@
 //! Workflows: listing and counts, one workflow, cancel, retry, rerun,
-//! pause and resume; submissions from a template, and their validation.
+//! pause and resume, two compared; submissions from a template, and
+//! their validation.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -10,6 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use orchestrator_core::compare::Comparison;
 use orchestrator_core::{Priority, WorkflowId, WorkflowStatus};
 use orchestrator_engine::{Engine, Meta, SubmitRequest, TemplateSource, WorkflowView};
 use orchestrator_storage::WorkflowQuery;
@@ -35,6 +37,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(rerun_workflow))
         .routes(routes!(pause_workflow))
         .routes(routes!(resume_workflow))
+        .routes(routes!(compare_workflows))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -212,6 +215,33 @@ pub(crate) async fn get_workflow(
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
     Ok(Json(state.engine.workflow(parse_workflow_id(&id)?).await?))
+}
+
+/// Compares two runs of one template (two workflows, or two revisions of
+/// one): inputs, template revision, and step by step (matched by step,
+/// `for_each` instances by their values) the status, duration, script
+/// hash, changed outputs and the first differing line of the logs. Logs
+/// are compared up to `limits` (the first 64 KiB and 2,000 lines of each);
+/// `capped` says when a log went on past them.
+#[utoipa::path(get, path = "/workflows/{a}/compare/{b}", tag = "workflows",
+    extensions(("x-role" = json!("viewer"))),
+    params(
+        ("a" = uuid::Uuid, Path, description = "The first workflow's id"),
+        ("b" = uuid::Uuid, Path, description = "The workflow to compare it with"),
+    ),
+    responses(
+        (status = 200, description = "The two runs side by side", body = Comparison),
+        (status = 400, description = "An id is not a UUID", body = ErrorBody),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 422, description = "The workflows run different templates", body = ErrorBody),
+        StorageUnavailable,
+    ))]
+pub(crate) async fn compare_workflows(
+    State(state): State<AppState>,
+    Path((a, b)): Path<(String, String)>,
+) -> Result<Json<Comparison>, ApiError> {
+    let (a, b) = (parse_workflow_id(&a)?, parse_workflow_id(&b)?);
+    Ok(Json(state.engine.compare_workflows(a, b).await?))
 }
 
 /// Cancels a workflow.

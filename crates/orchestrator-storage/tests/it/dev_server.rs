@@ -52,21 +52,32 @@ pub struct DevServer {
     movable: bool,
 }
 
-/// Whether what listens on `bind` is a SurrealDB server: its `GET
-/// /version` names it. (Anything else, or nothing, is not.)
-fn answers_as_surrealdb(bind: &str) -> bool {
+/// One `GET path` over HTTP/1.0: the whole answer, or `None` when nothing
+/// answers.
+fn http_get(bind: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(bind) else {
-        return false;
-    };
+    let mut stream = std::net::TcpStream::connect(bind).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = format!("GET /version HTTP/1.0\r\nHost: {bind}\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {bind}\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
     let mut answer = String::new();
     let _ = stream.take(64 * 1024).read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.") && answer.contains(" 200 ") && answer.contains("surrealdb")
+    Some(answer)
+}
+
+fn is_ok(answer: &str) -> bool {
+    answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
+}
+
+/// Whether what listens on `bind` is a SurrealDB server (its `GET
+/// /version` names it: anything else, or nothing, is not) that is ready to
+/// serve. The server binds its port before its start-up work is done and
+/// answers `/version` at once, but refuses queries (`/rpc`, the WebSocket
+/// the backends use) with 503 until then; `GET /ready` says 200 only when
+/// that is over. Under load the gap lasts seconds.
+fn answers_as_surrealdb(bind: &str) -> bool {
+    http_get(bind, "/version").is_some_and(|a| is_ok(&a) && a.contains("surrealdb"))
+        && http_get(bind, "/ready").is_some_and(|a| is_ok(&a))
 }
 
 impl DevServer {
@@ -124,8 +135,8 @@ impl DevServer {
         panic!("surreal-dev-server could not start on five free ports");
     }
 
-    /// Spawns the server and waits until it answers `GET /version` as
-    /// SurrealDB; the child's exit status if it ends first.
+    /// Spawns the server and waits until it answers as a SurrealDB server
+    /// ready to serve; the child's exit status if it ends first.
     fn spawn_and_wait(&mut self) -> Result<(), std::process::ExitStatus> {
         let bind = format!("127.0.0.1:{}", self.port);
         let child = Command::new(binary())

@@ -242,6 +242,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
             Min::Viewer,
         ),
         (
+            "GET",
+            "/workflows/{a}/compare/{b}",
+            format!("/workflows/{workflow}/compare/{workflow}"),
+            None,
+            Min::Viewer,
+        ),
+        (
             "POST",
             "/workflows/{id}/cancel",
             format!("/workflows/{workflow}/cancel"),

@@ -9,6 +9,7 @@ mod backends;
 mod backup;
 mod cli;
 mod client;
+mod compare;
 mod conditions;
 mod config;
 mod dashboard;
