@@ -21,7 +21,7 @@ NU_BIN_DIR := $(TOOLS_DIR)/node_modules/@nushell/linux-x64/bin
 # Scripts run with the project's pinned nu unless one is already on PATH.
 export PATH := $(if $(shell command -v nu 2>/dev/null),$(PATH),$(NU_BIN_DIR):$(PATH))
 
-.PHONY: run test contract-test contract-test-run ui-test ui-test-run soak surreal bench deb deb-test cargo-deb fmt lint tools clean
+.PHONY: run test contract-test contract-test-run ui-test ui-test-run ui-screenshots soak surreal bench deb deb-test cargo-deb fmt lint tools clean
 
 run: tools
 	$(CARGO) run --release -p orchestrator -- serve --data-dir ./data --port 8080
@@ -63,7 +63,7 @@ $(ST_STAMP): $(CONTRACT_DIR)/requirements.txt
 	$(ST_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(CONTRACT_DIR)/requirements.txt
 	touch $@
 
-# The dashboard in a real browser (ui-tests/, about 30 s): Debian's
+# The dashboard in a real browser (ui-tests/, about 6 minutes): Debian's
 # chromium (never a downloaded browser) driven by playwright-core from the
 # lockfile, against the debug binary. `make test` runs them with the binary
 # it built; `make ui-test` builds the default one first.
@@ -80,6 +80,13 @@ ui-test: tools
 ui-test-run: ui-tests/node_modules/.package-lock.json
 	@test -x $(CHROMIUM) || { echo "the browser tests need chromium: apt-get install chromium (or set CHROMIUM)" >&2; exit 1; }
 	cd ui-tests && ORCHESTRATOR_BIN=$(UI_BIN) CHROMIUM=$(CHROMIUM) npm test
+
+# The screenshots of docs/dashboard.md (docs/images/dashboard-*.png), light
+# and dark, from a service with some of everything; as root for the test
+# environment pages. About a minute.
+ui-screenshots: tools ui-tests/node_modules/.package-lock.json
+	$(CARGO) build -p orchestrator
+	cd ui-tests && ORCHESTRATOR_BIN=$(UI_BIN) CHROMIUM=$(CHROMIUM) node screenshots.mjs
 
 # `npm ci` installs exactly the lockfile, and leaves this file as its stamp.
 ui-tests/node_modules/.package-lock.json: ui-tests/package-lock.json
