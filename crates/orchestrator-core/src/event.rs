@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::storage_move::MoveStatus;
-use crate::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use crate::{ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -71,6 +71,10 @@ pub enum EventKind {
     LockReleased,
     /// A workflow's task waits for a named lock; `lock` says its place.
     LockWaiting,
+    /// A schedule was created, changed or deleted, or one of its due runs
+    /// moved on (claimed, started, skipped, missed); `schedule_id` says
+    /// which. Announced by the node that wrote it, after the write.
+    ScheduleChanged,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -102,6 +106,7 @@ crate::named_variants!(EventKind, "kind", [
     LockGranted => "lock_granted",
     LockReleased => "lock_released",
     LockWaiting => "lock_waiting",
+    ScheduleChanged => "schedule_changed",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -162,6 +167,9 @@ pub struct Event {
     /// A `lock_*` event's lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock: Option<Box<LockChange>>,
+    /// A `schedule_changed` event's schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<ScheduleId>,
 }
 
 /// What a `lock_granted`, `lock_released` or `lock_waiting` event says of
@@ -199,6 +207,7 @@ pub struct Change {
     pub reason: Option<String>,
     pub digest: Option<String>,
     pub lock: Option<Box<LockChange>>,
+    pub schedule_id: Option<ScheduleId>,
 }
 
 impl Change {
@@ -218,6 +227,7 @@ impl Change {
             reason: None,
             digest: None,
             lock: None,
+            schedule_id: None,
         }
     }
 
@@ -280,6 +290,14 @@ impl Change {
         }
     }
 
+    /// A schedule, or one of its due runs, changed.
+    pub fn schedule_changed(schedule: ScheduleId) -> Change {
+        Change {
+            schedule_id: Some(schedule),
+            ..Change::bare(EventKind::ScheduleChanged)
+        }
+    }
+
     /// A lock event of `workflow` (and the task that asked, where known).
     pub fn lock(
         kind: EventKind,
@@ -315,6 +333,7 @@ impl Change {
             reason: self.reason,
             digest: self.digest,
             lock: self.lock,
+            schedule_id: self.schedule_id,
         }
     }
 }

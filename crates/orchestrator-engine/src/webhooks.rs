@@ -998,6 +998,7 @@ mod tests {
             reason: None,
             digest: None,
             lock: None,
+            schedule_id: None,
         };
         let of = |kind, status, task| event_type_of(&event(kind, status, task));
         assert_eq!(
