@@ -46,6 +46,8 @@ function zoned(iso, timezone) {
     text = new Intl.DateTimeFormat(undefined, {
       timeZone: timezone, weekday: 'short', day: 'numeric', month: 'short', year: 'numeric',
       hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZoneName: 'short',
+      // Seconds only where they say something (six-field expressions).
+      second: new Date(iso).getUTCSeconds() ? '2-digit' : undefined,
     }).format(new Date(iso));
   } catch {
     text = iso; // a zone the browser does not know: the UTC time as it is
