@@ -307,7 +307,10 @@ async fn next_runs_previews_and_schedule_changed_events() {
     assert_eq!(preview["next_runs"].as_array().unwrap().len(), 3);
     for (body, start) in [
         (json!({"cron": "* * *"}), "cron: `* * *` has 3 fields"),
-        (json!({"cron": "0 0 30 2 *"}), "cron: `0 0 30 2 *` never comes due"),
+        (
+            json!({"cron": "0 0 30 2 *"}),
+            "cron: `0 0 30 2 *` never comes due",
+        ),
         (
             json!({"cron": "* * * * *", "timezone": "Mars/Olympus"}),
             "timezone: `Mars/Olympus` is not an IANA time zone",
@@ -317,7 +320,10 @@ async fn next_runs_previews_and_schedule_changed_events() {
                    "end_at": "2029-01-01T00:00:00Z"}),
             "end_at:",
         ),
-        (json!({"cron": "* * * * *", "colour": 1}), "colour: unknown field"),
+        (
+            json!({"cron": "* * * * *", "colour": 1}),
+            "colour: unknown field",
+        ),
     ] {
         let (status, answer) = service.post("/schedules/preview", body.clone()).await;
         assert_eq!(status, 422, "{body}: {answer}");
