@@ -20,7 +20,7 @@ pub use crate::routes::admin::{AuditPage, IssuedToken, SecretList, TokenList, To
 pub use crate::routes::approvals::{ApprovalList, Decision};
 pub use crate::routes::health::{Health, NodeList, NodeView};
 pub use crate::routes::locks::{LockHolderView, LockList, LockView, LockWaiterView};
-pub use crate::routes::schedules::ScheduleList;
+pub use crate::routes::schedules::{ScheduleList, SchedulePreview};
 pub use crate::routes::storage_moves::MoveList;
 pub use crate::routes::tasks::TaskList;
 pub use crate::routes::templates::{TemplateList, TemplateSummary};
@@ -429,6 +429,13 @@ impl Client {
     /// `POST /schedules` with a schedule as the API documents it.
     pub async fn create_schedule(&self, schedule: &Value) -> Result<ScheduleView> {
         self.call(self.request(Method::POST, "/schedules").json(schedule))
+            .await
+    }
+
+    /// `POST /schedules/preview`: the next due times of `cron` in
+    /// `timezone` (and `start_at`, `end_at`), as the scheduler reads them.
+    pub async fn preview_schedule(&self, times: &Value) -> Result<SchedulePreview> {
+        self.call(self.request(Method::POST, "/schedules/preview").json(times))
             .await
     }
 

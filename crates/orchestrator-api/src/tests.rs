@@ -1002,18 +1002,22 @@ mod declared {
             Some("token.revoke")
         );
         assert_eq!(audit(Method::POST, "/workflows/validate"), None);
+        assert_eq!(audit(Method::POST, "/schedules/preview"), None);
         assert_eq!(audit(Method::GET, "/audit"), None);
         assert_eq!(
             audit(Method::PATCH, "/tasks/{id}").as_deref(),
             Some("patch /tasks/{id}")
         );
         // Whatever is declared: every operation that changes something
-        // names its action (validating a template changes nothing).
+        // names its action (validating a template, or previewing a
+        // schedule's times, changes nothing).
         let document = crate::routes::document::document_model();
         for (path, item) in &document.paths.paths {
             for (method, operation) in operations(item) {
                 let declared = declarations().of(&method, Some(path));
-                let changes = method != Method::GET && path != "/workflows/validate";
+                let changes = method != Method::GET
+                    && path != "/workflows/validate"
+                    && path != "/schedules/preview";
                 assert_eq!(
                     declared.audit.is_some(),
                     changes,

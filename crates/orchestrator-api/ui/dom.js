@@ -191,3 +191,32 @@ export function confirmButton({ label, question, confirm, action, act }) {
   showStart();
   return wrap;
 }
+
+/**
+ * Asks before an action that cannot be undone: a modal `<dialog>` with
+ * the question, the action's button and a way back (Escape too). Resolves
+ * `true` when the action was chosen.
+ */
+export function confirmDialog(question, action, detail = '') {
+  return new Promise((resolve) => {
+    const yes = h('button', { type: 'button', class: 'danger', dataset: { confirm: 'yes' }, text: action });
+    const no = h('button', { type: 'button', class: 'secondary', dataset: { confirm: 'no' }, text: 'Keep it' });
+    const title = h('h2', { id: 'confirm-title', text: question });
+    const dialog = h('dialog', { class: 'confirm', 'aria-labelledby': 'confirm-title' },
+      title, detail ? h('p', { text: detail }) : null, h('div', { class: 'actions' }, yes, no));
+    const done = (answer) => {
+      dialog.close();
+      dialog.remove();
+      resolve(answer);
+    };
+    yes.addEventListener('click', () => done(true));
+    no.addEventListener('click', () => done(false));
+    dialog.addEventListener('cancel', (e) => {
+      e.preventDefault();
+      done(false);
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+    no.focus();
+  });
+}

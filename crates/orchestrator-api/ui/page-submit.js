@@ -61,96 +61,17 @@ export function mount(main, ctx) {
   );
   ctx.setTitle('Submit');
 
-  /** A labelled control with its description and its error slot. */
-  function field(name, label, control, hint, required = false) {
-    const id = control.id || `input-${name.replace(/[^a-z0-9_-]/gi, '-')}`;
-    control.id = id;
-    control.name = name;
-    const hintEl = h('small', { id: `${id}-hint`, class: 'hint', text: hint ?? '' });
-    const errorEl = h('p', { id: `${id}-error`, class: 'field-error', hidden: true });
-    control.setAttribute('aria-describedby', `${id}-hint ${id}-error`);
-    const isBox = control.type === 'checkbox';
-    const wrap = h('div', { class: isBox ? 'field check' : 'field', dataset: { field: name } },
-      isBox ? [control, h('label', { for: id, text: label })]
-        : [h('label', { for: id }, label, required ? h('span', { class: 'required', text: ' (required)' }) : null), control],
-      hintEl, errorEl);
-    return { name, control, wrap, errorEl };
-  }
-
   function showTemplate(template) {
     about.textContent = [template.name, template.description].filter(Boolean).join(': ');
-    fields = new Map();
-    const wraps = Object.entries(template.inputs ?? {}).map(([name, spec]) => {
-      const kind = CONTROLS[spec.type] ? spec.type : 'any';
-      const control = CONTROLS[kind].make();
-      const required = !('default' in spec);
-      const hint = [spec.description, CONTROLS[kind].hint, spec.format === 'name' ? 'Names: letters, digits, ., _ and -.' : '']
-        .filter(Boolean).join(' ');
-      const f = field(`vars.${name}`, name, control, hint, required);
-      f.kind = kind;
-      f.spec = spec;
-      if (required) control.setAttribute('aria-required', 'true');
-      const value = spec.default;
-      if (kind === 'boolean') control.checked = value === true;
-      else if (value !== undefined && value !== null) {
-        control.value = kind === 'array' && value.every((v) => typeof v === 'string')
-          ? value.join('\n')
-          : typeof value === 'string' ? value : JSON.stringify(value);
-      }
-      fields.set(name, f);
-      return f.wrap;
-    });
+    fields = inputFields(template);
+    const wraps = [...fields.values()].map((f) => f.wrap);
     fill(inputsBox, h('legend', { text: 'Inputs' }),
       wraps.length ? wraps : h('p', { class: 'hint', text: 'This template takes no input.' }));
     clearErrors();
   }
 
-  /** The value typed in a field: `undefined` to leave it to the default. */
-  function read(f) {
-    const { control, kind } = f;
-    if (kind === 'boolean') return control.checked;
-    const text = control.value.trim();
-    if (text === '') return undefined;
-    if (kind === 'integer' || kind === 'number') {
-      const n = Number(text);
-      if (!Number.isFinite(n)) throw fieldError(f, 'expected a number');
-      return n;
-    }
-    if (kind === 'array') {
-      if (text.startsWith('[')) return parseJson(f, text);
-      return text.split('\n').map((line) => line.trim()).filter(Boolean);
-    }
-    if (kind === 'object') return parseJson(f, text);
-    if (kind === 'any') {
-      try {
-        return JSON.parse(text);
-      } catch {
-        return text;
-      }
-    }
-    return control.value;
-  }
-
-  function parseJson(f, text) {
-    try {
-      return JSON.parse(text);
-    } catch (e) {
-      throw fieldError(f, `not valid JSON: ${e.message}`);
-    }
-  }
-
-  function fieldError(f, message) {
-    const error = new Error(`${f.name}: ${message}`);
-    error.field = f;
-    return error;
-  }
-
   function body() {
-    const vars = {};
-    for (const [name, f] of fields) {
-      const value = read(f);
-      if (value !== undefined) vars[name] = value;
-    }
+    const vars = readVars(fields);
     const meta = {};
     if (reference.value.trim()) meta.ref = reference.value.trim();
     return {
@@ -264,4 +185,106 @@ export function mount(main, ctx) {
     },
     unmount() {},
   };
+}
+
+// The generated form's parts, shared with the schedules page (a schedule
+// runs a template with inputs, typed in the same form).
+
+/** A labelled control with its description and its error slot. */
+export function field(name, label, control, hint, required = false) {
+  const id = control.id || `input-${name.replace(/[^a-z0-9_-]/gi, '-')}`;
+  control.id = id;
+  control.name = name;
+  const hintEl = h('small', { id: `${id}-hint`, class: 'hint', text: hint ?? '' });
+  const errorEl = h('p', { id: `${id}-error`, class: 'field-error', hidden: true });
+  control.setAttribute('aria-describedby', `${id}-hint ${id}-error`);
+  const isBox = control.type === 'checkbox';
+  const wrap = h('div', { class: isBox ? 'field check' : 'field', dataset: { field: name } },
+    isBox ? [control, h('label', { for: id, text: label })]
+      : [h('label', { for: id }, label, required ? h('span', { class: 'required', text: ' (required)' }) : null), control],
+    hintEl, errorEl);
+  return { name, control, wrap, errorEl };
+}
+
+/**
+ * A field per declared input of `template` (type, default, description;
+ * required when there is no default): a Map from input name to field,
+ * each with its `wrap` to place in a form.
+ */
+export function inputFields(template) {
+  const fields = new Map();
+  for (const [name, spec] of Object.entries(template.inputs ?? {})) {
+    const kind = CONTROLS[spec.type] ? spec.type : 'any';
+    const control = CONTROLS[kind].make();
+    const required = !('default' in spec);
+    const hint = [spec.description, CONTROLS[kind].hint, spec.format === 'name' ? 'Names: letters, digits, ., _ and -.' : '']
+      .filter(Boolean).join(' ');
+    const f = field(`vars.${name}`, name, control, hint, required);
+    f.kind = kind;
+    f.spec = spec;
+    if (required) control.setAttribute('aria-required', 'true');
+    const value = spec.default;
+    if (kind === 'boolean') control.checked = value === true;
+    else if (value !== undefined && value !== null) {
+      control.value = kind === 'array' && value.every((v) => typeof v === 'string')
+        ? value.join('\n')
+        : typeof value === 'string' ? value : JSON.stringify(value);
+    }
+    fields.set(name, f);
+  }
+  return fields;
+}
+
+/**
+ * The `vars` typed in `inputFields`' fields; leaves out the empty ones
+ * (their defaults apply). Throws an error whose `field` is the field at
+ * fault.
+ */
+export function readVars(fields) {
+  const vars = {};
+  for (const [name, f] of fields) {
+    const value = read(f);
+    if (value !== undefined) vars[name] = value;
+  }
+  return vars;
+}
+
+/** The value typed in a field: `undefined` to leave it to the default. */
+function read(f) {
+  const { control, kind } = f;
+  if (kind === 'boolean') return control.checked;
+  const text = control.value.trim();
+  if (text === '') return undefined;
+  if (kind === 'integer' || kind === 'number') {
+    const n = Number(text);
+    if (!Number.isFinite(n)) throw fieldError(f, 'expected a number');
+    return n;
+  }
+  if (kind === 'array') {
+    if (text.startsWith('[')) return parseJson(f, text);
+    return text.split('\n').map((line) => line.trim()).filter(Boolean);
+  }
+  if (kind === 'object') return parseJson(f, text);
+  if (kind === 'any') {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return text;
+    }
+  }
+  return control.value;
+}
+
+function parseJson(f, text) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw fieldError(f, `not valid JSON: ${e.message}`);
+  }
+}
+
+function fieldError(f, message) {
+  const error = new Error(`${f.name}: ${message}`);
+  error.field = f;
+  return error;
 }

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::storage_move::MoveStatus;
-use crate::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
+use crate::{ScheduleId, Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,6 +75,10 @@ pub enum EventKind {
     /// `environment_id` says which, `status` is its status now. Published
     /// by the test-environment service once the change is stored.
     EnvironmentChanged,
+    /// A schedule was created, changed or deleted, or one of its due runs
+    /// moved on (claimed, started, skipped, missed); `schedule_id` says
+    /// which. Announced by the node that wrote it, after the write.
+    ScheduleChanged,
 }
 
 crate::named_variants!(EventKind, "kind", [
@@ -107,6 +111,7 @@ crate::named_variants!(EventKind, "kind", [
     LockReleased => "lock_released",
     LockWaiting => "lock_waiting",
     EnvironmentChanged => "environment_changed",
+    ScheduleChanged => "schedule_changed",
 ]);
 
 /// How an attempt ended, as [`EventKind::AttemptEnded`] reports it.
@@ -170,6 +175,9 @@ pub struct Event {
     /// An `environment_changed` event's test environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
+    /// A `schedule_changed` event's schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<ScheduleId>,
 }
 
 /// What a `lock_granted`, `lock_released` or `lock_waiting` event says of
@@ -208,6 +216,7 @@ pub struct Change {
     pub digest: Option<String>,
     pub lock: Option<Box<LockChange>>,
     pub environment_id: Option<String>,
+    pub schedule_id: Option<ScheduleId>,
 }
 
 impl Change {
@@ -228,6 +237,7 @@ impl Change {
             digest: None,
             lock: None,
             environment_id: None,
+            schedule_id: None,
         }
     }
 
@@ -290,6 +300,14 @@ impl Change {
         }
     }
 
+    /// A schedule, or one of its due runs, changed.
+    pub fn schedule_changed(schedule: ScheduleId) -> Change {
+        Change {
+            schedule_id: Some(schedule),
+            ..Change::bare(EventKind::ScheduleChanged)
+        }
+    }
+
     /// A lock event of `workflow` (and the task that asked, where known).
     pub fn lock(
         kind: EventKind,
@@ -335,6 +353,7 @@ impl Change {
             digest: self.digest,
             lock: self.lock,
             environment_id: self.environment_id,
+            schedule_id: self.schedule_id,
         }
     }
 }

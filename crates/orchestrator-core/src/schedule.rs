@@ -222,6 +222,28 @@ impl CronSpec {
         None
     }
 
+    /// The first `n` due times strictly after `after` and not after
+    /// `until`, oldest first: what a page shows as the next runs.
+    pub fn upcoming(
+        &self,
+        after: DateTime<Utc>,
+        until: Option<DateTime<Utc>>,
+        n: usize,
+    ) -> Vec<DateTime<Utc>> {
+        let mut due = Vec::with_capacity(n);
+        let mut from = after;
+        while due.len() < n {
+            match self.next_after(from) {
+                Some(next) if until.is_none_or(|end| next <= end) => {
+                    due.push(next);
+                    from = next;
+                }
+                _ => break,
+            }
+        }
+        due
+    }
+
     fn find(&self, from: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
         self.cron
             .find_next_occurrence(&from.with_timezone(&self.zone), inclusive)
@@ -296,6 +318,51 @@ impl Schedule {
         spec.next_after(self.floor(now))
             .filter(|due| self.end_at.is_none_or(|end| *due <= end))
     }
+}
+
+impl Schedule {
+    /// The next `n` times the schedule is due after `now`, oldest first;
+    /// none while it is paused.
+    pub fn next_runs(&self, spec: &CronSpec, now: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        if self.paused {
+            return Vec::new();
+        }
+        spec.upcoming(self.floor(now), self.end_at, n)
+    }
+}
+
+/// When a schedule with these times would be due, before it is stored:
+/// the first `n` due times after `now` (and not before `start_at`, not
+/// after `end_at`). Errors name the field, as [`Schedule::check`]'s do.
+pub fn preview(
+    cron: &str,
+    timezone: &str,
+    start_at: Option<DateTime<Utc>>,
+    end_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    n: usize,
+) -> Result<Vec<DateTime<Utc>>, ScheduleError> {
+    let spec = CronSpec::parse(cron, timezone)?;
+    if let (Some(start), Some(end)) = (start_at, end_at)
+        && end <= start
+    {
+        return Err(ScheduleError::new(
+            "end_at",
+            format!("{end} is not after start_at ({start})"),
+        ));
+    }
+    let mut after = now;
+    if let Some(start) = start_at {
+        // `start_at` itself may be due: look from just before it.
+        after = after.max(start - TimeDelta::nanoseconds(1));
+    }
+    if spec.next_after(after).is_none() {
+        return Err(ScheduleError::new(
+            "cron",
+            format!("`{cron}` never comes due"),
+        ));
+    }
+    Ok(spec.upcoming(after, end_at, n))
 }
 
 /// What a schedule should do now.
@@ -536,6 +603,56 @@ mod tests {
             updated_at: now,
             version: 0,
         }
+    }
+
+    #[test]
+    fn next_runs_and_preview_follow_the_zone_and_the_bounds() {
+        let s = schedule("0 2 * * *", "Europe/Berlin");
+        let spec = s.check().unwrap();
+        let now = at("2026-03-27T12:00:00Z");
+        // 29 March: clocks go forward at 02:00, so 02:00 comes due at 03:00 CEST.
+        assert_eq!(
+            s.next_runs(&spec, now, 3),
+            [
+                at("2026-03-28T01:00:00Z"),
+                at("2026-03-29T01:00:00Z"),
+                at("2026-03-30T00:00:00Z")
+            ]
+        );
+        let paused = Schedule {
+            paused: true,
+            ..s.clone()
+        };
+        assert!(paused.next_runs(&spec, now, 3).is_empty());
+        let ended = Schedule {
+            end_at: Some(at("2026-03-29T01:00:00Z")),
+            ..s
+        };
+        assert_eq!(ended.next_runs(&spec, now, 3).len(), 2);
+
+        let start = Some(at("2026-06-01T00:15:00Z"));
+        assert_eq!(
+            preview("*/15 * * * *", "UTC", start, None, now, 3).unwrap(),
+            [
+                at("2026-06-01T00:15:00Z"),
+                at("2026-06-01T00:30:00Z"),
+                at("2026-06-01T00:45:00Z")
+            ]
+        );
+        let field = |r: Result<Vec<_>, ScheduleError>| r.unwrap_err().field;
+        assert_eq!(field(preview("* *", "UTC", None, None, now, 3)), "cron");
+        assert_eq!(
+            field(preview("0 0 30 2 *", "UTC", None, None, now, 3)),
+            "cron"
+        );
+        assert_eq!(
+            field(preview("* * * * *", "Mars/Olympus", None, None, now, 3)),
+            "timezone"
+        );
+        assert_eq!(
+            field(preview("* * * * *", "UTC", start, start, now, 3)),
+            "end_at"
+        );
     }
 
     /// Every due time in (`from`, `to`], as UTC text.

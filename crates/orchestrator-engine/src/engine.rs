@@ -107,7 +107,7 @@ pub(crate) struct Inner {
     pub(crate) steps: Steps,
     access: Arc<Access>,
     secrets: Arc<Secrets>,
-    events: Arc<EventBus>,
+    pub(crate) events: Arc<EventBus>,
     pub(crate) records: Arc<Records>,
     pub(crate) queue: Arc<Queue>,
     attempts: Arc<Attempts>,
@@ -212,6 +212,7 @@ impl Engine {
             store.clone(),
             lifecycle.clone(),
             config.node_id.clone(),
+            events.clone(),
         ));
         let gates = Arc::new(Gates {
             store: store.clone(),

@@ -31,6 +31,7 @@ use orchestrator_storage::Storage;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::EventBus;
 use crate::lifecycle::Lifecycle;
 use crate::{Error, Result, lock};
 
@@ -60,6 +61,9 @@ pub(crate) struct Scheduler {
     store: Storage,
     lifecycle: Arc<Lifecycle>,
     node_id: String,
+    /// Where a claim's move is announced (`schedule_changed`), so a page
+    /// showing the schedule's runs sees them without re-reading.
+    events: Arc<EventBus>,
     /// Per schedule, the time up to which this node has dealt with its
     /// due times. Read from the newest claim when first seen, so a
     /// restart knows what ran before it. A std mutex: map operations only,
@@ -70,11 +74,17 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(store: Storage, lifecycle: Arc<Lifecycle>, node_id: String) -> Scheduler {
+    pub(crate) fn new(
+        store: Storage,
+        lifecycle: Arc<Lifecycle>,
+        node_id: String,
+        events: Arc<EventBus>,
+    ) -> Scheduler {
         Scheduler {
             store,
             lifecycle,
             node_id,
+            events,
             cursors: Mutex::new(HashMap::new()),
             changed: Notify::new(),
         }
@@ -155,6 +165,7 @@ impl Scheduler {
                 ScheduleClaim::new(schedule.id, newest, ClaimState::Missed, &self.node_id, now);
             claim.missed = plan.missed;
             if self.store.schedules().claim(&claim).await? {
+                self.announce(schedule.id);
                 count("missed", plan.missed);
                 tracing::info!(schedule = %schedule.id, missed = plan.missed, "scheduler: due runs missed");
             }
@@ -179,6 +190,7 @@ impl Scheduler {
         if !self.store.schedules().claim(&claim).await? {
             return Ok(()); // another node has it
         }
+        self.announce(schedule.id);
         count("missed", missed);
         self.act(starter, schedule, claim, now).await
     }
@@ -259,7 +271,14 @@ impl Scheduler {
         claim.node.clone_from(&self.node_id);
         claim.updated_at = now;
         self.store.schedules().update_claim(&claim).await?;
+        self.announce(claim.schedule_id);
         Ok(())
+    }
+
+    /// A claim of the schedule was stored: its runs changed.
+    fn announce(&self, schedule: ScheduleId) {
+        self.events
+            .publish([orchestrator_core::event::Change::schedule_changed(schedule)]);
     }
 
     /// The schedule's runs that are still going, other than `this`: a

@@ -22,6 +22,9 @@ pub const DEFAULT_CATCH_UP_WINDOW_SECS: u64 = 24 * 3600;
 /// How many of its newest runs a schedule is shown with.
 const SHOWN_RUNS: usize = 20;
 
+/// How many coming due times a schedule, or a preview, is shown with.
+pub const NEXT_RUNS: usize = 3;
+
 /// What `POST /schedules` asks for.
 #[derive(Debug, Clone, Default)]
 pub struct ScheduleRequest {
@@ -66,6 +69,15 @@ pub struct ScheduleView {
     pub schedule: Schedule,
     /// `None` while paused, and once past `end_at`.
     pub next_due: Option<DateTime<Utc>>,
+    /// The next three due times, oldest first (`next_due` is the first);
+    /// empty while paused. From the service's cron engine and zone
+    /// database, so a page never computes them itself.
+    #[serde(default)]
+    pub next_runs: Vec<DateTime<Utc>>,
+    /// The newest claim on its due times (`runs[0]`), also in listings:
+    /// what became of its last due run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<ScheduleClaim>,
     /// The newest claims on its due times, newest first: what became of
     /// each due run.
     pub runs: Vec<ScheduleClaim>,
@@ -99,18 +111,42 @@ impl Engine {
         self.store().schedules().insert_schedule(&schedule).await?;
         tracing::info!(schedule = %schedule.id, cron = %schedule.cron, timezone = %schedule.timezone, "schedule created");
         self.inner.scheduler.wake();
+        self.schedule_changed(schedule.id);
         self.view(schedule, Vec::new())
     }
 
-    /// Every schedule, oldest first, with when it is next due.
+    /// Every schedule, oldest first, with when it is next due and its
+    /// newest run.
     pub async fn list_schedules(&self) -> Result<Vec<ScheduleView>> {
-        self.store()
-            .schedules()
-            .schedules()
-            .await?
-            .into_iter()
-            .map(|s| self.view(s, Vec::new()))
-            .collect()
+        let schedules = self.store().schedules().schedules().await?;
+        let mut views = Vec::with_capacity(schedules.len());
+        for schedule in schedules {
+            let last = self.store().schedules().claims(schedule.id, 1).await?;
+            let mut view = self.view(schedule, Vec::new())?;
+            view.last_run = last.into_iter().next();
+            views.push(view);
+        }
+        Ok(views)
+    }
+
+    /// The next due times of a schedule with these times, before it is
+    /// stored: the same cron engine and zone database as the scheduler's.
+    pub fn preview_schedule(
+        &self,
+        cron: &str,
+        timezone: &str,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+    ) -> Result<Vec<DateTime<Utc>>> {
+        orchestrator_core::schedule::preview(
+            cron,
+            timezone,
+            start_at,
+            end_at,
+            Utc::now(),
+            NEXT_RUNS,
+        )
+        .map_err(|e| Error::validation(e.field, e.message))
     }
 
     pub async fn schedule(&self, id: ScheduleId) -> Result<ScheduleView> {
@@ -142,6 +178,7 @@ impl Engine {
                 Ok(stored) => {
                     tracing::info!(schedule = %id, paused = stored.paused, "schedule changed");
                     self.inner.scheduler.wake();
+                    self.schedule_changed(id);
                     let runs = self.store().schedules().claims(id, SHOWN_RUNS).await?;
                     return self.view(stored, runs);
                 }
@@ -161,7 +198,15 @@ impl Engine {
             return Err(not_found(id));
         }
         tracing::info!(schedule = %id, "schedule deleted");
+        self.schedule_changed(id);
         Ok(())
+    }
+
+    /// Announces a stored change of a schedule to the event stream.
+    fn schedule_changed(&self, id: ScheduleId) {
+        self.inner
+            .events
+            .publish([orchestrator_core::event::Change::schedule_changed(id)]);
     }
 
     /// One scheduler round at `now`: the due runs of every schedule, and
@@ -190,13 +235,18 @@ impl Engine {
     }
 
     fn view(&self, schedule: Schedule, runs: Vec<ScheduleClaim>) -> Result<ScheduleView> {
-        let next_due = schedule
-            .check()
-            .ok()
-            .and_then(|spec| schedule.next_due(&spec, Utc::now()));
+        let now = Utc::now();
+        let spec = schedule.check().ok();
+        let next_due = spec.as_ref().and_then(|spec| schedule.next_due(spec, now));
+        let next_runs = spec
+            .as_ref()
+            .map(|spec| schedule.next_runs(spec, now, NEXT_RUNS))
+            .unwrap_or_default();
         Ok(ScheduleView {
             schedule,
             next_due,
+            next_runs,
+            last_run: runs.first().cloned(),
             runs,
         })
     }

@@ -999,6 +999,7 @@ mod tests {
             digest: None,
             lock: None,
             environment_id: None,
+            schedule_id: None,
         };
         let of = |kind, status, task| event_type_of(&event(kind, status, task));
         assert_eq!(

@@ -74,6 +74,7 @@ pub(crate) const ASSETS: &[Asset] = &[
     asset!("page-nodes.js", "text/javascript; charset=utf-8"),
     asset!("page-audit.js", "text/javascript; charset=utf-8"),
     asset!("page-schedules.js", "text/javascript; charset=utf-8"),
+    asset!("cron-words.js", "text/javascript; charset=utf-8"),
     asset!("page-environments.js", "text/javascript; charset=utf-8"),
     asset!("page-storage.js", "text/javascript; charset=utf-8"),
     asset!("page-access.js", "text/javascript; charset=utf-8"),

@@ -22,6 +22,7 @@ use utoipa_axum::routes;
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_schedules, create_schedule))
+        .routes(routes!(preview_schedule))
         .routes(routes!(get_schedule, update_schedule, delete_schedule))
 }
 
@@ -229,6 +230,54 @@ pub(crate) async fn update_schedule(
         paused: change.paused,
     };
     Ok(Json(state.engine.update_schedule(id, patch).await?))
+}
+
+/// `POST /schedules/preview`: the times of a schedule not yet stored.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"cron": "0 2 * * *", "timezone": "Europe/Berlin"}))]
+pub(crate) struct SchedulePreviewRequest {
+    /// Five fields, or six with seconds first.
+    #[schema(example = "0 2 * * *")]
+    cron: String,
+    /// An IANA time zone; default `UTC`.
+    #[schema(example = "Europe/Berlin")]
+    timezone: Option<String>,
+    start_at: Option<DateTime<Utc>>,
+    end_at: Option<DateTime<Utc>>,
+}
+
+/// When a schedule with these times would run.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SchedulePreview {
+    /// The next three due times after now (and not before `start_at`,
+    /// not after `end_at`), oldest first, in UTC.
+    pub next_runs: Vec<DateTime<Utc>>,
+}
+
+/// The next due times of a cron expression in a time zone, before a
+/// schedule is created: the service's own cron engine and zone database,
+/// as the scheduler will read them.
+#[utoipa::path(post, path = "/schedules/preview", tag = "schedules",
+    extensions(("x-role" = json!("viewer"))),
+    request_body = SchedulePreviewRequest,
+    responses(
+        (status = 200, description = "The next three due times", body = SchedulePreview),
+        (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
+        (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
+        (status = 422, description = "A bad cron expression or time zone, or `end_at` not after `start_at`; the message names the field", body = ErrorBody),
+    ))]
+pub(crate) async fn preview_schedule(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<SchedulePreviewRequest>,
+) -> Result<Json<SchedulePreview>, ApiError> {
+    let next_runs = state.engine.preview_schedule(
+        &body.cron,
+        body.timezone.as_deref().unwrap_or("UTC"),
+        body.start_at,
+        body.end_at,
+    )?;
+    Ok(Json(SchedulePreview { next_runs }))
 }
 
 /// Deletes a schedule; runs already started go on.

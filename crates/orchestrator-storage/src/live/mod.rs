@@ -187,6 +187,15 @@ pub struct StoreInfo {
     /// Whether a rollback may return to it now: it is level, or the
     /// service knows every write since the switch and brings them along.
     pub can_roll_back: bool,
+    /// Why a rollback would be refused now, as `POST /admin/storage/rollback`
+    /// would answer; absent when it is possible, or there is no previous
+    /// store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_refused: Option<String>,
+    /// The backends this build can move to (`filesystem`, and the
+    /// SurrealDB ones when compiled in).
+    #[serde(default)]
+    pub backends: Vec<String>,
 }
 
 struct Controller {
@@ -222,13 +231,45 @@ impl LiveMigrations {
         let choice = BackendChoice::load(&self.inner.data_dir)?;
         let level =
             choice.as_ref().is_some_and(|c| c.level) && self.inner.store.level() != Some(false);
-        let running = lock(&self.inner.running).is_some();
+        let refused = choice
+            .as_ref()
+            .and_then(|c| self.rollback_refusal(c).map(|e| e.to_string()));
         Ok(StoreInfo {
             store: lock(&self.inner.config).spec(),
             level,
-            can_roll_back: choice.is_some() && !running && (level || self.inner.store.noting()),
+            can_roll_back: choice.is_some() && refused.is_none(),
+            rollback_refused: refused,
             previous: choice.map(|c| c.previous),
+            backends: StorageType::ALL
+                .into_iter()
+                .filter(|t| t.is_compiled_in())
+                .map(|t| t.as_str().to_owned())
+                .collect(),
         })
+    }
+
+    /// Why a rollback to `choice.previous` cannot happen now, if it
+    /// cannot: one place for the refusal that `store()` shows and
+    /// `rollback()` answers.
+    fn rollback_refusal(&self, choice: &BackendChoice) -> Option<LiveError> {
+        let this = &self.inner;
+        if let Some((id, _)) = &*lock(&this.running) {
+            return Some(LiveError::Running(id.clone()));
+        }
+        let possible = this.store.noting() || (choice.level && this.store.level() != Some(false));
+        if possible {
+            return None;
+        }
+        Some(LiveError::Rollback(format!(
+            "{} is no longer level with {}: the service wrote to the current store since \
+             the switch at {} and no longer knows every such write (it restarted since, or \
+             they were too many); to go back, move to it with a new storage move \
+             (`orchestrator storage migrate --to {}`), which brings it up to date",
+            choice.previous,
+            choice.store,
+            choice.switched_at.to_rfc3339(),
+            choice.previous
+        )))
     }
 
     /// Every migration remembered, oldest first.
@@ -397,22 +438,8 @@ impl LiveMigrations {
                 "this service never switched stores, so there is no store to go back to".into(),
             ));
         };
-        let not_level = || {
-            LiveError::Rollback(format!(
-                "{} is no longer level with {}: the service wrote to the current store since \
-                 the switch at {} and no longer knows every such write (it restarted since, or \
-                 they were too many); to go back, move to it with a new storage move \
-                 (`orchestrator storage migrate --to {}`), which brings it up to date",
-                choice.previous,
-                choice.store,
-                choice.switched_at.to_rfc3339(),
-                choice.previous
-            ))
-        };
-        let possible =
-            || this.store.noting() || (choice.level && this.store.level() != Some(false));
-        if !possible() {
-            return Err(not_level());
+        if let Some(refused) = self.rollback_refusal(&choice) {
+            return Err(refused);
         }
         let mut previous_config = StorageConfig::from_spec(&choice.previous, this.defaults.clone())
             .map_err(|e| LiveError::Rollback(format!("storage.json: {e}")))?;
@@ -440,9 +467,11 @@ impl LiveMigrations {
             return refuse(noted, previous, LiveError::Rollback(e.to_string())).await;
         }
         let paused = this.store.pause().await;
-        if !possible() {
+        // Checked again under the pause: a write may have ended the noting
+        // meanwhile.
+        if let Some(refused) = self.rollback_refusal(&choice) {
             drop(paused);
-            return refuse(noted, previous, not_level()).await;
+            return refuse(noted, previous, refused).await;
         }
         let rest = this.store.take_changed();
         let applied = match sync::apply(&current, &previous, &rest, DEFAULT_BATCH).await {

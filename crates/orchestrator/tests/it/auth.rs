@@ -310,6 +310,13 @@ async fn every_route_answers_each_caller_as_its_role_allows_and_is_audited() {
         ("GET", "/schedules", "/schedules".into(), None, Min::Viewer),
         (
             "POST",
+            "/schedules/preview",
+            "/schedules/preview".into(),
+            Some(json!({"cron": "*/15 * * * *", "timezone": "Europe/Berlin"})),
+            Min::Viewer,
+        ),
+        (
+            "POST",
             "/schedules",
             "/schedules".into(),
             Some(json!({"template": "chain", "cron": "0 4 * * *", "paused": true})),

@@ -264,6 +264,111 @@ async fn each_overlap_policy_with_a_clock_of_the_tests_own() {
     service.stop().await;
 }
 
+/// The next `schedule_changed` event about schedule `id`.
+async fn schedule_changed(events: &mut orchestrator_engine::events::Subscription, id: &str) {
+    let wait = async {
+        loop {
+            let event = events.recv().await.expect("the bus is gone");
+            if event.kind == orchestrator_core::event::EventKind::ScheduleChanged
+                && event.schedule_id.map(|s| s.to_string()).as_deref() == Some(id)
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("no schedule_changed event");
+}
+
+#[tokio::test]
+async fn next_runs_previews_and_schedule_changed_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+
+    // A preview reads the expression in its zone, as the scheduler will:
+    // 02:00 in Berlin in winter is 01:00 UTC.
+    let (status, preview) = service
+        .post(
+            "/schedules/preview",
+            json!({"cron": "0 2 * * *", "timezone": "Europe/Berlin",
+                   "start_at": "2030-01-01T00:00:00Z", "end_at": "2030-01-02T12:00:00Z"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(
+        preview["next_runs"],
+        json!(["2030-01-01T01:00:00Z", "2030-01-02T01:00:00Z"])
+    );
+    let (status, preview) = service
+        .post("/schedules/preview", json!({"cron": "*/15 * * * *"}))
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["next_runs"].as_array().unwrap().len(), 3);
+    for (body, start) in [
+        (json!({"cron": "* * *"}), "cron: `* * *` has 3 fields"),
+        (
+            json!({"cron": "0 0 30 2 *"}),
+            "cron: `0 0 30 2 *` never comes due",
+        ),
+        (
+            json!({"cron": "* * * * *", "timezone": "Mars/Olympus"}),
+            "timezone: `Mars/Olympus` is not an IANA time zone",
+        ),
+        (
+            json!({"cron": "* * * * *", "start_at": "2030-01-01T00:00:00Z",
+                   "end_at": "2029-01-01T00:00:00Z"}),
+            "end_at:",
+        ),
+        (
+            json!({"cron": "* * * * *", "colour": 1}),
+            "colour: unknown field",
+        ),
+    ] {
+        let (status, answer) = service.post("/schedules/preview", body.clone()).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(start), "{body}: {message}");
+    }
+
+    // A stored schedule shows its next three runs, and each change is
+    // announced after it is stored.
+    let mut events = engine(&service).subscribe();
+    let (body, start) = future_hourly(0.0, "skip");
+    let id = create(&service, body).await;
+    schedule_changed(&mut events, &id).await;
+    let schedule = schedule_of(&service, &id).await;
+    let hour = TimeDelta::hours(1);
+    assert_eq!(
+        schedule["next_runs"],
+        json!([start, start + hour, start + hour * 2])
+    );
+    assert_eq!(schedule["next_runs"][0], schedule["next_due"]);
+    assert!(schedule.get("last_run").is_none(), "{schedule}");
+
+    // A due run: its claim is announced, and the listing shows it as the
+    // last run.
+    tick(&service, start + TimeDelta::seconds(1)).await;
+    schedule_changed(&mut events, &id).await;
+    let (_, listed) = service.get("/schedules").await;
+    let listed = &listed["schedules"][0];
+    assert_eq!(listed["last_run"]["state"], "started", "{listed}");
+    assert_eq!(listed["last_run"]["due"], json!(start));
+    assert_eq!(listed["runs"], json!([]));
+    assert_eq!(listed["next_runs"].as_array().unwrap().len(), 3);
+
+    let (status, paused) = service
+        .patch(&format!("/schedules/{id}"), json!({"paused": true}))
+        .await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["next_runs"], json!([]));
+    schedule_changed(&mut events, &id).await;
+    let (status, _) = service.delete(&format!("/schedules/{id}")).await;
+    assert_eq!(status, 204);
+    schedule_changed(&mut events, &id).await;
+    service.stop().await;
+}
+
 #[tokio::test]
 async fn catch_up_after_downtime_and_a_paused_schedule() {
     let dir = tempfile::tempdir().unwrap();
