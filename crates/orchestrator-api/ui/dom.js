@@ -162,7 +162,7 @@ export function shownOnce({ id, title, value, hint, onDone }) {
  * `act`, whose errors are the caller's to show.
  */
 export function confirmButton({ label, question, confirm, action, act }) {
-  const wrap = h('span', { class: 'confirm' });
+  const wrap = h('span', { class: 'confirm-inline' });
   const start = h('button', { type: 'button', class: 'danger', dataset: { action }, text: label });
   const showStart = () => {
     fill(wrap, start);

@@ -7,7 +7,7 @@
 // read, operators act.
 
 import { api, query } from './api.js';
-import { badge, coalesce, fill, h, json, time } from './dom.js';
+import { badge, coalesce, confirmDialog, fill, h, json, time } from './dom.js';
 
 /** Each status in the colour of the task status it resembles. */
 const ENV_COLOUR = {
@@ -422,13 +422,6 @@ function mountEnvironment(main, ctx) {
   const logsButton = h('button', { type: 'button', class: 'secondary', dataset: { action: 'logs' }, 'aria-controls': 'env-logs' });
   const logsBox = h('div', { id: 'env-logs' });
 
-  const dialogTitle = h('h2', { id: 'env-delete-title', text: 'Delete this environment?' });
-  const confirmDelete = h('button', { type: 'button', class: 'danger', dataset: { action: 'confirm-delete' }, text: 'Delete it' });
-  const keepIt = h('button', { type: 'button', class: 'secondary', text: 'Keep it' });
-  const dialog = h('dialog', { class: 'confirm', id: 'env-delete-dialog', 'aria-labelledby': 'env-delete-title', 'aria-describedby': 'env-delete-what' },
-    dialogTitle,
-    h('p', { id: 'env-delete-what', text: 'Its nodes, their processes, namespaces, links, cgroups and files are torn down. A create or run still going is cancelled first.' }),
-    h('div', { class: 'actions' }, confirmDelete, keepIt));
 
   fill(main,
     h('p', { class: 'crumbs' }, h('a', { href: '#/environments', text: '← Test environments' })),
@@ -445,23 +438,21 @@ function mountEnvironment(main, ctx) {
     h('section', { 'aria-labelledby': 'env-logs-title' },
       h('div', { class: 'page-head env-head' }, h('h2', { id: 'env-logs-title', text: 'Logs' }), logsButton),
       logsBox),
-    dialog,
   );
 
-  keepIt.addEventListener('click', () => dialog.close());
-  confirmDelete.addEventListener('click', async () => {
-    confirmDelete.disabled = true;
+  async function remove() {
+    const sure = await confirmDialog('Delete this environment?', 'Delete it',
+      'Its nodes, their processes, namespaces, links, cgroups and files are torn down. A create or run still going is cancelled first.');
+    if (!sure) return;
     try {
       await api(`/test/environments/${id}`, { method: 'DELETE' });
       ctx.toast(`Deleting ${view?.name ?? id}`);
     } catch (e) {
       ctx.toast(e.message, 'error');
     } finally {
-      confirmDelete.disabled = false;
-      dialog.close();
       refresh();
     }
-  });
+  }
 
   const showingLogs = () => params.logs === '1';
   logsButton.addEventListener('click', () => {
@@ -522,7 +513,7 @@ function mountEnvironment(main, ctx) {
           type: 'button', class: 'danger', dataset: { action: 'delete' },
           text: e.status === 'delete_failed' ? 'Delete again' : 'Delete',
         });
-        del.addEventListener('click', () => dialog.showModal());
+        del.addEventListener('click', remove);
         buttons.push(del);
       }
     }
@@ -635,7 +626,6 @@ function mountEnvironment(main, ctx) {
     },
     unmount() {
       soon.cancel();
-      if (dialog.open) dialog.close();
     },
   };
 }
