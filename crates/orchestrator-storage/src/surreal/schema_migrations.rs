@@ -86,6 +86,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "locks",
         sql: include_str!("../../../../migrations/0008_locks.surql"),
     },
+    Migration {
+        version: 9,
+        name: "workflow_search",
+        sql: include_str!("../../../../migrations/0009_workflow_search.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
