@@ -364,7 +364,9 @@ export function renderDag(container, view, { hrefFor, selected, keep }) {
   function select(id) {
     stage.querySelector('.node[aria-current]')?.removeAttribute('aria-current');
     selectedId = id;
-    nodes.get(id)?.node.setAttribute('aria-current', 'true');
+    // A folded instance marks its folded node.
+    const node = nodes.get(id)?.node ?? groupNodes.get(groupOf.get(id))?.node;
+    node?.setAttribute('aria-current', 'true');
   }
 
   // Pan and zoom: one transform on the stage.
