@@ -473,9 +473,11 @@ async fn the_list_searches_names_templates_references_and_input_values() {
         }
     };
     let nightly = submit(json!({"template": "chain", "vars": {"sleep": 0.125},
-        "meta": {"name": "Nightly Rebuild", "ref": "search-ref-one"}})).await;
+        "meta": {"name": "Nightly Rebuild", "ref": "search-ref-one"}}))
+    .await;
     let other = submit(json!({"template": "chain", "vars": {"sleep": 0},
-        "meta": {"name": "other", "ref": "Search-Ref-Two"}})).await;
+        "meta": {"name": "other", "ref": "Search-Ref-Two"}}))
+    .await;
     for id in [&nightly, &other] {
         service.wait_workflow(id).await;
     }
@@ -501,7 +503,9 @@ async fn the_list_searches_names_templates_references_and_input_values() {
         assert_eq!(listed["total"], expected.len(), "q={q}");
     }
     // With the other filters, and in the counts.
-    let (_, both) = service.get("/workflows?q=search-ref&ref=search-ref-one").await;
+    let (_, both) = service
+        .get("/workflows?q=search-ref&ref=search-ref-one")
+        .await;
     assert_eq!(ids(&both), vec![nightly.clone()]);
     let (_, counts) = service.get("/workflows/counts?q=nightly").await;
     assert_eq!(counts["total"], 1);
@@ -510,7 +514,9 @@ async fn the_list_searches_names_templates_references_and_input_values() {
     let (_, blank) = service.get("/workflows?q=%20%20").await;
     assert_eq!(blank["total"], 2);
     // Refused, naming the parameter.
-    let (status, long) = service.get(&format!("/workflows?q={}", "x".repeat(201))).await;
+    let (status, long) = service
+        .get(&format!("/workflows?q={}", "x".repeat(201)))
+        .await;
     assert_eq!(status, 400);
     assert_eq!(
         long["error"]["message"],
