@@ -139,6 +139,9 @@ pub struct WorkflowFilter {
     pub reference: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Text in the name, template, reference or an input value, any case.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub q: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,13 @@ import { compareWith } from './page-compare.js';
 
 /** The most of a log the page shows; the rest is one link away. */
 const LOG_CAP = 2 * 1024 * 1024;
+/**
+ * From this many steps a workflow is big: its timeline waits behind a
+ * disclosure until asked for, and the full re-read after events comes at
+ * most every BIG_REREAD_MS (events still change the graph at once).
+ */
+const BIG = 200;
+const BIG_REREAD_MS = 2000;
 
 export function mount(main, ctx) {
   const id = ctx.params.id;
@@ -33,6 +40,17 @@ export function mount(main, ctx) {
   const halt = h('p', { class: 'notice', hidden: true });
   const graph = h('div', { class: 'dag-wrap', id: 'dag' });
   const timeline = h('div', { class: 'gantt-wrap', id: 'timeline' });
+  // A big workflow's timeline is drawn once asked for (a row per step).
+  const timelineSummary = h('summary', { text: 'Show the timeline' });
+  const timelineFold = h('details', { class: 'timeline-fold' }, timelineSummary);
+  const timelineBox = h('div', {}, timeline);
+  const big = () => view && view.tasks.length >= BIG;
+  const drawTimeline = () => {
+    if (!big() || timelineFold.open) renderGantt(timeline, view, { hrefFor });
+  };
+  timelineFold.addEventListener('toggle', () => {
+    if (timelineFold.open) drawTimeline();
+  });
   const panelBox = h('section', { class: 'step-panel', id: 'step', 'aria-labelledby': 'step-title' });
 
   fill(main,
@@ -43,7 +61,7 @@ export function mount(main, ctx) {
     h('section', { 'aria-labelledby': 'timeline-title' },
       h('h2', { id: 'timeline-title', text: 'Timeline' }),
       h('p', { class: 'hint', text: 'One bar per attempt; retries show as several bars.' }),
-      timeline),
+      timelineBox),
     panelBox,
   );
 
@@ -133,8 +151,34 @@ export function mount(main, ctx) {
     panel.show(task);
   }
 
+  // One re-read at a time: a second one asked for meanwhile runs after it
+  // (two reads of a thousand steps at once only slow each other down).
+  let reading = false;
+  let readAgain = false;
+  // When an event last changed each task: a re-read that began before it
+  // does not undo what the event showed (the next re-read brings it).
+  const eventAt = new Map();
+
   async function refresh() {
+    if (reading) {
+      readAgain = true;
+      return;
+    }
+    reading = true;
+    try {
+      await read();
+    } finally {
+      reading = false;
+      if (readAgain) {
+        readAgain = false;
+        soon();
+      }
+    }
+  }
+
+  async function read() {
     const mine = ++generation;
+    const started = performance.now();
     let answer;
     try {
       answer = await api(`/workflows/${id}`);
@@ -154,19 +198,32 @@ export function mount(main, ctx) {
     view = answer;
     renderHead();
     if (!dag || !sameShape(old, view)) {
-      dag = renderDag(graph, view, { hrefFor, selected });
+      dag = renderDag(graph, view, { hrefFor, selected, keep: dag?.state() });
     } else {
-      view.tasks.forEach(dag.setTask);
+      for (const task of view.tasks) {
+        if (!(eventAt.get(task.id) > started)) dag.setTask(task);
+      }
     }
-    renderGantt(timeline, view, { hrefFor });
+    if (big() && !timelineFold.contains(timeline)) {
+      timelineSummary.textContent = `Show the timeline of ${view.tasks.length.toLocaleString()} steps`;
+      timelineFold.append(timeline);
+      timelineBox.replaceChildren(timelineFold);
+    }
+    drawTimeline();
     renderPanel();
     main.dataset.loaded = 'true';
   }
-  const soon = coalesce(refresh, 250);
+  const soonSmall = coalesce(refresh, 250);
+  const soonBig = coalesce(refresh, BIG_REREAD_MS);
+  const soon = () => (big() ? soonBig() : soonSmall());
+  soon.cancel = () => {
+    soonSmall.cancel();
+    soonBig.cancel();
+  };
 
   // Running attempts grow on the timeline between refreshes.
   const ticker = setInterval(() => {
-    if (view && view.tasks.some((t) => t.status === 'running')) renderGantt(timeline, view, { hrefFor });
+    if (view && view.tasks.some((t) => t.status === 'running')) drawTimeline();
   }, 1000);
 
   refresh();
@@ -178,7 +235,10 @@ export function mount(main, ctx) {
         return;
       }
       // Show the new status now; the re-read below brings the rest.
-      if (event.task_id && event.status && dag) dag.setStatus(event.task_id, event.status);
+      if (event.task_id && event.status && dag) {
+        eventAt.set(event.task_id, performance.now());
+        dag.setStatus(event.task_id, event.status);
+      }
       if (!event.task_id && event.status) {
         fill(status, badge(event.status));
         status.dataset.status = event.status;
@@ -216,7 +276,7 @@ function stepPanel(task, box, ctx, actionButton, rerunButton) {
   const output = h('pre', { class: 'json', id: 'step-output' });
   const error = h('pre', { class: 'json error-text', id: 'step-error' });
   const attemptsBody = h('tbody');
-  const logPre = h('pre', { class: 'log', id: 'step-log', tabindex: 0, 'aria-label': `Log of ${task.name}` });
+  const logPre = h('pre', { class: 'log', id: 'step-log', tabindex: 0, role: 'region', 'aria-label': `Log of ${task.name}` });
   const logNote = h('p', { class: 'hint', id: 'step-log-note' });
   fill(box,
     h('div', { class: 'page-head' }, h('div', {}, heading, state), buttons),

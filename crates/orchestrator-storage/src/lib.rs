@@ -604,8 +604,51 @@ pub struct WorkflowQuery {
     pub reference: Option<String>,
     pub trace_id: Option<String>,
     pub idempotency_key: Option<String>,
+    /// Free text: the workflow matches when its name, template, reference
+    /// or one of its input values holds it, ignoring case (see
+    /// [`workflow_search_text`]).
+    pub text: Option<String>,
     pub limit: usize,
     pub offset: usize,
+}
+
+/// What a [`WorkflowQuery::text`] search looks in: the name, template,
+/// reference and every input value (`vars`, after defaults: strings,
+/// numbers and booleans, at any depth), lowercased, one per line. Both
+/// backends match against this same text (the SurrealDB one stores it
+/// with the record), so they answer the same; a needle holds no line
+/// break (the API refuses control characters), so it never spans two
+/// values.
+pub fn workflow_search_text(workflow: &Workflow) -> String {
+    fn leaves(value: &serde_json::Value, out: &mut String) {
+        match value {
+            serde_json::Value::Null => {}
+            serde_json::Value::String(s) => {
+                out.push('\n');
+                out.push_str(s);
+            }
+            serde_json::Value::Number(n) => {
+                out.push('\n');
+                out.push_str(&n.to_string());
+            }
+            serde_json::Value::Bool(b) => {
+                out.push('\n');
+                out.push_str(if *b { "true" } else { "false" });
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| leaves(v, out)),
+            serde_json::Value::Object(map) => map.values().for_each(|v| leaves(v, out)),
+        }
+    }
+    let mut text = String::new();
+    text.push_str(&workflow.name);
+    text.push('\n');
+    text.push_str(&workflow.kind);
+    if let Some(reference) = &workflow.reference {
+        text.push('\n');
+        text.push_str(reference);
+    }
+    leaves(&workflow.vars, &mut text);
+    text.to_lowercase()
 }
 
 /// One page of a listing.

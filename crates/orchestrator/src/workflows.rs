@@ -196,6 +196,7 @@ async fn list(api: &Client, args: WorkflowListArgs) -> anyhow::Result<()> {
         template: args.template,
         reference: args.reference,
         trace_id: args.trace_id,
+        q: None,
         limit: Some(args.limit),
         offset: None,
     };

@@ -53,6 +53,11 @@ pub(crate) struct WorkflowListParams {
     reference: Option<String>,
     /// Only workflows with this meta.trace_id.
     trace_id: Option<String>,
+    /// Only workflows whose name, template, meta.ref or one of whose input
+    /// values holds this text, ignoring case (at most 200 characters, no
+    /// control characters; empty means no filter).
+    #[param(max_length = 200, pattern = r"^[^\x00-\x1F\x7F-\x9F]*$")]
+    q: Option<String>,
     /// Page size, default 50.
     #[param(minimum = 0, maximum = 1000)]
     limit: Option<u32>,
@@ -121,6 +126,7 @@ pub(crate) async fn list_workflows(
         reference: params.reference,
         trace_id: params.trace_id,
         idempotency_key: None,
+        text: search_text(params.q)?,
         limit,
         offset,
     };
@@ -160,6 +166,34 @@ pub(crate) struct CountParams {
     reference: Option<String>,
     /// Only workflows with this meta.trace_id.
     trace_id: Option<String>,
+    /// Only workflows whose name, template, meta.ref or one of whose input
+    /// values holds this text, ignoring case (at most 200 characters, no
+    /// control characters; empty means no filter).
+    #[param(max_length = 200, pattern = r"^[^\x00-\x1F\x7F-\x9F]*$")]
+    q: Option<String>,
+}
+
+/// The longest `q` a listing takes, in characters.
+const MAX_SEARCH: usize = 200;
+
+/// The `q` of a listing: `None` when absent or blank; refused when longer
+/// than [`MAX_SEARCH`] or holding a control character (a line break would
+/// let a needle span two values of the searched text).
+fn search_text(q: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(q) = q else { return Ok(None) };
+    let chars = q.chars().count();
+    if chars > MAX_SEARCH {
+        return Err(ApiError::bad_request(format!(
+            "q: {chars} characters is more than the maximum of {MAX_SEARCH}"
+        )));
+    }
+    if let Some(c) = q.chars().find(|c| c.is_control()) {
+        return Err(ApiError::bad_request(format!(
+            "q: the control character {c:?} is not allowed"
+        )));
+    }
+    let q = q.trim();
+    Ok((!q.is_empty()).then(|| q.to_owned()))
 }
 
 /// Workflows by status.
@@ -189,6 +223,7 @@ pub(crate) async fn count_workflows(
         kind: params.template,
         reference: params.reference,
         trace_id: params.trace_id,
+        text: search_text(params.q)?,
         ..WorkflowQuery::default()
     };
     let counts = state.engine.count_workflows_by_status(&base).await?;

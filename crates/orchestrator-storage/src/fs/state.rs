@@ -542,6 +542,9 @@ impl State {
     }
 
     pub(super) fn list_workflows(&self, query: &WorkflowQuery) -> Page<Workflow> {
+        // The text is built per workflow and per search: a scan of the
+        // in-memory state, like the other unindexed filters.
+        let needle = query.text.as_ref().map(|t| t.to_lowercase());
         let matches = |w: &&Workflow| {
             query.status.is_none_or(|s| w.status == s)
                 && query.kind.as_ref().is_none_or(|k| &w.kind == k)
@@ -557,6 +560,9 @@ impl State {
                     .idempotency_key
                     .as_ref()
                     .is_none_or(|k| w.idempotency_key.as_ref() == Some(k))
+                && needle
+                    .as_ref()
+                    .is_none_or(|n| crate::workflow_search_text(w).contains(n.as_str()))
         };
         // A key or a reference names few workflows: read them through their
         // index instead of scanning every workflow.

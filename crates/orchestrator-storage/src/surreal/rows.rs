@@ -170,6 +170,7 @@ pub(super) fn workflow_row(workflow: &Workflow, with_id: bool) -> Result<serde_j
         "kind": workflow.kind,
         "priority": priority_rank(workflow.priority),
         "revision": workflow.revision,
+        "search": crate::workflow_search_text(workflow),
     });
     // Absent, not null: an `option<string>` field holds NONE, which the
     // unique indexes ignore.

@@ -86,6 +86,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "locks",
         sql: include_str!("../../../../migrations/0008_locks.surql"),
     },
+    Migration {
+        version: 9,
+        name: "workflow_search",
+        sql: include_str!("../../../../migrations/0009_workflow_search.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
@@ -460,5 +465,56 @@ mod tests {
             .map(|e| e.state)
             .collect();
         assert_eq!(states, vec![EntryState::Changed]);
+    }
+
+    /// A workflow written before migration 9 (no `search` field) is found
+    /// by `q` once the store is upgraded: the migration fills the field in.
+    #[tokio::test]
+    async fn workflows_written_before_the_search_field_are_found_after_the_upgrade() {
+        use crate::surreal::SurrealBackend;
+        use crate::{
+            Backend, StorageConfig, StorageType, SurrealdbConfig, TaskStore, WorkflowQuery,
+        };
+
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig {
+            storage_type: StorageType::SurrealdbEmbedded,
+            data_dir: dir.path().to_path_buf(),
+            surrealdb: SurrealdbConfig::default(),
+        };
+        let before_search = MIGRATIONS
+            .iter()
+            .position(|m| m.name == "workflow_search")
+            .unwrap();
+        let old = SurrealBackend::open_with_migrations(&config, &MIGRATIONS[..before_search])
+            .await
+            .unwrap();
+        let workflow =
+            orchestrator_core::Workflow::new("old-kind", "Old Deploy", chrono::Utc::now());
+        // The row as an older build wrote it.
+        let mut row = super::super::rows::workflow_row(&workflow, true).unwrap();
+        row.as_object_mut().unwrap().remove("search");
+        let mut vars = Variables::new();
+        vars.insert("row", row);
+        old.query("seed", "INSERT INTO workflow $row;", &vars)
+            .await
+            .unwrap();
+        old.close().await.unwrap();
+        drop(old);
+
+        let upgraded = SurrealBackend::open(&config).await.unwrap();
+        let page = upgraded
+            .list_workflows(&WorkflowQuery {
+                text: Some("OLD deploy".into()),
+                limit: 10,
+                ..WorkflowQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            page.items.iter().map(|w| w.id).collect::<Vec<_>>(),
+            vec![workflow.id]
+        );
+        upgraded.close().await.unwrap();
     }
 }

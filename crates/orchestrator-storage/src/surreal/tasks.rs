@@ -298,6 +298,11 @@ impl TaskStore for SurrealBackend {
                 vars.insert(name, value.clone());
             }
         }
+        if let Some(text) = &query.text {
+            // `search` holds `workflow_search_text`, lowercased when written.
+            conditions.push("string::contains(search, $text)");
+            vars.insert("text", text.to_lowercase());
+        }
         self.page(
             "list workflows",
             "workflow",

@@ -149,6 +149,7 @@ pub async fn task_store_suite(harness: &impl Harness) {
     workflows_update_by_compare_and_set_and_grow_atomically(harness.open().await.tasks()).await;
     idempotency_keys_and_revisions_are_unique(harness.open().await.tasks()).await;
     workflows_filter_by_every_field(harness.open().await.tasks()).await;
+    workflows_found_by_text(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
     a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks()).await;
 }
@@ -1147,6 +1148,70 @@ async fn workflows_filter_by_every_field(store: &dyn TaskStore) {
         .unwrap();
     assert_eq!(page.items.len(), 1);
     assert!(page.total >= 2);
+}
+
+/// `text` finds a workflow by a piece of its name, template, reference or
+/// an input value (at any depth, a number too), in any case, with the
+/// other filters and a page; a field's name or a value of the raw
+/// submission outside the inputs is not searched.
+async fn workflows_found_by_text(store: &dyn TaskStore) {
+    let tag = WorkflowId::new().to_string().replace('-', "");
+    let (mut a, tasks_a) = workflow_with_tasks(1);
+    a.name = format!("Deploy Alpha-{tag}");
+    a.kind = format!("kind-{tag}");
+    a.reference = Some(format!("ref-a-{tag}"));
+    a.vars = json!({"servers": [{"host": format!("web-{tag}.example")}], "port": 8443});
+    store.insert_workflow(&a, &tasks_a).await.unwrap();
+    let (mut b, tasks_b) = workflow_with_tasks(1);
+    b.name = format!("Deploy Beta-{tag}");
+    b.kind = format!("kind-{tag}");
+    b.status = WorkflowStatus::Completed;
+    b.vars = json!({"note": format!("Quoted \"Zeta\" {tag}")});
+    store.insert_workflow(&b, &tasks_b).await.unwrap();
+
+    let found = |text: String, status: Option<WorkflowStatus>| async move {
+        let page = store
+            .list_workflows(&WorkflowQuery {
+                text: Some(text),
+                status,
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(page.total, page.items.len());
+        page.items.into_iter().map(|w| w.id).collect::<Vec<_>>()
+    };
+    // The name, in another case; both share the template.
+    assert_eq!(found(format!("ALPHA-{tag}"), None).await, vec![a.id]);
+    assert_eq!(found(format!("KIND-{tag}"), None).await, vec![b.id, a.id]);
+    assert_eq!(
+        found(format!("kind-{tag}"), Some(WorkflowStatus::Completed)).await,
+        vec![b.id]
+    );
+    // The reference, a nested input value, a number, a quote.
+    assert_eq!(found(format!("ref-a-{tag}"), None).await, vec![a.id]);
+    assert_eq!(found(format!("WEB-{tag}.EXAMPLE"), None).await, vec![a.id]);
+    assert!(found("8443".into(), None).await.contains(&a.id));
+    assert_eq!(found(format!("\"zeta\" {tag}"), None).await, vec![b.id]);
+    // Not a field's name, not the raw submission, not another workflow.
+    assert!(!found("servers".into(), None).await.contains(&a.id));
+    assert!(!found(format!("nothing-{tag}"), None).await.contains(&a.id));
+    // A page of the matches, with their total.
+    let page = store
+        .list_workflows(&WorkflowQuery {
+            text: Some(tag.clone()),
+            limit: 1,
+            offset: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.total, 2);
+    assert_eq!(
+        page.items.iter().map(|w| w.id).collect::<Vec<_>>(),
+        vec![a.id]
+    );
 }
 
 /// Records of every kind, and task logs in pieces, for the bulk suites.

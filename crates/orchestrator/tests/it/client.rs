@@ -102,6 +102,14 @@ async fn every_operation_of_the_cli_reads_what_the_service_sends() {
         listed.workflows[0].reference.as_deref(),
         Some("client-test")
     );
+    let searched = client
+        .list_workflows(&WorkflowFilter {
+            q: Some("CLIENT-TEST".into()),
+            ..WorkflowFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(searched.total, 1);
     let counts = client.count_workflows().await.unwrap();
     assert_eq!(counts.counts.get("completed"), Some(&1));
 

@@ -457,6 +457,80 @@ async fn resubmissions_are_idempotent_and_changes_make_revisions() {
     service.stop().await;
 }
 
+/// `q` finds workflows by a piece of their name, template, reference or
+/// an input value, in any case, with the other filters and in the counts;
+/// an over-long or control-character search is refused, naming `q`.
+#[tokio::test]
+async fn the_list_searches_names_templates_references_and_input_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let submit = |body: Value| {
+        let service = &service;
+        async move {
+            let (status, view) = service.post("/workflows", body).await;
+            assert_eq!(status, 202, "{view}");
+            view["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let nightly = submit(json!({"template": "chain", "vars": {"sleep": 0.125},
+        "meta": {"name": "Nightly Rebuild", "ref": "search-ref-one"}}))
+    .await;
+    let other = submit(json!({"template": "chain", "vars": {"sleep": 0},
+        "meta": {"name": "other", "ref": "Search-Ref-Two"}}))
+    .await;
+    for id in [&nightly, &other] {
+        service.wait_workflow(id).await;
+    }
+    let ids = |listed: &Value| -> Vec<String> {
+        listed["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for (q, expected) in [
+        ("nightly%20REBUILD", vec![nightly.clone()]),
+        ("SEARCH-REF-two", vec![other.clone()]),
+        ("search-ref", vec![other.clone(), nightly.clone()]),
+        ("0.125", vec![nightly.clone()]),
+        ("CHAIN", vec![other.clone(), nightly.clone()]),
+        ("no-such-text", vec![]),
+    ] {
+        let (status, listed) = service.get(&format!("/workflows?q={q}")).await;
+        assert_eq!(status, 200, "{listed}");
+        assert_eq!(ids(&listed), expected, "q={q}");
+        assert_eq!(listed["total"], expected.len(), "q={q}");
+    }
+    // With the other filters, and in the counts.
+    let (_, both) = service
+        .get("/workflows?q=search-ref&ref=search-ref-one")
+        .await;
+    assert_eq!(ids(&both), vec![nightly.clone()]);
+    let (_, counts) = service.get("/workflows/counts?q=nightly").await;
+    assert_eq!(counts["total"], 1);
+    assert_eq!(counts["counts"]["completed"], 1);
+    // Blank is no filter.
+    let (_, blank) = service.get("/workflows?q=%20%20").await;
+    assert_eq!(blank["total"], 2);
+    // Refused, naming the parameter.
+    let (status, long) = service
+        .get(&format!("/workflows?q={}", "x".repeat(201)))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        long["error"]["message"],
+        "q: 201 characters is more than the maximum of 200"
+    );
+    let (status, control) = service.get("/workflows/counts?q=a%0Ab").await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        control["error"]["message"],
+        "q: the control character '\\n' is not allowed"
+    );
+    service.stop().await;
+}
+
 /// The exact rule of docs/api.md: a key seen before decides alone; an
 /// unseen key falls through to `meta.ref`, which compares with the newest
 /// revision only.
