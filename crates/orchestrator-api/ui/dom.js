@@ -220,3 +220,12 @@ export function confirmDialog(question, action, detail = '') {
     no.focus();
   });
 }
+
+/**
+ * The box a table scrolls sideways in when it is wider than the page. It
+ * takes the keyboard focus, so that a keyboard alone can scroll it (WCAG
+ * 2.1.1; axe's scrollable-region-focusable).
+ */
+export function tableWrap(...children) {
+  return h('div', { class: 'table-wrap', tabindex: '0' }, ...children);
+}

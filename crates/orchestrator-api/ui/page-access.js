@@ -6,7 +6,7 @@
 // the request is even sent, and the service never returns it.
 
 import { api } from './api.js';
-import { confirmButton, fill, h, shownOnce, time } from './dom.js';
+import { confirmButton, fill, h, shownOnce, tableWrap, time } from './dom.js';
 
 const ROLES = ['viewer', 'operator', 'admin'];
 
@@ -63,7 +63,7 @@ export function mount(main, ctx) {
     h('p', { class: 'hint', text: 'API tokens and secrets. Every change here is in the audit log.' }),
     h('section', { 'aria-labelledby': 'tokens-title' },
       h('h2', { id: 'tokens-title', text: 'API tokens' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'tokens' },
+      tableWrap(h('table', { class: 'list', id: 'tokens' },
         h('caption', { class: 'visually-hidden', text: 'API tokens, oldest first' }),
         h('thead', {}, h('tr', {}, ['Name', 'Role', 'Created', 'Status', 'Action'].map((c) => h('th', { scope: 'col', text: c })))),
         tokenBody)),
@@ -71,7 +71,7 @@ export function mount(main, ctx) {
     h('section', { 'aria-labelledby': 'secrets-title' },
       h('h2', { id: 'secrets-title', text: 'Secrets' }),
       h('p', { class: 'hint', text: 'Values are never shown. A secret is usable only within its scope: by the workflows of the templates it names, and by http steps towards the origins it names.' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'secrets' },
+      tableWrap(h('table', { class: 'list', id: 'secrets' },
         h('caption', { class: 'visually-hidden', text: 'Secrets, by name' }),
         h('thead', {}, h('tr', {}, ['Name', 'Templates', 'Origins', 'Created', 'Updated', 'Actions'].map((c) => h('th', { scope: 'col', text: c })))),
         secretBody)),

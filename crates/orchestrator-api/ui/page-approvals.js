@@ -11,7 +11,7 @@
 // service refuses.
 
 import { api, query } from './api.js';
-import { coalesce, fill, h, time } from './dom.js';
+import { coalesce, fill, h, tableWrap, time } from './dom.js';
 
 const KINDS = [
   'approval_requested', 'approved', 'rejected', 'approval_invalidated', 'approval_timed_out',
@@ -62,7 +62,7 @@ export function mount(main, ctx) {
   fill(main,
     h('div', { class: 'page-head' }, h('h1', { text: 'Approvals' }), count),
     h('p', { class: 'hint', text: 'Approval gates waiting for a decision, oldest first. Each decision signs a digest of what the gated steps would run with; when that changes, the digest changes and a decision on the old one is refused.' }),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'approvals' },
+    tableWrap(h('table', { class: 'list', id: 'approvals' },
       h('caption', { class: 'visually-hidden', text: 'Gates waiting for a decision' }),
       h('thead', {}, h('tr', {}, ['Workflow', 'Gate', 'Waiting since', 'Deadline', 'Approvals', 'Digest']
         .map((c) => h('th', { scope: 'col', text: c })))),
@@ -110,7 +110,7 @@ export function mount(main, ctx) {
       h('h3', { text: 'Digest' }),
       h('p', {}, h('code', { class: 'hash digest', id: 'gate-digest', text: gate.digest })),
       h('p', { class: 'hint', text: 'SHA-256 of the parts below, as the service reads them now. A decision signs this digest.' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'gate-covers' },
+      tableWrap(h('table', { class: 'list', id: 'gate-covers' },
         h('caption', { class: 'visually-hidden', text: 'What the digest covers' }),
         h('thead', {}, h('tr', {}, ['Part', 'What', 'SHA-256'].map((c) => h('th', { scope: 'col', text: c })))),
         h('tbody', {},

@@ -3,7 +3,7 @@
 // service.
 
 import { api, query } from './api.js';
-import { badge, fill, h, time } from './dom.js';
+import { badge, fill, h, tableWrap, time } from './dom.js';
 
 const PAGE = 50;
 /** Outcomes in the colours of the statuses they resemble. */
@@ -28,7 +28,7 @@ export function mount(main, ctx) {
   fill(main,
     h('h1', { text: 'Audit log' }),
     form,
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'audit' },
+    tableWrap(h('table', { class: 'list', id: 'audit' },
       h('thead', {}, h('tr', {}, ['Time', 'Actor', 'Role', 'Action', 'Target', 'Outcome', 'Status', 'Request id']
         .map((c) => h('th', { scope: 'col', text: c })))),
       tbody)),

@@ -7,7 +7,7 @@
 // "Compare with…" control of the workflow page.
 
 import { api, query } from './api.js';
-import { TERMINAL_WORKFLOW, badge, coalesce, fill, formatDuration, h, time } from './dom.js';
+import { TERMINAL_WORKFLOW, badge, coalesce, fill, formatDuration, h, tableWrap, time } from './dom.js';
 
 const CHANGE_TEXT = { same: 'same', changed: 'differs', only_a: 'only in A', only_b: 'only in B' };
 const CHANGE_SIGN = { same: '=', changed: '≠', only_a: 'A', only_b: 'B' };
@@ -98,7 +98,7 @@ export function mount(main, ctx) {
     const templateSame = !c.template_changed;
     return h('section', { 'aria-labelledby': 'compare-runs-title' },
       h('h2', { id: 'compare-runs-title', text: 'Runs' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list compare', id: 'compare-runs' },
+      tableWrap(h('table', { class: 'list compare', id: 'compare-runs' },
         h('thead', {}, h('tr', {}, h('td'), h('th', { scope: 'col', text: 'A' }), h('th', { scope: 'col', text: 'B' }))),
         h('tbody', {},
           row('Workflow', (r, side) => h('td', {}, h('a', { href: `#/workflows/${r.id}`, dataset: { run: side }, text: r.name }),
@@ -117,7 +117,7 @@ export function mount(main, ctx) {
     if (rows.length === 0) rows.push(h('tr', {}, h('td', { colspan: 4, class: 'empty', text: onlyDiff ? 'No input differs.' : 'No inputs.' })));
     return h('section', { 'aria-labelledby': 'compare-inputs-title' },
       h('h2', { id: 'compare-inputs-title', text: 'Inputs' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list compare', id: 'compare-inputs' },
+      tableWrap(h('table', { class: 'list compare', id: 'compare-inputs' },
         h('thead', {}, h('tr', {}, ['Input', 'A', 'B', 'Compared'].map((t) => h('th', { scope: 'col', text: t })))),
         h('tbody', {}, rows))));
   }
@@ -132,7 +132,7 @@ export function mount(main, ctx) {
     return h('section', { 'aria-labelledby': 'compare-steps-title' },
       h('h2', { id: 'compare-steps-title', text: 'Steps' }),
       h('p', { class: 'hint', text: 'Steps are matched by name, for_each instances by their values. Open a step for its script hashes, outputs and first differing log line.' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list compare', id: 'compare-steps' },
+      tableWrap(h('table', { class: 'list compare', id: 'compare-steps' },
         h('thead', {}, h('tr', {}, ['Step', 'Status A', 'Status B', 'Took A', 'Took B', 'What differs', 'Compared']
           .map((t) => h('th', { scope: 'col', text: t })))),
         h('tbody', {}, rows))));

@@ -7,7 +7,7 @@
 // read, operators act.
 
 import { api, query } from './api.js';
-import { badge, coalesce, confirmDialog, fill, h, json, time } from './dom.js';
+import { badge, coalesce, confirmDialog, fill, h, json, tableWrap, time } from './dom.js';
 
 /** Each status in the colour of the task status it resembles. */
 const ENV_COLOUR = {
@@ -72,7 +72,7 @@ function checksTable(id, caption) {
     h('caption', { class: 'visually-hidden', text: caption }),
     headRow('Check', 'From', 'Taskserv', 'Targets', 'Result', 'Error', 'Details'),
     tbody);
-  return { wrap: h('div', { class: 'table-wrap' }, table), tbody };
+  return { wrap: tableWrap(table), tbody };
 }
 
 function runSummary(run) {
@@ -110,12 +110,12 @@ function mountList(main, ctx) {
     h('h3', { id: 'env-preview-title', text: 'What it makes' }),
     about,
     h('h4', { text: 'Nodes' }),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'env-preview-nodes' },
+    tableWrap(h('table', { class: 'list', id: 'env-preview-nodes' },
       h('caption', { class: 'visually-hidden', text: 'The nodes it makes' }),
       headRow('Node', 'Roles', 'Taskservs', 'Limits'), previewNodes)),
     h('h4', { text: 'Checks' }),
     h('p', { class: 'hint', text: 'A run checks each taskserv on its own node, then the topology\'s checks across nodes.' }),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'env-preview-checks' },
+    tableWrap(h('table', { class: 'list', id: 'env-preview-checks' },
       h('caption', { class: 'visually-hidden', text: 'The checks a run makes' }),
       headRow('Check', 'From', 'Taskserv', 'Targets'), previewChecks)));
 
@@ -160,7 +160,7 @@ function mountList(main, ctx) {
     h('section', { 'aria-labelledby': 'env-list-title' },
       h('div', { class: 'page-head env-head' }, h('h2', { id: 'env-list-title', text: 'Environments' }),
         h('div', { class: 'filters' }, showDeleted, h('label', { for: 'env-show-deleted', text: 'Show deleted ones' }))),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'environments' },
+      tableWrap(h('table', { class: 'list', id: 'environments' },
         h('caption', { class: 'visually-hidden', text: 'Test environments, newest first' }),
         headRow('Name', 'Type', 'Status', 'Nodes', 'Created', 'Expires'),
         tbody)),
@@ -429,7 +429,7 @@ function mountEnvironment(main, ctx) {
     facts, errorNote,
     h('section', { 'aria-labelledby': 'env-nodes-title' },
       h('h2', { id: 'env-nodes-title', text: 'Nodes' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'env-nodes' },
+      tableWrap(h('table', { class: 'list', id: 'env-nodes' },
         h('caption', { class: 'visually-hidden', text: 'The environment\'s nodes' }),
         headRow('Node', 'Address', 'Status', 'Roles', 'Taskservs', 'Limits'),
         nodesBody))),

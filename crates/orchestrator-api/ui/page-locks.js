@@ -5,7 +5,7 @@
 // the list (coalesced), and marks the lock it names at once.
 
 import { api } from './api.js';
-import { coalesce, fill, h, time } from './dom.js';
+import { coalesce, fill, h, tableWrap, time } from './dom.js';
 
 const KINDS = ['lock_granted', 'lock_waiting', 'lock_released'];
 
@@ -58,7 +58,7 @@ export function mount(main, ctx) {
       h('div', { class: 'page-head' },
         h('h2', { id, class: 'mono', text: lock.name }),
         h('span', { class: 'hint', text: `fencing token ${lock.fencing} · ${lock.holders.length} holding · ${lock.waiters.length} waiting` })),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list' },
+      tableWrap(h('table', { class: 'list' },
         h('caption', { class: 'visually-hidden', text: `Holders and waiters of ${lock.name}` }),
         h('thead', {}, h('tr', {}, ['', 'Workflow', 'Step', 'Mode', 'Fencing token', 'Since', 'Node'].map((c, i) => (i === 0
           ? h('th', { scope: 'col' }, h('span', { class: 'visually-hidden', text: 'Holds or waits' }))

@@ -3,7 +3,7 @@
 // "last seen" column every second in between.
 
 import { api } from './api.js';
-import { badge, fill, formatAgo, h, time } from './dom.js';
+import { badge, fill, formatAgo, h, tableWrap, time } from './dom.js';
 
 const REFRESH_MS = 5000;
 
@@ -13,7 +13,7 @@ export function mount(main, ctx) {
   fill(main,
     h('h1', { text: 'Nodes' }),
     h('p', { class: 'hint', text: 'Every service instance that shares this store. A node sends a heartbeat every third of its lease; one not heard from within a lease is shown as not alive.' }),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'nodes' },
+    tableWrap(h('table', { class: 'list', id: 'nodes' },
       h('thead', {}, h('tr', {}, ['Node', 'Address', 'Started', 'Last heartbeat', 'State']
         .map((c) => h('th', { scope: 'col', text: c })))),
       tbody)),

@@ -9,7 +9,7 @@
 // while a delivery is pending, once more at its next attempt.
 
 import { api, query } from './api.js';
-import { badge, coalesce, confirmButton, fill, h, shownOnce, time } from './dom.js';
+import { badge, coalesce, confirmButton, fill, h, shownOnce, tableWrap, time } from './dom.js';
 
 const EVENT_TYPES = [
   ['workflow.completed', 'a workflow completed'],
@@ -69,7 +69,7 @@ export function mount(main, ctx) {
     h('p', { class: 'hint', text: 'Webhook subscriptions: each event of the types a subscription names is POSTed to its URL, signed (Standard Webhooks), retried until a 2xx answer.' }),
     h('section', { 'aria-labelledby': 'subs-title' },
       h('h2', { id: 'subs-title', text: 'Subscriptions' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'webhooks' },
+      tableWrap(h('table', { class: 'list', id: 'webhooks' },
         h('caption', { class: 'visually-hidden', text: 'Webhook subscriptions, oldest first' }),
         h('thead', {}, h('tr', {}, ['URL', 'Events', 'Body', 'Description', 'Created', 'Actions'].map((c) => h('th', { scope: 'col', text: c })))),
         subBody)),
@@ -80,7 +80,7 @@ export function mount(main, ctx) {
         h('label', { for: 'delivery-webhook', text: 'Subscription' }), filter,
         h('label', { for: 'delivery-status', text: 'Status' }), statusFilter,
         reload),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'deliveries' },
+      tableWrap(h('table', { class: 'list', id: 'deliveries' },
         h('caption', { class: 'visually-hidden', text: 'Deliveries, newest first' }),
         h('thead', {}, h('tr', {}, ['Delivery', 'Event', 'Subscription', 'Status', 'Attempts', 'Created', 'Action'].map((c) => h('th', { scope: 'col', text: c })))),
         deliveryBody)),

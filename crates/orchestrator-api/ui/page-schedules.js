@@ -11,7 +11,7 @@
 
 import { api, query } from './api.js';
 import { describeCron } from './cron-words.js';
-import { badge, coalesce, confirmDialog, fill, h } from './dom.js';
+import { badge, coalesce, confirmDialog, fill, h, tableWrap } from './dom.js';
 import { field, inputFields, readVars } from './page-submit.js';
 
 const OVERLAP = {
@@ -148,7 +148,7 @@ export function mount(main, ctx) {
         h('h1', { text: 'Schedules' }),
         canAct ? h('a', { class: 'button', href: '#/schedules?new=1', text: 'New schedule' }) : null),
       h('p', { class: 'hint', text: 'Each schedule runs a registered template again and again, on a cron expression read in its time zone. Times are shown in each schedule\'s zone.' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'schedules' },
+      tableWrap(h('table', { class: 'list', id: 'schedules' },
         h('caption', { class: 'visually-hidden', text: 'Schedules, oldest first' }),
         h('thead', {}, h('tr', {}, ['Name', 'Template', 'When', 'Time zone', 'Next runs', 'Last run', 'Overlap', canAct ? 'Actions' : null]
           .filter(Boolean).map((c) => h('th', { scope: 'col', text: c })))),
@@ -224,7 +224,7 @@ export function mount(main, ctx) {
         h('h2', { text: 'Next runs' }), nextRuns(s),
         h('h2', { id: 'runs-title', text: 'Runs' }),
         h('p', { class: 'hint', text: 'The newest 20 due runs, newest first, each with what became of it.' }),
-        h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'schedule-runs', 'aria-labelledby': 'runs-title' },
+        tableWrap(h('table', { class: 'list', id: 'schedule-runs', 'aria-labelledby': 'runs-title' },
           h('thead', {}, h('tr', {}, ['Due', 'State', 'Workflow', 'Status', 'Why', 'Node'].map((c) => h('th', { scope: 'col', text: c })))),
           h('tbody', {}, rows))));
     };

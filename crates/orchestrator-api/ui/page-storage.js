@@ -5,7 +5,7 @@
 // says it is possible, with its reason when it is not.
 
 import { api } from './api.js';
-import { badge, confirmDialog, fill, formatDuration, h, time } from './dom.js';
+import { badge, confirmDialog, fill, formatDuration, h, tableWrap, time } from './dom.js';
 
 const PHASES = ['copying', 'mirroring', 'verifying', 'switching', 'completed'];
 /** The colour of each phase: the status it resembles. */
@@ -72,7 +72,7 @@ export function mount(main, ctx) {
       form),
     h('section', { 'aria-labelledby': 'history-title' },
       h('h2', { id: 'history-title', text: 'Past moves' }),
-      h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'storage-moves' },
+      tableWrap(h('table', { class: 'list', id: 'storage-moves' },
         h('thead', {}, h('tr', {}, ['Started', 'From', 'To', 'Phase', 'Records', 'Writes paused', 'Finished']
           .map((c) => h('th', { scope: 'col', text: c })))),
         historyBody))));

@@ -6,9 +6,7 @@
 
 import { api } from './api.js';
 import { renderDag, sameShape } from './dag.js';
-import {
-  TERMINAL_TASK, TERMINAL_WORKFLOW, badge, coalesce, fill, formatDuration, h, json, time,
-} from './dom.js';
+import { TERMINAL_TASK, TERMINAL_WORKFLOW, badge, coalesce, fill, formatDuration, h, json, tableWrap, time } from './dom.js';
 import { renderGantt } from './gantt.js';
 import { compareWith } from './page-compare.js';
 
@@ -286,7 +284,7 @@ function stepPanel(task, box, ctx, actionButton, rerunButton) {
       h('div', {}, h('h3', { text: 'Output' }), output)),
     h('h3', { text: 'Error' }), error,
     h('h3', { text: 'Attempts' }),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'step-attempts' },
+    tableWrap(h('table', { class: 'list', id: 'step-attempts' },
       h('thead', {}, h('tr', {}, ['#', 'Node', 'Started', 'Ended', 'Took', 'Outcome', 'Error']
         .map((c) => h('th', { scope: 'col', text: c })))),
       attemptsBody)),

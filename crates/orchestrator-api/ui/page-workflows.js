@@ -7,7 +7,7 @@
 // /workflows/{id}/cancel` each, the outcome of each reported.
 
 import { api, query } from './api.js';
-import { TERMINAL_WORKFLOW, badge, coalesce, fill, h, time } from './dom.js';
+import { TERMINAL_WORKFLOW, badge, coalesce, fill, h, tableWrap, time } from './dom.js';
 
 const PAGE = 50;
 const STATUSES = ['scheduled', 'queued', 'running', 'rolling_back', 'completed', 'failed', 'cancelled'];
@@ -79,7 +79,7 @@ export function mount(main, ctx) {
     h('div', { class: 'page-head' },
       h('h1', { text: 'Workflows' }),
       ctx.can('operator') ? h('a', { class: 'button', href: '#/submit', text: 'Submit a workflow' }) : null),
-    counts, filters, bulk, h('div', { class: 'table-wrap' }, table), pager);
+    counts, filters, bulk, tableWrap(table), pager);
 
   const go = (changes) => {
     const next = { ...params, ...changes };
