@@ -7,7 +7,9 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { ADMIN, assertAccessible, createToken, launchBrowser, signedInPage, startService } from '../harness.mjs';
+import {
+  ADMIN, assertAccessible, call, createToken, launchBrowser, signedInPage, startService, waitWorkflow,
+} from '../harness.mjs';
 
 /** Every page of the navigation, with the least role that sees it. */
 const PAGES = [
@@ -29,6 +31,8 @@ const atLeast = (role, needed) => ROLES.indexOf(role) >= ROLES.indexOf(needed);
 let service;
 let browser;
 const tokens = {};
+/** Two finished runs of one template: a workflow's page and their comparison. */
+const runs = [];
 
 before(async () => {
   service = await startService();
@@ -36,6 +40,12 @@ before(async () => {
   tokens.admin = ADMIN;
   tokens.operator = await createToken(service, 'pages-operator', 'operator');
   tokens.viewer = await createToken(service, 'pages-viewer', 'viewer');
+  for (const ticks of [1, 2]) {
+    const { status, body } = await call(service, ADMIN, 'POST', '/workflows', { template: 'ui-slow', vars: { ticks } });
+    assert.equal(status, 202, JSON.stringify(body));
+    await waitWorkflow(service, body.id, (w) => w.status === 'completed');
+    runs.push(body.id);
+  }
 });
 
 after(async () => {
@@ -47,7 +57,7 @@ after(async () => {
 async function open(page, hash) {
   await page.evaluate((target) => { location.hash = target; }, hash);
   // A page may add its state to the hash (`#/submit?template=...`).
-  await page.waitForFunction((target) => location.hash.split('?')[0] === target && document.getElementById('main').dataset.loaded === 'true', hash);
+  await page.waitForFunction((target) => location.hash.split('?')[0] === target.split('?')[0] && document.getElementById('main').dataset.loaded === 'true', hash);
 }
 
 for (const role of ROLES) {
@@ -58,7 +68,13 @@ for (const role of ROLES) {
         (links) => links.map((a) => a.dataset.nav),
       );
       assert.deepEqual(offered, PAGES.filter((p) => atLeast(role, p.role)).map((p) => p.nav));
-      for (const { nav, hash } of PAGES.filter((p) => atLeast(role, p.role))) {
+      const pages = [
+        ...PAGES.filter((p) => atLeast(role, p.role)),
+        // Pages reached from others: one workflow (graph, timeline, a step's panel) and a comparison.
+        { nav: 'workflows', hash: `#/workflows/${runs[0]}` },
+        { nav: 'workflows', hash: `#/compare?a=${runs[0]}&b=${runs[1]}` },
+      ];
+      for (const { nav, hash } of pages) {
         await open(page, hash);
         assert.equal(await page.locator('nav a[aria-current="page"]').getAttribute('data-nav'), nav);
         assert.equal(await page.getByRole('heading', { name: 'No such page' }).count(), 0, hash);

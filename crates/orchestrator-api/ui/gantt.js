@@ -61,7 +61,9 @@ export function renderGantt(container, view, { hrefFor, now = Date.now() }) {
     width,
     height,
     viewBox: `0 0 ${width} ${height}`,
-    role: 'img',
+    // A group, not an image: its row labels are links to each step, and
+    // an image may hold nothing focusable.
+    role: 'group',
     'aria-label': `Timeline of ${rows.reduce((n, r) => n + r.bars.length, 0)} attempts`,
   });
   for (let i = 0; i <= TICKS; i += 1) {
