@@ -92,6 +92,7 @@ async function fixtures(browser) {
     await shoot(pages, service, 'notifications', '#/notifications');
     await shoot(pages, service, 'audit', '#/audit');
     for (const id of [holder, waiter, gated]) await call(service, ADMIN, 'POST', `/workflows/${id}/cancel`, {});
+    for (const page of Object.values(pages)) await page.context().close();
   } finally {
     await service.stop();
     receiver.close();
@@ -106,9 +107,14 @@ async function environments(browser) {
       type: 'cluster', topology: 'containerd_test', wait: true,
     });
     env = created.body.id;
+    // Chromium aborts the requests it is making (ERR_NETWORK_CHANGED) for
+    // a moment after the host's network changes, as it does when the
+    // environment's links appear: let that moment pass before loading a page.
+    await new Promise((ok) => setTimeout(ok, 3000));
     const pages = await signedInBoth(browser, service, ADMIN);
     await shoot(pages, service, 'environments', '#/environments?topology=containerd_test');
     await shoot(pages, service, 'environment', `#/environments/${env}`);
+    for (const page of Object.values(pages)) await page.context().close();
   } finally {
     if (env) await call(service, ADMIN, 'DELETE', `/test/environments/${env}?wait=true`);
     await service.stop();
