@@ -573,7 +573,9 @@ impl Record {
             RecordKind::WebhookSubscription => {
                 serde_json::from_slice(json).map(Record::WebhookSubscription)
             }
-            RecordKind::WebhookDelivery => serde_json::from_slice(json).map(Record::WebhookDelivery),
+            RecordKind::WebhookDelivery => {
+                serde_json::from_slice(json).map(Record::WebhookDelivery)
+            }
         };
         record.map_err(|e| format!("unreadable {kind}: {e}"))
     }

@@ -231,7 +231,11 @@ impl State {
                     .map(Record::WebhookSubscription);
             }
             RecordKind::WebhookDelivery => {
-                return self.deliveries.get(key).cloned().map(Record::WebhookDelivery);
+                return self
+                    .deliveries
+                    .get(key)
+                    .cloned()
+                    .map(Record::WebhookDelivery);
             }
             RecordKind::Workflow | RecordKind::Task => {}
         }

@@ -121,7 +121,9 @@ async fn delete(target: &Storage, record: &Record) -> Result<(), TransferError> 
             .map(drop),
         Record::Secret(s) => target.access().delete_secret(&s.name).await.map(drop),
         Record::Schedule(s) => target.schedules().delete_schedule(s.id).await.map(drop),
-        Record::WebhookSubscription(s) => target.webhooks().delete_subscription(&s.id).await.map(drop),
+        Record::WebhookSubscription(s) => {
+            target.webhooks().delete_subscription(&s.id).await.map(drop)
+        }
         Record::WebhookDelivery(d) => target
             .webhooks()
             .prune_deliveries(std::slice::from_ref(&d.id))
