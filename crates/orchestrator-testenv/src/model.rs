@@ -478,7 +478,7 @@ impl EnvPlan {
         let simple = id.simple().to_string();
         let key = simple[simple.len() - 6..].to_owned();
         let digest = Sha256::digest(format!("{tag}{key}").as_bytes());
-        let subnet = format!("10.{}.{}", 64 + digest[0] % 64, digest[1]);
+        let subnet = format!("10.{}.{}", subnet_second_octet(digest[0]), digest[1]);
         let names = EnvNames {
             tag: tag.to_owned(),
             key: key.clone(),
@@ -804,8 +804,32 @@ pub fn parse_ttl(ttl: &Ttl) -> Result<Duration> {
     Ok(duration)
 }
 
+/// Environments take a /24 in 10.64.0.0/10, second octet from a digest of
+/// their id, except 10.88: Podman's default network is 10.88.0.0/16, and
+/// its engine refuses a network that overlaps a configured one (the
+/// docker provider's create failed for 1 environment in 63), as a host
+/// with Podman routes 10.88 to its bridge.
+fn subnet_second_octet(byte: u8) -> u8 {
+    const PODMAN_DEFAULT: u8 = 88;
+    let second = 64 + byte % 63;
+    if second >= PODMAN_DEFAULT {
+        second + 1
+    } else {
+        second
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn subnets_avoid_podmans_default_network() {
+        let seconds: std::collections::BTreeSet<u8> =
+            (0..=255).map(super::subnet_second_octet).collect();
+        assert!(!seconds.contains(&88));
+        assert_eq!(seconds.len(), 63);
+        assert!(seconds.iter().all(|s| (64..=127).contains(s)));
+    }
     use super::*;
 
     fn repo_scripts() -> PathBuf {
