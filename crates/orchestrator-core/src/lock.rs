@@ -121,8 +121,8 @@ pub struct NodeLife {
 pub struct LockHolder {
     pub workflow: WorkflowId,
     /// The node lives running the workflow's tasks under this grant (more
-    /// than one when its steps run on several nodes); the grant ends when
-    /// the last of them does.
+    /// than one when its steps run on several nodes), the one `token` was
+    /// given to last; the grant ends when the last of them does.
     pub lives: Vec<NodeLife>,
     pub mode: LockMode,
     /// The fencing token of this grant.
@@ -256,7 +256,9 @@ impl LockRecord {
             .iter_mut()
             .find(|h| h.workflow == request.workflow)
         {
-            if held.lives.contains(&request.life) {
+            // The last of `lives` is the life the current token was
+            // given to: it asks again and keeps it.
+            if held.lives.last() == Some(&request.life) {
                 let token = held.token;
                 return (
                     Answer::Held {
@@ -266,13 +268,18 @@ impl LockRecord {
                     moves,
                 );
             }
-            // Another life joins the hold: another node runs a step of
-            // the workflow, or took over the task of a life that still
-            // looks alive (its heartbeat outlives its task's lease by up
-            // to a heartbeat). Either way the joiner gets a new token, so
-            // that whatever the old life still sends is the stale one.
+            // Another life joins the hold, or asks again after another
+            // got a newer token: another node runs a step of the
+            // workflow, or took over the task of a life that still looks
+            // alive (its heartbeat outlives its task's lease by up to a
+            // heartbeat). Either way it gets a new token, so that
+            // whatever the other lives still send is the stale one: a
+            // token is never handed to a second life (a takeover that
+            // found itself among the lives once got the token of the
+            // life it took over from).
             self.fencing += 1;
             held.token = self.fencing;
+            held.lives.retain(|l| l != &request.life);
             held.lives.push(request.life.clone());
             return (
                 Answer::Held {

@@ -212,6 +212,15 @@ fn a_workflow_on_two_nodes_holds_once_until_both_lives_end() {
     );
     assert_eq!(held(lock.request(&on_b, &everyone, now()).0), Some(2));
     assert_eq!(lock.fencing, 2);
+    // The first life asks again (its next step, or a retry): the token
+    // was given to the other since, so it gets a newer one, and the other
+    // after it again: a token is never handed to a second life, so each
+    // attempt that enters is fenced above every one before it (the
+    // two-node kill -9 drill saw a takeover enter with its victim's).
+    assert_eq!(held(lock.request(&on_a, &everyone, now()).0), Some(3));
+    assert_eq!(held(lock.request(&on_a, &everyone, now()).0), Some(3));
+    assert_eq!(held(lock.request(&on_b, &everyone, now()).0), Some(4));
+    assert_eq!(lock.holders[0].lives.len(), 2);
     let without_a = |l: &NodeLife| l.node != "a";
     let mut wait = ask(other, LockMode::Exclusive, None);
     wait.life = life("b");
