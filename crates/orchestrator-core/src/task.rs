@@ -388,7 +388,7 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub checkpoint: Map<String, Value>,
     /// On an approval gate (`kind: approval`): its decisions so far. A
-    /// gate is never queued; see `approval`.
+    /// gate is never queued; see docs/approvals.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Boxed: most tasks have none, and a task is handed around by value.
     pub approval: Option<Box<gate::Gate>>,

@@ -186,7 +186,7 @@ pub struct StepTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
     /// Who may approve a `kind: approval` step and what the approval
-    /// covers (see `approval::ApprovalPolicy`); it becomes the
+    /// covers (the approval policy, see docs/approvals.md); it becomes the
     /// task's input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Map<String, Value>>,

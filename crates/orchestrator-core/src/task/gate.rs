@@ -1,6 +1,6 @@
 //! An approval gate's record on its task, and the moves a decision, a
 //! timeout or a change of what the approvals covered make of it (see
-//! the `approval` module for the policy and the rules of who decides).
+//! docs/approvals.md for the policy and the rules of who decides).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
