@@ -491,6 +491,26 @@ pub(crate) mod nodes {
         }
     }
 
+    /// Waits until `node` is running a task of one of `steps` on itself.
+    fn wait_until_running_on(node: &Daemon, node_id: &str, steps: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let running = node.cli_json(&["tasks", "--status", "running", "--json"]);
+            let found = running["tasks"].as_array().unwrap().iter().any(|t| {
+                t["node"] == node_id
+                    && steps.iter().any(|s| t["step"]["ref_name"] == *s)
+            });
+            if found {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {node_id} never ran any of {steps:?}: {running}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Two nodes on one SurrealDB server share the work; when one dies
     /// with SIGKILL, the other takes its running tasks over once their
     /// leases expire, and every promise still holds.
@@ -513,27 +533,23 @@ pub(crate) mod nodes {
         }
         assert_eq!(acknowledged.len(), 6);
 
-        // Kill A while it runs something of its own.
-        let a_id = std::fs::read_to_string(dir.path().join("a/node-id")).unwrap();
-        let busy_by = Instant::now() + Duration::from_secs(20);
-        loop {
-            let running = a.cli_json(&["tasks", "--status", "running", "--json"]);
-            if running["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|t| t["node"] == a_id.as_str())
-            {
-                break;
-            }
-            assert!(Instant::now() < busy_by, "node A never ran anything");
-            std::thread::sleep(Duration::from_millis(20));
-        }
         // A restart of B must not take A's running tasks: they are A's,
         // and A's lease is alive.
+        let a_id = std::fs::read_to_string(dir.path().join("a/node-id")).unwrap();
+        wait_until_running_on(&a, &a_id, &["plain", "external", "after"]);
         b.signal("-TERM");
         assert!(b.wait().success());
         let b = Daemon::start(&dir.path().join("b"), &args);
+
+        // Kill A while it runs something of its own. B's restart may
+        // have outlasted A's first work (the drill failed so in CI), so
+        // there is more, and A is killed inside a step that sleeps for
+        // 0.4 s or more: the kill lands mid-attempt.
+        for i in 4..8 {
+            acknowledged.extend(try_submit(&a.url, &format!("a{i}")));
+        }
+        assert_eq!(acknowledged.len(), 10);
+        wait_until_running_on(&a, &a_id, &["plain", "external"]);
         a.signal("-KILL");
         assert!(!a.wait().success());
 
