@@ -496,10 +496,10 @@ pub(crate) mod nodes {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let running = node.cli_json(&["tasks", "--status", "running", "--json"]);
-            let found = running["tasks"].as_array().unwrap().iter().any(|t| {
-                t["node"] == node_id
-                    && steps.iter().any(|s| t["step"]["ref_name"] == *s)
-            });
+            let found =
+                running["tasks"].as_array().unwrap().iter().any(|t| {
+                    t["node"] == node_id && steps.iter().any(|s| t["step"]["ref_name"] == *s)
+                });
             if found {
                 return;
             }
