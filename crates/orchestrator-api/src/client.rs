@@ -125,6 +125,9 @@ pub struct TaskFilter {
     pub limit: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offset: Option<usize>,
+    /// Keyset paging: the last page's `next_after`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 /// `GET /workflows`: which page of which workflows.
@@ -146,6 +149,9 @@ pub struct WorkflowFilter {
     pub limit: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offset: Option<usize>,
+    /// Keyset paging: the last page's `next_after`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 /// `GET /audit`: which page of which records.

@@ -350,24 +350,28 @@ impl Gates {
     /// Pending tasks that are open gates.
     async fn waiting_gates(&self) -> Result<Vec<Task>> {
         let mut gates = Vec::new();
-        let mut offset = 0;
-        while offset < MAX_PENDING_SCANNED {
+        let mut scanned = 0;
+        // Keyset pages: tasks leaving `pending` meanwhile shift no later
+        // page (an offset would skip as many gates).
+        let mut after = None;
+        while scanned < MAX_PENDING_SCANNED {
             let page = self
                 .store()
                 .tasks()
                 .list_tasks(&TaskQuery {
                     status: Some(TaskStatus::Pending),
-                    workflow: None,
+                    after,
                     limit: 500,
-                    offset,
+                    ..TaskQuery::default()
                 })
                 .await?;
             let n = page.items.len();
+            after = page.items.last().map(|t| t.id);
             gates.extend(page.items.into_iter().filter(is_waiting));
             if n < 500 {
                 break;
             }
-            offset += n;
+            scanned += n;
         }
         Ok(gates)
     }

@@ -338,7 +338,7 @@ impl Dispatcher {
                     workflow: Some(claim.workflow_id),
                     status: Some(TaskStatus::Running),
                     limit: 0,
-                    offset: 0,
+                    ..orchestrator_storage::TaskQuery::default()
                 })
                 .await?
                 .total;

@@ -486,9 +486,8 @@ impl Webhooks {
         if !subscriptions.is_empty() {
             let query = orchestrator_storage::TaskQuery {
                 status: Some(TaskStatus::Failed),
-                workflow: None,
                 limit: CATCH_UP_RECORDS,
-                offset: 0,
+                ..orchestrator_storage::TaskQuery::default()
             };
             for task in self.store.tasks().list_tasks(&query).await?.items {
                 if !recent(task.finished_at) {

@@ -593,6 +593,11 @@ pub struct Scanned {
 pub struct TaskQuery {
     pub status: Option<TaskStatus>,
     pub workflow: Option<WorkflowId>,
+    /// Keyset paging: only tasks older than this one (listings are newest
+    /// first), before `offset` applies. The task need not exist. Unlike
+    /// an offset, it stays exact while tasks are added, and the store
+    /// seeks to it instead of counting its way there. `total` ignores it.
+    pub after: Option<TaskId>,
     pub limit: usize,
     pub offset: usize,
 }
@@ -610,6 +615,8 @@ pub struct WorkflowQuery {
     /// or one of its input values holds it, ignoring case (see
     /// [`workflow_search_text`]).
     pub text: Option<String>,
+    /// Keyset paging, as [`TaskQuery::after`].
+    pub after: Option<WorkflowId>,
     pub limit: usize,
     pub offset: usize,
 }

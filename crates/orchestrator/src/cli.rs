@@ -670,8 +670,15 @@ pub struct WorkflowListArgs {
     pub reference: Option<String>,
     #[arg(long)]
     pub trace_id: Option<String>,
+    /// Text in the name, template, ref or an input value, any case.
+    #[arg(long)]
+    pub search: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+    /// Only workflows older than this one: the next page, as the last
+    /// page's footer names it.
+    #[arg(long)]
+    pub after: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -999,6 +1006,10 @@ pub struct TasksArgs {
     pub limit: usize,
     #[arg(long, default_value_t = 0)]
     pub offset: usize,
+    /// Only tasks older than this one: the next page, as the last page's
+    /// footer names it (exact while tasks are added, unlike `--offset`).
+    #[arg(long)]
+    pub after: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

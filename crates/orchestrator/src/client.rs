@@ -51,6 +51,7 @@ pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
         workflow: args.workflow,
         limit: Some(args.limit),
         offset: Some(args.offset),
+        after: args.after,
     };
     let list = api.list_tasks(&filter).await?;
     if args.json {
@@ -89,6 +90,9 @@ pub async fn tasks(client: &ClientArgs, args: TasksArgs) -> anyhow::Result<()> {
         list.total,
         list.offset
     );
+    if let Some(next) = list.next_after {
+        println!("next page: --after {next}");
+    }
     Ok(())
 }
 

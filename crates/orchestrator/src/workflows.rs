@@ -196,9 +196,10 @@ async fn list(api: &Client, args: WorkflowListArgs) -> anyhow::Result<()> {
         template: args.template,
         reference: args.reference,
         trace_id: args.trace_id,
-        q: None,
+        q: args.search,
         limit: Some(args.limit),
         offset: None,
+        after: args.after,
     };
     let list = api.list_workflows(&filter).await?;
     if args.json {
@@ -219,6 +220,9 @@ async fn list(api: &Client, args: WorkflowListArgs) -> anyhow::Result<()> {
         })
         .collect();
     print_table(["ID", "STATUS", "TEMPLATE", "REF", "REV", "NAME"], &rows);
+    if let Some(next) = list.next_after {
+        println!("next page: --after {next}");
+    }
     Ok(())
 }
 

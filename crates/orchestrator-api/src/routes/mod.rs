@@ -101,3 +101,24 @@ pub(crate) fn page_bounds(
     }
     Ok((limit as usize, offset.unwrap_or(0) as usize))
 }
+
+/// How many records to ask the store for a page of `limit`: one more,
+/// so that whether a next page exists is known without a second query.
+pub(crate) fn with_lookahead(limit: usize) -> usize {
+    if limit == 0 { 0 } else { limit + 1 }
+}
+
+/// Cuts a page read [`with_lookahead`] back to `limit`, and answers the
+/// keyset cursor of the next page (its `after`): the last item's key,
+/// when more items follow.
+pub(crate) fn next_after<T, K>(
+    items: &mut Vec<T>,
+    limit: usize,
+    key: impl Fn(&T) -> K,
+) -> Option<K> {
+    if items.len() <= limit {
+        return None;
+    }
+    items.truncate(limit);
+    items.last().map(key)
+}

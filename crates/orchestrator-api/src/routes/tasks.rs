@@ -4,13 +4,16 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use orchestrator_core::{Task, TaskStatus};
+use orchestrator_core::{Task, TaskId, TaskStatus};
 use orchestrator_storage::TaskQuery;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{DEFAULT_LOG_BYTES, MAX_LOG_BYTES, page_bounds, parse_task_id, parse_workflow_id};
+use super::{
+    DEFAULT_LOG_BYTES, MAX_LOG_BYTES, next_after, page_bounds, parse_task_id, parse_workflow_id,
+    with_lookahead,
+};
 use crate::error::{ErrorBody, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState};
@@ -41,16 +44,25 @@ pub(crate) struct ListParams {
     /// Records to skip.
     #[param(minimum = 0, maximum = 4294967295u32)]
     offset: Option<u32>,
+    /// Keyset paging: only tasks after this one in the listing (older
+    /// than it), usually the previous page's `next_after`. Exact while
+    /// tasks are added, where `offset` shifts, and as fast deep in a
+    /// listing as at its start. The task need not exist any more.
+    #[param(value_type = Option<uuid::Uuid>)]
+    after: Option<String>,
 }
 
 /// A page of tasks, newest first.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TaskList {
     pub tasks: Vec<Task>,
-    /// How many tasks match, in all pages.
+    /// How many tasks match, in all pages (`after` aside).
     pub total: usize,
     pub limit: usize,
     pub offset: usize,
+    /// The `after` of the next page; absent on the last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<TaskId>,
 }
 
 #[utoipa::path(get, path = "/tasks", tag = "tasks",
@@ -81,21 +93,31 @@ pub(crate) async fn list_tasks(
                 .map_err(|e| ApiError::bad_request(format!("workflow: {}", e.message)))
         })
         .transpose()?;
+    let after = params
+        .after
+        .as_deref()
+        .map(|a| {
+            parse_task_id(a).map_err(|e| ApiError::bad_request(format!("after: {}", e.message)))
+        })
+        .transpose()?;
     let (limit, offset) = page_bounds(params.limit, params.offset)?;
-    let page = state
+    let mut page = state
         .engine
         .list_tasks(&TaskQuery {
             status,
             workflow,
-            limit,
+            after,
+            limit: with_lookahead(limit),
             offset,
         })
         .await?;
+    let next_after = next_after(&mut page.items, limit, |t| t.id);
     Ok(Json(TaskList {
         tasks: page.items,
         total: page.total,
         limit,
         offset,
+        next_after,
     }))
 }
 

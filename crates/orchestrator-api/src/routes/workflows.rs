@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{page_bounds, parse_workflow_id};
+use super::{next_after, page_bounds, parse_workflow_id, with_lookahead};
 use crate::error::{ErrorBody, ShuttingDownOrStorageUnavailable, StorageUnavailable};
 use crate::extract::{JsonBody, QueryParams};
 use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
@@ -64,6 +64,12 @@ pub(crate) struct WorkflowListParams {
     /// Records to skip.
     #[param(minimum = 0, maximum = 4294967295u32)]
     offset: Option<u32>,
+    /// Keyset paging: only workflows after this one in the listing (older
+    /// than it), usually the previous page's `next_after`. Exact while
+    /// workflows are added, where `offset` shifts. The workflow need not
+    /// exist any more.
+    #[param(value_type = Option<uuid::Uuid>)]
+    after: Option<String>,
 }
 
 /// A workflow without its tasks, for listings.
@@ -92,10 +98,13 @@ pub struct WorkflowSummary {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WorkflowList {
     pub workflows: Vec<WorkflowSummary>,
-    /// How many workflows match, in all pages.
+    /// How many workflows match, in all pages (`after` aside).
     pub total: usize,
     pub limit: usize,
     pub offset: usize,
+    /// The `after` of the next page; absent on the last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<WorkflowId>,
 }
 
 /// Workflows, newest first.
@@ -127,10 +136,19 @@ pub(crate) async fn list_workflows(
         trace_id: params.trace_id,
         idempotency_key: None,
         text: search_text(params.q)?,
-        limit,
+        after: params
+            .after
+            .as_deref()
+            .map(|a| {
+                parse_workflow_id(a)
+                    .map_err(|e| ApiError::bad_request(format!("after: {}", e.message)))
+            })
+            .transpose()?,
+        limit: with_lookahead(limit),
         offset,
     };
-    let page = state.engine.list_workflows(&query).await?;
+    let mut page = state.engine.list_workflows(&query).await?;
+    let next_after = next_after(&mut page.items, limit, |w| w.id);
     let workflows: Vec<WorkflowSummary> = page
         .items
         .into_iter()
@@ -153,6 +171,7 @@ pub(crate) async fn list_workflows(
         total: page.total,
         limit,
         offset,
+        next_after,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! The filesystem backend's in-memory records and indexes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
@@ -202,15 +203,13 @@ impl State {
     }
 
     pub(super) fn list_audit(&self, query: &AuditQuery) -> Page<AuditRecord> {
-        let mut total = 0;
-        let mut items = Vec::new();
-        for record in self.audit.values().rev().filter(|r| query.matches(r)) {
-            if total >= query.offset && items.len() < query.limit {
-                items.push(record.clone());
-            }
-            total += 1;
-        }
-        Page { items, total }
+        paged(
+            self.audit.values().rev().filter(|r| query.matches(r)),
+            |_| true,
+            query.offset,
+            query.limit,
+            AuditRecord::clone,
+        )
     }
 
     /// The record of `kind` stored under `key`, if any.
@@ -467,6 +466,9 @@ impl State {
     }
 
     pub(super) fn list_tasks(&self, query: &TaskQuery) -> Page<Task> {
+        // Ids sort by creation: what is older than the cursor is the
+        // range below it, found by a seek, not a walk.
+        let below = query.after.map_or(Bound::Unbounded, Bound::Excluded);
         let page = |ids: &mut dyn DoubleEndedIterator<Item = &TaskId>| -> Vec<Task> {
             ids.rev()
                 .skip(query.offset)
@@ -476,12 +478,17 @@ impl State {
                 .collect()
         };
         // One index answers the query: its size is the total, and only the
-        // page's ids are looked up. Ids are time-sortable, so walking an id
-        // set backwards is newest first.
+        // page's ids are looked up. Walking an id set backwards is newest
+        // first.
         match (query.workflow, query.status) {
             (None, None) => {
                 return Page {
-                    items: page(&mut self.tasks.keys()),
+                    items: page(
+                        &mut self
+                            .tasks
+                            .range((Bound::Unbounded, below))
+                            .map(|(id, _)| id),
+                    ),
                     total: self.tasks.len(),
                 };
             }
@@ -493,29 +500,25 @@ impl State {
                     };
                 };
                 return Page {
-                    items: page(&mut ids.iter()),
+                    items: page(&mut ids.range((Bound::Unbounded, below))),
                     total: ids.len(),
                 };
             }
             (Some(_), _) => {}
         }
         // A workflow, maybe with a status: walk the workflow's (small) index.
-        let mut total = 0;
-        let mut items = Vec::new();
         let ids = query.workflow.and_then(|w| self.by_workflow.get(&w));
-        for task in ids
-            .into_iter()
-            .flatten()
-            .rev()
-            .filter_map(|id| self.tasks.get(id))
-            .filter(|t| query.status.is_none_or(|s| t.status == s))
-        {
-            if total >= query.offset && items.len() < query.limit {
-                items.push(Task::clone(task));
-            }
-            total += 1;
-        }
-        Page { items, total }
+        paged(
+            ids.into_iter()
+                .flatten()
+                .rev()
+                .filter_map(|id| self.tasks.get(id))
+                .filter(|t| query.status.is_none_or(|s| t.status == s)),
+            |t| query.after.is_none_or(|after| t.id < after),
+            query.offset,
+            query.limit,
+            |t| Task::clone(t),
+        )
     }
 
     pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Arc<Task>> {
@@ -590,14 +593,40 @@ impl State {
             }
             None => Box::new(self.workflows.values().rev()),
         };
-        let mut total = 0;
-        let mut items = Vec::new();
-        for workflow in candidates.filter(matches) {
-            if total >= query.offset && items.len() < query.limit {
-                items.push(workflow.clone());
-            }
-            total += 1;
-        }
-        Page { items, total }
+        paged(
+            candidates.filter(matches),
+            |w| query.after.is_none_or(|after| w.id < after),
+            query.offset,
+            query.limit,
+            |w| (*w).clone(),
+        )
     }
+}
+
+/// A page of `matches` (newest first), with the total of all of them:
+/// the items past the cursor (`past`), less the first `offset`, up to
+/// `limit`. Every match is counted, so this walks them all: for the small
+/// or unindexed sets only.
+fn paged<'a, S: 'a, T>(
+    matches: impl Iterator<Item = &'a S>,
+    past: impl Fn(&S) -> bool,
+    offset: usize,
+    limit: usize,
+    copy: impl Fn(&S) -> T,
+) -> Page<T> {
+    let mut total = 0;
+    let mut skipped = 0;
+    let mut items = Vec::new();
+    for item in matches {
+        total += 1;
+        if !past(item) {
+            continue;
+        }
+        if skipped < offset {
+            skipped += 1;
+        } else if items.len() < limit {
+            items.push(copy(item));
+        }
+    }
+    Page { items, total }
 }

@@ -4,9 +4,9 @@ use async_trait::async_trait;
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use surrealdb::types::Variables;
 
-use super::SurrealBackend;
 use super::errors::db_error;
 use super::rows::row_of;
+use super::{SurrealBackend, Window};
 use crate::{AccessStore, AuditQuery, Page, Record, Result};
 
 #[async_trait]
@@ -96,8 +96,11 @@ impl AccessStore for SurrealBackend {
             &conditions,
             None,
             vars,
-            query.limit,
-            query.offset,
+            Window {
+                after: None,
+                limit: query.limit,
+                offset: query.offset,
+            },
         )
         .await
     }

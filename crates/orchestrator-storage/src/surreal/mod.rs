@@ -311,7 +311,6 @@ impl SurrealBackend {
     /// One page of `table`, newest first, and the total of every match.
     /// `index` names the index to read when SurrealDB would pick a worse
     /// one (see [`page_sql`]).
-    #[allow(clippy::too_many_arguments)]
     async fn page<T: DeserializeOwned, C: AsRef<str>>(
         &self,
         context: &str,
@@ -319,12 +318,14 @@ impl SurrealBackend {
         conditions: &[C],
         index: Option<&str>,
         mut vars: Variables,
-        limit: usize,
-        offset: usize,
+        window: Window,
     ) -> Result<Page<T>> {
-        let sql = page_sql(table, conditions, index);
-        vars.insert("limit", to_i64(limit));
-        vars.insert("offset", to_i64(offset));
+        let sql = page_sql(table, conditions, index, window.after.is_some());
+        vars.insert("limit", to_i64(window.limit));
+        vars.insert("offset", to_i64(window.offset));
+        if let Some(after) = window.after {
+            vars.insert("after", after);
+        }
         let mut response = self.query(context, &sql, &vars).await?;
         let docs: Vec<String> = response.take(0).map_err(|e| db_error(context, &e))?;
         // `SELECT VALUE count()` without a WHERE answers an object, not a
@@ -399,24 +400,45 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
 /// planned, so a condition that a count must match carries its value as a
 /// literal: a task status's name, or a workflow's UUID, never user text.
 /// Other conditions bind their values (`$name`).
+///
+/// With `after` (keyset paging), the page holds only records older than
+/// the one whose key is `$after`; the total still counts every match, so
+/// its WHERE stays the one a COUNT index answers.
 pub(crate) fn page_sql<C: AsRef<str>>(
     table: &str,
     conditions: &[C],
     index: Option<&str>,
+    after: bool,
 ) -> String {
-    let filter = if conditions.is_empty() {
-        String::new()
-    } else {
-        let parts: Vec<&str> = conditions.iter().map(AsRef::as_ref).collect();
-        format!("WHERE {}", parts.join(" AND "))
+    let filter = |conditions: &[&str]| {
+        if conditions.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conditions.join(" AND "))
+        }
     };
+    let mut matching: Vec<&str> = conditions.iter().map(AsRef::as_ref).collect();
+    let count_filter = filter(&matching);
+    let cursor = format!("id < type::record('{table}', $after)");
+    if after {
+        matching.push(&cursor);
+    }
+    let page_filter = filter(&matching);
     let with = index
         .map(|i| format!("WITH INDEX {i} "))
         .unwrap_or_default();
     format!(
-        "SELECT VALUE doc FROM {table} {with}{filter} ORDER BY id DESC LIMIT $limit START $offset;
-         SELECT count() AS n FROM {table} {filter} GROUP ALL;"
+        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY id DESC LIMIT $limit START $offset;
+         SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"
     )
+}
+
+/// Which page of a listing: past the record keyed `after` (keyset
+/// paging), less `offset` more, up to `limit`.
+pub(crate) struct Window {
+    pub(crate) after: Option<String>,
+    pub(crate) limit: usize,
+    pub(crate) offset: usize,
 }
 
 /// A sample in `[0, 1)` for a few milliseconds of jitter; exactness does

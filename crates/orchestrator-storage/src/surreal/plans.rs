@@ -85,7 +85,7 @@ async fn task_listings_read_indexes_not_records() {
     ];
     for (workflow, status, scan) in shapes {
         let (conditions, index) = task_filter(workflow, status);
-        let sql = page_sql("task", &conditions, index);
+        let sql = page_sql("task", &conditions, index, false);
         let (page, count) = sql.split_once(';').unwrap();
         let plan = explain(&db, page).await;
         assert!(plan.contains(scan), "{page}\n{plan}");

@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 use surrealdb::types::{Bytes, Variables};
 
-use super::SurrealBackend;
 use super::errors::db_error;
 use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
+use super::{SurrealBackend, Window};
 use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery};
 
 #[async_trait]
@@ -227,8 +227,11 @@ impl TaskStore for SurrealBackend {
             &conditions,
             index,
             Variables::new(),
-            query.limit,
-            query.offset,
+            Window {
+                after: query.after.map(|id| id.to_string()),
+                limit: query.limit,
+                offset: query.offset,
+            },
         )
         .await
     }
@@ -309,8 +312,11 @@ impl TaskStore for SurrealBackend {
             &conditions,
             None,
             vars,
-            query.limit,
-            query.offset,
+            Window {
+                after: query.after.map(|id| id.to_string()),
+                limit: query.limit,
+                offset: query.offset,
+            },
         )
         .await
     }

@@ -142,6 +142,7 @@ pub async fn task_store_suite(harness: &impl Harness) {
     compare_and_set_updates(harness.open().await.tasks()).await;
     concurrent_claims_hand_out_each_task_once(harness.open().await.tasks()).await;
     listing_orders_filters_and_pages(harness.open().await.tasks()).await;
+    keyset_pages_cover_each_listing_once(harness.open().await.tasks()).await;
     large_and_unicode_payloads(harness.open().await.tasks()).await;
     logs_append_and_read_from_offsets(harness.open().await.tasks()).await;
     log_appends_return_the_new_length(harness.open().await.tasks()).await;
@@ -861,7 +862,7 @@ async fn listing_orders_filters_and_pages(store: &dyn TaskStore) {
             workflow: Some(workflow_b.id),
             status: Some(TaskStatus::Running),
             limit: 10,
-            offset: 0,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -899,6 +900,124 @@ async fn listing_orders_filters_and_pages(store: &dyn TaskStore) {
         .await
         .unwrap();
     assert_eq!(workflows.items[0].id, workflow_b.id);
+}
+
+/// Keyset paging (`after`): every filter shape pages through exactly
+/// what one big page holds, in order, with each page starting past the
+/// previous page's last record; the total ignores the cursor, and an
+/// offset counts from it.
+async fn keyset_pages_cover_each_listing_once(store: &dyn TaskStore) {
+    let (workflow_a, tasks_a) = workflow_with_tasks(7);
+    let (workflow_b, tasks_b) = workflow_with_tasks(3);
+    store.insert_workflow(&workflow_a, &tasks_a).await.unwrap();
+    store.insert_workflow(&workflow_b, &tasks_b).await.unwrap();
+    for task in [&tasks_a[1], &tasks_a[4], &tasks_b[0]] {
+        let mut running = task.clone();
+        running.start(Utc::now()).unwrap();
+        store.update_task(&running).await.unwrap();
+    }
+    let shapes = [
+        (None, None),
+        (None, Some(TaskStatus::Running)),
+        (Some(workflow_a.id), None),
+        (Some(workflow_a.id), Some(TaskStatus::Queued)),
+    ];
+    for (workflow, status) in shapes {
+        let query = TaskQuery {
+            workflow,
+            status,
+            ..Default::default()
+        };
+        let whole = store
+            .list_tasks(&TaskQuery {
+                limit: 1000,
+                ..query.clone()
+            })
+            .await
+            .unwrap();
+        let expected: Vec<_> = whole.items.iter().map(|t| t.id).collect();
+        assert!(expected.len() >= 2, "{workflow:?} {status:?}: {expected:?}");
+        let mut walked = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store
+                .list_tasks(&TaskQuery {
+                    after,
+                    limit: 2,
+                    ..query.clone()
+                })
+                .await
+                .unwrap();
+            assert_eq!(page.total, whole.total, "{workflow:?} {status:?}");
+            walked.extend(page.items.iter().map(|t| t.id));
+            match page.items.last() {
+                Some(last) if page.items.len() == 2 => after = Some(last.id),
+                _ => break,
+            }
+        }
+        assert_eq!(walked, expected, "{workflow:?} {status:?}");
+
+        // An offset counts from the cursor.
+        let skipped = store
+            .list_tasks(&TaskQuery {
+                after: Some(expected[0]),
+                offset: 1,
+                limit: 1000,
+                ..query.clone()
+            })
+            .await
+            .unwrap();
+        let ids: Vec<_> = skipped.items.iter().map(|t| t.id).collect();
+        assert_eq!(ids, expected[2..], "{workflow:?} {status:?}");
+    }
+
+    // A cursor that names no record still bounds the page: the newest
+    // id there is sorts after every stored one, the oldest before.
+    let all = store
+        .list_tasks(&TaskQuery {
+            after: Some(TaskId::new()),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(all.items.iter().any(|t| t.id == tasks_b[2].id));
+    let none = store
+        .list_tasks(&TaskQuery {
+            after: Some(TaskId::from_uuid(uuid::Uuid::nil())),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(none.items.is_empty(), "{:?}", none.items);
+
+    // Workflows page the same way.
+    let mut walked = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list_workflows(&WorkflowQuery {
+                after,
+                limit: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        walked.extend(page.items.iter().map(|w| w.id));
+        match page.items.last() {
+            Some(last) => after = Some(last.id),
+            None => break,
+        }
+    }
+    let a = walked.iter().position(|id| *id == workflow_a.id).unwrap();
+    let b = walked.iter().position(|id| *id == workflow_b.id).unwrap();
+    assert!(b < a, "newest first: {walked:?}");
+    assert_eq!(
+        walked.len(),
+        walked.iter().collect::<HashSet<_>>().len(),
+        "no workflow twice: {walked:?}"
+    );
 }
 
 async fn large_and_unicode_payloads(store: &dyn TaskStore) {

@@ -175,6 +175,16 @@ fn client_commands_and_graceful_sigterm() {
         table.contains("create server ok-1") && table.contains("create server hang-1"),
         "{table}"
     );
+    // A page of one names the next; following it shows the other task.
+    let first = String::from_utf8(daemon.cli(&["tasks", "--limit", "1"]).stdout).unwrap();
+    let next = first
+        .lines()
+        .find_map(|l| l.strip_prefix("next page: --after "))
+        .unwrap_or_else(|| panic!("no next page named: {first}"))
+        .to_owned();
+    let second = daemon.cli_json(&["tasks", "--limit", "1", "--after", &next, "--json"]);
+    assert_eq!(second["tasks"][0]["id"], ids[0].as_str(), "{second}");
+    assert!(second.get("next_after").is_none(), "{second}");
 
     let done = wait_all_finished(&daemon, &ids[..1]);
     assert_eq!(done[0]["status"], "completed");
@@ -346,6 +356,8 @@ fn workflow_commands_submit_follow_render_and_list() {
 
     let list = daemon.cli_json(&["workflow", "list", "--ref", "cli-1", "--json"]);
     assert_eq!(list["total"], 1);
+    let found = daemon.cli_json(&["workflow", "list", "--search", "CLI-1", "--json"]);
+    assert_eq!(found["workflows"], list["workflows"], "search ignores case");
     let id = list["workflows"][0]["id"].as_str().unwrap().to_owned();
     let status = daemon.cli(&["workflow", "status", &id]);
     let rendered = String::from_utf8_lossy(&status.stdout);

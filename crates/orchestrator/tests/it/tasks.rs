@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{TestService, fixture_settings, task_processes};
 
@@ -398,5 +398,50 @@ async fn listing_filters_by_status_and_workflow_and_pages() {
     let (_, all) = service.get("/tasks").await;
     assert_eq!(all["total"], 4);
     assert_eq!(all["limit"], 50);
+    assert!(all.get("next_after").is_none(), "one page holds all: {all}");
+
+    // Keyset paging: each page names the next one's `after`, the last
+    // names none, and together they are the listing, once each.
+    let everything: Vec<Value> = all["tasks"].as_array().unwrap().clone();
+    let mut walked = Vec::new();
+    let mut path = "/tasks?limit=3".to_owned();
+    loop {
+        let (status, page) = service.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["total"], 4);
+        walked.extend(page["tasks"].as_array().unwrap().iter().cloned());
+        match page["next_after"].as_str() {
+            Some(next) => path = format!("/tasks?limit=3&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(walked, everything);
+    // Past the workflow's newest task, its two older ones.
+    let (_, older) = service
+        .get(&format!("/tasks?workflow={w1}&after={}", ids1[2]))
+        .await;
+    let listed: Vec<&str> = older["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [ids1[1].as_str(), ids1[0].as_str()]);
+    let (_, workflows) = service.get("/workflows?limit=1").await;
+    let next = workflows["next_after"].as_str().unwrap().to_owned();
+    let (_, second) = service
+        .get(&format!("/workflows?limit=1&after={next}"))
+        .await;
+    assert_eq!(second["workflows"][0]["id"], w1.as_str(), "{second}");
+    assert!(second.get("next_after").is_none(), "{second}");
+    // A cursor that is not an id is refused, naming the parameter.
+    for path in ["/tasks?after=nope", "/workflows?after=12"] {
+        let (status, body) = service.get(path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("after"),
+            "{body}"
+        );
+    }
     service.stop().await;
 }
