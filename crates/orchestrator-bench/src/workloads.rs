@@ -768,6 +768,21 @@ pub async fn scale(
         .ok_or_else(|| anyhow!("no workflow listed"))?
         .to_owned();
     let deep = (tasks / 2).min(50_000);
+    // The keyset cursors that reach the same pages as the deep offsets:
+    // the id just before each.
+    let svc_ref = &svc;
+    let cursor = |path: String| async move {
+        svc_ref.get_json(&path).await?["tasks"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("no task at {path}"))
+    };
+    let failed_after = cursor(format!(
+        "/tasks?status=failed&limit=1&offset={}",
+        (tasks / 20).saturating_sub(1)
+    ))
+    .await?;
+    let deep_after = cursor(format!("/tasks?limit=1&offset={}", deep.saturating_sub(1))).await?;
     let queries = [
         (
             format!("/tasks?status=failed&limit=50&offset={}", tasks / 20),
@@ -784,6 +799,14 @@ pub async fn scale(
         (
             format!("/tasks?limit=50&offset={deep}"),
             format!("no filter, limit=50, offset={deep}"),
+        ),
+        (
+            format!("/tasks?status=failed&limit=50&after={failed_after}"),
+            "status=failed, limit=50, after=<the deep page's cursor> (keyset)".to_owned(),
+        ),
+        (
+            format!("/tasks?limit=50&after={deep_after}"),
+            format!("no filter, limit=50, after=<the cursor at {deep}> (keyset)"),
         ),
     ];
     let mut lists = Vec::new();

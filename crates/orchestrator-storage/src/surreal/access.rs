@@ -6,7 +6,7 @@ use surrealdb::types::Variables;
 
 use super::errors::db_error;
 use super::rows::row_of;
-use super::{SurrealBackend, Window};
+use super::{Listing, Order, SurrealBackend, Window};
 use crate::{AccessStore, AuditQuery, Page, Record, Result};
 
 #[async_trait]
@@ -90,11 +90,15 @@ impl AccessStore for SurrealBackend {
                 vars.insert(name, value.clone());
             }
         }
+        let listing = Listing {
+            table: "audit",
+            conditions: conditions.into_iter().map(str::to_owned).collect(),
+            index: None,
+            order: Order::Id,
+        };
         self.page(
             "list audit records",
-            "audit",
-            &conditions,
-            None,
+            &listing,
             vars,
             Window {
                 after: None,

@@ -308,19 +308,15 @@ impl SurrealBackend {
         docs.iter().map(|doc| from_doc(context, doc)).collect()
     }
 
-    /// One page of `table`, newest first, and the total of every match.
-    /// `index` names the index to read when SurrealDB would pick a worse
-    /// one (see [`page_sql`]).
-    async fn page<T: DeserializeOwned, C: AsRef<str>>(
+    /// One page of a listing, newest first, and the total of every match.
+    async fn page<T: DeserializeOwned>(
         &self,
         context: &str,
-        table: &str,
-        conditions: &[C],
-        index: Option<&str>,
+        listing: &Listing<'_>,
         mut vars: Variables,
         window: Window,
     ) -> Result<Page<T>> {
-        let sql = page_sql(table, conditions, index, window.after.is_some());
+        let sql = page_sql(listing, window.after.is_some());
         vars.insert("limit", to_i64(window.limit));
         vars.insert("offset", to_i64(window.offset));
         if let Some(after) = window.after {
@@ -391,25 +387,40 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
     })
 }
 
-/// The two statements of a listing: the page, newest first (record keys
-/// are UUIDv7s, which sort by creation), and the total of the matches.
+/// What a listing reads: a table, the conditions every match meets, the
+/// index to read when SurrealDB would pick a worse one, and the field the
+/// page is sorted by (newest first) and a keyset cursor bounds.
 ///
-/// `table`, `conditions` and `index` are this module's own text. SurrealDB
-/// answers `count()` from an index (a COUNT index, or the index keys
-/// without reading records) only when the WHERE is known as the query is
-/// planned, so a condition that a count must match carries its value as a
-/// literal: a task status's name, or a workflow's UUID, never user text.
+/// `table`, `conditions`, `index` and `order` are this module's own text.
+/// SurrealDB answers `count()` from an index (a COUNT index, or the index
+/// keys without reading records) only when the WHERE is known as the query
+/// is planned, so a condition that a count must match carries its value as
+/// a literal: a task status's name, or a workflow's UUID, never user text.
 /// Other conditions bind their values (`$name`).
-///
-/// With `after` (keyset paging), the page holds only records older than
-/// the one whose key is `$after`; the total still counts every match, so
-/// its WHERE stays the one a COUNT index answers.
-pub(crate) fn page_sql<C: AsRef<str>>(
-    table: &str,
-    conditions: &[C],
-    index: Option<&str>,
-    after: bool,
-) -> String {
+pub(crate) struct Listing<'a> {
+    pub(crate) table: &'a str,
+    pub(crate) conditions: Vec<String>,
+    pub(crate) index: Option<&'static str>,
+    pub(crate) order: Order,
+}
+
+/// The field a listing is sorted by, newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// The record key: record keys are UUIDv7s, which sort by creation.
+    /// A cursor on it is a filter over the scan (SurrealDB 3 does not
+    /// seek the record key), so its cost grows with how deep it is.
+    Id,
+    /// A task's `key` (the record key again, as a field: migration 0010),
+    /// the last field of the index read, which a cursor seeks.
+    Key,
+}
+
+/// The two statements of a listing: the page, newest first, and the total
+/// of the matches. With `after` (keyset paging), the page holds only
+/// records older than the one whose key is `$after`; the total still
+/// counts every match, so its WHERE stays the one a COUNT index answers.
+pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
     let filter = |conditions: &[&str]| {
         if conditions.is_empty() {
             String::new()
@@ -417,18 +428,23 @@ pub(crate) fn page_sql<C: AsRef<str>>(
             format!("WHERE {}", conditions.join(" AND "))
         }
     };
-    let mut matching: Vec<&str> = conditions.iter().map(AsRef::as_ref).collect();
+    let table = listing.table;
+    let mut matching: Vec<&str> = listing.conditions.iter().map(String::as_str).collect();
     let count_filter = filter(&matching);
-    let cursor = format!("id < type::record('{table}', $after)");
+    let (sort, cursor) = match listing.order {
+        Order::Id => ("id", format!("id < type::record('{table}', $after)")),
+        Order::Key => ("key", "key < $after".to_owned()),
+    };
     if after {
         matching.push(&cursor);
     }
     let page_filter = filter(&matching);
-    let with = index
+    let with = listing
+        .index
         .map(|i| format!("WITH INDEX {i} "))
         .unwrap_or_default();
     format!(
-        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY id DESC LIMIT $limit START $offset;
+        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY {sort} DESC LIMIT $limit START $offset;
          SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"
     )
 }

@@ -7,7 +7,7 @@
 use orchestrator_core::{TaskStatus, WorkflowId};
 use surrealdb::types::Variables;
 
-use super::tasks::task_filter;
+use super::tasks::task_listing;
 use super::{SurrealBackend, page_sql};
 use crate::{StorageConfig, StorageType, SurrealdbConfig};
 
@@ -15,6 +15,7 @@ async fn explain(db: &SurrealBackend, sql: &str) -> String {
     let mut vars = Variables::new();
     vars.insert("limit", 20i64);
     vars.insert("offset", 10i64);
+    vars.insert("after", "00000150");
     let mut response = db
         .query("explain", &format!("EXPLAIN ANALYZE {sql}"), &vars)
         .await
@@ -70,7 +71,7 @@ async fn task_listings_read_indexes_not_records() {
         (
             None,
             Some(TaskStatus::Completed),
-            "IndexScan [ctx: Db] [index: task_status,",
+            "IndexScan [ctx: Db] [index: task_status_key,",
         ),
         (
             Some(workflows[1]),
@@ -84,8 +85,8 @@ async fn task_listings_read_indexes_not_records() {
         ),
     ];
     for (workflow, status, scan) in shapes {
-        let (conditions, index) = task_filter(workflow, status);
-        let sql = page_sql("task", &conditions, index, false);
+        let listing = task_listing(workflow, status);
+        let sql = page_sql(&listing, false);
         let (page, count) = sql.split_once(';').unwrap();
         let plan = explain(&db, page).await;
         assert!(plan.contains(scan), "{page}\n{plan}");
@@ -110,6 +111,24 @@ async fn task_listings_read_indexes_not_records() {
         );
     }
 
+    // A keyset cursor on a status listing is a seek: the range of the
+    // (status, key) index below the cursor, read backwards, LIMIT inside.
+    let sql = page_sql(&task_listing(None, Some(TaskStatus::Completed)), true);
+    let (page, _) = sql.split_once(';').unwrap();
+    let plan = explain(&db, page).await;
+    assert!(
+        plan.contains("index: task_status_key, access: ['completed'] LessThan '00000150'")
+            && plan.contains("direction: Backward, limit: $limit, offset: $offset"),
+        "{page}\n{plan}"
+    );
+    for slow in ["Sort", "Filter", "Limit ["] {
+        assert!(!plan.contains(slow), "no {slow}:\n{page}\n{plan}");
+    }
+    // The scan itself stops at the page: 20 rows out of the 50 completed
+    // tasks below the cursor (10 skipped by the offset).
+    let scan = plan.lines().find(|l| l.contains("IndexScan")).unwrap();
+    assert!(scan.contains("{rows: 20,"), "{plan}");
+
     // Every status, present or not, has its COUNT index: a status added
     // later without one would fall back to reading records.
     let mut info = db
@@ -121,10 +140,10 @@ async fn task_listings_read_indexes_not_records() {
     for status in TaskStatus::ALL {
         let name = format!("task_count_{}", status.as_str());
         assert!(info.contains(&name), "no COUNT index {name}: {info}");
-        let (conditions, _) = task_filter(None, Some(*status));
+        let listing = task_listing(None, Some(*status));
         let count = format!(
             "SELECT count() AS n FROM task WHERE {} GROUP ALL",
-            conditions[0]
+            listing.conditions[0]
         );
         let plan = explain(&db, &count).await;
         assert!(plan.starts_with("IndexCountScan"), "{count}\n{plan}");

@@ -91,6 +91,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "workflow_search",
         sql: include_str!("../../../../migrations/0009_workflow_search.surql"),
     },
+    Migration {
+        version: 10,
+        name: "task_keyset",
+        sql: include_str!("../../../../migrations/0010_task_keyset.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with

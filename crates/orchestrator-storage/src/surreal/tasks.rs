@@ -9,7 +9,7 @@ use surrealdb::types::{Bytes, Variables};
 
 use super::errors::db_error;
 use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
-use super::{SurrealBackend, Window};
+use super::{Listing, Order, SurrealBackend, Window};
 use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery};
 
 #[async_trait]
@@ -220,12 +220,9 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
-        let (conditions, index) = task_filter(query.workflow, query.status);
         self.page(
             "list tasks",
-            "task",
-            &conditions,
-            index,
+            &task_listing(query.workflow, query.status),
             Variables::new(),
             Window {
                 after: query.after.map(|id| id.to_string()),
@@ -306,11 +303,15 @@ impl TaskStore for SurrealBackend {
             conditions.push("string::contains(search, $text)");
             vars.insert("text", text.to_lowercase());
         }
+        let listing = Listing {
+            table: "workflow",
+            conditions: conditions.into_iter().map(str::to_owned).collect(),
+            index: None,
+            order: Order::Id,
+        };
         self.page(
             "list workflows",
-            "workflow",
-            &conditions,
-            None,
+            &listing,
             vars,
             Window {
                 after: query.after.map(|id| id.to_string()),
@@ -380,14 +381,14 @@ impl TaskStore for SurrealBackend {
     }
 }
 
-/// The `WHERE` of a task listing, and the index to read. The values are
-/// literals so that the total comes from the COUNT indexes and index keys
-/// (see [`super::page_sql`]); both are of closed sets: a status's name, and
-/// a UUID's hyphenated hex.
-pub(super) fn task_filter(
+/// A task listing: its `WHERE`, the index to read, the order. The values
+/// are literals so that the total comes from the COUNT indexes and index
+/// keys (see [`super::Listing`]); both are of closed sets: a status's
+/// name, and a UUID's hyphenated hex.
+pub(super) fn task_listing(
     workflow: Option<WorkflowId>,
     status: Option<TaskStatus>,
-) -> (Vec<String>, Option<&'static str>) {
+) -> Listing<'static> {
     let mut conditions = Vec::new();
     if let Some(workflow) = workflow {
         conditions.push(format!("workflow = '{}'", workflow.as_uuid().hyphenated()));
@@ -395,8 +396,20 @@ pub(super) fn task_filter(
     if let Some(status) = status {
         conditions.push(format!("status = '{}'", status.as_str()));
     }
-    // With both, SurrealDB picks the status index and filters by workflow,
-    // which reads every task in that status.
-    let index = (conditions.len() == 2).then_some("task_workflow_status");
-    (conditions, index)
+    let (index, order) = match (workflow, status) {
+        // A status alone: its newest page, and a cursor, are a seek in
+        // the (status, key) index.
+        (None, Some(_)) => (Some("task_status_key"), Order::Key),
+        // With both, SurrealDB picks the status index and filters by
+        // workflow, which reads every task in that status.
+        (Some(_), Some(_)) => (Some("task_workflow_status"), Order::Id),
+        // No filter: a backward scan of the table; a workflow: its index.
+        _ => (None, Order::Id),
+    };
+    Listing {
+        table: "task",
+        conditions,
+        index,
+        order,
+    }
 }
