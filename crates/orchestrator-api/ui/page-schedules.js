@@ -363,18 +363,24 @@ export function mount(main, ctx) {
       }
     });
 
+    // The latest choice: a template's answer that arrives after another
+    // was chosen (the first one's, chosen as the form loads, racing a
+    // quick pick) is dropped, or it would show the wrong inputs.
+    let chosen = null;
     async function choose(refName) {
+      chosen = refName;
       templateSelect.value = refName;
       ctx.replace(`#/schedules${query({ new: 1, template: refName })}`);
       try {
         const template = await api(`/templates/${encodeURIComponent(refName)}`);
+        if (chosen !== refName) return;
         about.textContent = [template.name, template.description].filter(Boolean).join(': ');
         fields = inputFields(template);
         fill(inputsBox, h('legend', { text: 'Inputs of every run' }),
           fields.size ? [...fields.values()].map((f) => f.wrap) : h('p', { class: 'hint', text: 'This template takes no input.' }));
         clearErrors();
       } catch (err) {
-        showError(err.message);
+        if (chosen === refName) showError(err.message);
       }
     }
     templateSelect.addEventListener('change', () => choose(templateSelect.value));

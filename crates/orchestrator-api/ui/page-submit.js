@@ -156,13 +156,19 @@ export function mount(main, ctx) {
     }
   });
 
+  // The latest choice: a template's answer that arrives after another was
+  // chosen (the first one's, chosen as the page loads, racing a quick
+  // pick) is dropped, or the form would show the wrong template.
+  let chosen = null;
   async function choose(refName) {
+    chosen = refName;
     templateSelect.value = refName;
     ctx.replace(`#/submit${query({ template: refName })}`);
     try {
-      showTemplate(await api(`/templates/${encodeURIComponent(refName)}`));
+      const template = await api(`/templates/${encodeURIComponent(refName)}`);
+      if (chosen === refName) showTemplate(template);
     } catch (e) {
-      showError(e.message);
+      if (chosen === refName) showError(e.message);
     }
   }
   templateSelect.addEventListener('change', () => choose(templateSelect.value));
