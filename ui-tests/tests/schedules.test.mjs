@@ -158,6 +158,34 @@ test('an operator creates a schedule from the template form, with the service\'s
   await call(service, ADMIN, 'DELETE', `/schedules/${id}`);
 });
 
+test('a template picked while the first one still loads keeps its own inputs', async () => {
+  const page = await signedInPage(browser, service, operator);
+  // Every template but the picked one answers late: the first template,
+  // chosen as the form loads, answers after the pick.
+  let late = 0;
+  const held = [];
+  await page.route(/\/templates\/(?!ui-slow)[^/?]+$/, async (route) => {
+    late += 1;
+    await new Promise((resolve) => { held.push(resolve); });
+    await route.continue();
+  });
+  await page.goto(`${service.base}/ui#/schedules?new=1`);
+  const select = page.getByLabel('Template');
+  await page.locator('#schedule-template option[value="ui-slow"]').waitFor({ state: 'attached' });
+  await select.selectOption('ui-slow');
+  await page.locator('[data-field="vars.ticks"]').waitFor();
+  // Now the first template's answer arrives; it must change nothing.
+  assert.ok(late >= 1, 'the first template was asked for');
+  const answered = page.waitForResponse((r) => /\/templates\/(?!ui-slow)[^/?]+$/.test(r.url()));
+  held.splice(0).forEach((release) => release());
+  await answered;
+  await page.evaluate(() => new Promise((resolve) => requestAnimationFrame(() => resolve())));
+  assert.equal(await select.inputValue(), 'ui-slow');
+  assert.equal(await page.locator('[data-field="vars.ticks"]').count(), 1);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('an operator pauses, resumes and deletes (after a confirmation); changes elsewhere show live', async () => {
   const s = await createSchedule({ name: 'hourly thing', template: 'ui-slow', vars: { ticks: 1 }, cron: '0 * * * *' });
   const page = await signedInPage(browser, service, operator, { colorScheme: 'dark' });
