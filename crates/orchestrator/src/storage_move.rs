@@ -57,6 +57,10 @@ pub async fn run(client: &ClientArgs, command: StorageCommand) -> anyhow::Result
                         "behind: written to since the switch"
                     };
                     println!("previous: {previous} ({level})");
+                    match &store.rollback_refused {
+                        Some(why) => println!("rollback: refused: {why}"),
+                        None => println!("rollback: possible (`storage rollback`)"),
+                    }
                 }
                 for m in &list.migrations {
                     println!("{}", line(m));

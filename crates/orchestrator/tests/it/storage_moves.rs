@@ -252,6 +252,21 @@ async fn rollback_brings_the_writes_since_the_switch_and_is_refused_once_unknown
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(message.contains("no longer level"), "{message}");
     assert!(message.contains("storage migrate --to"), "{message}");
+    // The CLI's status says so too, with the same reason.
+    let base = service.base.clone();
+    let shown = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::cli::BIN)
+            .args(["--url", &base, "storage", "status"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains(&format!("rollback: refused: {message}")),
+        "{shown}"
+    );
     let (_, health) = service.get("/health").await;
     assert_eq!(health["storage"], "filesystem");
     let (status, view) = service.get(&format!("/workflows/{third}")).await;
