@@ -14,8 +14,8 @@ pub enum StepInput {
     /// The step's `http` block (see [`crate::http`]); the step has no
     /// `script` and no `input`.
     Http,
-    /// The step's `approval` block (see [`crate::approval`]); the step
-    /// has no `script` and no `input`.
+    /// The step's `approval` block (docs/approvals.md); the step has no
+    /// `script` and no `input`.
     Approval,
 }
 
