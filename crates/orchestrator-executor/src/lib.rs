@@ -12,6 +12,7 @@
 
 mod error;
 mod lookup;
+mod prepared;
 mod redact;
 mod resolve;
 mod run;
@@ -19,6 +20,7 @@ mod sandbox;
 mod step;
 
 pub use error::ScriptError;
+pub use prepared::{HELPER_ARG, serve as serve_prepared_sandbox};
 pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
@@ -64,6 +66,10 @@ pub struct ScriptExecutor {
     /// The most of one attempt's output that goes to its log; the rest is
     /// read and dropped, after one line saying so.
     max_log_bytes: u64,
+    /// Sandboxes made ahead of the attempts that take them, when
+    /// [`ScriptExecutor::prepare_sandboxes`] was called and the layout
+    /// allows (see `prepared`); shared by the clones.
+    prepared: Option<std::sync::Arc<prepared::Pool>>,
 }
 
 /// The default of [`ScriptExecutor::with_max_log_bytes`]: 64 MiB.
@@ -87,12 +93,35 @@ impl ScriptExecutor {
             config,
             inherited_env: std::sync::Arc::new(inherited_env),
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            prepared: None,
         })
     }
 
     /// Caps the log of each attempt at `bytes` (at least 1 KiB).
     pub fn with_max_log_bytes(mut self, bytes: u64) -> ScriptExecutor {
         self.max_log_bytes = bytes.max(1024);
+        self
+    }
+
+    /// Keeps `count` sandboxes ready for the next attempts (one per
+    /// worker), each running `helper` (the `orchestrator` binary, which
+    /// serves [`HELPER_ARG`] with [`serve_prepared_sandbox`]) until an
+    /// attempt gives it its command. Does nothing without the bubblewrap
+    /// sandbox, or when the work dir is not hidden from scripts.
+    pub fn prepare_sandboxes(mut self, helper: PathBuf, count: usize) -> ScriptExecutor {
+        if let Sandbox::Bubblewrap(bwrap) = &self.config.sandbox {
+            self.prepared =
+                prepared::Pool::new(bwrap, helper, &self.config, self.inherited_env.clone(), count)
+                    .map(std::sync::Arc::new);
+        }
+        // Ready for the first attempts too, when there is a runtime to
+        // prepare them on (else the first attempt starts the filling).
+        if let (Some(pool), Ok(runtime)) =
+            (&self.prepared, tokio::runtime::Handle::try_current())
+        {
+            let pool = pool.clone();
+            runtime.spawn(async move { pool.fill() });
+        }
         self
     }
 

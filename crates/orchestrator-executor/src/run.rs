@@ -1,5 +1,6 @@
 //! Running one attempt of a script and capturing what it says.
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -75,7 +76,38 @@ impl ScriptExecutor {
         }
         let work_dir = self.work_dir_of(&job.task_id);
         let result_file = work_dir.join("result.json");
-        if let Err(e) = std::fs::create_dir_all(&work_dir) {
+
+        let (program, script_arg) = match &script.launcher {
+            Launcher::Interpreter(program) => (self.on_path(program), Some(&script.path)),
+            Launcher::Direct => (script.path.clone(), None),
+        };
+        if let Sandbox::Bubblewrap(_) = &self.config.sandbox {
+            // Inside the sandbox `bwrap` starts the program, and a
+            // missing one would read as a script exiting with 1: say
+            // it as the spawn would.
+            if let Err(e) = std::fs::metadata(&program).and_then(|m| {
+                if m.is_file() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+                }
+            }) {
+                return failed_to_start(format!(
+                    "could not start `{}` for script `{}`: {e}",
+                    program.display(),
+                    script.name
+                ));
+            }
+        }
+        // A prepared sandbox brings the work dir along (renamed from its
+        // own), when the task has none yet.
+        let prepared = self
+            .prepared
+            .as_ref()
+            .and_then(|pool| pool.take(&work_dir));
+        if prepared.is_none()
+            && let Err(e) = std::fs::create_dir_all(&work_dir)
+        {
             return failed_to_start(format!(
                 "cannot create work dir {}: {e}",
                 work_dir.display()
@@ -83,77 +115,47 @@ impl ScriptExecutor {
         }
         let _ = std::fs::remove_file(&result_file);
 
-        let (program, script_arg) = match &script.launcher {
-            Launcher::Interpreter(program) => (self.on_path(program), Some(&script.path)),
-            Launcher::Direct => (script.path.clone(), None),
-        };
-        let mut command = match &self.config.sandbox {
-            Sandbox::None => Command::new(&program),
-            Sandbox::Bubblewrap(sandbox) => {
-                // Inside the sandbox `bwrap` starts the program, and a
-                // missing one would read as a script exiting with 1: say
-                // it as the spawn would.
-                if let Err(e) = std::fs::metadata(&program).and_then(|m| {
-                    if m.is_file() {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::from(std::io::ErrorKind::NotFound))
-                    }
-                }) {
-                    return failed_to_start(format!(
-                        "could not start `{}` for script `{}`: {e}",
-                        program.display(),
-                        script.name
-                    ));
-                }
-                let (bwrap, args) = sandbox.command_line(crate::sandbox::Attempt {
-                    scripts_dir: &self.config.scripts_dir,
-                    state_dir: &self.config.data_dir,
+        let env = self.script_env(&job, &work_dir, &result_file);
+        let spawned = match prepared {
+            Some(child) => {
+                let request = crate::prepared::Request {
                     work_dir: &work_dir,
-                });
-                let mut command = Command::new(bwrap);
-                command.args(args).arg(&program);
+                    program: program.as_os_str(),
+                    args: script_arg.iter().map(|a| a.as_os_str()).collect(),
+                    env: &env,
+                };
+                Ok((child, request.encode()))
+            }
+            None => {
+                let mut command = match &self.config.sandbox {
+                    Sandbox::None => Command::new(&program),
+                    Sandbox::Bubblewrap(sandbox) => {
+                        let (bwrap, args) = sandbox.command_line(crate::sandbox::Attempt {
+                            scripts_dir: &self.config.scripts_dir,
+                            state_dir: &self.config.data_dir,
+                            work_dir: &work_dir,
+                        });
+                        let mut command = Command::new(bwrap);
+                        command.args(args).arg(&program);
+                        command
+                    }
+                };
                 command
+                    .args(script_arg)
+                    .env_clear()
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    // Its own process group, so a timeout or cancel can stop
+                    // the script together with everything it started.
+                    .process_group(0)
+                    .kill_on_drop(true);
+                command.spawn().map(|child| (child, Vec::new()))
             }
         };
-        command.args(script_arg);
-        command
-            .env_clear()
-            .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
-            .env("ORCHESTRATOR_TASK_ID", &job.task_id)
-            .env("ORCHESTRATOR_WORKFLOW_ID", &job.workflow_id)
-            .env("ORCHESTRATOR_ATTEMPT", job.attempt.to_string())
-            .env(
-                "ORCHESTRATOR_CHECK_MODE",
-                if job.check_mode { "true" } else { "false" },
-            )
-            .env("ORCHESTRATOR_WORK_DIR", &work_dir)
-            .env("ORCHESTRATOR_RESULT_FILE", &result_file)
-            .env("ORCHESTRATOR_DATA_DIR", &self.config.data_dir)
-            .env("ORCHESTRATOR_SCRIPTS_DIR", &self.config.scripts_dir)
-            .env(
-                "ORCHESTRATOR_CHECKPOINT",
-                Value::Object(job.checkpoint.clone()).to_string(),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so a timeout or cancel can stop the
-            // script together with everything it started.
-            .process_group(0)
-            .kill_on_drop(true);
-
-        if let Some(url) = &self.config.service_url {
-            command.env("ORCHESTRATOR_URL", url);
-        }
-        if let Some(token) = &job.token {
-            command.env("ORCHESTRATOR_TOKEN", token);
-        }
-        for (name, token) in &job.lock_tokens {
-            command.env(name, token.to_string());
-        }
-        let mut child = match command.spawn() {
-            Ok(child) => child,
+        let (mut child, request) = match spawned {
+            Ok(spawned) => spawned,
             Err(e) => {
                 let program = match &script.launcher {
                     Launcher::Interpreter(p) => p.display().to_string(),
@@ -170,8 +172,10 @@ impl ScriptExecutor {
         let input = stdin_document(job.input, job.checkpoint);
         if let Some(mut stdin) = child.stdin.take() {
             // A script that ignores stdin may exit before reading it all;
-            // the broken pipe that follows is not an error.
+            // the broken pipe that follows is not an error. A prepared
+            // sandbox reads its command first.
             tokio::spawn(async move {
+                let _ = stdin.write_all(&request).await;
                 let _ = stdin.write_all(&input).await;
                 let _ = stdin.shutdown().await;
             });
@@ -263,6 +267,43 @@ impl ScriptExecutor {
                 }
             }
         }
+    }
+
+    /// The script's whole environment: the service's (less its own
+    /// settings) and the contract's `ORCHESTRATOR_*` variables.
+    fn script_env(
+        &self,
+        job: &Job<'_>,
+        work_dir: &Path,
+        result_file: &Path,
+    ) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = self.inherited_env.as_ref().clone();
+        let mut set = |key: &str, value: OsString| env.push((key.into(), value));
+        set("ORCHESTRATOR_TASK_ID", job.task_id.clone().into());
+        set("ORCHESTRATOR_WORKFLOW_ID", job.workflow_id.clone().into());
+        set("ORCHESTRATOR_ATTEMPT", job.attempt.to_string().into());
+        set(
+            "ORCHESTRATOR_CHECK_MODE",
+            if job.check_mode { "true" } else { "false" }.into(),
+        );
+        set("ORCHESTRATOR_WORK_DIR", work_dir.into());
+        set("ORCHESTRATOR_RESULT_FILE", result_file.into());
+        set("ORCHESTRATOR_DATA_DIR", self.config.data_dir.clone().into());
+        set("ORCHESTRATOR_SCRIPTS_DIR", self.config.scripts_dir.clone().into());
+        set(
+            "ORCHESTRATOR_CHECKPOINT",
+            Value::Object(job.checkpoint.clone()).to_string().into(),
+        );
+        if let Some(url) = &self.config.service_url {
+            set("ORCHESTRATOR_URL", url.into());
+        }
+        if let Some(token) = &job.token {
+            set("ORCHESTRATOR_TOKEN", token.into());
+        }
+        for (name, token) in &job.lock_tokens {
+            set(name, token.to_string().into());
+        }
+        env
     }
 
     /// `program` as an absolute path, found on the `PATH` the script gets,

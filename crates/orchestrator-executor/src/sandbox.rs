@@ -213,16 +213,7 @@ impl Bubblewrap {
         if self.unshare_user {
             args.push("--unshare-user".into());
         }
-        let mut rules: Vec<(PathBuf, View)> = vec![
-            (PathBuf::from("/tmp"), View::Scratch),
-            (PathBuf::from("/var/tmp"), View::Scratch),
-        ];
-        rules.extend(self.hidden.iter().map(|p| (p.clone(), View::Hidden)));
-        rules.push((attempt.scripts_dir.to_path_buf(), View::ReadOnly));
-        rules.extend(self.writable.iter().map(|p| (p.clone(), View::ReadWrite)));
-        rules.push((attempt.state_dir.to_path_buf(), View::ReadWrite));
-        rules.push((attempt.work_dir.to_path_buf(), View::ReadWrite));
-        for (path, view, kind) in plan(rules, kind) {
+        for (path, view, kind) in plan(self.rules(attempt), kind) {
             let path = path.into_os_string();
             match view {
                 View::Hidden if kind == Kind::Dir => {
@@ -235,6 +226,34 @@ impl Bubblewrap {
             }
         }
         args
+    }
+}
+
+impl Bubblewrap {
+    /// Every rule of one attempt's view, in no particular order.
+    fn rules(&self, attempt: Attempt<'_>) -> Vec<(PathBuf, View)> {
+        let mut rules: Vec<(PathBuf, View)> = vec![
+            (PathBuf::from("/tmp"), View::Scratch),
+            (PathBuf::from("/var/tmp"), View::Scratch),
+        ];
+        rules.extend(self.hidden.iter().map(|p| (p.clone(), View::Hidden)));
+        rules.push((attempt.scripts_dir.to_path_buf(), View::ReadOnly));
+        rules.extend(self.writable.iter().map(|p| (p.clone(), View::ReadWrite)));
+        rules.push((attempt.state_dir.to_path_buf(), View::ReadWrite));
+        rules.push((attempt.work_dir.to_path_buf(), View::ReadWrite));
+        rules
+    }
+
+    /// Whether an attempt sees `dir` as a private tmpfs of its own: the
+    /// deepest rule above it (or on it) hides it. What a script writes
+    /// there stays in its sandbox.
+    pub(crate) fn is_private(&self, dir: &Path, attempt: Attempt<'_>) -> bool {
+        self.rules(attempt)
+            .into_iter()
+            .filter(|(path, _)| dir.starts_with(path))
+            // Stable: among rules for the same path, the later one wins.
+            .max_by_key(|(path, _)| path.components().count())
+            .is_some_and(|(_, view)| view == View::Hidden)
     }
 }
 

@@ -121,6 +121,8 @@ fn a_script_cannot_reach_the_key_the_store_or_root_s_capabilities() {
         .arg(fixture_scripts())
         .env("ORCHESTRATOR_SECRET_KEY", KEY);
     let daemon = Daemon::spawn(command);
+    // In a sandbox prepared ahead, as most attempts run.
+    wait_for_a_prepared_sandbox(&data_dir);
     let (report, log) = reach(&daemon, &data_dir, &[&config]);
     assert_nothing_reached(&report, &log, &data_dir, &[KEY, CONFIG_MARKER]);
     // The store is there and has the workflow: the script could not see it.
@@ -212,6 +214,7 @@ fn a_script_gets_none_of_the_capabilities_of_the_test_environment_drop_in() {
         service.path("config.toml"),
         service.path("secret-key"),
     );
+    wait_for_a_prepared_sandbox(&data_dir);
     let (report, log) = reach(&service.daemon, &data_dir, &[&config, &key]);
     assert_nothing_reached(&report, &log, &data_dir, &[KEY, CONFIG_MARKER]);
 }
@@ -234,4 +237,85 @@ fn the_service_s_environment_is_unreadable_even_without_the_sandbox() {
             .any(|path| path.ends_with("/environ")),
         "{text}"
     );
+}
+
+/// Waits until the service has a sandbox prepared for the next attempt
+/// (its dir is in the work dir), so that the attempt takes it.
+fn wait_for_a_prepared_sandbox(data_dir: &Path) {
+    for _ in 0..400 {
+        let ready = std::fs::read_dir(data_dir.join("work")).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(".prepared-"))
+        });
+        if ready {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("no sandbox was prepared in {}", data_dir.display());
+}
+
+/// Runs `sandbox/probe.py` with `input` and returns the finished task.
+fn probe(daemon: &Daemon, input: Value, max_attempts: u32) -> Value {
+    let created = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": {
+            "name": "probe", "ref_name": "probe", "schema_version": 1,
+            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py", "input": input}],
+        }, "max_attempts": max_attempts}),
+    );
+    let id = created["task_ids"][0].as_str().unwrap().to_owned();
+    for _ in 0..600 {
+        let task = daemon.cli_json(&["task", &id, "--json"]);
+        if matches!(task["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+            return task;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("task {id} never finished");
+}
+
+/// A sandbox prepared ahead of its attempt serves that attempt alone, as
+/// one made at the start would: the script reads all of its input, finds
+/// its work dir at the path it is told, sees no earlier script's `/tmp`
+/// nor processes; its work dir goes after a success and stays for the
+/// retry after a failure.
+#[test]
+fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--port", "0", "--no-auth", "--workers", "1", "--data-dir"])
+        .arg(&data_dir)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts());
+    let daemon = Daemon::spawn(command);
+
+    // More input than a pipe holds: the helper must leave all of it.
+    let blob = "b".repeat(300_000);
+    let mut reports = Vec::new();
+    for _ in 0..2 {
+        wait_for_a_prepared_sandbox(&data_dir);
+        let task = probe(&daemon, json!({"blob": blob}), 1);
+        assert_eq!(task["status"], "completed", "{task}");
+        let report = task["output"].clone();
+        assert_eq!(report["prepared"], true, "not a prepared sandbox: {report}");
+        assert_eq!(report["blob_len"], blob.len(), "{report}");
+        assert_eq!(report["earlier_tmp"], false, "a /tmp shared: {report}");
+        assert_eq!(report["pids"], json!([1, 2]), "other processes: {report}");
+        let work_dir = data_dir.join("work").join(task["id"].as_str().unwrap());
+        assert_eq!(report["work_dir"], work_dir.display().to_string());
+        assert!(!work_dir.exists(), "a successful attempt's work dir stays");
+        reports.push(report);
+    }
+
+    // A failed attempt's work dir (with what it wrote through its path)
+    // is the task's, where its retry finds it.
+    wait_for_a_prepared_sandbox(&data_dir);
+    let task = probe(&daemon, json!({"fail_first": true}), 2);
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["output"]["attempt"], 2, "{task}");
+    assert_eq!(task["output"]["found_mark"], true, "the retry lost the work dir: {task}");
 }
