@@ -20,7 +20,7 @@ mod sandbox;
 mod step;
 
 pub use error::ScriptError;
-pub use prepared::{HELPER_ARG, serve as serve_prepared_sandbox};
+pub use prepared::{HELPER_NAME, serve as serve_prepared_sandbox};
 pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
@@ -104,9 +104,8 @@ impl ScriptExecutor {
     }
 
     /// Keeps `count` sandboxes ready for the next attempts (one per
-    /// worker), each running `helper` (the `orchestrator` binary, which
-    /// serves [`HELPER_ARG`] with [`serve_prepared_sandbox`]) until an
-    /// attempt gives it its command. Does nothing without the bubblewrap
+    /// worker), each running `helper` ([`HELPER_NAME`], whose `main` is
+    /// [`serve_prepared_sandbox`]) until an attempt gives it its command. Does nothing without the bubblewrap
     /// sandbox, or when the work dir is not hidden from scripts.
     pub fn prepare_sandboxes(mut self, helper: PathBuf, count: usize) -> ScriptExecutor {
         if let Sandbox::Bubblewrap(bwrap) = &self.config.sandbox {

@@ -5,9 +5,9 @@
 //! CPU: mostly the kernel waits. Paid at each start, it was most of a
 //! task's start latency and a third of its cost (docs/benchmarks.md). So
 //! the executor keeps a few sandboxes ready: each is a `bwrap` with every
-//! mount of an attempt made, running a helper (`orchestrator
-//! sandbox-exec`, [`serve`]) that waits on its stdin for the one command
-//! it is to become. An attempt takes a ready sandbox, sends its command,
+//! mount of an attempt made, running a small helper binary
+//! (`orchestrator-sandbox-exec`, [`serve`]) that waits on its stdin for
+//! the one command it is to become. An attempt takes a ready sandbox, sends its command,
 //! and a replacement is prepared in the background.
 //!
 //! Nothing is shared between attempts: a sandbox serves one attempt and
@@ -34,8 +34,10 @@ use tokio::process::{Child, Command};
 
 use crate::sandbox::{Attempt, Bubblewrap};
 
-/// The argument that makes the `orchestrator` binary the helper.
-pub const HELPER_ARG: &str = "sandbox-exec";
+/// The helper's program, a small binary of its own beside `orchestrator`
+/// (or in `/usr/libexec/orchestrator/`): started in each prepared
+/// sandbox, it must cost little more than the script's own exec.
+pub const HELPER_NAME: &str = "orchestrator-sandbox-exec";
 
 /// How a prepared sandbox's own dir is named, in the work dir.
 const SLOT_PREFIX: &str = ".prepared-";
@@ -51,7 +53,7 @@ const MAX_REQUEST_BYTES: usize = 4 << 20;
 #[derive(Debug)]
 pub(crate) struct Pool {
     bwrap: Bubblewrap,
-    /// The helper: the `orchestrator` binary, run with [`HELPER_ARG`].
+    /// The helper ([`HELPER_NAME`]).
     helper: PathBuf,
     scripts_dir: PathBuf,
     state_dir: PathBuf,
@@ -218,15 +220,20 @@ impl Pool {
             child: None,
             slot: Some(slot),
         };
-        let (program, args) = self.bwrap.command_line(Attempt {
+        let (program, mut args) = self.bwrap.command_line(Attempt {
             scripts_dir: &self.scripts_dir,
             state_dir: &self.state_dir,
             work_dir: ready.slot.as_deref().unwrap_or(&self.work_dir),
         });
+        // The helper in view, read-only, wherever it is (a build tree in
+        // `/tmp` would be under the sandbox's own): last, over the rest.
+        let end = args.pop();
+        debug_assert_eq!(end.as_deref(), Some(OsStr::new("--")));
+        let helper = self.helper.as_os_str().to_owned();
+        args.extend(["--ro-bind".into(), helper.clone(), helper, "--".into()]);
         let child = Command::new(program)
             .args(args)
             .arg(&self.helper)
-            .arg(HELPER_ARG)
             .arg(ready.slot.as_deref().unwrap_or(&self.work_dir))
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -285,10 +292,10 @@ pub fn serve() -> ExitCode {
     use std::os::fd::AsFd;
     use std::os::unix::process::CommandExt;
     let fail = |what: String| {
-        eprintln!("orchestrator {HELPER_ARG}: {what}");
+        eprintln!("{HELPER_NAME}: {what}");
         ExitCode::from(127)
     };
-    let Some(slot) = std::env::args_os().nth(2).map(PathBuf::from) else {
+    let Some(slot) = std::env::args_os().nth(1).map(PathBuf::from) else {
         return fail("no dir given".into());
     };
     if let Err(e) = std::fs::write(slot.join(READY_MARK), b"") {

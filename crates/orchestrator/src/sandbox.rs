@@ -74,6 +74,30 @@ pub fn script_sandbox(settings: &ServeSettings, data_dir: &Path) -> anyhow::Resu
     }
 }
 
+/// Where the Debian package installs the helper of prepared sandboxes.
+const LIBEXEC_DIR: &str = "/usr/libexec/orchestrator";
+
+/// The helper of prepared sandboxes: beside this binary (a build tree),
+/// else in [`LIBEXEC_DIR`] (the package). Without it every attempt makes
+/// its own sandbox at its start, which is logged.
+pub fn prepared_helper() -> Option<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name(orchestrator_executor::HELPER_NAME));
+    let found = beside
+        .into_iter()
+        .chain([Path::new(LIBEXEC_DIR).join(orchestrator_executor::HELPER_NAME)])
+        .find(|path| path.is_file());
+    if found.is_none() {
+        tracing::info!(
+            helper = orchestrator_executor::HELPER_NAME,
+            "no sandbox helper beside this binary nor in {LIBEXEC_DIR}: each script's \
+             sandbox is made when it starts"
+        );
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

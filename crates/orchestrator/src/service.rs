@@ -117,14 +117,11 @@ pub async fn start_with_store(
     })
     .context("--scripts-dir")?
     .with_max_log_bytes(settings.max_log_bytes);
-    // Sandboxes made ahead of the attempts, one per worker; the binary
-    // itself is the helper that waits in them.
-    let executor = match std::env::current_exe() {
-        Ok(exe) => executor.prepare_sandboxes(exe, settings.workers),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot find this binary: script sandboxes are made at each start");
-            executor
-        }
+    // Sandboxes made ahead of the attempts, one per worker, with the
+    // helper that waits in them.
+    let executor = match crate::sandbox::prepared_helper() {
+        Some(helper) => executor.prepare_sandboxes(helper, settings.workers),
+        None => executor,
     };
     // Test environments: their step kind runs the same provisioning scripts
     // inside the nodes, resolved like the `script` kind's.

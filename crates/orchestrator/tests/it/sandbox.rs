@@ -147,6 +147,12 @@ impl Unprivileged {
         std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
         let bin = root.join("orchestrator");
         std::fs::copy(BIN, &bin).unwrap();
+        // With the helper of prepared sandboxes beside it, as built.
+        std::fs::copy(
+            env!("CARGO_BIN_EXE_orchestrator-sandbox-exec"),
+            root.join("orchestrator-sandbox-exec"),
+        )
+        .unwrap();
         std::fs::create_dir_all(root.join("scripts/hostile")).unwrap();
         std::fs::copy(
             fixture_scripts().join("hostile/reach.py"),
