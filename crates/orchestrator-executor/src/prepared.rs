@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::sandbox::{Attempt, Bubblewrap};
@@ -62,13 +64,22 @@ pub(crate) struct Pool {
     env: Arc<Vec<(OsString, OsString)>>,
     /// How many to keep ready: one per worker.
     size: usize,
-    /// Why a std mutex: held only to push or pop, never across an await.
-    ready: Mutex<Vec<Ready>>,
+    /// The ready ones, and how many are being made. Why a std mutex:
+    /// held only to count, push or pop, never across an await.
+    ready: Mutex<Queue>,
     /// For unique slot names.
     made: AtomicU64,
     /// Set once a ready sandbox was found dead (the helper cannot start
     /// in it, say): from then on every attempt makes its own.
     broken: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    ready: Vec<Ready>,
+    /// Being made: counted so that fills running at once make no more
+    /// than are missing.
+    making: usize,
 }
 
 /// A sandbox waiting for its command, and its dir.
@@ -80,6 +91,11 @@ struct Ready {
 
 impl Drop for Ready {
     fn drop(&mut self) {
+        // The whole group: a `bwrap` killed while it sets up has not yet
+        // told its child to die with it.
+        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
         if let Some(child) = &mut self.child {
             let _ = child.start_kill();
         }
@@ -123,7 +139,7 @@ impl Pool {
             work_dir: config.work_dir.clone(),
             env,
             size,
-            ready: Mutex::new(Vec::new()),
+            ready: Mutex::new(Queue::default()),
             made: AtomicU64::new(0),
             broken: AtomicBool::new(false),
         })
@@ -160,7 +176,8 @@ impl Pool {
     /// The oldest sandbox whose helper runs (so every mount is made), its
     /// readiness mark taken away.
     fn pop_ready(&self) -> Option<Ready> {
-        let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = &mut guard.ready;
         let mut i = 0;
         while i < queue.len() {
             let ready = &mut queue[i];
@@ -190,18 +207,23 @@ impl Pool {
         None
     }
 
-    /// Prepares sandboxes until `size` are ready.
+    /// Prepares sandboxes until `size` are ready or being made.
     pub(crate) fn fill(&self) {
-        while !self.broken.load(Ordering::Relaxed)
-            && self.ready.lock().unwrap_or_else(|e| e.into_inner()).len() < self.size
-        {
-            match self.prepare() {
-                Ok(ready) => {
-                    let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
-                    if queue.len() < self.size {
-                        queue.push(ready);
-                    }
+        loop {
+            {
+                let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+                if self.broken.load(Ordering::Relaxed)
+                    || queue.ready.len() + queue.making >= self.size
+                {
+                    return;
                 }
+                queue.making += 1;
+            }
+            let made = self.prepare();
+            let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            queue.making -= 1;
+            match made {
+                Ok(ready) => queue.ready.push(ready),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot prepare a script sandbox");
                     self.broken.store(true, Ordering::Relaxed);

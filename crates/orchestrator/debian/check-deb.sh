@@ -42,6 +42,7 @@ expect() {
     grep -qx "$1" <<<"$contents" || fail "the package lacks $1"
 }
 expect ./usr/bin/orchestrator
+expect ./usr/libexec/orchestrator/orchestrator-sandbox-exec
 expect ./etc/orchestrator/config.toml
 expect ./usr/lib/systemd/system/orchestrator.service
 expect ./usr/share/orchestrator/systemd/test-environments.conf

@@ -324,4 +324,25 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     assert_eq!(task["status"], "completed", "{task}");
     assert_eq!(task["output"]["attempt"], 2, "{task}");
     assert_eq!(task["output"]["found_mark"], true, "the retry lost the work dir: {task}");
+
+    // Nothing prepared outlives the service, even one killed with -9.
+    wait_for_a_prepared_sandbox(&data_dir);
+    drop(daemon);
+    let data = data_dir.display().to_string();
+    let left = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&data))
+            .collect()
+    };
+    for _ in 0..200 {
+        if left().is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("prepared sandboxes outlived the service: {:?}", left());
 }
