@@ -28,7 +28,8 @@ run: tools
 
 test: tools
 	$(DEV_BUILD)
-	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT)
+	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT) \
+		&& ln -f $(dir $(UI_BIN))orchestrator-sandbox-exec $(dir $(UI_BIN_KEPT))
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
 	$(CARGO) run -q -p module-cycles -- .
 	bash .ci/check-msrv
