@@ -109,15 +109,18 @@ impl ScriptExecutor {
     /// sandbox, or when the work dir is not hidden from scripts.
     pub fn prepare_sandboxes(mut self, helper: PathBuf, count: usize) -> ScriptExecutor {
         if let Sandbox::Bubblewrap(bwrap) = &self.config.sandbox {
-            self.prepared =
-                prepared::Pool::new(bwrap, helper, &self.config, self.inherited_env.clone(), count)
-                    .map(std::sync::Arc::new);
+            self.prepared = prepared::Pool::new(
+                bwrap,
+                helper,
+                &self.config,
+                self.inherited_env.clone(),
+                count,
+            )
+            .map(std::sync::Arc::new);
         }
         // Ready for the first attempts too, when there is a runtime to
         // prepare them on (else the first attempt starts the filling).
-        if let (Some(pool), Ok(runtime)) =
-            (&self.prepared, tokio::runtime::Handle::try_current())
-        {
+        if let (Some(pool), Ok(runtime)) = (&self.prepared, tokio::runtime::Handle::try_current()) {
             let pool = pool.clone();
             runtime.spawn(async move { pool.fill() });
         }

@@ -126,7 +126,11 @@ impl Pool {
         // Slots a crash left behind: nothing but empty dirs of ours.
         if let Ok(entries) = std::fs::read_dir(&config.work_dir) {
             for entry in entries.flatten() {
-                if entry.file_name().as_bytes().starts_with(SLOT_PREFIX.as_bytes()) {
+                if entry
+                    .file_name()
+                    .as_bytes()
+                    .starts_with(SLOT_PREFIX.as_bytes())
+                {
                     let _ = std::fs::remove_dir_all(entry.path());
                 }
             }
@@ -157,8 +161,13 @@ impl Pool {
         let mut ready = taken?;
         let slot = ready.slot.as_deref()?;
         // Never over a work dir an earlier attempt left: it keeps its files.
-        if let Err(e) = renameat2(AT_FDCWD, slot, AT_FDCWD, work_dir, RenameFlags::RENAME_NOREPLACE)
-        {
+        if let Err(e) = renameat2(
+            AT_FDCWD,
+            slot,
+            AT_FDCWD,
+            work_dir,
+            RenameFlags::RENAME_NOREPLACE,
+        ) {
             if e == nix::errno::Errno::EINVAL {
                 tracing::warn!(
                     dir = %self.work_dir.display(),
@@ -334,7 +343,9 @@ pub fn serve() -> ExitCode {
     }
     let len = u32::from_be_bytes(len) as usize;
     if len > MAX_REQUEST_BYTES {
-        return fail(format!("a request of {len} bytes, above {MAX_REQUEST_BYTES}"));
+        return fail(format!(
+            "a request of {len} bytes, above {MAX_REQUEST_BYTES}"
+        ));
     }
     let mut body = vec![0u8; len];
     if let Err(e) = stdin.read_exact(&mut body) {
@@ -375,7 +386,10 @@ pub fn serve() -> ExitCode {
         .env_clear()
         .envs(env)
         .exec();
-    fail(format!("could not start `{}`: {e}", Path::new(&program).display()))
+    fail(format!(
+        "could not start `{}`: {e}",
+        Path::new(&program).display()
+    ))
 }
 
 #[cfg(test)]

@@ -101,10 +101,7 @@ impl ScriptExecutor {
         }
         // A prepared sandbox brings the work dir along (renamed from its
         // own), when the task has none yet.
-        let prepared = self
-            .prepared
-            .as_ref()
-            .and_then(|pool| pool.take(&work_dir));
+        let prepared = self.prepared.as_ref().and_then(|pool| pool.take(&work_dir));
         if prepared.is_none()
             && let Err(e) = std::fs::create_dir_all(&work_dir)
         {
@@ -289,7 +286,10 @@ impl ScriptExecutor {
         set("ORCHESTRATOR_WORK_DIR", work_dir.into());
         set("ORCHESTRATOR_RESULT_FILE", result_file.into());
         set("ORCHESTRATOR_DATA_DIR", self.config.data_dir.clone().into());
-        set("ORCHESTRATOR_SCRIPTS_DIR", self.config.scripts_dir.clone().into());
+        set(
+            "ORCHESTRATOR_SCRIPTS_DIR",
+            self.config.scripts_dir.clone().into(),
+        );
         set(
             "ORCHESTRATOR_CHECKPOINT",
             Value::Object(job.checkpoint.clone()).to_string().into(),

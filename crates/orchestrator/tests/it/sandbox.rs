@@ -274,7 +274,10 @@ fn probe(daemon: &Daemon, input: Value, max_attempts: u32) -> Value {
     let id = created["task_ids"][0].as_str().unwrap().to_owned();
     for _ in 0..600 {
         let task = daemon.cli_json(&["task", &id, "--json"]);
-        if matches!(task["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+        if matches!(
+            task["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        ) {
             return task;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -293,7 +296,15 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     let data_dir = dir.path().join("data");
     let mut command = Command::new(BIN);
     command
-        .args(["serve", "--port", "0", "--no-auth", "--workers", "1", "--data-dir"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--no-auth",
+            "--workers",
+            "1",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .arg("--scripts-dir")
         .arg(fixture_scripts());
@@ -323,7 +334,10 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     let task = probe(&daemon, json!({"fail_first": true}), 2);
     assert_eq!(task["status"], "completed", "{task}");
     assert_eq!(task["output"]["attempt"], 2, "{task}");
-    assert_eq!(task["output"]["found_mark"], true, "the retry lost the work dir: {task}");
+    assert_eq!(
+        task["output"]["found_mark"], true,
+        "the retry lost the work dir: {task}"
+    );
 
     // Nothing prepared outlives the service, even one killed with -9.
     wait_for_a_prepared_sandbox(&data_dir);
