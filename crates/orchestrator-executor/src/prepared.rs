@@ -406,8 +406,11 @@ mod tests {
             env: &env,
         };
         let bytes = request.encode();
-        let body = b"/d/work/t1\0/bin/sh\01\0s.sh\0A=x=y\0";
+        let body: Vec<u8> = ["/d/work/t1", "/bin/sh", "1", "s.sh", "A=x=y"]
+            .iter()
+            .flat_map(|field| [field.as_bytes(), b"\0"].concat())
+            .collect();
         assert_eq!(&bytes[..4], &(body.len() as u32).to_be_bytes());
-        assert_eq!(&bytes[4..], body);
+        assert_eq!(&bytes[4..], &body[..]);
     }
 }
