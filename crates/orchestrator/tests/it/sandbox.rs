@@ -246,13 +246,15 @@ fn the_service_s_environment_is_unreadable_even_without_the_sandbox() {
 }
 
 /// Waits until the service has a sandbox prepared for the next attempt
-/// (its dir is in the work dir), so that the attempt takes it.
+/// (its dir is in the work dir, with the mark its helper leaves once every
+/// mount is made), so that the attempt takes it.
 fn wait_for_a_prepared_sandbox(data_dir: &Path) {
-    for _ in 0..400 {
+    for _ in 0..1200 {
         let ready = std::fs::read_dir(data_dir.join("work")).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(".prepared-"))
+            entries.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(".prepared-")
+                    && e.path().join(".ready").exists()
+            })
         });
         if ready {
             return;
@@ -352,7 +354,7 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
             .filter(|c| c.contains(&data))
             .collect()
     };
-    for _ in 0..200 {
+    for _ in 0..600 {
         if left().is_empty() {
             return;
         }
