@@ -25,7 +25,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -247,14 +247,10 @@ impl Pool {
             .work_dir
             .join(format!("{SLOT_PREFIX}{}-{n}", std::process::id()));
         std::fs::create_dir_all(&slot)?;
-        let mut ready = Ready {
-            child: None,
-            slot: Some(slot),
-        };
         let (program, mut args) = self.bwrap.command_line(Attempt {
             scripts_dir: &self.scripts_dir,
             state_dir: &self.state_dir,
-            work_dir: ready.slot.as_deref().unwrap_or(&self.work_dir),
+            work_dir: &slot,
         });
         // The helper in view, read-only, wherever it is (a build tree in
         // `/tmp` would be under the sandbox's own): last, over the rest.
@@ -262,20 +258,19 @@ impl Pool {
         debug_assert_eq!(end.as_deref(), Some(OsStr::new("--")));
         let helper = self.helper.as_os_str().to_owned();
         args.extend(["--ro-bind".into(), helper.clone(), helper, "--".into()]);
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
             .arg(&self.helper)
-            .arg(ready.slot.as_deref().unwrap_or(&self.work_dir))
+            .arg(&slot)
             .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // As a script's: one group to stop on a timeout or cancel.
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
-        ready.child = Some(child);
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        // Dropped from here on, the slot goes with it.
+        let mut ready = Ready {
+            child: None,
+            slot: Some(slot),
+        };
+        ready.child = Some(crate::run::as_attempt(&mut command).spawn()?);
         Ok(ready)
     }
 }
@@ -286,7 +281,8 @@ pub(crate) struct Request<'a> {
     pub work_dir: &'a Path,
     pub program: &'a OsStr,
     pub args: Vec<&'a OsStr>,
-    pub env: &'a [(OsString, OsString)],
+    /// The service's environment, then the attempt's own variables.
+    pub env: [&'a [(OsString, OsString)]; 2],
 }
 
 impl Request<'_> {
@@ -304,6 +300,7 @@ impl Request<'_> {
         let entries: Vec<Vec<u8>> = self
             .env
             .iter()
+            .flat_map(|part| part.iter())
             .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
             .collect();
         fields.extend(entries.iter().map(Vec::as_slice));
@@ -399,14 +396,15 @@ mod tests {
     #[test]
     fn a_request_is_its_fields_each_ended_by_nul_after_their_length() {
         let env = vec![("A".into(), "x=y".into())];
+        let own = vec![("B".into(), "1".into())];
         let request = Request {
             work_dir: Path::new("/d/work/t1"),
             program: OsStr::new("/bin/sh"),
             args: vec![OsStr::new("s.sh")],
-            env: &env,
+            env: [&env, &own],
         };
         let bytes = request.encode();
-        let body: Vec<u8> = ["/d/work/t1", "/bin/sh", "1", "s.sh", "A=x=y"]
+        let body: Vec<u8> = ["/d/work/t1", "/bin/sh", "1", "s.sh", "A=x=y", "B=1"]
             .iter()
             .flat_map(|field| [field.as_bytes(), b"\0"].concat())
             .collect();

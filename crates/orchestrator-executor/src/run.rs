@@ -119,7 +119,7 @@ impl ScriptExecutor {
                     work_dir: &work_dir,
                     program: program.as_os_str(),
                     args: script_arg.iter().map(|a| a.as_os_str()).collect(),
-                    env: &env,
+                    env: [&self.inherited_env, &env],
                 };
                 Ok((child, request.encode()))
             }
@@ -140,15 +140,11 @@ impl ScriptExecutor {
                 command
                     .args(script_arg)
                     .env_clear()
-                    .envs(env.iter().map(|(k, v)| (k, v)))
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    // Its own process group, so a timeout or cancel can stop
-                    // the script together with everything it started.
-                    .process_group(0)
-                    .kill_on_drop(true);
-                command.spawn().map(|child| (child, Vec::new()))
+                    .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
+                    .envs(env.iter().map(|(k, v)| (k, v)));
+                as_attempt(&mut command)
+                    .spawn()
+                    .map(|child| (child, Vec::new()))
             }
         };
         let (mut child, request) = match spawned {
@@ -266,15 +262,15 @@ impl ScriptExecutor {
         }
     }
 
-    /// The script's whole environment: the service's (less its own
-    /// settings) and the contract's `ORCHESTRATOR_*` variables.
+    /// The attempt's own environment, set over the service's (less its
+    /// settings): the contract's `ORCHESTRATOR_*` variables.
     fn script_env(
         &self,
         job: &Job<'_>,
         work_dir: &Path,
         result_file: &Path,
     ) -> Vec<(OsString, OsString)> {
-        let mut env: Vec<(OsString, OsString)> = self.inherited_env.as_ref().clone();
+        let mut env: Vec<(OsString, OsString)> = Vec::new();
         let mut set = |key: &str, value: OsString| env.push((key.into(), value));
         set("ORCHESTRATOR_TASK_ID", job.task_id.clone().into());
         set("ORCHESTRATOR_WORKFLOW_ID", job.workflow_id.clone().into());
@@ -377,6 +373,19 @@ impl ScriptExecutor {
 /// The input as the script reads it: an object input also carries the
 /// checkpoint under `checkpoint`, unless it has a field of that name itself
 /// (the checkpoint is in `ORCHESTRATOR_CHECKPOINT` either way).
+/// How an attempt's process starts, in or out of a sandbox, made at once
+/// or ahead: its streams piped to the service, and in a process group of
+/// its own, so that a timeout or cancel stops the script together with
+/// everything it started.
+pub(crate) fn as_attempt(command: &mut Command) -> &mut Command {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+}
+
 fn stdin_document(input: &Value, checkpoint: &Map<String, Value>) -> Vec<u8> {
     match input {
         Value::Object(fields) if !fields.contains_key("checkpoint") => {

@@ -124,7 +124,7 @@ pub(crate) fn submit(url: &str, body: Value) -> Value {
     })
 }
 
-fn wait_all_finished(daemon: &Daemon, ids: &[String]) -> Vec<Value> {
+pub(crate) fn wait_all_finished(daemon: &Daemon, ids: &[String]) -> Vec<Value> {
     ids.iter()
         .map(|id| {
             for _ in 0..600 {

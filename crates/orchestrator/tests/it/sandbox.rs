@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::cli::{BIN, Daemon, submit};
+use crate::cli::{BIN, Daemon, submit, wait_all_finished};
 use crate::harness::fixture_scripts;
 
 /// A key no script may ever see (64 hex digits).
@@ -274,17 +274,7 @@ fn probe(daemon: &Daemon, input: Value, max_attempts: u32) -> Value {
         }, "max_attempts": max_attempts}),
     );
     let id = created["task_ids"][0].as_str().unwrap().to_owned();
-    for _ in 0..600 {
-        let task = daemon.cli_json(&["task", &id, "--json"]);
-        if matches!(
-            task["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
-            return task;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("task {id} never finished");
+    wait_all_finished(daemon, &[id]).remove(0)
 }
 
 /// A sandbox prepared ahead of its attempt serves that attempt alone, as
