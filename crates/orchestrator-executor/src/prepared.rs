@@ -270,7 +270,7 @@ impl Pool {
             child: None,
             slot: Some(slot),
         };
-        ready.child = Some(crate::run::as_attempt(&mut command).spawn()?);
+        ready.child = Some(crate::sandbox::as_attempt(&mut command).spawn()?);
         Ok(ready)
     }
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -142,7 +142,7 @@ impl ScriptExecutor {
                     .env_clear()
                     .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
                     .envs(env.iter().map(|(k, v)| (k, v)));
-                as_attempt(&mut command)
+                crate::sandbox::as_attempt(&mut command)
                     .spawn()
                     .map(|child| (child, Vec::new()))
             }
@@ -373,19 +373,6 @@ impl ScriptExecutor {
 /// The input as the script reads it: an object input also carries the
 /// checkpoint under `checkpoint`, unless it has a field of that name itself
 /// (the checkpoint is in `ORCHESTRATOR_CHECKPOINT` either way).
-/// How an attempt's process starts, in or out of a sandbox, made at once
-/// or ahead: its streams piped to the service, and in a process group of
-/// its own, so that a timeout or cancel stops the script together with
-/// everything it started.
-pub(crate) fn as_attempt(command: &mut Command) -> &mut Command {
-    command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-}
-
 fn stdin_document(input: &Value, checkpoint: &Map<String, Value>) -> Vec<u8> {
     match input {
         Value::Object(fields) if !fields.contains_key("checkpoint") => {

@@ -257,6 +257,19 @@ impl Bubblewrap {
     }
 }
 
+/// How an attempt's process starts, in or out of a sandbox, made at once
+/// or ahead: its streams piped to the service, and in a process group of
+/// its own, so that a timeout or cancel stops the script together with
+/// everything it started.
+pub(crate) fn as_attempt(command: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+}
+
 /// The rules to apply, in order: shallowest path first, so that a deeper
 /// rule lands on top; without rules that change nothing (a hidden path
 /// under a hidden or scratch one, which would only show its name) and
