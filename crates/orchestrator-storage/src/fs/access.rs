@@ -25,7 +25,7 @@ impl AccessStore for FsBackend {
     async fn delete_secret(&self, name: &str) -> Result<bool> {
         let pending = {
             let mut state = self.lock_state();
-            if state.record(RecordKind::Secret, name).is_none() {
+            if state.record(RecordKind::Secret, name)?.is_none() {
                 return Ok(false);
             }
             let line = Line::SecretDeleted {

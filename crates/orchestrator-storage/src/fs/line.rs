@@ -11,7 +11,7 @@ use orchestrator_core::webhook::{Delivery, Subscription};
 use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
-use super::state::State;
+use super::state::{Applied, State};
 use crate::{Record, RecordKind};
 
 /// Frames `json` as one line, newline included, onto `out`.
@@ -79,14 +79,17 @@ pub(super) enum Line {
 }
 
 impl Line {
-    /// Applies this line to the in-memory records, as replaying it does.
-    pub(super) fn apply(self, state: &mut State) {
+    /// Applies this line to the records, as replaying it does; `applied`
+    /// says where the line is and whether it is durable yet.
+    pub(super) fn apply(self, state: &mut State, applied: Applied) {
         match self {
-            Line::Workflow(w) => state.put_workflow(w),
-            Line::Task(t) => state.put_task(t),
+            Line::Workflow(w) => state.put_workflow(w, applied),
+            Line::Task(t) => state.put_task(t, applied),
             Line::Submission { workflow, tasks } => {
-                state.put_workflow(workflow);
-                tasks.into_iter().for_each(|t| state.put_task(t));
+                // The tasks first: a finished workflow's tasks are evicted
+                // with it.
+                tasks.into_iter().for_each(|t| state.put_task(t, applied));
+                state.put_workflow(workflow, applied);
             }
             Line::Token(t) => state.put_token(t),
             Line::Secret(s) => state.put_secret(s),

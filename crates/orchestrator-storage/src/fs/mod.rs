@@ -10,10 +10,11 @@
 //! logs/<task>.log  captured script output
 //! ```
 //!
-//! All records live in memory with their indexes, rebuilt at open from the
-//! snapshot and the journal. A write changes memory and queues its journal
-//! line under one lock (so the journal order is the memory order), then
-//! waits, outside the lock, until the line is durable.
+//! Every index lives in memory, rebuilt at open from the snapshot and the
+//! journal, and so does every record except finished work, which is read
+//! back from its line (`history`). A write changes memory and queues its
+//! journal line under one lock (so the journal order is the memory order),
+//! then waits, outside the lock, until the line is durable.
 //!
 //! This module is the backend's facade: it opens the dir, orders every
 //! write (commit, compare-and-set, compaction) and holds the lifecycle and
@@ -23,11 +24,12 @@
 //! format of a journal or snapshot line; `journal`, its writer (group
 //! commit) and its one reader, with the one rule for a line torn by a
 //! crash; `snapshot`, what a compaction writes; `logs`, the task log
-//! files; `layout`, `layout.json`. `state` holds the records in memory with
-//! their indexes, and `indexed` is the migration's view of a store, which
-//! keeps only where its records are.
+//! files; `layout`, `layout.json`. `state` holds the records with their
+//! indexes, `history` the finished ones kept on disk, and `indexed` is the
+//! migration's view of a store, which keeps only where its records are.
 
 mod access;
+mod history;
 mod indexed;
 pub(crate) mod journal;
 mod layout;
@@ -47,19 +49,20 @@ pub use self::layout::{LAYOUT_VERSION, layout_version};
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use orchestrator_core::{Node, TaskId};
+use orchestrator_core::{Node, TaskId, WorkflowId};
 
+use self::history::{Files, Place};
 use self::journal::reader::{LineFile, read_strictly};
 use self::journal::{JournalWriter, Pending};
 pub(crate) use self::layout::layout_status;
 use self::layout::{Access, check_layout};
 use self::line::Line;
 use self::logs::log_path;
-use self::snapshot::SnapshotRecords;
-use self::state::State;
+use self::snapshot::Compaction;
+use self::state::{Applied, State};
 use crate::{Backend, ChangeFeed, Error, NodeStore, Result};
 
 const SNAPSHOT_FILE: &str = "snapshot.jsonl";
@@ -99,6 +102,15 @@ fn open_data_dir(dir: &Path) -> Result<File> {
     Ok(lock)
 }
 
+/// `path` opened to read, if it exists.
+fn open_to_read(path: &Path) -> Result<Option<Arc<File>>> {
+    match File::open(path) {
+        Ok(file) => Ok(Some(Arc::new(file))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("open {}", path.display()), e)),
+    }
+}
+
 /// Tuning knobs; the defaults suit production.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
@@ -119,8 +131,10 @@ pub struct FsBackend {
     logs_dir: PathBuf,
     options: FsOptions,
     /// A std mutex: it guards plain in-memory maps and is never held across
-    /// an `.await`; durability is awaited after it is released.
-    state: Mutex<State>,
+    /// an `.await`; durability is awaited after it is released. Shared with
+    /// the journal writer thread, which points records at their new lines
+    /// when a compaction is done.
+    state: Arc<Mutex<State>>,
     /// The journal writer. (Always there: a read-only open is an
     /// [`IndexedStore`].)
     journal: Option<JournalWriter>,
@@ -147,29 +161,45 @@ impl FsBackend {
     fn open_blocking(dir: PathBuf, options: FsOptions) -> Result<FsBackend> {
         let lock = open_data_dir(&dir)?;
         let logs_dir = dir.join(LOGS_DIR);
-        let mut state = State::default();
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let journal_path = dir.join(JOURNAL_FILE);
-        read_strictly(&snapshot_path, LineFile::Snapshot, |line, _| {
-            line.apply(&mut state)
+        // Opened before reading: finished records are read back from them.
+        let mut state = State::new(Files {
+            dir: dir.clone(),
+            snapshot: open_to_read(&snapshot_path)?,
+            journal: open_to_read(&journal_path)?,
+        });
+        // Every line read back is durable: what finished is evicted as it
+        // is read.
+        read_strictly(&snapshot_path, LineFile::Snapshot, |line, place| {
+            let at = Place::in_snapshot(place.offset, place.len);
+            line.apply(&mut state, Applied { at, durable: true })
         })?;
-        let journal_bytes = read_strictly(&journal_path, LineFile::Journal, |line, _| {
-            line.apply(&mut state)
+        let mut seq = 0;
+        let journal_bytes = read_strictly(&journal_path, LineFile::Journal, |line, place| {
+            seq += 1;
+            let at = Place::in_journal(place.offset, place.len, seq);
+            line.apply(&mut state, Applied { at, durable: true })
         })?;
         state.journal_bytes = journal_bytes;
+        state.last_seq = seq;
         tracing::info!(
             dir = %dir.display(),
             tasks = state.task_count(),
             workflows = state.workflow_count(),
             "filesystem storage opened"
         );
-        let journal = JournalWriter::start(journal_path, snapshot_path)?;
+        let journal = JournalWriter::start(journal_path.clone(), snapshot_path)?;
+        if state.files().journal.is_none() {
+            // The writer has just created it.
+            state.set_journal(open_to_read(&journal_path)?);
+        }
         let locks = locks::read(&dir)?;
         Ok(FsBackend {
             dir,
             logs_dir,
             options,
-            state: Mutex::new(state),
+            state: Arc::new(Mutex::new(state)),
             journal: Some(journal),
             nodes: Mutex::new(Default::default()),
             lock: Mutex::new(Some(lock)),
@@ -213,10 +243,22 @@ impl FsBackend {
         record
             .encode_into(&mut bytes)
             .map_err(|e| Error::io("serialize record", std::io::Error::other(e)))?;
-        state.journal_bytes += bytes.len() as u64;
+        // The journal holds exactly the bytes appended since the last
+        // compaction emptied it, in this order: the line lands there.
+        let (offset, len, seq) = (state.journal_bytes, bytes.len(), state.last_seq + 1);
         let pending = self.writer()?.append(bytes)?;
-        record.apply(state);
+        state.journal_bytes += len as u64;
+        state.last_seq = seq;
+        let at = Place::in_journal(offset, len - 1, seq);
+        record.apply(state, Applied { at, durable: false });
         Ok(pending)
+    }
+
+    /// Once a write that touched workflow `id` is durable (its line, `seq`,
+    /// and with it every line before), drops the workflow from memory if
+    /// it has finished.
+    fn evict_finished(&self, id: WorkflowId, seq: u64) {
+        self.lock_state().evict_finished(id, seq);
     }
 
     /// Commits one line and waits until it is durable.
@@ -258,11 +300,11 @@ impl FsBackend {
 
     /// [`FsBackend::queue_compaction`], with the write to await.
     fn compaction(&self, state: &mut State) -> Result<Pending> {
-        let records = SnapshotRecords::take(state);
+        let job = Compaction::take(state, self.state.clone())?;
         state.journal_bytes = 0;
         // A failed snapshot poisons the journal, and every later write
         // reports it, whether or not anyone awaits it.
-        self.writer()?.snapshot(Box::new(move || records.encode()))
+        self.writer()?.snapshot(Box::new(job))
     }
 }
 

@@ -28,8 +28,8 @@ impl RetentionStore for FsBackend {
                 // Checked under the lock that orders every write: a retry
                 // that revived it, or any change, has bumped its version.
                 let still_finished = state
-                    .workflow(id)
-                    .is_some_and(|w| w.version == version && w.status.is_terminal());
+                    .workflow_state(id)
+                    .is_some_and(|(v, status)| v == version && status.is_terminal());
                 if !still_finished {
                     continue;
                 }
@@ -62,7 +62,7 @@ impl RetentionStore for FsBackend {
         let live: HashSet<TaskId> = if pruned.workflows.is_empty() {
             Default::default()
         } else {
-            self.lock_state().tasks().map(|t| t.id).collect()
+            self.lock_state().task_ids().collect()
         };
         let removed = pruned.workflows.len();
         tokio::task::spawn_blocking(move || remove_logs(&logs_dir, &task_ids, removed > 0, &live))

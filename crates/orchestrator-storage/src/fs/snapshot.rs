@@ -1,90 +1,233 @@
 //! The snapshot, `snapshot.jsonl`: every record as of the last compaction,
 //! one line each (see [`super::line`]), read back by the journal's reader.
 //!
-//! A compaction takes copies of the records under the state lock
-//! ([`SnapshotRecords::take`]); the journal writer thread encodes them,
-//! outside the lock, writes them with [`write_atomically`], and empties
-//! the journal. So the snapshot is only ever replaced whole, never torn.
+//! A compaction takes the records under the state lock
+//! ([`Compaction::take`]): shared pointers for what is in memory, places
+//! for what is on disk. The journal writer thread writes them, outside the
+//! lock, with [`write_atomically_with`], then points every record at its
+//! new line ([`SnapshotJob::installed`]) and empties the journal. So the
+//! snapshot is only ever replaced whole, never torn.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
-use orchestrator_core::schedule::{Schedule, ScheduleClaim};
-use orchestrator_core::webhook::{Delivery, Subscription};
-use orchestrator_core::{Task, Workflow};
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 
+use super::history::{Files, Held, Place};
+use super::journal::SnapshotJob;
 use super::line::Line;
 use super::state::State;
+use crate::{Error, RecordKind, Result};
 
-/// Every record of a store, taken to be written as its snapshot.
-pub(super) struct SnapshotRecords {
-    workflows: Vec<Workflow>,
-    /// Shared with the state: taking them copies pointers, not tasks.
-    tasks: Vec<Arc<Task>>,
-    tokens: Vec<ApiToken>,
-    secrets: Vec<SecretRecord>,
-    audit: Vec<AuditRecord>,
-    schedules: Vec<Schedule>,
-    claims: Vec<ScheduleClaim>,
-    subscriptions: Vec<Subscription>,
-    deliveries: Vec<Delivery>,
+/// A workflow or task as a compaction copies it.
+enum Taken<T> {
+    Memory(Arc<T>),
+    /// Its line, read on the writer thread.
+    Disk(Place),
 }
 
-impl SnapshotRecords {
-    /// Copies every record of `state`. Called under the state lock, so it
-    /// only copies; [`SnapshotRecords::encode`] does the work, after.
-    pub(super) fn take(state: &State) -> SnapshotRecords {
-        SnapshotRecords {
-            workflows: state.workflows().cloned().collect(),
-            tasks: state.shared_tasks().cloned().collect(),
-            tokens: state.tokens().cloned().collect(),
-            secrets: state.secrets().cloned().collect(),
-            audit: state.audit().cloned().collect(),
-            schedules: state.schedules().cloned().collect(),
-            claims: state.all_claims().cloned().collect(),
-            subscriptions: state.subscriptions().cloned().collect(),
-            deliveries: state.deliveries().cloned().collect(),
-        }
-    }
+/// Every record of a store, taken to be written as its snapshot.
+pub(super) struct Compaction {
+    workflows: Vec<(WorkflowId, u64, Taken<Workflow>)>,
+    tasks: Vec<(TaskId, u64, Taken<Task>)>,
+    /// Every other record, small and few: copied.
+    others: Vec<Line>,
+    /// Where records on disk are read from: the files as they are now.
+    files: Files,
+    /// Where each workflow and task was written, in the order above.
+    workflow_places: Vec<Option<Place>>,
+    task_places: Vec<Option<Place>>,
+    /// To point the records at their new lines once the snapshot is in place.
+    state: Arc<Mutex<State>>,
+}
 
-    /// The snapshot's bytes: one line a record, workflows first.
-    pub(super) fn encode(self) -> io::Result<Vec<u8>> {
-        let mut bytes = Vec::new();
-        let lines = (self.workflows.into_iter().map(Line::Workflow))
+impl Compaction {
+    /// Takes every record of `state`. Called under the state lock, so it
+    /// only copies pointers and places; the writing happens after.
+    pub(super) fn take(state: &mut State, shared: Arc<Mutex<State>>) -> Result<Compaction> {
+        // An earlier compaction still being written will empty the journal
+        // before this one runs, and point the records it names elsewhere
+        // only once done: a record this one would read from the journal is
+        // read now instead. (Rare: the journal filled up again while a
+        // snapshot was written.)
+        let earlier = state.compactions_in_flight > 0;
+        state.compactions_in_flight += 1;
+        let state = &*state;
+        fn taken<T, S>(
+            held: &Held<T, S>,
+            earlier: bool,
+            read: impl FnOnce(Place) -> Result<Arc<T>>,
+        ) -> Result<Taken<T>> {
+            Ok(match held {
+                Held::Memory { record, .. } => Taken::Memory(record.clone()),
+                Held::Disk { at, .. } if earlier && at.in_journal_file() => {
+                    Taken::Memory(read(*at)?)
+                }
+                Held::Disk { at, .. } => Taken::Disk(*at),
+            })
+        }
+        let workflows = state
+            .held_workflows()
+            .map(|(id, held)| {
+                let version = state.workflow_state(*id).map_or(0, |s| s.0);
+                let taken = taken(held, earlier, |_| {
+                    state.workflow(*id)?.ok_or(Error::WorkflowNotFound(*id))
+                })?;
+                Ok((*id, version, taken))
+            })
+            .collect::<Result<_>>()?;
+        let tasks = state
+            .held_tasks()
+            .map(|(id, held)| {
+                let version = state.task_version(*id).unwrap_or(0);
+                let taken = taken(held, earlier, |_| {
+                    state.task(*id)?.ok_or(Error::TaskNotFound(*id))
+                })?;
+                Ok((*id, version, taken))
+            })
+            .collect::<Result<_>>()?;
+        let others = (state.tokens().cloned().map(Line::Token))
+            .chain(state.secrets().cloned().map(Line::Secret))
+            .chain(state.audit().cloned().map(Line::Audit))
+            .chain(state.schedules().cloned().map(Line::Schedule))
+            .chain(state.all_claims().cloned().map(Line::ScheduleClaim))
             .chain(
-                self.tasks
-                    .into_iter()
-                    .map(|t| Line::Task(Arc::unwrap_or_clone(t))),
-            )
-            .chain(self.tokens.into_iter().map(Line::Token))
-            .chain(self.secrets.into_iter().map(Line::Secret))
-            .chain(self.audit.into_iter().map(Line::Audit))
-            .chain(self.schedules.into_iter().map(Line::Schedule))
-            .chain(self.claims.into_iter().map(Line::ScheduleClaim))
-            .chain(
-                self.subscriptions
-                    .into_iter()
+                state
+                    .subscriptions()
+                    .cloned()
                     .map(Line::WebhookSubscription),
             )
-            .chain(self.deliveries.into_iter().map(Line::WebhookDelivery));
-        for line in lines {
-            line.encode_into(&mut bytes)?;
+            .chain(state.deliveries().cloned().map(Line::WebhookDelivery))
+            .collect();
+        Ok(Compaction {
+            workflows,
+            tasks,
+            others,
+            files: state.files().clone(),
+            workflow_places: Vec::new(),
+            task_places: Vec::new(),
+            state: shared,
+        })
+    }
+}
+
+/// Writes lines and counts the bytes, so each line's place is known.
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    offset: u64,
+    buffer: Vec<u8>,
+}
+
+impl Counted<'_> {
+    /// Writes one line (given framed, without its newline) and returns
+    /// where it is.
+    fn line(&mut self, framed: &[u8]) -> io::Result<Option<Place>> {
+        let at = Place::in_snapshot(self.offset, framed.len());
+        self.out.write_all(framed)?;
+        self.out.write_all(b"\n")?;
+        self.offset += framed.len() as u64 + 1;
+        Ok(at)
+    }
+
+    /// Encodes `line` and writes it.
+    fn encode(&mut self, line: &Line) -> io::Result<Option<Place>> {
+        self.buffer.clear();
+        line.encode_into(&mut self.buffer)?;
+        let mut framed = std::mem::take(&mut self.buffer);
+        framed.pop(); // the newline `encode_into` ends with
+        let at = self.line(&framed);
+        self.buffer = framed;
+        at
+    }
+
+    /// Writes a record that is on disk: a snapshot line as it is (one
+    /// record a line, already framed), a journal line's record on its own.
+    fn copy(
+        &mut self,
+        files: &Files,
+        kind: RecordKind,
+        key: &str,
+        at: Place,
+    ) -> io::Result<Option<Place>> {
+        if at.in_journal_file() {
+            let record = files.read(kind, key, at).map_err(io::Error::other)?;
+            self.encode(&Line::of(record))
+        } else {
+            let framed = files.read_line(at).map_err(io::Error::other)?;
+            self.line(&framed)
         }
-        Ok(bytes)
+    }
+}
+
+impl SnapshotJob for Compaction {
+    /// One line a record, workflows first, then tasks (a task's workflow
+    /// is known before it when the snapshot is read back).
+    fn write(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        let mut lines = Counted {
+            out,
+            offset: 0,
+            buffer: Vec::new(),
+        };
+        for (id, _, taken) in &self.workflows {
+            let at = match taken {
+                Taken::Memory(w) => lines.encode(&Line::Workflow(Workflow::clone(w)))?,
+                Taken::Disk(at) => {
+                    lines.copy(&self.files, RecordKind::Workflow, &id.to_string(), *at)?
+                }
+            };
+            self.workflow_places.push(at);
+        }
+        for (id, _, taken) in &self.tasks {
+            let at = match taken {
+                Taken::Memory(t) => lines.encode(&Line::Task(Task::clone(t)))?,
+                Taken::Disk(at) => {
+                    lines.copy(&self.files, RecordKind::Task, &id.to_string(), *at)?
+                }
+            };
+            self.task_places.push(at);
+        }
+        for line in &self.others {
+            lines.encode(line)?;
+        }
+        Ok(())
+    }
+
+    fn installed(self: Box<Self>, snapshot: File) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.compactions_in_flight -= 1;
+        for ((id, version, _), at) in self.workflows.iter().zip(&self.workflow_places) {
+            state.repoint_workflow(*id, *version, *at);
+        }
+        for ((id, version, _), at) in self.tasks.iter().zip(&self.task_places) {
+            state.repoint_task(*id, *version, *at);
+        }
+        state.install_snapshot(snapshot);
+        // What finished before the compaction is durable in the snapshot
+        // now, in lines of its own: out of memory with it.
+        for (id, _, _) in &self.workflows {
+            state.evict_finished(*id, 0);
+        }
     }
 }
 
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomically_with(path, |out| out.write_all(bytes))
+}
+
+/// [`write_atomically`] what `write` streams, through a buffer.
+pub(crate) fn write_atomically_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = path.with_extension("tmp");
     {
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
+        let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;
     File::open(dir)?.sync_all()

@@ -1,25 +1,53 @@
-//! The filesystem backend's in-memory records and indexes.
+//! The filesystem backend's records and indexes: every index in memory,
+//! and the records themselves in memory too, except finished work, which
+//! is read back from its line (see [`super::history`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
-use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
+use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId, WorkflowStatus};
 
 use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::webhook::{Delivery, Subscription};
 
-use crate::{AuditQuery, Page, Record, RecordKind, TaskQuery, WorkflowQuery};
+use super::history::{Files, Held, Place};
+use crate::{AuditQuery, Page, Record, RecordKind, Result, TaskQuery, WorkflowQuery};
 
-#[derive(Default)]
+/// A task in memory is shared, so that handing out a workflow's tasks (on
+/// every finished step) copies pointers, not records. On disk, its status
+/// is kept for the indexes.
+pub(super) type HeldTask = Held<Task, TaskStatus>;
+
+pub(super) type HeldWorkflow = Held<Workflow, WorkflowSummary>;
+
+/// What listing filters need of a workflow kept on disk.
+#[derive(Debug, Clone)]
+pub(super) struct WorkflowSummary {
+    pub status: WorkflowStatus,
+    /// Interned: a handful of kinds name every workflow.
+    pub kind: Arc<str>,
+}
+
+/// Whether a line being applied is already durable (read back at open)
+/// or only queued (a commit): only a durable line's records may be evicted.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Applied {
+    pub at: Option<Place>,
+    pub durable: bool,
+}
+
 pub(super) struct State {
-    /// Shared, so that handing out a workflow's tasks (on every finished
-    /// step) copies pointers, not records.
-    tasks: BTreeMap<TaskId, Arc<Task>>,
+    files: Files,
+    tasks: BTreeMap<TaskId, HeldTask>,
     by_status: HashMap<TaskStatus, BTreeSet<TaskId>>,
-    by_workflow: HashMap<WorkflowId, BTreeSet<TaskId>>,
-    workflows: BTreeMap<WorkflowId, Workflow>,
+    /// A workflow's tasks are one range of this set: one entry a task,
+    /// rather than a set per workflow, which a one-step workflow would
+    /// pay a whole tree node for.
+    by_workflow: BTreeSet<(WorkflowId, TaskId)>,
+    workflows: BTreeMap<WorkflowId, HeldWorkflow>,
+    kinds: HashSet<Arc<str>>,
     by_idempotency_key: HashMap<String, WorkflowId>,
     by_reference: HashMap<String, BTreeMap<u32, WorkflowId>>,
     tokens: BTreeMap<String, ApiToken>,
@@ -36,9 +64,45 @@ pub(super) struct State {
     deliveries: BTreeMap<String, Delivery>,
     /// Bytes appended to the journal since the last compaction.
     pub(super) journal_bytes: u64,
+    /// The number of the last journal line appended since the store
+    /// opened (a [`Place`]'s `seq`).
+    pub(super) last_seq: u64,
+    /// Compactions taken and not yet in place (see `Compaction::take`).
+    pub(super) compactions_in_flight: u32,
 }
 
 impl State {
+    pub(super) fn new(files: Files) -> State {
+        State {
+            files,
+            tasks: Default::default(),
+            by_status: Default::default(),
+            by_workflow: Default::default(),
+            workflows: Default::default(),
+            kinds: Default::default(),
+            by_idempotency_key: Default::default(),
+            by_reference: Default::default(),
+            tokens: Default::default(),
+            secrets: Default::default(),
+            audit: Default::default(),
+            schedules: Default::default(),
+            claims: Default::default(),
+            subscriptions: Default::default(),
+            deliveries: Default::default(),
+            journal_bytes: 0,
+            last_seq: 0,
+            compactions_in_flight: 0,
+        }
+    }
+
+    pub(super) fn files(&self) -> &Files {
+        &self.files
+    }
+
+    pub(super) fn set_journal(&mut self, journal: Option<Arc<std::fs::File>>) {
+        self.files.journal = journal;
+    }
+
     pub(super) fn task_count(&self) -> usize {
         self.tasks.len()
     }
@@ -208,113 +272,103 @@ impl State {
             |_| true,
             query.offset,
             query.limit,
-            AuditRecord::clone,
+            |r| AuditRecord::clone(r),
         )
     }
 
     /// The record of `kind` stored under `key`, if any.
-    pub(super) fn record(&self, kind: RecordKind, key: &str) -> Option<Record> {
-        match kind {
-            RecordKind::Token => return self.tokens.get(key).cloned().map(Record::Token),
-            RecordKind::Secret => return self.secrets.get(key).cloned().map(Record::Secret),
-            RecordKind::Audit => return self.audit.get(key).cloned().map(Record::Audit),
-            RecordKind::Schedule => return self.schedules.get(key).cloned().map(Record::Schedule),
-            RecordKind::ScheduleClaim => {
-                return self.claims.get(key).cloned().map(Record::ScheduleClaim);
-            }
-            RecordKind::WebhookSubscription => {
-                return self
-                    .subscriptions
-                    .get(key)
-                    .cloned()
-                    .map(Record::WebhookSubscription);
-            }
-            RecordKind::WebhookDelivery => {
-                return self
-                    .deliveries
-                    .get(key)
-                    .cloned()
-                    .map(Record::WebhookDelivery);
-            }
-            RecordKind::Workflow | RecordKind::Task => {}
-        }
-        let id: uuid::Uuid = key.parse().ok()?;
-        match kind {
-            RecordKind::Workflow => self
-                .workflows
-                .get(&WorkflowId::from_uuid(id))
+    pub(super) fn record(&self, kind: RecordKind, key: &str) -> Result<Option<Record>> {
+        let other = match kind {
+            RecordKind::Token => self.tokens.get(key).cloned().map(Record::Token),
+            RecordKind::Secret => self.secrets.get(key).cloned().map(Record::Secret),
+            RecordKind::Audit => self.audit.get(key).cloned().map(Record::Audit),
+            RecordKind::Schedule => self.schedules.get(key).cloned().map(Record::Schedule),
+            RecordKind::ScheduleClaim => self.claims.get(key).cloned().map(Record::ScheduleClaim),
+            RecordKind::WebhookSubscription => self
+                .subscriptions
+                .get(key)
                 .cloned()
-                .map(Record::Workflow),
-            RecordKind::Task => self
-                .tasks
-                .get(&TaskId::from_uuid(id))
-                .map(|t| Record::Task(Task::clone(t))),
-            _ => None,
-        }
+                .map(Record::WebhookSubscription),
+            RecordKind::WebhookDelivery => self
+                .deliveries
+                .get(key)
+                .cloned()
+                .map(Record::WebhookDelivery),
+            RecordKind::Workflow | RecordKind::Task => {
+                let Ok(id) = key.parse::<uuid::Uuid>() else {
+                    return Ok(None);
+                };
+                return Ok(match kind {
+                    RecordKind::Workflow => self
+                        .workflow(WorkflowId::from_uuid(id))?
+                        .map(|w| Record::Workflow(Arc::unwrap_or_clone(w))),
+                    _ => self
+                        .task(TaskId::from_uuid(id))?
+                        .map(|t| Record::Task(Arc::unwrap_or_clone(t))),
+                });
+            }
+        };
+        Ok(other)
     }
 
-    /// Records of `kind` whose keys sort after `after`, in key order. Ids
-    /// print as lowercase hex, so text order is id order; a key that is not
-    /// an id (a damaged line's place) sorts after every id.
-    pub(super) fn records_after<'a>(
-        &'a self,
+    /// Up to `limit` records of `kind` whose keys sort after `after`, in
+    /// key order. Ids print as lowercase hex, so text order is id order; a
+    /// key that is not an id (a damaged line's place) sorts after every id.
+    pub(super) fn records_after(
+        &self,
         kind: RecordKind,
         after: Option<&str>,
-    ) -> Box<dyn Iterator<Item = Record> + 'a> {
+        limit: usize,
+    ) -> Result<Vec<Record>> {
         use std::ops::Bound::{Excluded, Unbounded};
         // Keyed by text: the range is the text after `after`.
         let by_text = |after: Option<&str>| match after {
             None => (Unbounded, Unbounded),
             Some(key) => (Excluded(key.to_owned()), Unbounded),
         };
+        fn first<'a, T: Clone + 'a>(
+            range: impl Iterator<Item = (&'a String, &'a T)>,
+            limit: usize,
+            record: impl Fn(T) -> Record,
+        ) -> Result<Vec<Record>> {
+            Ok(range.take(limit).map(|(_, r)| record(r.clone())).collect())
+        }
         match kind {
             RecordKind::Token => {
-                return Box::new(
-                    self.tokens
-                        .range(by_text(after))
-                        .map(|(_, t)| Record::Token(t.clone())),
-                );
+                return first(self.tokens.range(by_text(after)), limit, Record::Token);
             }
             RecordKind::Secret => {
-                return Box::new(
-                    self.secrets
-                        .range(by_text(after))
-                        .map(|(_, s)| Record::Secret(s.clone())),
-                );
+                return first(self.secrets.range(by_text(after)), limit, Record::Secret);
             }
             RecordKind::Audit => {
-                return Box::new(
-                    self.audit
-                        .range(by_text(after))
-                        .map(|(_, a)| Record::Audit(a.clone())),
-                );
+                return first(self.audit.range(by_text(after)), limit, Record::Audit);
             }
             RecordKind::Schedule => {
-                return Box::new(
-                    self.schedules
-                        .range(by_text(after))
-                        .map(|(_, s)| Record::Schedule(s.clone())),
+                return first(
+                    self.schedules.range(by_text(after)),
+                    limit,
+                    Record::Schedule,
                 );
             }
             RecordKind::ScheduleClaim => {
-                return Box::new(
-                    self.claims
-                        .range(by_text(after))
-                        .map(|(_, c)| Record::ScheduleClaim(c.clone())),
+                return first(
+                    self.claims.range(by_text(after)),
+                    limit,
+                    Record::ScheduleClaim,
                 );
             }
             RecordKind::WebhookSubscription => {
-                return Box::new(
-                    self.subscriptions
-                        .range(by_text(after))
-                        .map(|(_, s)| Record::WebhookSubscription(s.clone())),
+                return first(
+                    self.subscriptions.range(by_text(after)),
+                    limit,
+                    Record::WebhookSubscription,
                 );
             }
             RecordKind::WebhookDelivery => {
-                return Box::new(
-                    self.deliveries
-                        .range(by_text(after))
-                        .map(|(_, d)| Record::WebhookDelivery(d.clone())),
+                return first(
+                    self.deliveries.range(by_text(after)),
+                    limit,
+                    Record::WebhookDelivery,
                 );
             }
             RecordKind::Workflow | RecordKind::Task => {}
@@ -323,54 +377,100 @@ impl State {
             None => Unbounded,
             Some(key) => match key.parse::<uuid::Uuid>() {
                 Ok(id) => Excluded(id),
-                Err(_) => return Box::new(std::iter::empty()),
+                Err(_) => return Ok(Vec::new()),
             },
         };
         match kind {
-            RecordKind::Workflow => Box::new(
-                self.workflows
-                    .range((from.map(WorkflowId::from_uuid), Unbounded))
-                    .map(|(_, w)| Record::Workflow(w.clone())),
-            ),
-            _ => Box::new(
-                self.tasks
-                    .range((from.map(TaskId::from_uuid), Unbounded))
-                    .map(|(_, t)| Record::Task(Task::clone(t))),
-            ),
+            RecordKind::Workflow => self
+                .workflows
+                .range((from.map(WorkflowId::from_uuid), Unbounded))
+                .take(limit)
+                .map(|(id, held)| Ok(Record::Workflow(self.unshared_workflow(*id, held)?)))
+                .collect(),
+            _ => self
+                .tasks
+                .range((from.map(TaskId::from_uuid), Unbounded))
+                .take(limit)
+                .map(|(id, held)| {
+                    Ok(Record::Task(Arc::unwrap_or_clone(
+                        self.load_task(*id, held)?,
+                    )))
+                })
+                .collect(),
         }
     }
 
-    pub(super) fn task(&self, id: TaskId) -> Option<&Task> {
-        self.tasks.get(&id).map(|t| &**t)
+    fn load_task(&self, id: TaskId, held: &HeldTask) -> Result<Arc<Task>> {
+        match held {
+            Held::Memory { record, .. } => Ok(record.clone()),
+            Held::Disk { at, .. } => {
+                match self.files.read(RecordKind::Task, &id.to_string(), *at)? {
+                    Record::Task(task) => Ok(Arc::new(task)),
+                    _ => unreachable!("Files::read returns a record of the kind asked for"),
+                }
+            }
+        }
     }
 
-    pub(super) fn workflow(&self, id: WorkflowId) -> Option<&Workflow> {
-        self.workflows.get(&id)
+    fn load_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Arc<Workflow>> {
+        match held {
+            Held::Memory { record, .. } => Ok(record.clone()),
+            Held::Disk { at, .. } => {
+                match self
+                    .files
+                    .read(RecordKind::Workflow, &id.to_string(), *at)?
+                {
+                    Record::Workflow(workflow) => Ok(Arc::new(workflow)),
+                    _ => unreachable!("Files::read returns a record of the kind asked for"),
+                }
+            }
+        }
     }
 
-    /// The tasks as shared: a copy is a pointer copy.
-    pub(super) fn shared_tasks(&self) -> impl Iterator<Item = &Arc<Task>> {
-        self.tasks.values()
+    fn unshared_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Workflow> {
+        self.load_workflow(id, held).map(Arc::unwrap_or_clone)
     }
 
-    pub(super) fn tasks(&self) -> impl Iterator<Item = &Task> {
-        self.tasks.values().map(|t| &**t)
+    pub(super) fn task(&self, id: TaskId) -> Result<Option<Arc<Task>>> {
+        self.tasks
+            .get(&id)
+            .map(|held| self.load_task(id, held))
+            .transpose()
     }
 
-    pub(super) fn workflows(&self) -> impl Iterator<Item = &Workflow> {
-        self.workflows.values()
+    pub(super) fn workflow(&self, id: WorkflowId) -> Result<Option<Arc<Workflow>>> {
+        self.workflows
+            .get(&id)
+            .map(|held| self.load_workflow(id, held))
+            .transpose()
+    }
+
+    pub(super) fn task_version(&self, id: TaskId) -> Option<u64> {
+        self.tasks.get(&id).map(task_version)
+    }
+
+    /// A workflow's version and status, without reading it back.
+    pub(super) fn workflow_state(&self, id: WorkflowId) -> Option<(u64, WorkflowStatus)> {
+        self.workflows
+            .get(&id)
+            .map(|held| (workflow_version(held), workflow_summary(held).0))
+    }
+
+    pub(super) fn task_ids(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.tasks.keys().copied()
     }
 
     /// Inserts or replaces a task, keeping every index in step. Replaying an
     /// older version over a newer one is ignored, so a journal replayed over
     /// a snapshot that already holds its records changes nothing.
-    pub(super) fn put_task(&mut self, task: Task) {
+    pub(super) fn put_task(&mut self, task: Task, applied: Applied) {
         if let Some(old) = self.tasks.get(&task.id) {
-            if old.version > task.version {
+            if task_version(old) > task.version {
                 return;
             }
-            if old.status != task.status
-                && let Some(set) = self.by_status.get_mut(&old.status)
+            let old_status = task_status(old);
+            if old_status != task.status
+                && let Some(set) = self.by_status.get_mut(&old_status)
             {
                 set.remove(&task.id);
             }
@@ -379,16 +479,29 @@ impl State {
             .entry(task.status)
             .or_default()
             .insert(task.id);
-        self.by_workflow
-            .entry(task.workflow_id)
-            .or_default()
-            .insert(task.id);
-        self.tasks.insert(task.id, Arc::new(task));
+        self.by_workflow.insert((task.workflow_id, task.id));
+        let finished = applied.durable
+            && self
+                .workflows
+                .get(&task.workflow_id)
+                .is_some_and(|w| workflow_summary(w).0.is_terminal());
+        let held = match applied.at {
+            Some(at) if finished => Held::Disk {
+                at,
+                version: task.version,
+                summary: task.status,
+            },
+            at => Held::Memory {
+                record: Arc::new(task.clone()),
+                at,
+            },
+        };
+        self.tasks.insert(task.id, held);
     }
 
-    pub(super) fn put_workflow(&mut self, workflow: Workflow) {
+    pub(super) fn put_workflow(&mut self, workflow: Workflow, applied: Applied) {
         if let Some(old) = self.workflows.get(&workflow.id)
-            && old.version > workflow.version
+            && workflow_version(old) > workflow.version
         {
             return;
         }
@@ -402,36 +515,150 @@ impl State {
                 .or_default()
                 .insert(workflow.revision, workflow.id);
         }
-        self.workflows.insert(workflow.id, workflow);
+        let id = workflow.id;
+        self.workflows.insert(
+            id,
+            Held::Memory {
+                record: Arc::new(workflow),
+                at: applied.at,
+            },
+        );
+        if applied.durable {
+            self.evict_finished(id, u64::MAX);
+        }
+    }
+
+    /// Drops a finished workflow and its tasks from memory, each whose
+    /// latest line is known to be durable once line `durable` is (see
+    /// [`Place::durable_with`]); the rest wait for the next compaction.
+    pub(super) fn evict_finished(&mut self, id: WorkflowId, durable: u64) {
+        let Some(held) = self.workflows.get(&id) else {
+            return;
+        };
+        let (status, _) = workflow_summary(held);
+        if !status.is_terminal() {
+            return;
+        }
+        if let Held::Memory {
+            record,
+            at: Some(at),
+        } = held
+            && at.durable_with(durable)
+        {
+            let (at, version, record) = (*at, record.version, record.clone());
+            let kind = self.intern(&record.kind);
+            let disk = Held::Disk {
+                at,
+                version,
+                summary: WorkflowSummary { status, kind },
+            };
+            self.workflows.insert(id, disk);
+        }
+        let task_ids: Vec<TaskId> = self.workflow_task_ids(id);
+        for task_id in task_ids {
+            if let Some(held) = self.tasks.get_mut(&task_id)
+                && let Held::Memory {
+                    record,
+                    at: Some(at),
+                } = held
+                && at.durable_with(durable)
+            {
+                *held = Held::Disk {
+                    at: *at,
+                    version: record.version,
+                    summary: record.status,
+                };
+            }
+        }
+    }
+
+    fn intern(&mut self, kind: &str) -> Arc<str> {
+        if let Some(kind) = self.kinds.get(kind) {
+            return kind.clone();
+        }
+        let kind: Arc<str> = Arc::from(kind);
+        self.kinds.insert(kind.clone());
+        kind
+    }
+
+    /// After a compaction wrote the task at `version` to `at` in the new
+    /// snapshot (`None`: a line too long to name), points it there, unless
+    /// it changed since.
+    pub(super) fn repoint_task(&mut self, id: TaskId, version: u64, at: Option<Place>) {
+        if let Some(held) = self.tasks.get_mut(&id)
+            && task_version(held) == version
+        {
+            repoint(held, at);
+        }
+    }
+
+    /// [`State::repoint_task`] for a workflow.
+    pub(super) fn repoint_workflow(&mut self, id: WorkflowId, version: u64, at: Option<Place>) {
+        if let Some(held) = self.workflows.get_mut(&id)
+            && workflow_version(held) == version
+        {
+            repoint(held, at);
+        }
+    }
+
+    /// Takes the snapshot a compaction has just put in place as the file
+    /// records are read back from; call it with every record repointed.
+    pub(super) fn install_snapshot(&mut self, snapshot: std::fs::File) {
+        self.files.snapshot = Some(Arc::new(snapshot));
+    }
+
+    /// Every workflow and task as a compaction copies them: shared or
+    /// where their lines are, with their versions.
+    pub(super) fn held_workflows(&self) -> impl Iterator<Item = (&WorkflowId, &HeldWorkflow)> {
+        self.workflows.iter()
+    }
+
+    pub(super) fn held_tasks(&self) -> impl Iterator<Item = (&TaskId, &HeldTask)> {
+        self.tasks.iter()
     }
 
     /// Removes a workflow with its tasks and every index entry naming them;
     /// returns the ids of the tasks removed.
     pub(super) fn remove_workflow(&mut self, id: WorkflowId) -> Vec<TaskId> {
-        let Some(workflow) = self.workflows.remove(&id) else {
+        let Some(held) = self.workflows.remove(&id) else {
             return Vec::new();
         };
-        if let Some(key) = &workflow.idempotency_key
-            && self.by_idempotency_key.get(key) == Some(&id)
-        {
-            self.by_idempotency_key.remove(key);
-        }
-        if let Some(reference) = &workflow.reference
-            && let Some(revisions) = self.by_reference.get_mut(reference)
-        {
-            revisions.remove(&workflow.revision);
-            if revisions.is_empty() {
-                self.by_reference.remove(reference);
+        // A workflow on disk is read back for its key and reference; if it
+        // cannot be, the indexes are searched for its id instead.
+        let named = match &held {
+            Held::Memory { record, .. } => Ok(record.clone()),
+            Held::Disk { .. } => self.load_workflow(id, &held),
+        };
+        match named {
+            Ok(workflow) => {
+                if let Some(key) = &workflow.idempotency_key
+                    && self.by_idempotency_key.get(key) == Some(&id)
+                {
+                    self.by_idempotency_key.remove(key);
+                }
+                if let Some(reference) = &workflow.reference
+                    && let Some(revisions) = self.by_reference.get_mut(reference)
+                {
+                    revisions.remove(&workflow.revision);
+                    if revisions.is_empty() {
+                        self.by_reference.remove(reference);
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(workflow = %id, %error, "removing a workflow that cannot be read back");
+                self.by_idempotency_key.retain(|_, w| *w != id);
+                self.by_reference.retain(|_, revisions| {
+                    revisions.retain(|_, w| *w != id);
+                    !revisions.is_empty()
+                });
             }
         }
-        let task_ids: Vec<TaskId> = self
-            .by_workflow
-            .remove(&id)
-            .map(|ids| ids.into_iter().collect())
-            .unwrap_or_default();
+        let task_ids = self.workflow_task_ids(id);
         for task_id in &task_ids {
+            self.by_workflow.remove(&(id, *task_id));
             if let Some(task) = self.tasks.remove(task_id)
-                && let Some(set) = self.by_status.get_mut(&task.status)
+                && let Some(set) = self.by_status.get_mut(&task_status(&task))
             {
                 set.remove(task_id);
             }
@@ -446,94 +673,103 @@ impl State {
     }
 
     pub(super) fn workflow_task_ids(&self, id: WorkflowId) -> Vec<TaskId> {
-        self.by_workflow
-            .get(&id)
-            .map(|ids| ids.iter().copied().collect())
-            .unwrap_or_default()
+        self.workflow_range(id).map(|(_, task)| *task).collect()
     }
 
-    pub(super) fn workflow_by_idempotency_key(&self, key: &str) -> Option<&Workflow> {
+    fn workflow_range(
+        &self,
+        id: WorkflowId,
+    ) -> std::collections::btree_set::Range<'_, (WorkflowId, TaskId)> {
+        let first = TaskId::from_uuid(uuid::Uuid::nil());
+        let last = TaskId::from_uuid(uuid::Uuid::max());
+        self.by_workflow.range((id, first)..=(id, last))
+    }
+
+    pub(super) fn has_idempotency_key(&self, key: &str) -> bool {
         self.by_idempotency_key
             .get(key)
-            .and_then(|id| self.workflows.get(id))
+            .is_some_and(|id| self.workflows.contains_key(id))
     }
 
-    pub(super) fn workflow_revision(&self, reference: &str, revision: u32) -> Option<&Workflow> {
+    pub(super) fn has_revision(&self, reference: &str, revision: u32) -> bool {
         self.by_reference
             .get(reference)
             .and_then(|revisions| revisions.get(&revision))
-            .and_then(|id| self.workflows.get(id))
+            .is_some_and(|id| self.workflows.contains_key(id))
     }
 
-    pub(super) fn list_tasks(&self, query: &TaskQuery) -> Page<Task> {
+    pub(super) fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
         // Ids sort by creation: what is older than the cursor is the
         // range below it, found by a seek, not a walk.
         let below = query.after.map_or(Bound::Unbounded, Bound::Excluded);
-        let page = |ids: &mut dyn DoubleEndedIterator<Item = &TaskId>| -> Vec<Task> {
+        let page = |ids: &mut dyn DoubleEndedIterator<Item = &TaskId>| -> Result<Vec<Task>> {
             ids.rev()
                 .skip(query.offset)
                 .take(query.limit)
-                .filter_map(|id| self.tasks.get(id))
-                .map(|t| Task::clone(t))
+                .filter_map(|id| self.tasks.get(id).map(|held| (id, held)))
+                .map(|(id, held)| self.load_task(*id, held).map(Arc::unwrap_or_clone))
                 .collect()
         };
         // One index answers the query: its size is the total, and only the
-        // page's ids are looked up. Walking an id set backwards is newest
-        // first.
+        // page's ids are read. Walking an id set backwards is newest first.
         match (query.workflow, query.status) {
             (None, None) => {
-                return Page {
+                return Ok(Page {
                     items: page(
                         &mut self
                             .tasks
                             .range((Bound::Unbounded, below))
                             .map(|(id, _)| id),
-                    ),
+                    )?,
                     total: self.tasks.len(),
-                };
+                });
             }
             (None, Some(status)) => {
                 let Some(ids) = self.by_status.get(&status) else {
-                    return Page {
+                    return Ok(Page {
                         items: Vec::new(),
                         total: 0,
-                    };
+                    });
                 };
-                return Page {
-                    items: page(&mut ids.range((Bound::Unbounded, below))),
+                return Ok(Page {
+                    items: page(&mut ids.range((Bound::Unbounded, below)))?,
                     total: ids.len(),
-                };
+                });
             }
             (Some(_), _) => {}
         }
         // A workflow, maybe with a status: walk the workflow's (small) index.
-        let ids = query.workflow.and_then(|w| self.by_workflow.get(&w));
-        paged(
-            ids.into_iter()
-                .flatten()
-                .rev()
-                .filter_map(|id| self.tasks.get(id))
-                .filter(|t| query.status.is_none_or(|s| t.status == s)),
-            |t| query.after.is_none_or(|after| t.id < after),
+        let workflow = query.workflow.expect("matched above");
+        let matches = self
+            .workflow_range(workflow)
+            .rev()
+            .filter_map(|(_, id)| self.tasks.get(id).map(|held| (*id, held)))
+            .filter(|(_, held)| query.status.is_none_or(|s| task_status(held) == s));
+        let page = paged(
+            matches,
+            |(id, _)| query.after.is_none_or(|after| *id < after),
             query.offset,
             query.limit,
-            |t| Task::clone(t),
-        )
+            |(id, held)| (*id, *held),
+        );
+        Ok(Page {
+            items: page
+                .items
+                .into_iter()
+                .map(|(id, held)| self.load_task(id, held).map(Arc::unwrap_or_clone))
+                .collect::<Result<_>>()?,
+            total: page.total,
+        })
     }
 
-    pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Vec<Arc<Task>> {
-        self.by_workflow
-            .get(&id)
-            .map(|ids| {
-                ids.iter()
-                    .filter_map(|id| self.tasks.get(id))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
+    pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
+        self.workflow_range(id)
+            .filter_map(|(_, id)| self.tasks.get(id).map(|held| (id, held)))
+            .map(|(id, held)| self.load_task(*id, held))
+            .collect()
     }
 
-    pub(super) fn unfinished_tasks(&self) -> Vec<Task> {
+    pub(super) fn unfinished_tasks(&self) -> Result<Vec<Task>> {
         let mut ids: Vec<TaskId> = TaskStatus::ALL
             .iter()
             .filter(|s| !s.is_terminal())
@@ -543,22 +779,27 @@ impl State {
             .collect();
         ids.sort();
         ids.iter()
-            .filter_map(|id| self.tasks.get(id))
-            .map(|t| Task::clone(t))
+            .filter_map(|id| self.tasks.get(id).map(|held| (id, held)))
+            .map(|(id, held)| self.load_task(*id, held).map(Arc::unwrap_or_clone))
             .collect()
     }
 
-    pub(super) fn list_workflows(&self, query: &WorkflowQuery) -> Page<Workflow> {
-        // The text is built per workflow and per search: a scan of the
-        // in-memory state, like the other unindexed filters.
+    pub(super) fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
         let needle = query.text.as_ref().map(|t| t.to_lowercase());
-        let matches = |w: &&Workflow| {
-            query.status.is_none_or(|s| w.status == s)
-                && query.kind.as_ref().is_none_or(|k| &w.kind == k)
-                && query
-                    .reference
-                    .as_ref()
-                    .is_none_or(|r| w.reference.as_ref() == Some(r))
+        // What the summary of a workflow on disk answers.
+        let cheap = |held: &HeldWorkflow| {
+            let (status, kind) = workflow_summary(held);
+            query.status.is_none_or(|s| status == s)
+                && query.kind.as_ref().is_none_or(|k| k.as_str() == kind)
+        };
+        // The rest needs the record. The text is built per workflow and
+        // per search: a scan, like the other unindexed filters, which reads
+        // finished workflows back from disk.
+        let matches = |w: &Workflow| {
+            query
+                .reference
+                .as_ref()
+                .is_none_or(|r| w.reference.as_ref() == Some(r))
                 && query
                     .trace_id
                     .as_ref()
@@ -571,44 +812,128 @@ impl State {
                     .as_ref()
                     .is_none_or(|n| crate::workflow_search_text(w).contains(n.as_str()))
         };
+        let needs_record = query.reference.is_some()
+            || query.trace_id.is_some()
+            || query.idempotency_key.is_some()
+            || needle.is_some();
         // A key or a reference names few workflows: read them through their
         // index instead of scanning every workflow.
-        let keyed: Option<Vec<&Workflow>> = if let Some(key) = &query.idempotency_key {
-            Some(self.workflow_by_idempotency_key(key).into_iter().collect())
+        let keyed: Option<Vec<WorkflowId>> = if let Some(key) = &query.idempotency_key {
+            Some(
+                self.by_idempotency_key
+                    .get(key)
+                    .copied()
+                    .into_iter()
+                    .collect(),
+            )
         } else {
             query.reference.as_ref().map(|reference| {
                 self.by_reference
                     .get(reference)
                     .into_iter()
-                    .flat_map(|revisions| revisions.values())
-                    .filter_map(|id| self.workflows.get(id))
-                    .collect::<Vec<_>>()
+                    .flat_map(|revisions| revisions.values().copied())
+                    .collect()
             })
         };
-        let candidates: Box<dyn Iterator<Item = &Workflow>> = match keyed {
+        let candidates: Box<dyn Iterator<Item = (WorkflowId, &HeldWorkflow)>> = match keyed {
             // Newest first, as ids sort by creation.
             Some(mut few) => {
-                few.sort_by_key(|w| std::cmp::Reverse(w.id));
-                Box::new(few.into_iter())
+                few.sort_by_key(|id| std::cmp::Reverse(*id));
+                Box::new(
+                    few.into_iter()
+                        .filter_map(|id| self.workflows.get(&id).map(|held| (id, held))),
+                )
             }
-            None => Box::new(self.workflows.values().rev()),
+            None => Box::new(self.workflows.iter().rev().map(|(id, held)| (*id, held))),
         };
-        paged(
-            candidates.filter(matches),
-            |w| query.after.is_none_or(|after| w.id < after),
+        let past = |id: &WorkflowId| query.after.is_none_or(|after| *id < after);
+        if !needs_record {
+            let page = paged(
+                candidates.filter(|(_, held)| cheap(held)),
+                |(id, _)| past(id),
+                query.offset,
+                query.limit,
+                |(id, held)| (*id, *held),
+            );
+            return Ok(Page {
+                items: page
+                    .items
+                    .into_iter()
+                    .map(|(id, held)| self.unshared_workflow(id, held))
+                    .collect::<Result<_>>()?,
+                total: page.total,
+            });
+        }
+        // Read back one at a time: only the page is kept.
+        let mut failed = None;
+        let loaded = candidates
+            .filter(|(_, held)| cheap(held))
+            .filter_map(|(id, held)| match self.load_workflow(id, held) {
+                Ok(workflow) => matches(&workflow).then_some(workflow),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    None
+                }
+            });
+        let page = paged(
+            loaded,
+            |w| past(&w.id),
             query.offset,
             query.limit,
-            |w| (*w).clone(),
-        )
+            |w| Workflow::clone(w),
+        );
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(page),
+        }
     }
 }
 
+fn task_version(held: &HeldTask) -> u64 {
+    match held {
+        Held::Memory { record, .. } => record.version,
+        Held::Disk { version, .. } => *version,
+    }
+}
+
+fn task_status(held: &HeldTask) -> TaskStatus {
+    match held {
+        Held::Memory { record, .. } => record.status,
+        Held::Disk { summary, .. } => *summary,
+    }
+}
+
+fn workflow_version(held: &HeldWorkflow) -> u64 {
+    match held {
+        Held::Memory { record, .. } => record.version,
+        Held::Disk { version, .. } => *version,
+    }
+}
+
+fn workflow_summary(held: &HeldWorkflow) -> (WorkflowStatus, &str) {
+    match held {
+        Held::Memory { record, .. } => (record.status, &record.kind),
+        Held::Disk { summary, .. } => (summary.status, &summary.kind),
+    }
+}
+
+/// Points a record at its line in a new snapshot. A record on disk always
+/// has one: its line was short enough to read back.
+fn repoint<T, S>(held: &mut Held<T, S>, new: Option<Place>) {
+    match (held, new) {
+        (Held::Memory { at, .. }, new) => *at = new,
+        (Held::Disk { at, .. }, Some(new)) => *at = new,
+        (Held::Disk { .. }, None) => {
+            debug_assert!(false, "a record read back from disk fits a place");
+        }
+    }
+}
 /// A page of `matches` (newest first), with the total of all of them:
 /// the items past the cursor (`past`), less the first `offset`, up to
 /// `limit`. Every match is counted, so this walks them all: for the small
 /// or unindexed sets only.
-fn paged<'a, S: 'a, T>(
-    matches: impl Iterator<Item = &'a S>,
+fn paged<S, T>(
+    matches: impl Iterator<Item = S>,
     past: impl Fn(&S) -> bool,
     offset: usize,
     limit: usize,
@@ -619,13 +944,13 @@ fn paged<'a, S: 'a, T>(
     let mut items = Vec::new();
     for item in matches {
         total += 1;
-        if !past(item) {
+        if !past(&item) {
             continue;
         }
         if skipped < offset {
             skipped += 1;
         } else if items.len() < limit {
-            items.push(copy(item));
+            items.push(copy(&item));
         }
     }
     Page { items, total }

@@ -17,20 +17,20 @@ impl TaskStore for FsBackend {
     async fn insert_workflow(&self, workflow: &Workflow, tasks: &[Task]) -> Result<()> {
         let pending = {
             let mut state = self.lock_state();
-            if state.workflow(workflow.id).is_some() {
+            if state.workflow_state(workflow.id).is_some() {
                 return Err(Error::AlreadyExists {
                     what: "workflow",
                     id: workflow.id.to_string(),
                 });
             }
-            if let Some(task) = tasks.iter().find(|t| state.task(t.id).is_some()) {
+            if let Some(task) = tasks.iter().find(|t| state.task_version(t.id).is_some()) {
                 return Err(Error::AlreadyExists {
                     what: "task",
                     id: task.id.to_string(),
                 });
             }
             if let Some(key) = &workflow.idempotency_key
-                && state.workflow_by_idempotency_key(key).is_some()
+                && state.has_idempotency_key(key)
             {
                 return Err(Error::AlreadyExists {
                     what: "idempotency key",
@@ -38,9 +38,7 @@ impl TaskStore for FsBackend {
                 });
             }
             if let Some(reference) = &workflow.reference
-                && state
-                    .workflow_revision(reference, workflow.revision)
-                    .is_some()
+                && state.has_revision(reference, workflow.revision)
             {
                 return Err(Error::AlreadyExists {
                     what: "workflow revision",
@@ -51,33 +49,43 @@ impl TaskStore for FsBackend {
                 workflow: workflow.clone(),
                 tasks: tasks.to_vec(),
             };
-            self.commit(&mut state, record)?
+            (self.commit(&mut state, record)?, state.last_seq)
         };
-        pending.durable().await
+        let (pending, seq) = pending;
+        pending.durable().await?;
+        // Imports and replays may insert work that has already finished.
+        self.evict_finished(workflow.id, seq);
+        Ok(())
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
-        let (pending, stored) = {
+        let (pending, seq, stored) = {
             let mut state = self.lock_state();
-            let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
-            same_version("task", task.id, task.version, current.version)?;
+            let current = state
+                .task_version(task.id)
+                .ok_or(Error::TaskNotFound(task.id))?;
+            same_version("task", task.id, task.version, current)?;
             let mut stored = task.clone();
             stored.version += 1;
             let pending = self.commit(&mut state, Line::Task(stored.clone()))?;
-            (pending, stored)
+            (pending, state.last_seq, stored)
         };
         pending.durable().await?;
+        self.evict_finished(stored.workflow_id, seq);
         Ok(stored)
     }
 
     async fn update_workflow(&self, workflow: &Workflow, new_tasks: &[Task]) -> Result<Workflow> {
-        let (pending, stored) = {
+        let (pending, seq, stored) = {
             let mut state = self.lock_state();
-            let current = state
-                .workflow(workflow.id)
+            let (current, _) = state
+                .workflow_state(workflow.id)
                 .ok_or(Error::WorkflowNotFound(workflow.id))?;
-            same_version("workflow", workflow.id, workflow.version, current.version)?;
-            if let Some(task) = new_tasks.iter().find(|t| state.task(t.id).is_some()) {
+            same_version("workflow", workflow.id, workflow.version, current)?;
+            if let Some(task) = new_tasks
+                .iter()
+                .find(|t| state.task_version(t.id).is_some())
+            {
                 return Err(Error::AlreadyExists {
                     what: "task",
                     id: task.id.to_string(),
@@ -89,9 +97,10 @@ impl TaskStore for FsBackend {
                 workflow: stored.clone(),
                 tasks: new_tasks.to_vec(),
             };
-            (self.commit(&mut state, record)?, stored)
+            (self.commit(&mut state, record)?, state.last_seq, stored)
         };
         pending.durable().await?;
+        self.evict_finished(stored.id, seq);
         Ok(stored)
     }
 
@@ -100,15 +109,17 @@ impl TaskStore for FsBackend {
         workflow: &Workflow,
         tasks: &[Task],
     ) -> Result<(Workflow, Vec<Task>)> {
-        let (pending, stored) = {
+        let (pending, seq, stored) = {
             let mut state = self.lock_state();
-            let current = state
-                .workflow(workflow.id)
+            let (current, _) = state
+                .workflow_state(workflow.id)
                 .ok_or(Error::WorkflowNotFound(workflow.id))?;
-            same_version("workflow", workflow.id, workflow.version, current.version)?;
+            same_version("workflow", workflow.id, workflow.version, current)?;
             for task in tasks {
-                let current = state.task(task.id).ok_or(Error::TaskNotFound(task.id))?;
-                same_version("task", task.id, task.version, current.version)?;
+                let current = state
+                    .task_version(task.id)
+                    .ok_or(Error::TaskNotFound(task.id))?;
+                same_version("task", task.id, task.version, current)?;
             }
             let (stored, stored_tasks) = next_versions(workflow, tasks);
             // One checksummed line: a crash keeps all of it or none.
@@ -116,34 +127,39 @@ impl TaskStore for FsBackend {
                 workflow: stored.clone(),
                 tasks: stored_tasks.clone(),
             };
-            (self.commit(&mut state, record)?, (stored, stored_tasks))
+            (
+                self.commit(&mut state, record)?,
+                state.last_seq,
+                (stored, stored_tasks),
+            )
         };
         pending.durable().await?;
+        self.evict_finished(workflow.id, seq);
         Ok(stored)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
-        Ok(self.lock_state().task(id).cloned())
+        Ok(self.lock_state().task(id)?.map(Arc::unwrap_or_clone))
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
-        Ok(self.lock_state().list_tasks(query))
+        self.lock_state().list_tasks(query)
     }
 
     async fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
-        Ok(self.lock_state().workflow_tasks(id))
+        self.lock_state().workflow_tasks(id)
     }
 
     async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
-        Ok(self.lock_state().unfinished_tasks())
+        self.lock_state().unfinished_tasks()
     }
 
     async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
-        Ok(self.lock_state().workflow(id).cloned())
+        Ok(self.lock_state().workflow(id)?.map(Arc::unwrap_or_clone))
     }
 
     async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
-        Ok(self.lock_state().list_workflows(query))
+        self.lock_state().list_workflows(query)
     }
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {

@@ -26,8 +26,8 @@ impl BulkTransfer for FsBackend {
         // refuses the open (a migration reads through `IndexedStore`).
         Ok(self
             .lock_state()
-            .records_after(kind, after)
-            .take(limit)
+            .records_after(kind, after, limit)?
+            .into_iter()
             .map(|record| Scanned {
                 key: record.key(),
                 record: Ok(record),
@@ -37,15 +37,15 @@ impl BulkTransfer for FsBackend {
 
     async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
         let state = self.lock_state();
-        let mut found: Vec<Scanned> = keys
-            .iter()
-            .filter_map(|key| {
-                state.record(kind, key).map(|record| Scanned {
+        let mut found = Vec::new();
+        for key in keys {
+            if let Some(record) = state.record(kind, key)? {
+                found.push(Scanned {
                     key: key.clone(),
                     record: Ok(record),
-                })
-            })
-            .collect();
+                });
+            }
+        }
         found.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(found)
     }

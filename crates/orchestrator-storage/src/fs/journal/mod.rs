@@ -6,4 +6,4 @@
 pub(super) mod reader;
 mod writer;
 
-pub(crate) use self::writer::{JournalWriter, Pending};
+pub(crate) use self::writer::{JournalWriter, Pending, SnapshotJob};

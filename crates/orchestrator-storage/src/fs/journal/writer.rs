@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use tokio::sync::oneshot;
 
-use crate::fs::snapshot::write_atomically;
+use crate::fs::snapshot::write_atomically_with;
 use crate::{Error, Result};
 
 /// Most commands folded into one write-and-sync.
@@ -24,20 +24,29 @@ enum Command {
         bytes: Vec<u8>,
         done: Done,
     },
-    /// Replace the snapshot with what `build` makes, then empty the
+    /// Replace the snapshot with what `job` writes, then empty the
     /// journal. Queued behind every append issued before it, so the
     /// snapshot (of records taken from memory that already contains those
-    /// appends) covers them all. `build` runs on the writer thread: the
-    /// records were copied under the state lock, their encoding happens
+    /// appends) covers them all. The job runs on the writer thread: the
+    /// records were taken under the state lock, their encoding happens
     /// here, outside it and off the async workers.
     Snapshot {
-        build: SnapshotBuilder,
+        job: Box<dyn SnapshotJob>,
         done: Done,
     },
 }
 
-/// Encodes a snapshot's lines from records already taken.
-pub(crate) type SnapshotBuilder = Box<dyn FnOnce() -> io::Result<Vec<u8>> + Send>;
+/// A compaction's work on the writer thread.
+pub(crate) trait SnapshotJob: Send {
+    /// Writes the snapshot's lines to `out`, in order from offset 0.
+    fn write(&mut self, out: &mut dyn Write) -> io::Result<()>;
+
+    /// Called once the new snapshot is in place and synced, with it opened
+    /// to read, and before the journal is emptied: whatever pointed into
+    /// the old files must point into the new snapshot by the time this
+    /// returns.
+    fn installed(self: Box<Self>, snapshot: File);
+}
 
 /// Handle to the writer thread.
 pub(crate) struct JournalWriter {
@@ -122,10 +131,10 @@ impl JournalWriter {
     }
 
     /// Queues a compaction. Call it while holding the lock that ordered
-    /// the in-memory changes, with the records `build` encodes taken under
+    /// the in-memory changes, with the records `job` writes taken under
     /// it.
-    pub(crate) fn snapshot(&self, build: SnapshotBuilder) -> Result<Pending> {
-        self.send(|done| Command::Snapshot { build, done })
+    pub(crate) fn snapshot(&self, job: Box<dyn SnapshotJob>) -> Result<Pending> {
+        self.send(|done| Command::Snapshot { job, done })
     }
 
     /// Stops the thread after it has written everything queued.
@@ -181,9 +190,10 @@ fn writer_loop(
                     buffer.extend_from_slice(&bytes);
                     waiting.push(done);
                 }
-                Command::Snapshot { build, done } => {
+                Command::Snapshot { mut job, done } => {
                     result = flush(&mut file, &mut buffer).and_then(|()| {
-                        write_atomically(snapshot_path, &build()?)?;
+                        write_atomically_with(snapshot_path, |out| job.write(out))?;
+                        job.installed(File::open(snapshot_path)?);
                         // The snapshot now holds everything; start the journal afresh.
                         file.set_len(0)?;
                         file.sync_all()
