@@ -45,6 +45,7 @@ mod transfer;
 mod webhooks;
 
 pub use self::indexed::IndexedStore;
+pub use self::state::InMemory;
 pub use self::layout::{LAYOUT_VERSION, layout_version};
 
 use std::fs::{File, OpenOptions};
@@ -116,12 +117,17 @@ fn open_to_read(path: &Path) -> Result<Option<Arc<File>>> {
 pub struct FsOptions {
     /// Compact the journal into the snapshot once it grows past this size.
     pub compact_after_bytes: u64,
+    /// Keep unfinished work on disk too, as finished work is, so that
+    /// every read is a read back from its line. For tests: it makes every
+    /// step of running work parse its records again.
+    pub evict_unfinished: bool,
 }
 
 impl Default for FsOptions {
     fn default() -> Self {
         FsOptions {
             compact_after_bytes: 64 * 1024 * 1024,
+            evict_unfinished: false,
         }
     }
 }
@@ -164,11 +170,12 @@ impl FsBackend {
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let journal_path = dir.join(JOURNAL_FILE);
         // Opened before reading: finished records are read back from them.
-        let mut state = State::new(Files {
+        let files = Files {
             dir: dir.clone(),
             snapshot: open_to_read(&snapshot_path)?,
             journal: open_to_read(&journal_path)?,
-        });
+        };
+        let mut state = State::new(files, options.evict_unfinished);
         // Every line read back is durable: what finished is evicted as it
         // is read.
         read_strictly(&snapshot_path, LineFile::Snapshot, |line, place| {
@@ -183,10 +190,13 @@ impl FsBackend {
         })?;
         state.journal_bytes = journal_bytes;
         state.last_seq = seq;
+        let in_memory = state.in_memory();
         tracing::info!(
             dir = %dir.display(),
             tasks = state.task_count(),
             workflows = state.workflow_count(),
+            tasks_in_memory = in_memory.tasks,
+            workflows_in_memory = in_memory.workflows,
             "filesystem storage opened"
         );
         let journal = JournalWriter::start(journal_path.clone(), snapshot_path)?;
@@ -205,6 +215,13 @@ impl FsBackend {
             lock: Mutex::new(Some(lock)),
             locks: tokio::sync::Mutex::new(locks),
         })
+    }
+
+    /// How many workflows and tasks are held in memory rather than read
+    /// back from disk: what is running, and what changed since the last
+    /// compaction and could not be evicted yet.
+    pub fn records_in_memory(&self) -> InMemory {
+        self.lock_state().in_memory()
     }
 
     fn writer(&self) -> Result<&JournalWriter> {

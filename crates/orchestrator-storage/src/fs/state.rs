@@ -38,8 +38,17 @@ pub(super) struct Applied {
     pub durable: bool,
 }
 
+/// Counts of [`State::in_memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InMemory {
+    pub workflows: usize,
+    pub tasks: usize,
+}
+
 pub(super) struct State {
     files: Files,
+    /// `FsOptions::evict_unfinished`.
+    evict_unfinished: bool,
     tasks: BTreeMap<TaskId, HeldTask>,
     by_status: HashMap<TaskStatus, BTreeSet<TaskId>>,
     /// A workflow's tasks are one range of this set: one entry a task,
@@ -72,9 +81,10 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new(files: Files) -> State {
+    pub(super) fn new(files: Files, evict_unfinished: bool) -> State {
         State {
             files,
+            evict_unfinished,
             tasks: Default::default(),
             by_status: Default::default(),
             by_workflow: Default::default(),
@@ -92,6 +102,17 @@ impl State {
             journal_bytes: 0,
             last_seq: 0,
             compactions_in_flight: 0,
+        }
+    }
+
+    pub(super) fn in_memory(&self) -> InMemory {
+        InMemory {
+            workflows: (self.workflows.values())
+                .filter(|h| matches!(h, Held::Memory { .. }))
+                .count(),
+            tasks: (self.tasks.values())
+                .filter(|h| matches!(h, Held::Memory { .. }))
+                .count(),
         }
     }
 
@@ -481,10 +502,11 @@ impl State {
             .insert(task.id);
         self.by_workflow.insert((task.workflow_id, task.id));
         let finished = applied.durable
-            && self
-                .workflows
-                .get(&task.workflow_id)
-                .is_some_and(|w| workflow_summary(w).0.is_terminal());
+            && (self.evict_unfinished
+                || self
+                    .workflows
+                    .get(&task.workflow_id)
+                    .is_some_and(|w| workflow_summary(w).0.is_terminal()));
         let held = match applied.at {
             Some(at) if finished => Held::Disk {
                 at,
@@ -536,7 +558,7 @@ impl State {
             return;
         };
         let (status, _) = workflow_summary(held);
-        if !status.is_terminal() {
+        if !status.is_terminal() && !self.evict_unfinished {
             return;
         }
         if let Held::Memory {

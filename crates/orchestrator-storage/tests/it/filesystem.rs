@@ -42,9 +42,27 @@ async fn filesystem_passes_the_suite_while_compacting_constantly() {
         root: tempfile::tempdir().unwrap(),
         options: FsOptions {
             compact_after_bytes: 1,
+            ..FsOptions::default()
         },
     };
     conformance::suite(&harness).await;
+}
+
+/// Every record read back from its line, as finished work is: the suite
+/// with nothing kept in memory once durable, then again while compacting
+/// constantly (which moves those lines into the snapshot).
+#[tokio::test]
+async fn filesystem_passes_the_suite_reading_every_record_back_from_disk() {
+    for compact_after_bytes in [u64::MAX, 1] {
+        let harness = FsHarness {
+            root: tempfile::tempdir().unwrap(),
+            options: FsOptions {
+                compact_after_bytes,
+                evict_unfinished: true,
+            },
+        };
+        conformance::suite(&harness).await;
+    }
 }
 
 /// The bulk suite on the stores `orchestrator migrate` opens: a target
@@ -86,6 +104,7 @@ async fn reopening_restores_every_task_with_its_status() {
         let dir = root.path().to_path_buf();
         let options = FsOptions {
             compact_after_bytes,
+            ..FsOptions::default()
         };
         let (workflow, tasks) = workflow_with_tasks(10);
         let expected = {
@@ -399,6 +418,7 @@ async fn a_snapshot_cut_short_is_refused() {
     let dir = root.path().to_path_buf();
     let compacting = FsOptions {
         compact_after_bytes: 1,
+        ..FsOptions::default()
     };
     let (workflow, tasks) = workflow_with_tasks(2);
     {
@@ -560,6 +580,7 @@ async fn reopening_restores_webhook_subscriptions_and_the_outbox() {
         let dir = root.path().to_path_buf();
         let options = FsOptions {
             compact_after_bytes,
+            ..FsOptions::default()
         };
         let kept = conformance::subscription("http://127.0.0.1:9/kept");
         let gone = conformance::subscription("http://127.0.0.1:9/gone");
@@ -626,4 +647,131 @@ async fn locks_survive_a_reopen() {
         store.locks().get_lock("env:prod").await.unwrap(),
         Some(stored)
     );
+}
+
+/// What has finished lives on disk: once its last write is durable, a
+/// finished workflow and its tasks leave memory, and stay out across a
+/// reopen and compactions, while running work stays in memory. Every read
+/// returns what the writes stored, and a write to a finished record still
+/// compares versions.
+#[tokio::test]
+async fn finished_work_leaves_memory_and_reads_back_unchanged() {
+    use orchestrator_core::WorkflowStatus;
+    use orchestrator_storage::fs::InMemory;
+    use orchestrator_storage::{RetentionStore, TaskStore, WorkflowQuery};
+
+    for compact_after_bytes in [u64::MAX, 1] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_path_buf();
+        let options = FsOptions {
+            compact_after_bytes,
+            ..FsOptions::default()
+        };
+        let store = FsBackend::open(&dir, options.clone()).await.unwrap();
+        let mut finished = Vec::new();
+        for n in 0..3 {
+            let (mut workflow, tasks) = workflow_with_tasks(2);
+            workflow.idempotency_key = Some(format!("key-{n}"));
+            store.insert_workflow(&workflow, &tasks).await.unwrap();
+            let done: Vec<Task> = tasks
+                .iter()
+                .map(|task| {
+                    let mut task = task.clone();
+                    task.start(Utc::now()).unwrap();
+                    task.complete(json!({"n": n}), Utc::now()).unwrap();
+                    task
+                })
+                .collect();
+            workflow.status = WorkflowStatus::Completed;
+            finished.push(
+                store
+                    .update_workflow_and_tasks(&workflow, &done)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let (running, running_tasks) = workflow_with_tasks(2);
+        store.insert_workflow(&running, &running_tasks).await.unwrap();
+        let only_running = InMemory {
+            workflows: 1,
+            tasks: 2,
+        };
+        assert_eq!(store.records_in_memory(), only_running);
+
+        let reads_back_unchanged = async |store: &FsBackend| {
+            for (workflow, tasks) in &finished {
+                let stored = store.get_workflow(workflow.id).await.unwrap();
+                assert_eq!(stored.as_ref(), Some(workflow));
+                let read: Vec<Task> = conformance::workflow_tasks(store, workflow.id).await;
+                assert_eq!(&read, tasks);
+                for task in tasks {
+                    assert_eq!(store.get_task(task.id).await.unwrap().as_ref(), Some(task));
+                }
+            }
+            let completed = store
+                .list_workflows(&WorkflowQuery {
+                    status: Some(WorkflowStatus::Completed),
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(completed.total, 3);
+            let newest_first: Vec<_> = finished.iter().rev().map(|(w, _)| w.clone()).collect();
+            assert_eq!(completed.items, newest_first);
+            let by_key = store
+                .list_workflows(&WorkflowQuery {
+                    idempotency_key: Some("key-1".into()),
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(by_key.items, vec![finished[1].0.clone()]);
+            let done_tasks = store
+                .list_tasks(&TaskQuery {
+                    status: Some(TaskStatus::Completed),
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(done_tasks.total, 6);
+        };
+        reads_back_unchanged(&store).await;
+        store.close().await.unwrap();
+        drop(store);
+
+        let store = FsBackend::open(&dir, options.clone()).await.unwrap();
+        assert_eq!(store.records_in_memory(), only_running, "after a reopen");
+        reads_back_unchanged(&store).await;
+
+        // A finished task is still written by compare-and-set: a stale
+        // version conflicts, the stored one lands (and is read back).
+        let (_, tasks) = &finished[0];
+        let mut stale = tasks[0].clone();
+        stale.version -= 1;
+        assert!(matches!(
+            store.update_task(&stale).await,
+            Err(Error::Conflict { .. })
+        ));
+        let mut note = tasks[0].clone();
+        note.output = Some(json!({"n": 0, "noted": true}));
+        let noted = store.update_task(&note).await.unwrap();
+        assert_eq!(store.get_task(noted.id).await.unwrap(), Some(noted));
+        assert_eq!(store.records_in_memory(), only_running);
+
+        // Pruned, a finished workflow frees its idempotency key.
+        let (workflow, _) = &finished[2];
+        let pruned = store
+            .prune_workflows(&[(workflow.id, workflow.version)])
+            .await
+            .unwrap();
+        assert_eq!(pruned.tasks, 2);
+        assert_eq!(store.get_workflow(workflow.id).await.unwrap(), None);
+        let (mut again, again_tasks) = workflow_with_tasks(1);
+        again.idempotency_key = Some("key-2".into());
+        store.insert_workflow(&again, &again_tasks).await.unwrap();
+        store.close().await.unwrap();
+    }
 }
