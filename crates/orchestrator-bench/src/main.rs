@@ -107,6 +107,8 @@ pub struct Results {
     pub backends: Vec<BackendResults>,
     /// Workload 5, per backend.
     pub scale: Vec<(String, Result<workloads::Scale, String>)>,
+    /// Workload 5: finished history on the filesystem.
+    pub history: Option<Result<workloads::History, String>>,
     pub migrate: Option<Result<workloads::Migration, String>>,
     /// Workload 8.
     pub live: Option<Result<live::LiveMigration, String>>,
@@ -401,6 +403,11 @@ async fn scale_and_migration(
         results
             .scale
             .push(("filesystem".into(), r.map_err(|e| format!("{e:#}"))));
+        eprintln!(
+            "[filesystem] workload 5: {} finished one-step workflows at rest",
+            ctx.scaled(workloads::HISTORY_WORKFLOWS)
+        );
+        results.history = flatten(workloads::history(ctx).await);
     }
     let mut converted = None;
     if want6 {

@@ -467,6 +467,33 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
             ]);
         }
     }
+    match &r.history {
+        Some(Ok(h)) => {
+            let above = h.loaded_rss_kib.saturating_sub(h.empty_rss_kib);
+            row([
+                "5",
+                &format!(
+                    "{} finished one-step workflows at rest (filesystem; {:.0} MiB snapshot)",
+                    thousands(h.workflows as f64),
+                    h.snapshot_bytes as f64 / 1048576.0
+                ),
+                "RSS idle after start-up, above the same service on an empty data dir",
+                &format!(
+                    "+{} ({} against {}; start-up {})",
+                    mib(above),
+                    mib(h.loaded_rss_kib),
+                    mib(h.empty_rss_kib),
+                    s(h.start_s)
+                ),
+                "",
+                "",
+                "≤ +40 MiB",
+                &at_most(above as f64, 40.0 * 1024.0),
+            ]);
+        }
+        Some(Err(e)) => failed(&mut row, "5", "finished history at rest (filesystem)", e),
+        None => {}
+    }
     for (be, scale) in &r.scale {
         let sc = match scale {
             Ok(sc) => sc,

@@ -870,12 +870,25 @@ fn dir_size(dir: &Path) -> u64 {
 /// Runs one real workflow of 90 no-op and 10 failing steps, stops the
 /// service, and returns its final records.
 async fn seed_records(ctx: &Ctx, dir: &Path) -> Result<crate::dataset::Seed> {
+    // `on_failure: continue`: every step runs; the failures fail the workflow.
+    seed_run(ctx, dir, SEED_OK, SEED_FAILED, "failed").await
+}
+
+/// One real workflow of `ok` no-op steps and `failed` failing ones, which
+/// must end `status`; its final records, read back from `dir`.
+async fn seed_run(
+    ctx: &Ctx,
+    dir: &Path,
+    ok: usize,
+    failed: usize,
+    status: &str,
+) -> Result<crate::dataset::Seed> {
     let svc = Service::start(ctx, "filesystem", dir).await?;
     let mut steps = Vec::new();
-    for i in 0..SEED_OK {
+    for i in 0..ok {
         steps.push(json!({"ref_name": format!("ok{i:02}"), "script": "noop.sh"}));
     }
-    for i in 0..SEED_FAILED {
+    for i in 0..failed {
         steps.push(json!({"ref_name": format!("fail{i}"), "script": "fail.sh", "retries": 0}));
     }
     let answer = svc
@@ -889,15 +902,66 @@ async fn seed_records(ctx: &Ctx, dir: &Path) -> Result<crate::dataset::Seed> {
             }),
         )
         .await?;
-    // `on_failure: continue`: every step ran; the 10 failures fail the workflow.
-    if answer["status"] != json!("failed") {
+    if answer["status"] != json!(status) {
         bail!(
-            "the seed workflow ended as {}, expected failed",
+            "the seed workflow ended as {}, expected {status}",
             answer["status"]
         );
     }
     svc.stop().await?;
     crate::dataset::read_seed(dir)
+}
+
+/// Finished one-step workflows at rest in a filesystem store, against an
+/// empty one: what finished history costs in memory.
+pub struct History {
+    pub workflows: usize,
+    pub snapshot_bytes: u64,
+    pub empty_rss_kib: u64,
+    pub loaded_rss_kib: u64,
+    pub start_s: f64,
+}
+
+/// How many finished one-step workflows [`history`] stores (scaled).
+pub const HISTORY_WORKFLOWS: usize = 100_000;
+
+/// Copies of one real one-step workflow (with its task's log), as a store
+/// left them; the service's RSS once it has loaded them, and on an empty
+/// data dir, measured alike.
+pub async fn history(ctx: &Ctx) -> Result<History> {
+    let seed_dir = ctx.tmp.join("w5-history-seed");
+    let seed = seed_run(ctx, &seed_dir, 1, 0, "completed").await?;
+    let workflows = ctx.scaled(HISTORY_WORKFLOWS).max(1);
+    let dir = ctx.tmp.join("w5-history");
+    let written = crate::dataset::write(&seed, &seed_dir, &dir, workflows)?;
+    let rss_at_rest = async |svc: &Service| -> Result<u64> {
+        // What start-up allocated and freed settles first.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(svc.rss_kib()?.0)
+    };
+    let empty = Service::start(ctx, "filesystem", &ctx.tmp.join("w5-history-empty")).await?;
+    let empty_rss_kib = rss_at_rest(&empty).await?;
+    empty.stop().await?;
+    let svc = Service::start(ctx, "filesystem", &dir).await?;
+    let start_s = secs(svc.started_in);
+    let total = svc.get_json("/workflows?limit=1").await?["total"]
+        .as_u64()
+        .unwrap_or_default();
+    if total != workflows as u64 {
+        bail!("the service reports {total} workflows, expected {workflows}");
+    }
+    let loaded_rss_kib = rss_at_rest(&svc).await?;
+    svc.stop().await?;
+    if !ctx.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(History {
+        workflows,
+        snapshot_bytes: written.snapshot_bytes,
+        empty_rss_kib,
+        loaded_rss_kib,
+        start_s,
+    })
 }
 
 // ---------------------------------------------------------------- workload 6
