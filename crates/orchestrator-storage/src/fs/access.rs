@@ -42,10 +42,18 @@ impl AccessStore for FsBackend {
     }
 
     async fn append_audit(&self, record: &AuditRecord) -> Result<()> {
-        self.write(Line::Audit(record.clone())).await
+        let (pending, seq) = {
+            let mut state = self.lock_state();
+            let pending = self.commit(&mut state, Line::Audit(record.clone()))?;
+            (pending, state.last_seq)
+        };
+        pending.durable().await?;
+        // An audit record never changes: it is history once durable.
+        self.lock_state().evict_audit(&record.id, seq);
+        Ok(())
     }
 
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
-        Ok(self.lock_state().list_audit(query))
+        self.lock_state().list_audit(query)
     }
 }

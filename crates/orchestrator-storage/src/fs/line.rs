@@ -96,7 +96,7 @@ impl Line {
             Line::SecretDeleted { name } => {
                 state.delete_secret(&name);
             }
-            Line::Audit(a) => state.put_audit(a),
+            Line::Audit(a) => state.put_audit(a, applied),
             Line::Schedule(s) => state.put_schedule(s),
             Line::ScheduleDeleted { id } => {
                 state.delete_schedule(&id);

@@ -45,8 +45,8 @@ mod transfer;
 mod webhooks;
 
 pub use self::indexed::IndexedStore;
-pub use self::state::InMemory;
 pub use self::layout::{LAYOUT_VERSION, layout_version};
+pub use self::state::InMemory;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -197,6 +197,7 @@ impl FsBackend {
             workflows = state.workflow_count(),
             tasks_in_memory = in_memory.tasks,
             workflows_in_memory = in_memory.workflows,
+            audit_records_in_memory = in_memory.audit,
             "filesystem storage opened"
         );
         let journal = JournalWriter::start(journal_path.clone(), snapshot_path)?;
@@ -217,9 +218,9 @@ impl FsBackend {
         })
     }
 
-    /// How many workflows and tasks are held in memory rather than read
-    /// back from disk: what is running, and what changed since the last
-    /// compaction and could not be evicted yet.
+    /// How many workflows, tasks and audit records are held in memory
+    /// rather than read back from disk: what is running, and what changed
+    /// since the last compaction and could not be evicted yet.
     pub fn records_in_memory(&self) -> InMemory {
         self.lock_state().in_memory()
     }

@@ -75,9 +75,9 @@ impl RetentionStore for FsBackend {
         let (pending, count) = {
             let mut state = self.lock_state();
             let old: Vec<String> = state
-                .audit()
-                .take_while(|a| a.time < before)
-                .map(|a| a.id.clone())
+                .audit_times()
+                .take_while(|(_, time)| *time < before)
+                .map(|(id, _)| id.clone())
                 .collect();
             let mut pending = None;
             for ids in old.chunks(AUDIT_PRUNED_PER_LINE) {

@@ -13,13 +13,14 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use orchestrator_core::access::AuditRecord;
 use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 
 use super::history::{Files, Held, Place};
 use super::journal::SnapshotJob;
 use super::line::Line;
 use super::state::State;
-use crate::{Error, RecordKind, Result};
+use crate::{Error, Record, RecordKind, Result};
 
 /// A workflow or task as a compaction copies it.
 enum Taken<T> {
@@ -32,6 +33,7 @@ enum Taken<T> {
 pub(super) struct Compaction {
     workflows: Vec<(WorkflowId, u64, Taken<Workflow>)>,
     tasks: Vec<(TaskId, u64, Taken<Task>)>,
+    audit: Vec<(String, Taken<AuditRecord>)>,
     /// Every other record, small and few: copied.
     others: Vec<Line>,
     /// Where records on disk are read from: the files as they are now.
@@ -39,6 +41,7 @@ pub(super) struct Compaction {
     /// Where each workflow and task was written, in the order above.
     workflow_places: Vec<Option<Place>>,
     task_places: Vec<Option<Place>>,
+    audit_places: Vec<Option<Place>>,
     /// To point the records at their new lines once the snapshot is in place.
     state: Arc<Mutex<State>>,
 }
@@ -88,9 +91,20 @@ impl Compaction {
                 Ok((*id, version, taken))
             })
             .collect::<Result<_>>()?;
+        let audit = state
+            .held_audit()
+            .map(|(id, held)| {
+                let taken = taken(held, earlier, |at| {
+                    match state.files().read(RecordKind::Audit, id, at)? {
+                        Record::Audit(record) => Ok(Arc::new(record)),
+                        _ => unreachable!("Files::read returns a record of the kind asked for"),
+                    }
+                })?;
+                Ok((id.clone(), taken))
+            })
+            .collect::<Result<_>>()?;
         let others = (state.tokens().cloned().map(Line::Token))
             .chain(state.secrets().cloned().map(Line::Secret))
-            .chain(state.audit().cloned().map(Line::Audit))
             .chain(state.schedules().cloned().map(Line::Schedule))
             .chain(state.all_claims().cloned().map(Line::ScheduleClaim))
             .chain(
@@ -104,10 +118,12 @@ impl Compaction {
         Ok(Compaction {
             workflows,
             tasks,
+            audit,
             others,
             files: state.files().clone(),
             workflow_places: Vec::new(),
             task_places: Vec::new(),
+            audit_places: Vec::new(),
             state: shared,
         })
     }
@@ -188,6 +204,13 @@ impl SnapshotJob for Compaction {
             };
             self.task_places.push(at);
         }
+        for (id, taken) in &self.audit {
+            let at = match taken {
+                Taken::Memory(a) => lines.encode(&Line::Audit(AuditRecord::clone(a)))?,
+                Taken::Disk(at) => lines.copy(&self.files, RecordKind::Audit, id, *at)?,
+            };
+            self.audit_places.push(at);
+        }
         for line in &self.others {
             lines.encode(line)?;
         }
@@ -203,11 +226,17 @@ impl SnapshotJob for Compaction {
         for ((id, version, _), at) in self.tasks.iter().zip(&self.task_places) {
             state.repoint_task(*id, *version, *at);
         }
+        for ((id, _), at) in self.audit.iter().zip(&self.audit_places) {
+            state.repoint_audit(id, *at);
+        }
         state.install_snapshot(snapshot);
         // What finished before the compaction is durable in the snapshot
         // now, in lines of its own: out of memory with it.
         for (id, _, _) in &self.workflows {
             state.evict_finished(*id, 0);
+        }
+        for (id, _) in &self.audit {
+            state.evict_audit(id, 0);
         }
     }
 }

@@ -22,6 +22,20 @@ pub(super) type HeldTask = Held<Task, TaskStatus>;
 
 pub(super) type HeldWorkflow = Held<Workflow, WorkflowSummary>;
 
+/// An audit record in memory until its line is durable (it never changes),
+/// then on disk with what listing filters need.
+pub(super) type HeldAudit = Held<AuditRecord, AuditSummary>;
+
+/// What listing filters need of an audit record kept on disk: all but the
+/// target, which a filter on it reads back.
+#[derive(Debug, Clone)]
+pub(super) struct AuditSummary {
+    pub time: chrono::DateTime<chrono::Utc>,
+    /// Interned, as are the actions: a few callers and verbs make most.
+    pub actor: Arc<str>,
+    pub action: Arc<str>,
+}
+
 /// What listing filters need of a workflow kept on disk.
 #[derive(Debug, Clone)]
 pub(super) struct WorkflowSummary {
@@ -43,6 +57,7 @@ pub(super) struct Applied {
 pub struct InMemory {
     pub workflows: usize,
     pub tasks: usize,
+    pub audit: usize,
 }
 
 pub(super) struct State {
@@ -56,13 +71,14 @@ pub(super) struct State {
     /// pay a whole tree node for.
     by_workflow: BTreeSet<(WorkflowId, TaskId)>,
     workflows: BTreeMap<WorkflowId, HeldWorkflow>,
-    kinds: HashSet<Arc<str>>,
+    /// The interned strings of summaries: kinds, actors, actions.
+    interned: HashSet<Arc<str>>,
     by_idempotency_key: HashMap<String, WorkflowId>,
     by_reference: HashMap<String, BTreeMap<u32, WorkflowId>>,
     tokens: BTreeMap<String, ApiToken>,
     secrets: BTreeMap<String, SecretRecord>,
     /// By id: UUIDv7, so in time order.
-    audit: BTreeMap<String, AuditRecord>,
+    audit: BTreeMap<String, HeldAudit>,
     /// By id as text (UUIDv7, so in creation order).
     schedules: BTreeMap<String, Schedule>,
     /// By claim key: a schedule's claims are together, in due order.
@@ -89,7 +105,7 @@ impl State {
             by_status: Default::default(),
             by_workflow: Default::default(),
             workflows: Default::default(),
-            kinds: Default::default(),
+            interned: Default::default(),
             by_idempotency_key: Default::default(),
             by_reference: Default::default(),
             tokens: Default::default(),
@@ -111,6 +127,9 @@ impl State {
                 .filter(|h| matches!(h, Held::Memory { .. }))
                 .count(),
             tasks: (self.tasks.values())
+                .filter(|h| matches!(h, Held::Memory { .. }))
+                .count(),
+            audit: (self.audit.values())
                 .filter(|h| matches!(h, Held::Memory { .. }))
                 .count(),
         }
@@ -271,8 +290,60 @@ impl State {
         self.secrets.remove(name).is_some()
     }
 
-    pub(super) fn put_audit(&mut self, record: AuditRecord) {
-        self.audit.insert(record.id.clone(), record);
+    pub(super) fn put_audit(&mut self, record: AuditRecord, applied: Applied) {
+        let id = record.id.clone();
+        let held = Held::Memory {
+            record: Arc::new(record),
+            at: applied.at,
+        };
+        self.audit.insert(id.clone(), held);
+        if applied.durable {
+            self.evict_audit(&id, u64::MAX);
+        }
+    }
+
+    /// Drops an audit record from memory once its line is known to be
+    /// durable (see [`State::evict_finished`]).
+    pub(super) fn evict_audit(&mut self, id: &str, durable: u64) {
+        let Some(Held::Memory {
+            record,
+            at: Some(at),
+        }) = self.audit.get(id)
+        else {
+            return;
+        };
+        if !at.durable_with(durable) {
+            return;
+        }
+        let (at, record) = (*at, record.clone());
+        let summary = AuditSummary {
+            time: record.time,
+            actor: self.intern(&record.actor),
+            action: self.intern(&record.action),
+        };
+        let disk = Held::Disk {
+            at,
+            version: 0,
+            summary,
+        };
+        self.audit.insert(record.id.clone(), disk);
+    }
+
+    /// [`State::repoint_task`] for an audit record, which never changes.
+    pub(super) fn repoint_audit(&mut self, id: &str, at: Option<Place>) {
+        if let Some(held) = self.audit.get_mut(id) {
+            repoint(held, at);
+        }
+    }
+
+    fn load_audit(&self, id: &str, held: &HeldAudit) -> Result<AuditRecord> {
+        match held {
+            Held::Memory { record, .. } => Ok(AuditRecord::clone(record)),
+            Held::Disk { at, .. } => match self.files.read(RecordKind::Audit, id, *at)? {
+                Record::Audit(record) => Ok(record),
+                _ => unreachable!("Files::read returns a record of the kind asked for"),
+            },
+        }
     }
 
     pub(super) fn tokens(&self) -> impl Iterator<Item = &ApiToken> {
@@ -283,18 +354,60 @@ impl State {
         self.secrets.values()
     }
 
-    pub(super) fn audit(&self) -> impl DoubleEndedIterator<Item = &AuditRecord> {
-        self.audit.values()
+    /// Every audit record's id and time, oldest first.
+    pub(super) fn audit_times(
+        &self,
+    ) -> impl DoubleEndedIterator<Item = (&String, chrono::DateTime<chrono::Utc>)> {
+        self.audit
+            .iter()
+            .map(|(id, held)| (id, audit_summary(held).0))
     }
 
-    pub(super) fn list_audit(&self, query: &AuditQuery) -> Page<AuditRecord> {
-        paged(
-            self.audit.values().rev().filter(|r| query.matches(r)),
+    pub(super) fn held_audit(&self) -> impl Iterator<Item = (&String, &HeldAudit)> {
+        self.audit.iter()
+    }
+
+    pub(super) fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        // Time, actor and action are answered from memory; a target is read
+        // back from disk, a scan of every candidate.
+        let cheap = |held: &HeldAudit| {
+            let (time, actor, action) = audit_summary(held);
+            query.since.is_none_or(|t| time >= t)
+                && query.until.is_none_or(|t| time < t)
+                && query.actor.as_ref().is_none_or(|a| a.as_str() == actor)
+                && query.action.as_ref().is_none_or(|a| a.as_str() == action)
+        };
+        let candidates = self.audit.iter().rev().filter(|(_, held)| cheap(held));
+        if query.target.is_none() {
+            let page = paged(candidates, |_| true, query.offset, query.limit, |c| *c);
+            return Ok(Page {
+                items: page
+                    .items
+                    .into_iter()
+                    .map(|(id, held)| self.load_audit(id, held))
+                    .collect::<Result<_>>()?,
+                total: page.total,
+            });
+        }
+        let mut failed = None;
+        let loaded = candidates.filter_map(|(id, held)| match self.load_audit(id, held) {
+            Ok(record) => query.matches(&record).then_some(record),
+            Err(e) => {
+                failed.get_or_insert(e);
+                None
+            }
+        });
+        let page = paged(
+            loaded,
             |_| true,
             query.offset,
             query.limit,
             |r| AuditRecord::clone(r),
-        )
+        );
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(page),
+        }
     }
 
     /// The record of `kind` stored under `key`, if any.
@@ -302,7 +415,10 @@ impl State {
         let other = match kind {
             RecordKind::Token => self.tokens.get(key).cloned().map(Record::Token),
             RecordKind::Secret => self.secrets.get(key).cloned().map(Record::Secret),
-            RecordKind::Audit => self.audit.get(key).cloned().map(Record::Audit),
+            RecordKind::Audit => match self.audit.get(key) {
+                Some(held) => Some(Record::Audit(self.load_audit(key, held)?)),
+                None => None,
+            },
             RecordKind::Schedule => self.schedules.get(key).cloned().map(Record::Schedule),
             RecordKind::ScheduleClaim => self.claims.get(key).cloned().map(Record::ScheduleClaim),
             RecordKind::WebhookSubscription => self
@@ -362,7 +478,12 @@ impl State {
                 return first(self.secrets.range(by_text(after)), limit, Record::Secret);
             }
             RecordKind::Audit => {
-                return first(self.audit.range(by_text(after)), limit, Record::Audit);
+                return self
+                    .audit
+                    .range(by_text(after))
+                    .take(limit)
+                    .map(|(id, held)| Ok(Record::Audit(self.load_audit(id, held)?)))
+                    .collect();
             }
             RecordKind::Schedule => {
                 return first(
@@ -594,13 +715,13 @@ impl State {
         }
     }
 
-    fn intern(&mut self, kind: &str) -> Arc<str> {
-        if let Some(kind) = self.kinds.get(kind) {
-            return kind.clone();
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(text) = self.interned.get(text) {
+            return text.clone();
         }
-        let kind: Arc<str> = Arc::from(kind);
-        self.kinds.insert(kind.clone());
-        kind
+        let text: Arc<str> = Arc::from(text);
+        self.interned.insert(text.clone());
+        text
     }
 
     /// After a compaction wrote the task at `version` to `at` in the new
@@ -929,6 +1050,13 @@ fn workflow_version(held: &HeldWorkflow) -> u64 {
     match held {
         Held::Memory { record, .. } => record.version,
         Held::Disk { version, .. } => *version,
+    }
+}
+
+fn audit_summary(held: &HeldAudit) -> (chrono::DateTime<chrono::Utc>, &str, &str) {
+    match held {
+        Held::Memory { record, .. } => (record.time, &record.actor, &record.action),
+        Held::Disk { summary, .. } => (summary.time, &summary.actor, &summary.action),
     }
 }
 

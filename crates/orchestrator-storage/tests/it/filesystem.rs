@@ -658,7 +658,7 @@ async fn locks_survive_a_reopen() {
 async fn finished_work_leaves_memory_and_reads_back_unchanged() {
     use orchestrator_core::WorkflowStatus;
     use orchestrator_storage::fs::InMemory;
-    use orchestrator_storage::{RetentionStore, TaskStore, WorkflowQuery};
+    use orchestrator_storage::{AccessStore, AuditQuery, RetentionStore, TaskStore, WorkflowQuery};
 
     for compact_after_bytes in [u64::MAX, 1] {
         let root = tempfile::tempdir().unwrap();
@@ -691,10 +691,21 @@ async fn finished_work_leaves_memory_and_reads_back_unchanged() {
             );
         }
         let (running, running_tasks) = workflow_with_tasks(2);
-        store.insert_workflow(&running, &running_tasks).await.unwrap();
+        store
+            .insert_workflow(&running, &running_tasks)
+            .await
+            .unwrap();
+        // The audit log is history too.
+        let submitted =
+            conformance::audit_record("ops", "workflow.submit", Some("wf-1"), Utc::now());
+        let cancelled =
+            conformance::audit_record("ops", "workflow.cancel", Some("wf-2"), Utc::now());
+        store.append_audit(&submitted).await.unwrap();
+        store.append_audit(&cancelled).await.unwrap();
         let only_running = InMemory {
             workflows: 1,
             tasks: 2,
+            audit: 0,
         };
         assert_eq!(store.records_in_memory(), only_running);
 
@@ -737,6 +748,32 @@ async fn finished_work_leaves_memory_and_reads_back_unchanged() {
                 .await
                 .unwrap();
             assert_eq!(done_tasks.total, 6);
+            let audit = |query: AuditQuery| async move {
+                store
+                    .list_audit(&AuditQuery { limit: 10, ..query })
+                    .await
+                    .unwrap()
+            };
+            let all = audit(AuditQuery::default()).await;
+            assert_eq!(all.items, vec![cancelled.clone(), submitted.clone()]);
+            let by_action = audit(AuditQuery {
+                action: Some("workflow.cancel".into()),
+                ..Default::default()
+            })
+            .await;
+            assert_eq!(
+                (by_action.total, by_action.items),
+                (1, vec![cancelled.clone()])
+            );
+            let by_target = audit(AuditQuery {
+                target: Some("wf-1".into()),
+                ..Default::default()
+            })
+            .await;
+            assert_eq!(
+                (by_target.total, by_target.items),
+                (1, vec![submitted.clone()])
+            );
         };
         reads_back_unchanged(&store).await;
         store.close().await.unwrap();
