@@ -402,7 +402,7 @@ impl State {
             |_| true,
             query.offset,
             query.limit,
-            |r| AuditRecord::clone(r),
+            AuditRecord::clone,
         );
         match failed {
             Some(e) => Err(e),
