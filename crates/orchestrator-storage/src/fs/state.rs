@@ -2,6 +2,7 @@
 //! and the records themselves in memory too, except finished work, which
 //! is read back from its line (see [`super::history`]).
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -60,8 +61,25 @@ pub struct InMemory {
     pub audit: usize,
 }
 
+/// How many finished tasks and workflows [`Recent`] keeps.
+const RECENT_TASKS: usize = 2048;
+const RECENT_WORKFLOWS: usize = 512;
+
+/// Finished records read back (or finished) lately, parsed: a client
+/// waiting on a workflow, a dashboard page, the engine's bookkeeping after
+/// a workflow ends read the same few records again and again. Bounded by
+/// count (S3-FIFO, so one listing of old history does not flush it).
+struct Recent {
+    tasks: quick_cache::unsync::Cache<TaskId, Arc<Task>>,
+    workflows: quick_cache::unsync::Cache<WorkflowId, Arc<Workflow>>,
+}
+
 pub(super) struct State {
     files: Files,
+    /// Filled and emptied under the state lock, as the records change, so
+    /// an entry is always the version the state holds. A `RefCell`, as
+    /// reads (`&self`) fill it.
+    recent: RefCell<Recent>,
     /// `FsOptions::evict_unfinished`.
     evict_unfinished: bool,
     tasks: BTreeMap<TaskId, HeldTask>,
@@ -100,6 +118,10 @@ impl State {
     pub(super) fn new(files: Files, evict_unfinished: bool) -> State {
         State {
             files,
+            recent: RefCell::new(Recent {
+                tasks: quick_cache::unsync::Cache::new(RECENT_TASKS),
+                workflows: quick_cache::unsync::Cache::new(RECENT_WORKFLOWS),
+            }),
             evict_unfinished,
             tasks: Default::default(),
             by_status: Default::default(),
@@ -622,6 +644,7 @@ impl State {
             .or_default()
             .insert(task.id);
         self.by_workflow.insert((task.workflow_id, task.id));
+        self.recent.get_mut().tasks.remove(&task.id);
         let finished = applied.durable
             && (self.evict_unfinished
                 || self
@@ -659,6 +682,7 @@ impl State {
                 .insert(workflow.revision, workflow.id);
         }
         let id = workflow.id;
+        self.recent.get_mut().workflows.remove(&id);
         self.workflows.insert(
             id,
             Held::Memory {
@@ -690,6 +714,8 @@ impl State {
         {
             let (at, version, record) = (*at, record.version, record.clone());
             let kind = self.intern(&record.kind);
+            // Read again right after it ends: by whoever waits on it.
+            self.recent.get_mut().workflows.insert(id, record);
             let disk = Held::Disk {
                 at,
                 version,
@@ -706,6 +732,7 @@ impl State {
                 } = held
                 && at.durable_with(durable)
             {
+                self.recent.get_mut().tasks.insert(task_id, record.clone());
                 *held = Held::Disk {
                     at: *at,
                     version: record.version,
@@ -766,6 +793,7 @@ impl State {
         let Some(held) = self.workflows.remove(&id) else {
             return Vec::new();
         };
+        self.recent.get_mut().workflows.remove(&id);
         // A workflow on disk is read back for its key and reference; if it
         // cannot be, the indexes are searched for its id instead.
         let named = match &held {
@@ -799,6 +827,7 @@ impl State {
         }
         let task_ids = self.workflow_task_ids(id);
         for task_id in &task_ids {
+            self.recent.get_mut().tasks.remove(task_id);
             self.by_workflow.remove(&(id, *task_id));
             if let Some(task) = self.tasks.remove(task_id)
                 && let Some(set) = self.by_status.get_mut(&task_status(&task))
