@@ -565,30 +565,38 @@ impl State {
     }
 
     fn load_task(&self, id: TaskId, held: &HeldTask) -> Result<Arc<Task>> {
-        match held {
-            Held::Memory { record, .. } => Ok(record.clone()),
-            Held::Disk { at, .. } => {
-                match self.files.read(RecordKind::Task, &id.to_string(), *at)? {
-                    Record::Task(task) => Ok(Arc::new(task)),
-                    _ => unreachable!("Files::read returns a record of the kind asked for"),
-                }
-            }
+        let at = match held {
+            Held::Memory { record, .. } => return Ok(record.clone()),
+            Held::Disk { at, .. } => *at,
+        };
+        if let Some(task) = self.recent.borrow().tasks.get(&id) {
+            return Ok(task.clone());
         }
+        let task = match self.files.read(RecordKind::Task, &id.to_string(), at)? {
+            Record::Task(task) => Arc::new(task),
+            _ => unreachable!("Files::read returns a record of the kind asked for"),
+        };
+        self.recent.borrow_mut().tasks.insert(id, task.clone());
+        Ok(task)
     }
 
     fn load_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Arc<Workflow>> {
-        match held {
-            Held::Memory { record, .. } => Ok(record.clone()),
-            Held::Disk { at, .. } => {
-                match self
-                    .files
-                    .read(RecordKind::Workflow, &id.to_string(), *at)?
-                {
-                    Record::Workflow(workflow) => Ok(Arc::new(workflow)),
-                    _ => unreachable!("Files::read returns a record of the kind asked for"),
-                }
-            }
+        let at = match held {
+            Held::Memory { record, .. } => return Ok(record.clone()),
+            Held::Disk { at, .. } => *at,
+        };
+        if let Some(workflow) = self.recent.borrow().workflows.get(&id) {
+            return Ok(workflow.clone());
         }
+        let workflow = match self.files.read(RecordKind::Workflow, &id.to_string(), at)? {
+            Record::Workflow(workflow) => Arc::new(workflow),
+            _ => unreachable!("Files::read returns a record of the kind asked for"),
+        };
+        self.recent
+            .borrow_mut()
+            .workflows
+            .insert(id, workflow.clone());
+        Ok(workflow)
     }
 
     fn unshared_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Workflow> {
