@@ -276,7 +276,7 @@ impl FsBackend {
     /// and with it every line before), drops the workflow from memory if
     /// it has finished.
     fn evict_finished(&self, id: WorkflowId, seq: u64) {
-        self.lock_state().evict_finished(id, seq);
+        self.lock_state().evict_finished(id, seq, true);
     }
 
     /// Commits one line and waits until it is durable.

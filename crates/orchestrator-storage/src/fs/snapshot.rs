@@ -233,7 +233,7 @@ impl SnapshotJob for Compaction {
         // What finished before the compaction is durable in the snapshot
         // now, in lines of its own: out of memory with it.
         for (id, _, _) in &self.workflows {
-            state.evict_finished(*id, 0);
+            state.evict_finished(*id, 0, false);
         }
         for (id, _) in &self.audit {
             state.evict_audit(id, 0);

@@ -61,17 +61,51 @@ pub struct InMemory {
     pub audit: usize,
 }
 
-/// How many finished tasks and workflows [`Recent`] keeps.
-const RECENT_TASKS: usize = 2048;
-const RECENT_WORKFLOWS: usize = 512;
+/// How much [`Recent`] keeps, in bytes of the records' lines (a parsed
+/// record takes a few times its line): tasks, then workflows.
+const RECENT_TASK_BYTES: u64 = 3 << 20;
+const RECENT_WORKFLOW_BYTES: u64 = 1 << 20;
 
 /// Finished records read back (or finished) lately, parsed: a client
 /// waiting on a workflow, a dashboard page, the engine's bookkeeping after
 /// a workflow ends read the same few records again and again. Bounded by
-/// count (S3-FIFO, so one listing of old history does not flush it).
+/// the size of their lines (S3-FIFO, so one listing of old history does not
+/// flush it).
 struct Recent {
-    tasks: quick_cache::unsync::Cache<TaskId, Arc<Task>>,
-    workflows: quick_cache::unsync::Cache<WorkflowId, Arc<Workflow>>,
+    tasks: RecentCache<TaskId, Task>,
+    workflows: RecentCache<WorkflowId, Workflow>,
+}
+
+type RecentCache<K, T> = quick_cache::unsync::Cache<K, Weighed<T>, ByLine>;
+
+/// A record with the length of its line, its weight in [`Recent`].
+#[derive(Clone)]
+struct Weighed<T> {
+    record: Arc<T>,
+    bytes: u32,
+}
+
+#[derive(Clone)]
+struct ByLine;
+
+impl<K, T> quick_cache::Weighter<K, Weighed<T>> for ByLine {
+    fn weight(&self, _: &K, value: &Weighed<T>) -> u64 {
+        u64::from(value.bytes).max(1)
+    }
+}
+
+impl Recent {
+    fn new() -> Recent {
+        // Estimated counts: a task's line is about 1 KiB, a workflow's 2.
+        Recent {
+            tasks: quick_cache::unsync::Cache::with_weighter(3072, RECENT_TASK_BYTES, ByLine),
+            workflows: quick_cache::unsync::Cache::with_weighter(
+                512,
+                RECENT_WORKFLOW_BYTES,
+                ByLine,
+            ),
+        }
+    }
 }
 
 pub(super) struct State {
@@ -118,10 +152,7 @@ impl State {
     pub(super) fn new(files: Files, evict_unfinished: bool) -> State {
         State {
             files,
-            recent: RefCell::new(Recent {
-                tasks: quick_cache::unsync::Cache::new(RECENT_TASKS),
-                workflows: quick_cache::unsync::Cache::new(RECENT_WORKFLOWS),
-            }),
+            recent: RefCell::new(Recent::new()),
             evict_unfinished,
             tasks: Default::default(),
             by_status: Default::default(),
@@ -570,13 +601,16 @@ impl State {
             Held::Disk { at, .. } => *at,
         };
         if let Some(task) = self.recent.borrow().tasks.get(&id) {
-            return Ok(task.clone());
+            return Ok(task.record.clone());
         }
         let task = match self.files.read(RecordKind::Task, &id.to_string(), at)? {
             Record::Task(task) => Arc::new(task),
             _ => unreachable!("Files::read returns a record of the kind asked for"),
         };
-        self.recent.borrow_mut().tasks.insert(id, task.clone());
+        self.recent
+            .borrow_mut()
+            .tasks
+            .insert(id, weighed(&task, at));
         Ok(task)
     }
 
@@ -586,7 +620,7 @@ impl State {
             Held::Disk { at, .. } => *at,
         };
         if let Some(workflow) = self.recent.borrow().workflows.get(&id) {
-            return Ok(workflow.clone());
+            return Ok(workflow.record.clone());
         }
         let workflow = match self.files.read(RecordKind::Workflow, &id.to_string(), at)? {
             Record::Workflow(workflow) => Arc::new(workflow),
@@ -595,7 +629,7 @@ impl State {
         self.recent
             .borrow_mut()
             .workflows
-            .insert(id, workflow.clone());
+            .insert(id, weighed(&workflow, at));
         Ok(workflow)
     }
 
@@ -699,14 +733,18 @@ impl State {
             },
         );
         if applied.durable {
-            self.evict_finished(id, u64::MAX);
+            self.evict_finished(id, u64::MAX, false);
         }
     }
 
     /// Drops a finished workflow and its tasks from memory, each whose
     /// latest line is known to be durable once line `durable` is (see
     /// [`Place::durable_with`]); the rest wait for the next compaction.
-    pub(super) fn evict_finished(&mut self, id: WorkflowId, durable: u64) {
+    ///
+    /// `warm`: keep them parsed in [`Recent`] too, for the reads that
+    /// follow the end of a workflow; not for what is merely read back at
+    /// open or moved by a compaction.
+    pub(super) fn evict_finished(&mut self, id: WorkflowId, durable: u64, warm: bool) {
         let Some(held) = self.workflows.get(&id) else {
             return;
         };
@@ -722,8 +760,11 @@ impl State {
         {
             let (at, version, record) = (*at, record.version, record.clone());
             let kind = self.intern(&record.kind);
-            // Read again right after it ends: by whoever waits on it.
-            self.recent.get_mut().workflows.insert(id, record);
+            if warm {
+                // Read again right after it ends: by whoever waits on it.
+                let record = weighed(&record, at);
+                self.recent.get_mut().workflows.insert(id, record);
+            }
             let disk = Held::Disk {
                 at,
                 version,
@@ -740,7 +781,12 @@ impl State {
                 } = held
                 && at.durable_with(durable)
             {
-                self.recent.get_mut().tasks.insert(task_id, record.clone());
+                if warm {
+                    self.recent
+                        .get_mut()
+                        .tasks
+                        .insert(task_id, weighed(record, *at));
+                }
                 *held = Held::Disk {
                     at: *at,
                     version: record.version,
@@ -1066,6 +1112,13 @@ impl State {
             Some(e) => Err(e),
             None => Ok(page),
         }
+    }
+}
+
+fn weighed<T>(record: &Arc<T>, at: Place) -> Weighed<T> {
+    Weighed {
+        record: record.clone(),
+        bytes: at.len,
     }
 }
 
