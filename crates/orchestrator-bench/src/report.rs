@@ -455,11 +455,20 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
         if let Some(Ok(w)) = &b.w1 {
             let idle = median(&w.idle_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
             let peak = median(&w.peak_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+            let done = median(&w.done_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+            let per_1000 = done.saturating_sub(idle) as f64 / w.n.max(1) as f64 * 1000.0;
             row([
                 "5",
                 &format!("idle service, empty data dir ({})", b.backend),
                 "RSS",
-                &format!("{} (peak after workload 1: {})", mib(idle), mib(peak)),
+                &format!(
+                    "{} (after workload 1's {} finished: {}, {} per 1,000; peak {})",
+                    mib(idle),
+                    thousands(w.n as f64),
+                    mib(done),
+                    mib(per_1000 as u64),
+                    mib(peak)
+                ),
                 "",
                 "",
                 "< 30 MB",

@@ -47,6 +47,9 @@ pub struct W1 {
     /// RSS of a fresh, empty service before the first submit (KiB).
     pub idle_rss_kib: Vec<u64>,
     pub peak_rss_kib: Vec<u64>,
+    /// RSS once every workflow has finished (and a second has passed): what
+    /// their history costs a running service.
+    pub done_rss_kib: Vec<u64>,
     pub empty_start_s: Vec<f64>,
 }
 
@@ -72,6 +75,7 @@ pub async fn independent(ctx: &Ctx, backend: &str) -> Result<W1> {
         submit_s: vec![],
         idle_rss_kib: vec![],
         peak_rss_kib: vec![],
+        done_rss_kib: vec![],
         empty_start_s: vec![],
     };
     for run in 0..ctx.runs {
@@ -105,7 +109,10 @@ pub async fn independent(ctx: &Ctx, backend: &str) -> Result<W1> {
             .wait_completed(n as u64, Duration::from_secs(300))
             .await?;
         w.orch_s.push(secs(done - t0));
-        w.peak_rss_kib.push(svc.rss_kib()?.1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (done_rss, peak_rss) = svc.rss_kib()?;
+        w.done_rss_kib.push(done_rss);
+        w.peak_rss_kib.push(peak_rss);
         svc.stop().await?;
         eprintln!(
             "  w1 run {}: xargs {:.3} s, orchestrator {:.3} s",

@@ -1,15 +1,18 @@
 //! Finished work kept on disk, not in memory.
 //!
-//! Every workflow and task record in memory remembers where its latest
-//! line is ([`Place`]). Once a workflow has finished and that line is
-//! durable, the workflow and its tasks are dropped from memory and kept as
-//! [`Held::Disk`]: the place, the version (for compare-and-set and replay)
-//! and the few fields the indexes and filters need. Reading one back reads
-//! its line ([`Files::read`]). A compaction copies them into the new
+//! Every workflow, task and audit record in memory remembers where its
+//! latest line is ([`Place`]). Once a workflow has finished and that line
+//! is durable, the workflow and its tasks are dropped from memory and kept
+//! as [`Held::Disk`]: the place, the version (for compare-and-set and
+//! replay) and the few fields the indexes and filters need; an audit
+//! record, which never changes, as soon as its line is durable. Reading
+//! one back reads its line ([`Files::read`]); the state keeps the ones read
+//! lately parsed, in a bounded cache. A compaction copies them into the new
 //! snapshot and points them there, one record a line.
 //!
 //! So memory holds what is running, what changed since the last compaction
-//! and could not be evicted yet, and a few dozen bytes per finished record.
+//! and could not be evicted yet, that cache, and a few dozen bytes per
+//! finished record.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -64,7 +67,7 @@ impl Place {
     }
 }
 
-/// A workflow or task as the state holds it.
+/// A workflow, task or audit record as the state holds it.
 #[derive(Debug, Clone)]
 pub(super) enum Held<T, S> {
     /// In memory, with its latest line's place when that line can be read

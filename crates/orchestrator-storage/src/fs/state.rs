@@ -63,8 +63,8 @@ pub struct InMemory {
 
 /// How much [`Recent`] keeps, in bytes of the records' lines (a parsed
 /// record takes a few times its line): tasks, then workflows.
-const RECENT_TASK_BYTES: u64 = 3 << 20;
-const RECENT_WORKFLOW_BYTES: u64 = 1 << 20;
+const RECENT_TASK_BYTES: u64 = 2 << 20;
+const RECENT_WORKFLOW_BYTES: u64 = 512 << 10;
 
 /// Finished records read back (or finished) lately, parsed: a client
 /// waiting on a workflow, a dashboard page, the engine's bookkeeping after
@@ -98,9 +98,9 @@ impl Recent {
     fn new() -> Recent {
         // Estimated counts: a task's line is about 1 KiB, a workflow's 2.
         Recent {
-            tasks: quick_cache::unsync::Cache::with_weighter(3072, RECENT_TASK_BYTES, ByLine),
+            tasks: quick_cache::unsync::Cache::with_weighter(2048, RECENT_TASK_BYTES, ByLine),
             workflows: quick_cache::unsync::Cache::with_weighter(
-                512,
+                256,
                 RECENT_WORKFLOW_BYTES,
                 ByLine,
             ),
