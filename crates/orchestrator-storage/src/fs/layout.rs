@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::snapshot::write_atomically;
+use super::atomic::write_atomically;
 use super::{JOURNAL_FILE, SNAPSHOT_FILE};
 use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Error, Result};

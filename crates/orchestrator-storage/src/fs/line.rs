@@ -11,7 +11,6 @@ use orchestrator_core::webhook::{Delivery, Subscription};
 use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 use serde::{Deserialize, Serialize};
 
-use super::state::{Applied, State};
 use crate::{Record, RecordKind};
 
 /// Frames `json` as one line, newline included, onto `out`.
@@ -79,46 +78,6 @@ pub(super) enum Line {
 }
 
 impl Line {
-    /// Applies this line to the records, as replaying it does; `applied`
-    /// says where the line is and whether it is durable yet.
-    pub(super) fn apply(self, state: &mut State, applied: Applied) {
-        match self {
-            Line::Workflow(w) => state.put_workflow(w, applied),
-            Line::Task(t) => state.put_task(t, applied),
-            Line::Submission { workflow, tasks } => {
-                // The tasks first: a finished workflow's tasks are evicted
-                // with it.
-                tasks.into_iter().for_each(|t| state.put_task(t, applied));
-                state.put_workflow(workflow, applied);
-            }
-            Line::Token(t) => state.put_token(t),
-            Line::Secret(s) => state.put_secret(s),
-            Line::SecretDeleted { name } => {
-                state.delete_secret(&name);
-            }
-            Line::Audit(a) => state.put_audit(a, applied),
-            Line::Schedule(s) => state.put_schedule(s),
-            Line::ScheduleDeleted { id } => {
-                state.delete_schedule(&id);
-            }
-            Line::ScheduleClaim(c) => state.put_claim(c),
-            Line::Pruned {
-                workflows, audit, ..
-            } => {
-                for id in workflows {
-                    state.remove_workflow(id);
-                }
-                state.remove_audit(&audit);
-            }
-            Line::WebhookSubscription(s) => state.put_subscription(s),
-            Line::WebhookSubscriptionDeleted { id } => {
-                state.delete_subscription(&id);
-            }
-            Line::WebhookDelivery(d) => state.put_delivery(d),
-            Line::WebhookDeliveriesPruned { ids } => state.remove_deliveries(&ids),
-        }
-    }
-
     /// The line that stores `record`.
     pub(super) fn of(record: Record) -> Line {
         match record {

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use orchestrator_core::lock::LockRecord;
 
 use super::FsBackend;
-use super::snapshot::write_atomically;
+use super::atomic::write_atomically;
 use crate::{Error, LockStore, Result};
 
 /// The file of every lock record, in the data dir.

@@ -24,11 +24,12 @@
 //! format of a journal or snapshot line; `journal`, its writer (group
 //! commit) and its one reader, with the one rule for a line torn by a
 //! crash; `snapshot`, what a compaction writes; `logs`, the task log
-//! files; `layout`, `layout.json`. `state` holds the records with their
+//! files; `layout`, `layout.json`; `atomic`, writing a file whole. `state` holds the records with their
 //! indexes, `history` the finished ones kept on disk, and `indexed` is the
 //! migration's view of a store, which keeps only where its records are.
 
 mod access;
+pub(crate) mod atomic;
 mod history;
 mod indexed;
 pub(crate) mod journal;
@@ -180,13 +181,13 @@ impl FsBackend {
         // is read.
         read_strictly(&snapshot_path, LineFile::Snapshot, |line, place| {
             let at = Place::in_snapshot(place.offset, place.len);
-            line.apply(&mut state, Applied { at, durable: true })
+            state.apply(line, Applied { at, durable: true })
         })?;
         let mut seq = 0;
         let journal_bytes = read_strictly(&journal_path, LineFile::Journal, |line, place| {
             seq += 1;
             let at = Place::in_journal(place.offset, place.len, seq);
-            line.apply(&mut state, Applied { at, durable: true })
+            state.apply(line, Applied { at, durable: true })
         })?;
         state.journal_bytes = journal_bytes;
         state.last_seq = seq;
@@ -268,7 +269,7 @@ impl FsBackend {
         state.journal_bytes += len as u64;
         state.last_seq = seq;
         let at = Place::in_journal(offset, len - 1, seq);
-        record.apply(state, Applied { at, durable: false });
+        state.apply(record, Applied { at, durable: false });
         Ok(pending)
     }
 

@@ -4,13 +4,12 @@
 //! A compaction takes the records under the state lock
 //! ([`Compaction::take`]): shared pointers for what is in memory, places
 //! for what is on disk. The journal writer thread writes them, outside the
-//! lock, with [`write_atomically_with`], then points every record at its
+//! lock, with [`super::atomic::write_atomically_with`], then points every record at its
 //! new line ([`SnapshotJob::installed`]) and empties the journal. So the
 //! snapshot is only ever replaced whole, never torn.
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use orchestrator_core::access::AuditRecord;
@@ -239,25 +238,4 @@ impl SnapshotJob for Compaction {
             state.evict_audit(id, 0);
         }
     }
-}
-
-/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    write_atomically_with(path, |out| out.write_all(bytes))
-}
-
-/// [`write_atomically`] what `write` streams, through a buffer.
-pub(crate) fn write_atomically_with(
-    path: &Path,
-    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
-) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    {
-        let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        write(&mut out)?;
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
 }

@@ -14,6 +14,7 @@ use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::webhook::{Delivery, Subscription};
 
 use super::history::{Files, Held, Place};
+use super::line::Line;
 use crate::{AuditQuery, Page, Record, RecordKind, Result, TaskQuery, WorkflowQuery};
 
 /// A task in memory is shared, so that handing out a workflow's tasks (on
@@ -171,6 +172,46 @@ impl State {
             journal_bytes: 0,
             last_seq: 0,
             compactions_in_flight: 0,
+        }
+    }
+
+    /// Applies `line` to the records, as replaying it does; `applied`
+    /// says where the line is and whether it is durable yet.
+    pub(super) fn apply(&mut self, line: Line, applied: Applied) {
+        match line {
+            Line::Workflow(w) => self.put_workflow(w, applied),
+            Line::Task(t) => self.put_task(t, applied),
+            Line::Submission { workflow, tasks } => {
+                // The tasks first: a finished workflow's tasks are evicted
+                // with it.
+                tasks.into_iter().for_each(|t| self.put_task(t, applied));
+                self.put_workflow(workflow, applied);
+            }
+            Line::Token(t) => self.put_token(t),
+            Line::Secret(s) => self.put_secret(s),
+            Line::SecretDeleted { name } => {
+                self.delete_secret(&name);
+            }
+            Line::Audit(a) => self.put_audit(a, applied),
+            Line::Schedule(s) => self.put_schedule(s),
+            Line::ScheduleDeleted { id } => {
+                self.delete_schedule(&id);
+            }
+            Line::ScheduleClaim(c) => self.put_claim(c),
+            Line::Pruned {
+                workflows, audit, ..
+            } => {
+                for id in workflows {
+                    self.remove_workflow(id);
+                }
+                self.remove_audit(&audit);
+            }
+            Line::WebhookSubscription(s) => self.put_subscription(s),
+            Line::WebhookSubscriptionDeleted { id } => {
+                self.delete_subscription(&id);
+            }
+            Line::WebhookDelivery(d) => self.put_delivery(d),
+            Line::WebhookDeliveriesPruned { ids } => self.remove_deliveries(&ids),
         }
     }
 

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::storage_move::MoveStatus;
 use serde::{Deserialize, Serialize};
 
-use crate::fs::snapshot::write_atomically;
+use crate::fs::atomic::write_atomically;
 use crate::{Error, Result, StorageConfig};
 
 const CHOICE_FILE: &str = "storage.json";

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use tokio::sync::oneshot;
 
-use crate::fs::snapshot::write_atomically_with;
+use crate::fs::atomic::write_atomically_with;
 use crate::{Error, Result};
 
 /// Most commands folded into one write-and-sync.
