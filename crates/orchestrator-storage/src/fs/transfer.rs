@@ -10,6 +10,9 @@ use super::line::Line;
 use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
 use crate::{Backend, BulkTransfer, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
+/// Records read under one taking of the state lock by a scan.
+const SCAN_CHUNK: usize = 64;
+
 #[async_trait]
 impl BulkTransfer for FsBackend {
     fn name(&self) -> &'static str {
@@ -24,15 +27,28 @@ impl BulkTransfer for FsBackend {
     ) -> Result<Vec<Scanned>> {
         // Opened with the lock, a store has no damaged record: damage
         // refuses the open (a migration reads through `IndexedStore`).
-        Ok(self
-            .lock_state()
-            .records_after(kind, after, limit)?
-            .into_iter()
-            .map(|record| Scanned {
+        // Finished records are read back from disk, a parse each: the lock
+        // is taken for a few at a time, so requests are served in between
+        // (a storage move scans the whole store while the service runs).
+        let mut scanned: Vec<Scanned> = Vec::new();
+        let mut cursor = after.map(str::to_owned);
+        while scanned.len() < limit {
+            let want = (limit - scanned.len()).min(SCAN_CHUNK);
+            let chunk = self
+                .lock_state()
+                .records_after(kind, cursor.as_deref(), want)?;
+            let last = chunk.len() < want;
+            scanned.extend(chunk.into_iter().map(|record| Scanned {
                 key: record.key(),
                 record: Ok(record),
-            })
-            .collect())
+            }));
+            if last {
+                break;
+            }
+            cursor = scanned.last().map(|s| s.key.clone());
+            tokio::task::yield_now().await;
+        }
+        Ok(scanned)
     }
 
     async fn fetch(&self, kind: RecordKind, keys: &[String]) -> Result<Vec<Scanned>> {
