@@ -637,41 +637,56 @@ impl State {
     }
 
     fn load_task(&self, id: TaskId, held: &HeldTask) -> Result<Arc<Task>> {
-        let at = match held {
-            Held::Memory { record, .. } => return Ok(record.clone()),
-            Held::Disk { at, .. } => *at,
-        };
-        if let Some(task) = self.recent.borrow().tasks.get(&id) {
-            return Ok(task.record.clone());
-        }
-        let task = match self.files.read(RecordKind::Task, &id.to_string(), at)? {
-            Record::Task(task) => Arc::new(task),
-            _ => unreachable!("Files::read returns a record of the kind asked for"),
-        };
-        self.recent
-            .borrow_mut()
-            .tasks
-            .insert(id, weighed(&task, at));
-        Ok(task)
+        self.load(
+            id,
+            held,
+            RecordKind::Task,
+            |r| &mut r.tasks,
+            |r| match r {
+                Record::Task(task) => Some(task),
+                _ => None,
+            },
+        )
     }
 
     fn load_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Arc<Workflow>> {
+        self.load(
+            id,
+            held,
+            RecordKind::Workflow,
+            |r| &mut r.workflows,
+            |r| match r {
+                Record::Workflow(workflow) => Some(workflow),
+                _ => None,
+            },
+        )
+    }
+
+    /// A record as held: in memory, else parsed in [`Recent`], else read
+    /// back from its line (and kept in [`Recent`]).
+    fn load<K, T: Clone, S>(
+        &self,
+        id: K,
+        held: &Held<T, S>,
+        kind: RecordKind,
+        cache: fn(&mut Recent) -> &mut RecentCache<K, T>,
+        of_kind: fn(Record) -> Option<T>,
+    ) -> Result<Arc<T>>
+    where
+        K: Copy + Eq + std::hash::Hash + ToString,
+    {
         let at = match held {
             Held::Memory { record, .. } => return Ok(record.clone()),
             Held::Disk { at, .. } => *at,
         };
-        if let Some(workflow) = self.recent.borrow().workflows.get(&id) {
-            return Ok(workflow.record.clone());
+        if let Some(hit) = cache(&mut self.recent.borrow_mut()).get(&id) {
+            return Ok(hit.record.clone());
         }
-        let workflow = match self.files.read(RecordKind::Workflow, &id.to_string(), at)? {
-            Record::Workflow(workflow) => Arc::new(workflow),
-            _ => unreachable!("Files::read returns a record of the kind asked for"),
-        };
-        self.recent
-            .borrow_mut()
-            .workflows
-            .insert(id, weighed(&workflow, at));
-        Ok(workflow)
+        let read = self.files.read(kind, &id.to_string(), at)?;
+        let read =
+            Arc::new(of_kind(read).expect("Files::read returns a record of the kind asked for"));
+        cache(&mut self.recent.borrow_mut()).insert(id, weighed(&read, at));
+        Ok(read)
     }
 
     fn unshared_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Workflow> {
