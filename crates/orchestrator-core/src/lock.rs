@@ -121,8 +121,9 @@ pub struct NodeLife {
 pub struct LockHolder {
     pub workflow: WorkflowId,
     /// The node lives running the workflow's tasks under this grant (more
-    /// than one when its steps run on several nodes), the one `token` was
-    /// given to last; the grant ends when the last of them does.
+    /// than one when its steps run on several nodes), the one `token` is
+    /// for last (given to it, or, after the life it was given to ended,
+    /// waiting for it to ask); the grant ends when the last of them does.
     pub lives: Vec<NodeLife>,
     pub mode: LockMode,
     /// The fencing token of this grant.
@@ -221,15 +222,27 @@ impl LockRecord {
     }
 
     /// Drops every node life `alive` says ended: from holders (a holder
-    /// goes with its last life) and waiters.
+    /// goes with its last life) and waiters. A hold that outlives the life
+    /// its token was given to (the last of `lives`) takes a new token: the
+    /// lives left never saw the old one, and the next of them to ask must
+    /// not enter with the token of the life it took over from (the
+    /// two-node kill -9 drill saw exactly that: lives `[b, a]`, `a`
+    /// killed inside, and `b`'s takeover entered with `a`'s token).
     pub fn expire(&mut self, alive: &dyn Fn(&NodeLife) -> bool, moves: &mut Moves) {
+        let fencing = &mut self.fencing;
         self.holders.retain_mut(|h| {
+            let given_to_alive = h.lives.last().is_some_and(|l| alive(l));
             h.lives.retain(|l| alive(l));
-            let keep = !h.lives.is_empty();
-            if !keep {
+            if h.lives.is_empty() {
                 moves.expired.push((h.workflow, Some(h.token)));
+                return false;
             }
-            keep
+            if !given_to_alive {
+                *fencing += 1;
+                h.token = *fencing;
+                moves.granted.push((h.workflow, h.token));
+            }
+            true
         });
         self.waiters.retain(|w| {
             let keep = alive(&w.life);
@@ -256,8 +269,8 @@ impl LockRecord {
             .iter_mut()
             .find(|h| h.workflow == request.workflow)
         {
-            // The last of `lives` is the life the current token was
-            // given to: it asks again and keeps it.
+            // The last of `lives` is the life the current token is for:
+            // it asks again and keeps it.
             if held.lives.last() == Some(&request.life) {
                 let token = held.token;
                 return (
@@ -352,7 +365,7 @@ impl LockRecord {
         self.holders.retain(|h| h.workflow != workflow);
         self.waiters.retain(|w| w.workflow != workflow);
         self.expire(alive, &mut moves);
-        moves.granted = self.grant_waiters(now);
+        moves.granted.extend(self.grant_waiters(now));
         (held, moves)
     }
 

@@ -253,7 +253,7 @@ impl Locks {
                     let mut moves = Moves::default();
                     record.expire(&*alive, &mut moves);
                     // Those behind a lost holder move up.
-                    moves.granted = record.grant_waiters(now);
+                    moves.granted.extend(record.grant_waiters(now));
                     ((), moves)
                 })
                 .await?;

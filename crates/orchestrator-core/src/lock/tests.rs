@@ -232,6 +232,40 @@ fn a_workflow_on_two_nodes_holds_once_until_both_lives_end() {
 }
 
 #[test]
+fn a_takeover_never_enters_with_the_token_of_the_life_it_took_over_from() {
+    let mut lock = LockRecord::new("env:prod");
+    let workflow = WorkflowId::new();
+    let on_a = ask(workflow, LockMode::Exclusive, None);
+    let mut on_b = on_a.clone();
+    on_b.life = life("b");
+    // Both nodes asked for the workflow's task; `a` asked last and runs
+    // it with token 3, so the lives are `[b, a]`.
+    assert_eq!(held(lock.request(&on_a, &everyone, now()).0), Some(1));
+    assert_eq!(held(lock.request(&on_b, &everyone, now()).0), Some(2));
+    assert_eq!(held(lock.request(&on_a, &everyone, now()).0), Some(3));
+    // `a` dies inside; `b` takes the task over. The hold stays (`b` is
+    // one of its lives) but the token goes with `a`: `b` gets a newer
+    // one, and the change is announced as a grant.
+    let without_a = |l: &NodeLife| l.node != "a";
+    let (answer, moves) = lock.request(&on_b, &without_a, now());
+    assert_eq!(held(answer), Some(4));
+    assert_eq!(moves.granted, vec![(workflow, 4)]);
+    assert!(moves.expired.is_empty());
+    assert_eq!(lock.holders[0].lives, vec![life("b")]);
+    assert_eq!(held(lock.request(&on_b, &without_a, now()).0), Some(4));
+    // A life that ends while not the token's leaves the token alone.
+    let on_c = {
+        let mut c = on_a.clone();
+        c.life = life("c");
+        c
+    };
+    assert_eq!(held(lock.request(&on_c, &everyone, now()).0), Some(5));
+    let without_b = |l: &NodeLife| l.node != "b";
+    assert_eq!(held(lock.request(&on_c, &without_b, now()).0), Some(5));
+    assert_eq!(lock.fencing, 5);
+}
+
+#[test]
 fn env_var_names_and_keys() {
     assert_eq!(env_var("db-main"), "ORCHESTRATOR_LOCK_DB_MAIN");
     assert_eq!(env_var("env"), "ORCHESTRATOR_LOCK_ENV");
