@@ -77,6 +77,17 @@ struct Recent {
     workflows: RecentCache<WorkflowId, Workflow>,
 }
 
+/// Whether a record read back from disk is kept in [`Recent`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// A request's read: it may well be read again soon.
+    Recent,
+    /// A scan's (a storage move's copy and verify): every record once, in
+    /// key order. Kept, they would only push out what requests read, and
+    /// cost a copy each (the cache's reference keeps the record shared).
+    Not,
+}
+
 type RecentCache<K, T> = quick_cache::unsync::Cache<K, Weighed<T>, ByLine>;
 
 /// A record with the length of its line, its weight in [`Recent`].
@@ -621,25 +632,34 @@ impl State {
                 .workflows
                 .range((from.map(WorkflowId::from_uuid), Unbounded))
                 .take(limit)
-                .map(|(id, held)| Ok(Record::Workflow(self.unshared_workflow(*id, held)?)))
+                .map(|(id, held)| {
+                    Ok(Record::Workflow(Arc::unwrap_or_clone(self.load_workflow(
+                        *id,
+                        held,
+                        Keep::Not,
+                    )?)))
+                })
                 .collect(),
             _ => self
                 .tasks
                 .range((from.map(TaskId::from_uuid), Unbounded))
                 .take(limit)
                 .map(|(id, held)| {
-                    Ok(Record::Task(Arc::unwrap_or_clone(
-                        self.load_task(*id, held)?,
-                    )))
+                    Ok(Record::Task(Arc::unwrap_or_clone(self.load_task(
+                        *id,
+                        held,
+                        Keep::Not,
+                    )?)))
                 })
                 .collect(),
         }
     }
 
-    fn load_task(&self, id: TaskId, held: &HeldTask) -> Result<Arc<Task>> {
+    fn load_task(&self, id: TaskId, held: &HeldTask, keep: Keep) -> Result<Arc<Task>> {
         self.load(
             id,
             held,
+            keep,
             RecordKind::Task,
             |r| &mut r.tasks,
             |r| match r {
@@ -649,10 +669,16 @@ impl State {
         )
     }
 
-    fn load_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Arc<Workflow>> {
+    fn load_workflow(
+        &self,
+        id: WorkflowId,
+        held: &HeldWorkflow,
+        keep: Keep,
+    ) -> Result<Arc<Workflow>> {
         self.load(
             id,
             held,
+            keep,
             RecordKind::Workflow,
             |r| &mut r.workflows,
             |r| match r {
@@ -663,11 +689,12 @@ impl State {
     }
 
     /// A record as held: in memory, else parsed in [`Recent`], else read
-    /// back from its line (and kept in [`Recent`]).
+    /// back from its line (and kept in [`Recent`] if `keep` says so).
     fn load<K, T: Clone, S>(
         &self,
         id: K,
         held: &Held<T, S>,
+        keep: Keep,
         kind: RecordKind,
         cache: fn(&mut Recent) -> &mut RecentCache<K, T>,
         of_kind: fn(Record) -> Option<T>,
@@ -685,25 +712,28 @@ impl State {
         let read = self.files.read(kind, &id.to_string(), at)?;
         let read =
             Arc::new(of_kind(read).expect("Files::read returns a record of the kind asked for"));
-        cache(&mut self.recent.borrow_mut()).insert(id, weighed(&read, at));
+        if keep == Keep::Recent {
+            cache(&mut self.recent.borrow_mut()).insert(id, weighed(&read, at));
+        }
         Ok(read)
     }
 
     fn unshared_workflow(&self, id: WorkflowId, held: &HeldWorkflow) -> Result<Workflow> {
-        self.load_workflow(id, held).map(Arc::unwrap_or_clone)
+        self.load_workflow(id, held, Keep::Recent)
+            .map(Arc::unwrap_or_clone)
     }
 
     pub(super) fn task(&self, id: TaskId) -> Result<Option<Arc<Task>>> {
         self.tasks
             .get(&id)
-            .map(|held| self.load_task(id, held))
+            .map(|held| self.load_task(id, held, Keep::Recent))
             .transpose()
     }
 
     pub(super) fn workflow(&self, id: WorkflowId) -> Result<Option<Arc<Workflow>>> {
         self.workflows
             .get(&id)
-            .map(|held| self.load_workflow(id, held))
+            .map(|held| self.load_workflow(id, held, Keep::Recent))
             .transpose()
     }
 
@@ -908,7 +938,7 @@ impl State {
         // cannot be, the indexes are searched for its id instead.
         let named = match &held {
             Held::Memory { record, .. } => Ok(record.clone()),
-            Held::Disk { .. } => self.load_workflow(id, &held),
+            Held::Disk { .. } => self.load_workflow(id, &held, Keep::Not),
         };
         match named {
             Ok(workflow) => {
@@ -989,7 +1019,10 @@ impl State {
                 .skip(query.offset)
                 .take(query.limit)
                 .filter_map(|id| self.tasks.get(id).map(|held| (id, held)))
-                .map(|(id, held)| self.load_task(*id, held).map(Arc::unwrap_or_clone))
+                .map(|(id, held)| {
+                    self.load_task(*id, held, Keep::Recent)
+                        .map(Arc::unwrap_or_clone)
+                })
                 .collect()
         };
         // One index answers the query: its size is the total, and only the
@@ -1038,7 +1071,10 @@ impl State {
             items: page
                 .items
                 .into_iter()
-                .map(|(id, held)| self.load_task(id, held).map(Arc::unwrap_or_clone))
+                .map(|(id, held)| {
+                    self.load_task(id, held, Keep::Recent)
+                        .map(Arc::unwrap_or_clone)
+                })
                 .collect::<Result<_>>()?,
             total: page.total,
         })
@@ -1047,7 +1083,7 @@ impl State {
     pub(super) fn workflow_tasks(&self, id: WorkflowId) -> Result<Vec<Arc<Task>>> {
         self.workflow_range(id)
             .filter_map(|(_, id)| self.tasks.get(id).map(|held| (id, held)))
-            .map(|(id, held)| self.load_task(*id, held))
+            .map(|(id, held)| self.load_task(*id, held, Keep::Recent))
             .collect()
     }
 
@@ -1062,7 +1098,10 @@ impl State {
         ids.sort();
         ids.iter()
             .filter_map(|id| self.tasks.get(id).map(|held| (id, held)))
-            .map(|(id, held)| self.load_task(*id, held).map(Arc::unwrap_or_clone))
+            .map(|(id, held)| {
+                self.load_task(*id, held, Keep::Recent)
+                    .map(Arc::unwrap_or_clone)
+            })
             .collect()
     }
 
@@ -1150,13 +1189,15 @@ impl State {
         let mut failed = None;
         let loaded = candidates
             .filter(|(_, held)| cheap(held))
-            .filter_map(|(id, held)| match self.load_workflow(id, held) {
-                Ok(workflow) => matches(&workflow).then_some(workflow),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                    None
-                }
-            });
+            .filter_map(
+                |(id, held)| match self.load_workflow(id, held, Keep::Recent) {
+                    Ok(workflow) => matches(&workflow).then_some(workflow),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        None
+                    }
+                },
+            );
         let page = paged(
             loaded,
             |w| past(&w.id),
