@@ -77,6 +77,46 @@ struct Recent {
     workflows: RecentCache<WorkflowId, Workflow>,
 }
 
+/// A record a scan took under the state lock: the record, or where its
+/// line is in the snapshot, to be read with the [`Files`] taken under the
+/// same lock once it is let go. The snapshot is replaced whole, never
+/// changed in place, so the place stays good for that file; a journal
+/// line is read under the lock, since a compaction empties the journal.
+pub(super) enum Found {
+    Record(Record),
+    InSnapshot {
+        kind: RecordKind,
+        key: String,
+        at: Place,
+    },
+}
+
+impl Found {
+    fn of<T, S>(
+        kind: RecordKind,
+        key: &impl ToString,
+        held: &Held<T, S>,
+        read_now: impl FnOnce() -> Result<Record>,
+    ) -> Result<Found> {
+        match held {
+            Held::Disk { at, .. } if !at.in_journal_file() => Ok(Found::InSnapshot {
+                kind,
+                key: key.to_string(),
+                at: *at,
+            }),
+            _ => read_now().map(Found::Record),
+        }
+    }
+
+    /// The record, read from `files` if it was left on disk.
+    pub(super) fn read(self, files: &Files) -> Result<Record> {
+        match self {
+            Found::Record(record) => Ok(record),
+            Found::InSnapshot { kind, key, at } => files.read(kind, &key, at),
+        }
+    }
+}
+
 /// Whether a record read back from disk is kept in [`Recent`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Keep {
@@ -556,12 +596,14 @@ impl State {
     /// Up to `limit` records of `kind` whose keys sort after `after`, in
     /// key order. Ids print as lowercase hex, so text order is id order; a
     /// key that is not an id (a damaged line's place) sorts after every id.
+    /// A finished record in the snapshot is taken as its place, to be read
+    /// once the lock is let go (see [`Found`]).
     pub(super) fn records_after(
         &self,
         kind: RecordKind,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Record>> {
+    ) -> Result<Vec<Found>> {
         use std::ops::Bound::{Excluded, Unbounded};
         // Keyed by text: the range is the text after `after`.
         let by_text = |after: Option<&str>| match after {
@@ -572,8 +614,11 @@ impl State {
             range: impl Iterator<Item = (&'a String, &'a T)>,
             limit: usize,
             record: impl Fn(T) -> Record,
-        ) -> Result<Vec<Record>> {
-            Ok(range.take(limit).map(|(_, r)| record(r.clone())).collect())
+        ) -> Result<Vec<Found>> {
+            Ok(range
+                .take(limit)
+                .map(|(_, r)| Found::Record(record(r.clone())))
+                .collect())
         }
         match kind {
             RecordKind::Token => {
@@ -587,7 +632,11 @@ impl State {
                     .audit
                     .range(by_text(after))
                     .take(limit)
-                    .map(|(id, held)| Ok(Record::Audit(self.load_audit(id, held)?)))
+                    .map(|(id, held)| {
+                        Found::of(RecordKind::Audit, id, held, || {
+                            Ok(Record::Audit(self.load_audit(id, held)?))
+                        })
+                    })
                     .collect();
             }
             RecordKind::Schedule => {
@@ -633,11 +682,13 @@ impl State {
                 .range((from.map(WorkflowId::from_uuid), Unbounded))
                 .take(limit)
                 .map(|(id, held)| {
-                    Ok(Record::Workflow(Arc::unwrap_or_clone(self.load_workflow(
-                        *id,
-                        held,
-                        Keep::Not,
-                    )?)))
+                    Found::of(RecordKind::Workflow, id, held, || {
+                        Ok(Record::Workflow(Arc::unwrap_or_clone(self.load_workflow(
+                            *id,
+                            held,
+                            Keep::Not,
+                        )?)))
+                    })
                 })
                 .collect(),
             _ => self
@@ -645,11 +696,13 @@ impl State {
                 .range((from.map(TaskId::from_uuid), Unbounded))
                 .take(limit)
                 .map(|(id, held)| {
-                    Ok(Record::Task(Arc::unwrap_or_clone(self.load_task(
-                        *id,
-                        held,
-                        Keep::Not,
-                    )?)))
+                    Found::of(RecordKind::Task, id, held, || {
+                        Ok(Record::Task(Arc::unwrap_or_clone(self.load_task(
+                            *id,
+                            held,
+                            Keep::Not,
+                        )?)))
+                    })
                 })
                 .collect(),
         }

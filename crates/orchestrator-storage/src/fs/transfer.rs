@@ -27,21 +27,27 @@ impl BulkTransfer for FsBackend {
     ) -> Result<Vec<Scanned>> {
         // Opened with the lock, a store has no damaged record: damage
         // refuses the open (a migration reads through `IndexedStore`).
-        // Finished records are read back from disk, a parse each: the lock
-        // is taken for a few at a time, so requests are served in between
-        // (a storage move scans the whole store while the service runs).
+        // Finished records are read back from disk, a parse each, after
+        // the lock is let go; the lock is taken for a few records at a
+        // time, so requests are served in between (a storage move scans
+        // the whole store while the service runs).
         let mut scanned: Vec<Scanned> = Vec::new();
         let mut cursor = after.map(str::to_owned);
         while scanned.len() < limit {
             let want = (limit - scanned.len()).min(SCAN_CHUNK);
-            let chunk = self
-                .lock_state()
-                .records_after(kind, cursor.as_deref(), want)?;
+            let (chunk, files) = {
+                let state = self.lock_state();
+                let chunk = state.records_after(kind, cursor.as_deref(), want)?;
+                (chunk, state.files().clone())
+            };
             let last = chunk.len() < want;
-            scanned.extend(chunk.into_iter().map(|record| Scanned {
-                key: record.key(),
-                record: Ok(record),
-            }));
+            for found in chunk {
+                let record = found.read(&files)?;
+                scanned.push(Scanned {
+                    key: record.key(),
+                    record: Ok(record),
+                });
+            }
             if last {
                 break;
             }
