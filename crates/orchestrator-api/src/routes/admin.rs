@@ -233,7 +233,9 @@ pub(crate) async fn list_secrets(
 #[serde(deny_unknown_fields)]
 pub(crate) struct NewToken {
     /// 1 to 64 printable characters, not starting or ending with a space
-    /// (the engine's rule).
+    /// (the engine's rule). A label for people: names need not be unique
+    /// (a rotation makes the new token under the old name before the old
+    /// one is revoked); the id names a token.
     #[schema(
         min_length = 1,
         max_length = 64,
@@ -285,7 +287,6 @@ pub struct IssuedToken {
         ("revoke" = (operation_id = "revoke_token", parameters(("id" = "$response.body#/id")))),
     )),
     (status = 400, description = "Empty body or malformed JSON", body = ErrorBody),
-    (status = 409, description = "A token with this name exists", body = ErrorBody),
     (status = 413, description = "The body is larger than 1 MiB", body = ErrorBody),
     (status = 422, description = "A bad name or role", body = ErrorBody),
     StorageUnavailable,
