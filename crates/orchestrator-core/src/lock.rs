@@ -231,7 +231,7 @@ impl LockRecord {
     pub fn expire(&mut self, alive: &dyn Fn(&NodeLife) -> bool, moves: &mut Moves) {
         let fencing = &mut self.fencing;
         self.holders.retain_mut(|h| {
-            let given_to_alive = h.lives.last().is_some_and(|l| alive(l));
+            let given_to_alive = h.lives.last().is_some_and(alive);
             h.lives.retain(|l| alive(l));
             if h.lives.is_empty() {
                 moves.expired.push((h.workflow, Some(h.token)));
