@@ -77,7 +77,7 @@ impl RetentionStore for FsBackend {
             let old: Vec<String> = state
                 .audit_times()
                 .take_while(|(_, time)| *time < before)
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| id.text().into_owned())
                 .collect();
             let mut pending = None;
             for ids in old.chunks(AUDIT_PRUNED_PER_LINE) {

@@ -93,13 +93,14 @@ impl Compaction {
         let audit = state
             .held_audit()
             .map(|(id, held)| {
+                let id = id.text();
                 let taken = taken(held, earlier, |at| {
-                    match state.files().read(RecordKind::Audit, id, at)? {
+                    match state.files().read(RecordKind::Audit, &id, at)? {
                         Record::Audit(record) => Ok(Arc::new(record)),
                         _ => unreachable!("Files::read returns a record of the kind asked for"),
                     }
                 })?;
-                Ok((id.clone(), taken))
+                Ok((id.into_owned(), taken))
             })
             .collect::<Result<_>>()?;
         let others = (state.tokens().cloned().map(Line::Token))

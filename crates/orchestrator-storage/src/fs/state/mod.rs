@@ -12,11 +12,13 @@ use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use orchestrator_core::schedule::{Schedule, ScheduleClaim};
 use orchestrator_core::webhook::{Delivery, Subscription};
 
+mod audit;
 mod reads;
 
 use super::history::{Files, Held, Place};
 use super::line::Line;
 use crate::RecordKind;
+use audit::{AuditId, AuditLog};
 use reads::{Keep, Recent, weighed};
 
 /// A task in memory is shared, so that handing out a workflow's tasks (on
@@ -86,7 +88,7 @@ pub(super) struct State {
     tokens: BTreeMap<String, ApiToken>,
     secrets: BTreeMap<String, SecretRecord>,
     /// By id: UUIDv7, so in time order.
-    audit: BTreeMap<String, HeldAudit>,
+    audit: AuditLog,
     /// By id as text (UUIDv7, so in creation order).
     schedules: BTreeMap<String, Schedule>,
     /// By claim key: a schedule's claims are together, in due order.
@@ -178,9 +180,7 @@ impl State {
             tasks: (self.tasks.values())
                 .filter(|h| matches!(h, Held::Memory { .. }))
                 .count(),
-            audit: (self.audit.values())
-                .filter(|h| matches!(h, Held::Memory { .. }))
-                .count(),
+            audit: self.audit.in_memory(),
         }
     }
 
@@ -396,13 +396,13 @@ impl State {
     /// Every audit record's id and time, oldest first.
     pub(super) fn audit_times(
         &self,
-    ) -> impl DoubleEndedIterator<Item = (&String, chrono::DateTime<chrono::Utc>)> {
+    ) -> impl DoubleEndedIterator<Item = (AuditId<'_>, chrono::DateTime<chrono::Utc>)> {
         self.audit
             .iter()
             .map(|(id, held)| (id, audit_summary(held).0))
     }
 
-    pub(super) fn held_audit(&self) -> impl Iterator<Item = (&String, &HeldAudit)> {
+    pub(super) fn held_audit(&self) -> impl Iterator<Item = (AuditId<'_>, &HeldAudit)> {
         self.audit.iter()
     }
 
@@ -648,9 +648,7 @@ impl State {
     }
 
     pub(super) fn remove_audit(&mut self, ids: &[String]) {
-        for id in ids {
-            self.audit.remove(id);
-        }
+        self.audit.remove(ids);
     }
 
     pub(super) fn workflow_task_ids(&self, id: WorkflowId) -> Vec<TaskId> {

@@ -144,13 +144,13 @@ impl State {
                 items: page
                     .items
                     .into_iter()
-                    .map(|(id, held)| self.load_audit(id, held))
+                    .map(|(id, held)| self.load_audit(&id.text(), held))
                     .collect::<Result<_>>()?,
                 total: page.total,
             });
         }
         let mut failed = None;
-        let loaded = candidates.filter_map(|(id, held)| match self.load_audit(id, held) {
+        let loaded = candidates.filter_map(|(id, held)| match self.load_audit(&id.text(), held) {
             Ok(record) => query.matches(&record).then_some(record),
             Err(e) => {
                 failed.get_or_insert(e);
@@ -245,11 +245,12 @@ impl State {
             RecordKind::Audit => {
                 return self
                     .audit
-                    .range(by_text(after))
+                    .after(after)
                     .take(limit)
                     .map(|(id, held)| {
-                        Found::of(RecordKind::Audit, id, held, || {
-                            Ok(Record::Audit(self.load_audit(id, held)?))
+                        let id = id.text();
+                        Found::of(RecordKind::Audit, &id, held, || {
+                            Ok(Record::Audit(self.load_audit(&id, held)?))
                         })
                     })
                     .collect();
