@@ -448,6 +448,7 @@ impl State {
                     .workflows
                     .get(&task.workflow_id)
                     .is_some_and(|w| workflow_summary(w).0.is_terminal()));
+        let id = task.id;
         let held = match applied.at {
             Some(at) if finished => Held::Disk {
                 at,
@@ -455,11 +456,11 @@ impl State {
                 summary: task.status,
             },
             at => Held::Memory {
-                record: Arc::new(task.clone()),
+                record: Arc::new(task),
                 at,
             },
         };
-        self.tasks.insert(task.id, held);
+        self.tasks.insert(id, held);
     }
 
     pub(super) fn put_workflow(&mut self, workflow: Workflow, applied: Applied) {
