@@ -93,6 +93,7 @@ impl AccessStore for SurrealBackend {
         let listing = Listing {
             table: "audit",
             conditions: conditions.into_iter().map(str::to_owned).collect(),
+            page_only: None,
             index: None,
             order: Order::Id,
         };

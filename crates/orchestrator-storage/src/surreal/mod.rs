@@ -391,7 +391,8 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
 /// index to read when SurrealDB would pick a worse one, and the field the
 /// page is sorted by (newest first) and a keyset cursor bounds.
 ///
-/// `table`, `conditions`, `index` and `order` are this module's own text.
+/// `table`, `conditions`, `page_only`, `index` and `order` are this
+/// module's own text.
 /// SurrealDB answers `count()` from an index (a COUNT index, or the index
 /// keys without reading records) only when the WHERE is known as the query
 /// is planned, so a condition that a count must match carries its value as
@@ -400,6 +401,10 @@ pub(crate) async fn schema_status(config: &StorageConfig) -> Result<SchemaStatus
 pub(crate) struct Listing<'a> {
     pub(crate) table: &'a str,
     pub(crate) conditions: Vec<String>,
+    /// A condition every record meets, on the page's statement only: it
+    /// pins an index's leading field so that SurrealDB seeks the rest,
+    /// and is left out of the total, which a WHERE-less count answers.
+    pub(crate) page_only: Option<&'static str>,
     pub(crate) index: Option<&'static str>,
     pub(crate) order: Order,
 }
@@ -412,7 +417,8 @@ pub(crate) enum Order {
     /// seek the record key), so its cost grows with how deep it is.
     Id,
     /// A task's `key` (the record key again, as a field: migration 0010),
-    /// the last field of the index read, which a cursor seeks.
+    /// the last field of every task listing's index (migration 0011),
+    /// which a cursor seeks.
     Key,
 }
 
@@ -435,6 +441,7 @@ pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
         Order::Id => ("id", format!("id < type::record('{table}', $after)")),
         Order::Key => ("key", "key < $after".to_owned()),
     };
+    matching.extend(listing.page_only);
     if after {
         matching.push(&cursor);
     }

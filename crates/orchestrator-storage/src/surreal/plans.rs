@@ -7,7 +7,7 @@
 use orchestrator_core::{TaskStatus, WorkflowId};
 use surrealdb::types::Variables;
 
-use super::tasks::task_listing;
+use super::tasks::{WORKFLOW_TASKS, task_listing};
 use super::{SurrealBackend, page_sql};
 use crate::{StorageConfig, StorageType, SurrealdbConfig};
 
@@ -66,7 +66,7 @@ async fn task_listings_read_indexes_not_records() {
         (
             None,
             None,
-            "TableScan [ctx: Db] [table: task, direction: Backward",
+            "IndexScan [ctx: Db] [index: task_listed_key,",
         ),
         (
             None,
@@ -76,12 +76,12 @@ async fn task_listings_read_indexes_not_records() {
         (
             Some(workflows[1]),
             None,
-            "IndexScan [ctx: Db] [index: task_workflow,",
+            "IndexScan [ctx: Db] [index: task_workflow_key,",
         ),
         (
             Some(workflows[1]),
             Some(TaskStatus::Failed),
-            "IndexScan [ctx: Db] [index: task_workflow_status,",
+            "IndexScan [ctx: Db] [index: task_workflow_status_key,",
         ),
     ];
     for (workflow, status, scan) in shapes {
@@ -111,23 +111,66 @@ async fn task_listings_read_indexes_not_records() {
         );
     }
 
-    // A keyset cursor on a status listing is a seek: the range of the
-    // (status, key) index below the cursor, read backwards, LIMIT inside.
-    let sql = page_sql(&task_listing(None, Some(TaskStatus::Completed)), true);
-    let (page, _) = sql.split_once(';').unwrap();
-    let plan = explain(&db, page).await;
-    assert!(
-        plan.contains("index: task_status_key, access: ['completed'] LessThan '00000150'")
-            && plan.contains("direction: Backward, limit: $limit, offset: $offset"),
-        "{page}\n{plan}"
-    );
-    for slow in ["Sort", "Filter", "Limit ["] {
-        assert!(!plan.contains(slow), "no {slow}:\n{page}\n{plan}");
+    // A keyset cursor is a seek in every shape: the range of the index
+    // below the cursor, after its leading fields, read backwards, LIMIT
+    // inside.
+    let cursors = [
+        (None, None, "task_listed_key, access: [true]"),
+        (
+            None,
+            Some(TaskStatus::Completed),
+            "task_status_key, access: ['completed']",
+        ),
+        (
+            Some(workflows[1]),
+            None,
+            &*format!("task_workflow_key, access: ['{}']", workflows[1]),
+        ),
+        (
+            Some(workflows[1]),
+            Some(TaskStatus::Failed),
+            &*format!(
+                "task_workflow_status_key, access: ['{}', 'failed']",
+                workflows[1]
+            ),
+        ),
+    ];
+    for (workflow, status, seek) in cursors {
+        let sql = page_sql(&task_listing(workflow, status), true);
+        let (page, _) = sql.split_once(';').unwrap();
+        let plan = explain(&db, page).await;
+        assert!(
+            plan.contains(&format!("index: {seek} LessThan '00000150'"))
+                && plan.contains("direction: Backward, limit: $limit, offset: $offset"),
+            "{page}\n{plan}"
+        );
+        for slow in ["Sort", "Filter", "Limit ["] {
+            assert!(!plan.contains(slow), "no {slow}:\n{page}\n{plan}");
+        }
+        // The scan itself stops at the page: 20 rows out of the 50 (150
+        // without a filter) matching tasks below the cursor, 10 skipped by
+        // the offset.
+        let scan = plan.lines().find(|l| l.contains("IndexScan")).unwrap();
+        assert!(scan.contains("{rows: 20,"), "{plan}");
     }
-    // The scan itself stops at the page: 20 rows out of the 50 completed
-    // tasks below the cursor (10 skipped by the offset).
-    let scan = plan.lines().find(|l| l.contains("IndexScan")).unwrap();
-    assert!(scan.contains("{rows: 20,"), "{plan}");
+
+    // A workflow's tasks, oldest first, come in key order from its index:
+    // the text `workflow_tasks` sends, with its bound workflow.
+    let mut vars = Variables::new();
+    vars.insert("workflow", workflows[1].to_string());
+    let mut response = db
+        .query(
+            "explain",
+            &format!("EXPLAIN ANALYZE {WORKFLOW_TASKS}"),
+            &vars,
+        )
+        .await
+        .unwrap();
+    let plan: String = response.take::<Option<String>>(0).unwrap().unwrap();
+    assert!(
+        plan.contains("index: task_workflow_key,") && !plan.contains("Sort"),
+        "{plan}"
+    );
 
     // Every status, present or not, has its COUNT index: a status added
     // later without one would fall back to reading records.

@@ -96,6 +96,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "task_keyset",
         sql: include_str!("../../../../migrations/0010_task_keyset.surql"),
     },
+    Migration {
+        version: 11,
+        name: "task_listing_keys",
+        sql: include_str!("../../../../migrations/0011_task_listing_keys.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
@@ -520,6 +525,102 @@ mod tests {
             page.items.iter().map(|w| w.id).collect::<Vec<_>>(),
             vec![workflow.id]
         );
+        upgraded.close().await.unwrap();
+    }
+
+    /// Tasks written before migration 10 (no `key`) or 11 (no `listed`,
+    /// indexes on `workflow` without the key) are listed by cursor in
+    /// every shape once the store is upgraded: the migrations fill the
+    /// fields in, and the indexes hold every task.
+    #[tokio::test]
+    async fn tasks_written_before_the_listing_keys_are_paged_after_the_upgrade() {
+        for migration in ["task_keyset", "task_listing_keys"] {
+            tasks_written_before_are_paged_after_the_upgrade(migration).await;
+        }
+    }
+
+    async fn tasks_written_before_are_paged_after_the_upgrade(migration: &str) {
+        use std::time::Duration;
+
+        use orchestrator_core::{Priority, Task, TaskSpec, TaskStatus, Workflow};
+
+        use crate::surreal::SurrealBackend;
+        use crate::{Backend, StorageConfig, StorageType, SurrealdbConfig, TaskQuery, TaskStore};
+
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig {
+            storage_type: StorageType::SurrealdbEmbedded,
+            data_dir: dir.path().to_path_buf(),
+            surrealdb: SurrealdbConfig::default(),
+        };
+        let before = MIGRATIONS
+            .iter()
+            .position(|m| m.name == migration)
+            .unwrap();
+        let old = SurrealBackend::open_with_migrations(&config, &MIGRATIONS[..before])
+            .await
+            .unwrap();
+        let now = chrono::Utc::now();
+        let mut workflow = Workflow::new("old-kind", "old", now);
+        let tasks: Vec<Task> = (0..5)
+            .map(|i| {
+                let spec = TaskSpec {
+                    name: format!("t{i}"),
+                    script: "noop.sh".into(),
+                    input: serde_json::Value::Null,
+                    priority: Priority::Normal,
+                    max_attempts: 1,
+                    timeout: Duration::from_secs(10),
+                    check_mode: false,
+                    depends_on: vec![],
+                    step: Default::default(),
+                };
+                Task::new(workflow.id, spec, now)
+            })
+            .collect();
+        workflow.task_ids = tasks.iter().map(|t| t.id).collect();
+        old.insert_workflow(&workflow, &tasks).await.unwrap();
+        old.close().await.unwrap();
+        drop(old);
+
+        let upgraded = SurrealBackend::open(&config).await.unwrap();
+        // Keys sort by creation; listings are newest first. Past the
+        // newest: the four older ones.
+        let mut oldest_first: Vec<_> = tasks.iter().map(|t| t.id).collect();
+        oldest_first.sort_by_key(|id| id.to_string());
+        let mut expected: Vec<_> = oldest_first.iter().rev().copied().collect();
+        let newest = expected.remove(0);
+        for (workflow, status) in [
+            (None, None),
+            (Some(workflow.id), None),
+            (None, Some(TaskStatus::Queued)),
+            (Some(workflow.id), Some(TaskStatus::Queued)),
+        ] {
+            let page = upgraded
+                .list_tasks(&TaskQuery {
+                    workflow,
+                    status,
+                    after: Some(newest),
+                    limit: 10,
+                    ..TaskQuery::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                page.items.iter().map(|t| t.id).collect::<Vec<_>>(),
+                expected,
+                "written before {migration}; workflow {workflow:?}, status {status:?}"
+            );
+            assert_eq!(page.total, 5);
+        }
+        let read: Vec<_> = upgraded
+            .workflow_tasks(workflow.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(read, oldest_first);
         upgraded.close().await.unwrap();
     }
 }

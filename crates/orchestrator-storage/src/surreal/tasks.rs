@@ -239,7 +239,7 @@ impl TaskStore for SurrealBackend {
         let tasks: Vec<Task> = self
             .docs(
                 "read a workflow's tasks",
-                "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY id ASC;",
+                WORKFLOW_TASKS,
                 &vars,
             )
             .await?;
@@ -306,6 +306,7 @@ impl TaskStore for SurrealBackend {
         let listing = Listing {
             table: "workflow",
             conditions: conditions.into_iter().map(str::to_owned).collect(),
+            page_only: None,
             index: None,
             order: Order::Id,
         };
@@ -381,6 +382,11 @@ impl TaskStore for SurrealBackend {
     }
 }
 
+/// A workflow's tasks, oldest first: read in key order from the
+/// (`workflow`, `key`) index, without a sort (the plans test checks it).
+pub(super) const WORKFLOW_TASKS: &str =
+    "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY key ASC;";
+
 /// A task listing: its `WHERE`, the index to read, the order. The values
 /// are literals so that the total comes from the COUNT indexes and index
 /// keys (see [`super::Listing`]); both are of closed sets: a status's
@@ -396,20 +402,23 @@ pub(super) fn task_listing(
     if let Some(status) = status {
         conditions.push(format!("status = '{}'", status.as_str()));
     }
-    let (index, order) = match (workflow, status) {
-        // A status alone: its newest page, and a cursor, are a seek in
-        // the (status, key) index.
-        (None, Some(_)) => (Some("task_status_key"), Order::Key),
-        // With both, SurrealDB picks the status index and filters by
-        // workflow, which reads every task in that status.
-        (Some(_), Some(_)) => (Some("task_workflow_status"), Order::Id),
-        // No filter: a backward scan of the table; a workflow: its index.
-        _ => (None, Order::Id),
+    // Every shape reads an index that ends with `key` (migrations 0010
+    // and 0011), after equalities on the fields before it: the page comes
+    // newest first from the index itself, and a cursor is a seek.
+    let index = match (workflow, status) {
+        (None, None) => "task_listed_key",
+        (None, Some(_)) => "task_status_key",
+        (Some(_), None) => "task_workflow_key",
+        (Some(_), Some(_)) => "task_workflow_status_key",
     };
     Listing {
         table: "task",
         conditions,
-        index,
-        order,
+        // Without a filter the index's leading field must be pinned for
+        // the seek; the total still comes from the table's COUNT index,
+        // which answers only a WHERE-less count.
+        page_only: (workflow.is_none() && status.is_none()).then_some("listed = true"),
+        index: Some(index),
+        order: Order::Key,
     }
 }
