@@ -320,7 +320,7 @@ impl SurrealBackend {
         vars.insert("limit", to_i64(window.limit));
         vars.insert("offset", to_i64(window.offset));
         if let Some(after) = window.after {
-            vars.insert("after", after);
+            vars.insert("after", listing.order.cursor_value(&after));
         }
         let mut response = self.query(context, &sql, &vars).await?;
         let docs: Vec<String> = response.take(0).map_err(|e| db_error(context, &e))?;
@@ -412,14 +412,33 @@ pub(crate) struct Listing<'a> {
 /// The field a listing is sorted by, newest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Order {
-    /// The record key: record keys are UUIDv7s, which sort by creation.
-    /// A cursor on it is a filter over the scan (SurrealDB 3 does not
-    /// seek the record key), so its cost grows with how deep it is.
+    /// The record key, read backwards: record keys are UUIDv7s, which
+    /// sort by creation. A cursor on it is a filter over the scan
+    /// (SurrealDB 3 does not seek the record key), so its cost grows with
+    /// how deep it is.
     Id,
-    /// A task's `key` (the record key again, as a field: migration 0010),
-    /// the last field of every task listing's index (migration 0011),
-    /// which a cursor seeks.
-    Key,
+    /// A task's `newest_first` (migration 0011: the record key mirrored so
+    /// that it sorts newest first), the last field of every task
+    /// listing's index, read forwards, which a cursor seeks.
+    NewestFirst,
+}
+
+impl Order {
+    /// `ORDER BY` and the cursor's condition, on `$after`.
+    fn sort_and_cursor(self, table: &str) -> (&'static str, String) {
+        match self {
+            Order::Id => ("id DESC", format!("id < type::record('{table}', $after)")),
+            Order::NewestFirst => ("newest_first ASC", "newest_first > $after".to_owned()),
+        }
+    }
+
+    /// The value `$after` takes for the cursor past the record keyed `key`.
+    fn cursor_value(self, key: &str) -> String {
+        match self {
+            Order::Id => key.to_owned(),
+            Order::NewestFirst => tasks::newest_first(key),
+        }
+    }
 }
 
 /// The two statements of a listing: the page, newest first, and the total
@@ -437,10 +456,7 @@ pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
     let table = listing.table;
     let mut matching: Vec<&str> = listing.conditions.iter().map(String::as_str).collect();
     let count_filter = filter(&matching);
-    let (sort, cursor) = match listing.order {
-        Order::Id => ("id", format!("id < type::record('{table}', $after)")),
-        Order::Key => ("key", "key < $after".to_owned()),
-    };
+    let (sort, cursor) = listing.order.sort_and_cursor(table);
     matching.extend(listing.page_only);
     if after {
         matching.push(&cursor);
@@ -451,7 +467,7 @@ pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
         .map(|i| format!("WITH INDEX {i} "))
         .unwrap_or_default();
     format!(
-        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY {sort} DESC LIMIT $limit START $offset;
+        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY {sort} LIMIT $limit START $offset;
          SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"
     )
 }

@@ -7,15 +7,20 @@
 use orchestrator_core::{TaskStatus, WorkflowId};
 use surrealdb::types::Variables;
 
-use super::tasks::{WORKFLOW_TASKS, task_listing};
+use super::tasks::{WORKFLOW_TASKS, newest_first, task_listing};
 use super::{SurrealBackend, page_sql};
 use crate::{StorageConfig, StorageType, SurrealdbConfig};
+
+/// The key a cursor is past in these plans: 150 of the seeded tasks are
+/// older.
+const CURSOR: &str = "00000150";
 
 async fn explain(db: &SurrealBackend, sql: &str) -> String {
     let mut vars = Variables::new();
     vars.insert("limit", 20i64);
     vars.insert("offset", 10i64);
-    vars.insert("after", "00000150");
+    // As `page` binds a cursor.
+    vars.insert("after", newest_first(CURSOR));
     let mut response = db
         .query("explain", &format!("EXPLAIN ANALYZE {sql}"), &vars)
         .await
@@ -66,22 +71,22 @@ async fn task_listings_read_indexes_not_records() {
         (
             None,
             None,
-            "IndexScan [ctx: Db] [index: task_listed_key,",
+            "IndexScan [ctx: Db] [index: task_listed_newest,",
         ),
         (
             None,
             Some(TaskStatus::Completed),
-            "IndexScan [ctx: Db] [index: task_status_key,",
+            "IndexScan [ctx: Db] [index: task_status_newest,",
         ),
         (
             Some(workflows[1]),
             None,
-            "IndexScan [ctx: Db] [index: task_workflow_key,",
+            "IndexScan [ctx: Db] [index: task_workflow_newest,",
         ),
         (
             Some(workflows[1]),
             Some(TaskStatus::Failed),
-            "IndexScan [ctx: Db] [index: task_workflow_status_key,",
+            "IndexScan [ctx: Db] [index: task_workflow_status_newest,",
         ),
     ];
     for (workflow, status, scan) in shapes {
@@ -91,8 +96,8 @@ async fn task_listings_read_indexes_not_records() {
         let plan = explain(&db, page).await;
         assert!(plan.contains(scan), "{page}\n{plan}");
         assert!(
-            plan.contains("direction: Backward, limit: $limit, offset: $offset"),
-            "the page must come newest first from the scan itself, LIMIT inside it:\n{page}\n{plan}"
+            plan.contains("direction: Forward, limit: $limit, offset: $offset"),
+            "the page must come newest first from the scan itself, read forwards, LIMIT inside it:\n{page}\n{plan}"
         );
         for slow in ["Sort", "Filter", "Limit ["] {
             assert!(
@@ -112,25 +117,25 @@ async fn task_listings_read_indexes_not_records() {
     }
 
     // A keyset cursor is a seek in every shape: the range of the index
-    // below the cursor, after its leading fields, read backwards, LIMIT
-    // inside.
+    // past the mirrored cursor, after its leading fields, read forwards,
+    // LIMIT inside.
     let cursors = [
-        (None, None, "task_listed_key, access: [true]"),
+        (None, None, "task_listed_newest, access: [true]"),
         (
             None,
             Some(TaskStatus::Completed),
-            "task_status_key, access: ['completed']",
+            "task_status_newest, access: ['completed']",
         ),
         (
             Some(workflows[1]),
             None,
-            &*format!("task_workflow_key, access: ['{}']", workflows[1]),
+            &*format!("task_workflow_newest, access: ['{}']", workflows[1]),
         ),
         (
             Some(workflows[1]),
             Some(TaskStatus::Failed),
             &*format!(
-                "task_workflow_status_key, access: ['{}', 'failed']",
+                "task_workflow_status_newest, access: ['{}', 'failed']",
                 workflows[1]
             ),
         ),
@@ -140,8 +145,8 @@ async fn task_listings_read_indexes_not_records() {
         let (page, _) = sql.split_once(';').unwrap();
         let plan = explain(&db, page).await;
         assert!(
-            plan.contains(&format!("index: {seek} LessThan '00000150'"))
-                && plan.contains("direction: Backward, limit: $limit, offset: $offset"),
+            plan.contains(&format!("index: {seek} MoreThan '{}'", newest_first(CURSOR)))
+                && plan.contains("direction: Forward, limit: $limit, offset: $offset"),
             "{page}\n{plan}"
         );
         for slow in ["Sort", "Filter", "Limit ["] {
@@ -154,8 +159,8 @@ async fn task_listings_read_indexes_not_records() {
         assert!(scan.contains("{rows: 20,"), "{plan}");
     }
 
-    // A workflow's tasks, oldest first, come in key order from its index:
-    // the text `workflow_tasks` sends, with its bound workflow.
+    // A workflow's tasks come in order from its index, read forwards: the
+    // text `workflow_tasks` sends, with its bound workflow.
     let mut vars = Variables::new();
     vars.insert("workflow", workflows[1].to_string());
     let mut response = db
@@ -168,7 +173,9 @@ async fn task_listings_read_indexes_not_records() {
         .unwrap();
     let plan: String = response.take::<Option<String>>(0).unwrap().unwrap();
     assert!(
-        plan.contains("index: task_workflow_key,") && !plan.contains("Sort"),
+        plan.contains("index: task_workflow_newest,")
+            && plan.contains("direction: Forward")
+            && !plan.contains("Sort"),
         "{plan}"
     );
 
@@ -191,4 +198,41 @@ async fn task_listings_read_indexes_not_records() {
         let plan = explain(&db, &count).await;
         assert!(plan.starts_with("IndexCountScan"), "{count}\n{plan}");
     }
+}
+
+/// The cursor's bound, computed here, is what migration 0011's function
+/// stores, and sorts keys newest first.
+#[tokio::test]
+async fn a_cursor_is_mirrored_as_the_stored_field_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SurrealBackend::open(&StorageConfig {
+        storage_type: StorageType::SurrealdbEmbedded,
+        data_dir: dir.path().to_path_buf(),
+        surrealdb: SurrealdbConfig::default(),
+    })
+    .await
+    .unwrap();
+    let keys = [
+        "0123456789abcdef",
+        "01a221ef-c589-7373-bb81-88fc95d167ce",
+        "ffffffff-ffff-7fff-bfff-ffffffffffff",
+        CURSOR,
+    ];
+    for key in keys {
+        let mut vars = Variables::new();
+        vars.insert("key", key);
+        let mut response = db
+            .query("mirror", "RETURN fn::newest_first($key);", &vars)
+            .await
+            .unwrap();
+        let stored: Option<String> = response.take(0).unwrap();
+        assert_eq!(stored.as_deref(), Some(&*newest_first(key)), "{key}");
+    }
+    assert_eq!(newest_first("0123456789abcdef"), "PONMLKJIHGFEDCBA");
+    let mut sorted = keys.map(str::to_owned);
+    sorted.sort();
+    let mut mirrored = keys.map(newest_first);
+    mirrored.sort();
+    let newest_first_order: Vec<_> = sorted.iter().rev().map(|k| newest_first(k)).collect();
+    assert_eq!(mirrored.to_vec(), newest_first_order);
 }

@@ -98,8 +98,13 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 11,
-        name: "task_listing_keys",
-        sql: include_str!("../../../../migrations/0011_task_listing_keys.surql"),
+        name: "task_newest_first",
+        sql: include_str!("../../../../migrations/0011_task_newest_first.surql"),
+    },
+    Migration {
+        version: 12,
+        name: "task_listing_indexes",
+        sql: include_str!("../../../../migrations/0012_task_listing_indexes.surql"),
     },
 ];
 
@@ -528,13 +533,13 @@ mod tests {
         upgraded.close().await.unwrap();
     }
 
-    /// Tasks written before migration 10 (no `key`) or 11 (no `listed`,
-    /// indexes on `workflow` without the key) are listed by cursor in
-    /// every shape once the store is upgraded: the migrations fill the
-    /// fields in, and the indexes hold every task.
+    /// Tasks written before migration 10 (no `key`) or 11 (no `listed` nor
+    /// `newest_first`) are listed, first page and by cursor, in every
+    /// shape once the store is upgraded: the migrations fill the fields
+    /// in, and the indexes hold every task once.
     #[tokio::test]
     async fn tasks_written_before_the_listing_keys_are_paged_after_the_upgrade() {
-        for migration in ["task_keyset", "task_listing_keys"] {
+        for migration in ["task_keyset", "task_newest_first"] {
             tasks_written_before_are_paged_after_the_upgrade(migration).await;
         }
     }
@@ -611,7 +616,26 @@ mod tests {
                 expected,
                 "written before {migration}; workflow {workflow:?}, status {status:?}"
             );
-            assert_eq!(page.total, 5);
+            assert_eq!(
+                page.total, 5,
+                "written before {migration}; workflow {workflow:?}, status {status:?}"
+            );
+            // The first page holds each task once: no index entry was left
+            // behind by the rewrite.
+            let first = upgraded
+                .list_tasks(&TaskQuery {
+                    workflow,
+                    status,
+                    limit: 10,
+                    ..TaskQuery::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                first.items.iter().map(|t| t.id).collect::<Vec<_>>(),
+                [&[newest][..], &expected].concat(),
+                "written before {migration}; workflow {workflow:?}, status {status:?}"
+            );
         }
         let read: Vec<_> = upgraded
             .workflow_tasks(workflow.id)

@@ -237,13 +237,11 @@ impl TaskStore for SurrealBackend {
         let mut vars = Variables::new();
         vars.insert("workflow", id.to_string());
         let tasks: Vec<Task> = self
-            .docs(
-                "read a workflow's tasks",
-                WORKFLOW_TASKS,
-                &vars,
-            )
+            .docs("read a workflow's tasks", WORKFLOW_TASKS, &vars)
             .await?;
-        Ok(tasks.into_iter().map(Arc::new).collect())
+        // Read newest first (forwards: see `WORKFLOW_TASKS`), answered
+        // oldest first.
+        Ok(tasks.into_iter().rev().map(Arc::new).collect())
     }
 
     async fn unfinished_tasks(&self) -> Result<Vec<Task>> {
@@ -382,10 +380,25 @@ impl TaskStore for SurrealBackend {
     }
 }
 
-/// A workflow's tasks, oldest first: read in key order from the
-/// (`workflow`, `key`) index, without a sort (the plans test checks it).
+/// A workflow's tasks, newest first: read forwards from the (`workflow`,
+/// `newest_first`) index, without a sort (the plans test checks it), and
+/// never backwards (migration 0011 says why).
 pub(super) const WORKFLOW_TASKS: &str =
-    "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY key ASC;";
+    "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY newest_first ASC;";
+
+/// A task's key mirrored so that it sorts newest first: each hex digit
+/// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
+/// `fn::newest_first` of migration 0011, which computes the stored field;
+/// this one computes a cursor's bound (a test checks that the two agree).
+pub(super) fn newest_first(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            '0'..='9' => char::from(b'P' - (c as u8 - b'0')),
+            'a'..='f' => char::from(b'F' - (c as u8 - b'a')),
+            _ => c,
+        })
+        .collect()
+}
 
 /// A task listing: its `WHERE`, the index to read, the order. The values
 /// are literals so that the total comes from the COUNT indexes and index
@@ -402,14 +415,14 @@ pub(super) fn task_listing(
     if let Some(status) = status {
         conditions.push(format!("status = '{}'", status.as_str()));
     }
-    // Every shape reads an index that ends with `key` (migrations 0010
-    // and 0011), after equalities on the fields before it: the page comes
-    // newest first from the index itself, and a cursor is a seek.
+    // Every shape reads an index that ends with `newest_first` (migrations
+    // 0011 and 0012), after equalities on the fields before it: the page comes
+    // newest first from the index read forwards, and a cursor is a seek.
     let index = match (workflow, status) {
-        (None, None) => "task_listed_key",
-        (None, Some(_)) => "task_status_key",
-        (Some(_), None) => "task_workflow_key",
-        (Some(_), Some(_)) => "task_workflow_status_key",
+        (None, None) => "task_listed_newest",
+        (None, Some(_)) => "task_status_newest",
+        (Some(_), None) => "task_workflow_newest",
+        (Some(_), Some(_)) => "task_workflow_status_newest",
     };
     Listing {
         table: "task",
@@ -419,6 +432,6 @@ pub(super) fn task_listing(
         // which answers only a WHERE-less count.
         page_only: (workflow.is_none() && status.is_none()).then_some("listed = true"),
         index: Some(index),
-        order: Order::Key,
+        order: Order::NewestFirst,
     }
 }
