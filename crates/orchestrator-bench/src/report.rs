@@ -454,6 +454,12 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
     for b in &r.backends {
         if let Some(Ok(w)) = &b.w1 {
             let idle = median(&w.idle_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
+            let anon = median(
+                &w.idle_anon_kib
+                    .iter()
+                    .map(|&k| k as f64)
+                    .collect::<Vec<_>>(),
+            ) as u64;
             let peak = median(&w.peak_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
             let done = median(&w.done_rss_kib.iter().map(|&k| k as f64).collect::<Vec<_>>()) as u64;
             let per_1000 = done.saturating_sub(idle) as f64 / w.n.max(1) as f64 * 1000.0;
@@ -462,8 +468,9 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
                 &format!("idle service, empty data dir ({})", b.backend),
                 "RSS",
                 &format!(
-                    "{} (after workload 1's {} finished: {}, {} per 1,000; peak {})",
+                    "{} ({} of it anonymous, the rest the binary's pages; after workload 1's {} finished: {}, {} per 1,000; peak {})",
                     mib(idle),
+                    mib(anon),
                     thousands(w.n as f64),
                     mib(done),
                     mib(per_1000 as u64),

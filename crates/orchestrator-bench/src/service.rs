@@ -184,16 +184,30 @@ impl Service {
 
     /// `VmRSS` and `VmHWM` (peak) in KiB.
     pub fn rss_kib(&self) -> Result<(u64, u64)> {
+        let [rss, peak] = self.status_kib(["VmRSS:", "VmHWM:"])?;
+        Ok((rss, peak))
+    }
+
+    /// `RssAnon` in KiB: the resident memory that is the process's own
+    /// (heap, stacks), without the pages of its binary and libraries mapped
+    /// from files, which `VmRSS` also counts.
+    pub fn anon_rss_kib(&self) -> Result<u64> {
+        let [anon] = self.status_kib(["RssAnon:"])?;
+        Ok(anon)
+    }
+
+    fn status_kib<const N: usize>(&self, names: [&str; N]) -> Result<[u64; N]> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
-        let field = |name: &str| {
-            status
+        let mut values = [0; N];
+        for (value, name) in values.iter_mut().zip(names) {
+            *value = status
                 .lines()
                 .find_map(|l| l.strip_prefix(name))
                 .and_then(|v| v.split_whitespace().next())
                 .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| anyhow!("no {name} in /proc/{}/status", self.pid))
-        };
-        Ok((field("VmRSS:")?, field("VmHWM:")?))
+                .ok_or_else(|| anyhow!("no {name} in /proc/{}/status", self.pid))?;
+        }
+        Ok(values)
     }
 
     /// User + system CPU time the process has used so far.

@@ -46,6 +46,8 @@ pub struct W1 {
     pub submit_s: Vec<f64>,
     /// RSS of a fresh, empty service before the first submit (KiB).
     pub idle_rss_kib: Vec<u64>,
+    /// The anonymous part of `idle_rss_kib`.
+    pub idle_anon_kib: Vec<u64>,
     pub peak_rss_kib: Vec<u64>,
     /// RSS once every workflow has finished (and a second has passed): what
     /// their history costs a running service.
@@ -74,6 +76,7 @@ pub async fn independent(ctx: &Ctx, backend: &str) -> Result<W1> {
         base_s: vec![],
         submit_s: vec![],
         idle_rss_kib: vec![],
+        idle_anon_kib: vec![],
         peak_rss_kib: vec![],
         done_rss_kib: vec![],
         empty_start_s: vec![],
@@ -86,6 +89,7 @@ pub async fn independent(ctx: &Ctx, backend: &str) -> Result<W1> {
         w.empty_start_s.push(secs(svc.started_in));
         tokio::time::sleep(Duration::from_millis(300)).await;
         w.idle_rss_kib.push(svc.rss_kib()?.0);
+        w.idle_anon_kib.push(svc.anon_rss_kib()?);
         let t0 = Instant::now();
         let next = Arc::new(AtomicUsize::new(0));
         let url = svc.url("/workflows");

@@ -558,10 +558,7 @@ mod tests {
             data_dir: dir.path().to_path_buf(),
             surrealdb: SurrealdbConfig::default(),
         };
-        let before = MIGRATIONS
-            .iter()
-            .position(|m| m.name == migration)
-            .unwrap();
+        let before = MIGRATIONS.iter().position(|m| m.name == migration).unwrap();
         let old = SurrealBackend::open_with_migrations(&config, &MIGRATIONS[..before])
             .await
             .unwrap();

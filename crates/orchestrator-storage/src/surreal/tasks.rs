@@ -222,7 +222,7 @@ impl TaskStore for SurrealBackend {
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
         self.page(
             "list tasks",
-            &task_listing(query.workflow, query.status),
+            &task_listing(query),
             Variables::new(),
             Window {
                 after: query.after.map(|id| id.to_string()),
@@ -404,10 +404,8 @@ pub(super) fn newest_first(key: &str) -> String {
 /// are literals so that the total comes from the COUNT indexes and index
 /// keys (see [`super::Listing`]); both are of closed sets: a status's
 /// name, and a UUID's hyphenated hex.
-pub(super) fn task_listing(
-    workflow: Option<WorkflowId>,
-    status: Option<TaskStatus>,
-) -> Listing<'static> {
+pub(super) fn task_listing(query: &TaskQuery) -> Listing<'static> {
+    let (workflow, status) = (query.workflow, query.status);
     let mut conditions = Vec::new();
     if let Some(workflow) = workflow {
         conditions.push(format!("workflow = '{}'", workflow.as_uuid().hyphenated()));
@@ -415,9 +413,24 @@ pub(super) fn task_listing(
     if let Some(status) = status {
         conditions.push(format!("status = '{}'", status.as_str()));
     }
-    // Every shape reads an index that ends with `newest_first` (migrations
-    // 0011 and 0012), after equalities on the fields before it: the page comes
-    // newest first from the index read forwards, and a cursor is a seek.
+    if workflow.is_none() && status.is_none() && query.after.is_none() && query.offset > 0 {
+        // A deep page by offset without a filter reads the table
+        // backwards: SurrealDB skips a table's entries without reading
+        // their records, but reads the record of each index entry it skips
+        // (at 100k tasks, 1.2 µs against 7 µs per task skipped). The
+        // backward seek's cost (migration 0011) is paid once a page.
+        return Listing {
+            table: "task",
+            conditions,
+            page_only: None,
+            index: None,
+            order: Order::Id,
+        };
+    }
+    // Every other shape reads an index that ends with `newest_first`
+    // (migrations 0011 and 0012), after equalities on the fields before
+    // it: the page comes newest first from the index read forwards, and a
+    // cursor is a seek.
     let index = match (workflow, status) {
         (None, None) => "task_listed_newest",
         (None, Some(_)) => "task_status_newest",
