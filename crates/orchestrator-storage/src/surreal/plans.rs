@@ -64,16 +64,20 @@ async fn seed(db: &SurrealBackend, workflows: &[WorkflowId], n: usize) {
     db.query("seed", &sql, &Variables::new()).await.unwrap();
 }
 
-#[tokio::test]
-async fn task_listings_read_indexes_not_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SurrealBackend::open(&StorageConfig {
+async fn open_embedded(dir: &std::path::Path) -> SurrealBackend {
+    SurrealBackend::open(&StorageConfig {
         storage_type: StorageType::SurrealdbEmbedded,
-        data_dir: dir.path().to_path_buf(),
+        data_dir: dir.to_path_buf(),
         surrealdb: SurrealdbConfig::default(),
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn task_listings_read_indexes_not_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_embedded(dir.path()).await;
     let workflows = [WorkflowId::new(), WorkflowId::new(), WorkflowId::new()];
     seed(&db, &workflows, 300).await;
 
@@ -233,13 +237,7 @@ async fn task_listings_read_indexes_not_records() {
 #[tokio::test]
 async fn a_cursor_is_mirrored_as_the_stored_field_is() {
     let dir = tempfile::tempdir().unwrap();
-    let db = SurrealBackend::open(&StorageConfig {
-        storage_type: StorageType::SurrealdbEmbedded,
-        data_dir: dir.path().to_path_buf(),
-        surrealdb: SurrealdbConfig::default(),
-    })
-    .await
-    .unwrap();
+    let db = open_embedded(dir.path()).await;
     let keys = [
         "0123456789abcdef",
         "01a221ef-c589-7373-bb81-88fc95d167ce",
