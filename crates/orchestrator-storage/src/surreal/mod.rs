@@ -436,9 +436,23 @@ impl Order {
     fn cursor_value(self, key: &str) -> String {
         match self {
             Order::Id => key.to_owned(),
-            Order::NewestFirst => tasks::newest_first(key),
+            Order::NewestFirst => newest_first(key),
         }
     }
+}
+
+/// A task's key mirrored so that it sorts newest first: each hex digit
+/// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
+/// `fn::newest_first` of migration 0011, which computes the stored field;
+/// this one computes a cursor's bound (a test checks that the two agree).
+pub(crate) fn newest_first(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            '0'..='9' => char::from(b'P' - (c as u8 - b'0')),
+            'a'..='f' => char::from(b'F' - (c as u8 - b'a')),
+            _ => c,
+        })
+        .collect()
 }
 
 /// The two statements of a listing: the page, newest first, and the total

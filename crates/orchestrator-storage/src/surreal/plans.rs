@@ -7,8 +7,8 @@
 use orchestrator_core::{TaskStatus, WorkflowId};
 use surrealdb::types::Variables;
 
-use super::tasks::{WORKFLOW_TASKS, newest_first, task_listing};
-use super::{SurrealBackend, page_sql};
+use super::tasks::{WORKFLOW_TASKS, task_listing};
+use super::{SurrealBackend, newest_first, page_sql};
 use crate::{StorageConfig, StorageType, SurrealdbConfig, TaskQuery};
 
 /// The key a cursor is past in these plans: 150 of the seeded tasks are

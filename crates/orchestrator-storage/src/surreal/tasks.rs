@@ -386,20 +386,6 @@ impl TaskStore for SurrealBackend {
 pub(super) const WORKFLOW_TASKS: &str =
     "SELECT VALUE doc FROM task WHERE workflow = $workflow ORDER BY newest_first ASC;";
 
-/// A task's key mirrored so that it sorts newest first: each hex digit
-/// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
-/// `fn::newest_first` of migration 0011, which computes the stored field;
-/// this one computes a cursor's bound (a test checks that the two agree).
-pub(super) fn newest_first(key: &str) -> String {
-    key.chars()
-        .map(|c| match c {
-            '0'..='9' => char::from(b'P' - (c as u8 - b'0')),
-            'a'..='f' => char::from(b'F' - (c as u8 - b'a')),
-            _ => c,
-        })
-        .collect()
-}
-
 /// A task listing: its `WHERE`, the index to read, the order. The values
 /// are literals so that the total comes from the COUNT indexes and index
 /// keys (see [`super::Listing`]); both are of closed sets: a status's
