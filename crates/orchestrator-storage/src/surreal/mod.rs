@@ -417,9 +417,9 @@ pub(crate) enum Order {
     /// (SurrealDB 3 does not seek the record key), so its cost grows with
     /// how deep it is.
     Id,
-    /// A task's `newest_first` (migration 0011: the record key mirrored so
-    /// that it sorts newest first), the last field of every task
-    /// listing's index, read forwards, which a cursor seeks.
+    /// `newest_first` (migrations 0011 and 0013: the record key mirrored so
+    /// that it sorts newest first), the last field of the index a task
+    /// or workflow listing reads forwards, which a cursor seeks.
     NewestFirst,
 }
 

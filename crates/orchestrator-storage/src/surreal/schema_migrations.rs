@@ -106,6 +106,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "task_listing_indexes",
         sql: include_str!("../../../../migrations/0012_task_listing_indexes.surql"),
     },
+    Migration {
+        version: 13,
+        name: "workflow_newest_first",
+        sql: include_str!("../../../../migrations/0013_workflow_newest_first.surql"),
+    },
+    Migration {
+        version: 14,
+        name: "workflow_listing_indexes",
+        sql: include_str!("../../../../migrations/0014_workflow_listing_indexes.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
@@ -550,7 +560,10 @@ mod tests {
         use orchestrator_core::{Priority, Task, TaskSpec, TaskStatus, Workflow};
 
         use crate::surreal::SurrealBackend;
-        use crate::{Backend, StorageConfig, StorageType, SurrealdbConfig, TaskQuery, TaskStore};
+        use crate::{
+            Backend, StorageConfig, StorageType, SurrealdbConfig, TaskQuery, TaskStore,
+            WorkflowQuery,
+        };
 
         let dir = tempfile::tempdir().unwrap();
         let config = StorageConfig {
@@ -642,6 +655,41 @@ mod tests {
             .map(|t| t.id)
             .collect();
         assert_eq!(read, oldest_first);
+
+        // The workflow, written before 0013, is listed once, first page and
+        // by cursor, without a filter and by its status.
+        for status in [None, Some(workflow.status)] {
+            let first = upgraded
+                .list_workflows(&WorkflowQuery {
+                    status,
+                    limit: 10,
+                    ..WorkflowQuery::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                (
+                    first.items.iter().map(|w| w.id).collect::<Vec<_>>(),
+                    first.total
+                ),
+                (vec![workflow.id], 1),
+                "written before {migration}; status {status:?}"
+            );
+            let past = upgraded
+                .list_workflows(&WorkflowQuery {
+                    status,
+                    after: Some(orchestrator_core::WorkflowId::new()),
+                    limit: 10,
+                    ..WorkflowQuery::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                past.items.iter().map(|w| w.id).collect::<Vec<_>>(),
+                vec![workflow.id],
+                "written before {migration}; status {status:?}, by cursor"
+            );
+        }
         upgraded.close().await.unwrap();
     }
 }

@@ -274,40 +274,7 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {
-        let mut conditions = Vec::new();
-        let mut vars = Variables::new();
-        if let Some(status) = query.status {
-            conditions.push("status = $status");
-            vars.insert("status", status.as_str());
-        }
-        let text_filters = [
-            ("kind = $kind", "kind", &query.kind),
-            ("reference = $reference", "reference", &query.reference),
-            ("trace_id = $trace_id", "trace_id", &query.trace_id),
-            (
-                "idempotency_key = $idempotency_key",
-                "idempotency_key",
-                &query.idempotency_key,
-            ),
-        ];
-        for (condition, name, value) in text_filters {
-            if let Some(value) = value {
-                conditions.push(condition);
-                vars.insert(name, value.clone());
-            }
-        }
-        if let Some(text) = &query.text {
-            // `search` holds `workflow_search_text`, lowercased when written.
-            conditions.push("string::contains(search, $text)");
-            vars.insert("text", text.to_lowercase());
-        }
-        let listing = Listing {
-            table: "workflow",
-            conditions: conditions.into_iter().map(str::to_owned).collect(),
-            page_only: None,
-            index: None,
-            order: Order::Id,
-        };
+        let (listing, vars) = workflow_listing(query);
         self.page(
             "list workflows",
             &listing,
@@ -433,4 +400,59 @@ pub(super) fn task_listing(query: &TaskQuery) -> Listing<'static> {
         index: Some(index),
         order: Order::NewestFirst,
     }
+}
+
+/// The workflow list: its `WHERE` with the variables it binds, the index
+/// to read, the order.
+pub(super) fn workflow_listing(query: &WorkflowQuery) -> (Listing<'static>, Variables) {
+    let mut conditions = Vec::new();
+    let mut vars = Variables::new();
+    if let Some(status) = query.status {
+        conditions.push("status = $status");
+        vars.insert("status", status.as_str());
+    }
+    let text_filters = [
+        ("kind = $kind", "kind", &query.kind),
+        ("reference = $reference", "reference", &query.reference),
+        ("trace_id = $trace_id", "trace_id", &query.trace_id),
+        (
+            "idempotency_key = $idempotency_key",
+            "idempotency_key",
+            &query.idempotency_key,
+        ),
+    ];
+    for (condition, name, value) in text_filters {
+        if let Some(value) = value {
+            conditions.push(condition);
+            vars.insert(name, value.clone());
+        }
+    }
+    if let Some(text) = &query.text {
+        // `search` holds `workflow_search_text`, lowercased when written.
+        conditions.push("string::contains(search, $text)");
+        vars.insert("text", text.to_lowercase());
+    }
+    // Without a filter, or by status alone (the dashboard's two), the page
+    // is read forwards from an index that ends with `newest_first`
+    // (migrations 0013 and 0014), and a cursor seeks; as for tasks, a
+    // deep page by offset without a filter reads the table instead (see
+    // `task_listing`). Other filters read the table backwards.
+    let unfiltered = conditions.is_empty();
+    let by_index = if unfiltered {
+        (query.after.is_some() || query.offset == 0).then_some("workflow_listed_newest")
+    } else {
+        (conditions == ["status = $status"]).then_some("workflow_status_newest")
+    };
+    let listing = Listing {
+        table: "workflow",
+        conditions: conditions.into_iter().map(str::to_owned).collect(),
+        page_only: (unfiltered && by_index.is_some()).then_some("listed = true"),
+        index: by_index,
+        order: if by_index.is_some() {
+            Order::NewestFirst
+        } else {
+            Order::Id
+        },
+    };
+    (listing, vars)
 }
