@@ -438,10 +438,11 @@ pub(super) fn workflow_listing(query: &WorkflowQuery) -> (Listing<'static>, Vari
     // deep page by offset without a filter reads the table instead (see
     // `task_listing`). Other filters read the table backwards.
     let unfiltered = conditions.is_empty();
+    let by_status_alone = query.status.is_some() && conditions.len() == 1;
     let by_index = if unfiltered {
         (query.after.is_some() || query.offset == 0).then_some("workflow_listed_newest")
     } else {
-        (conditions == ["status = $status"]).then_some("workflow_status_newest")
+        by_status_alone.then_some("workflow_status_newest")
     };
     let listing = Listing {
         table: "workflow",
