@@ -149,6 +149,36 @@ test('a cluster workflow submitted from the form runs to completion without a re
   await page.context().close();
 });
 
+test('picking the template that is shown again keeps what was typed in its form', async () => {
+  const page = await signedInPage(browser, service, operator);
+  // Every load of the template after the first waits until released.
+  let asked = 0;
+  const held = [];
+  await page.route(/\/templates\/cluster-create$/, async (route) => {
+    asked += 1;
+    if (asked > 1) await new Promise((resolve) => { held.push(resolve); });
+    await route.continue();
+  });
+  await page.goto(`${service.base}/ui#/submit?template=cluster-create`);
+  await page.getByLabel('infra').fill('lab');
+  // The same pick again: a browser sends `change` when a script selects
+  // the option that is already selected, as Playwright does.
+  await page.getByLabel('Template').selectOption('cluster-create');
+  // A request the page makes after the pick: once it is seen, a second
+  // load of the template would have been seen too.
+  await Promise.all([page.waitForRequest(/\/ui\/session$/), page.evaluate(() => fetch('/ui/session'))]);
+  if (held.length) {
+    const answered = page.waitForResponse(/\/templates\/cluster-create$/);
+    held.splice(0).forEach((release) => release());
+    await answered;
+    await page.evaluate(() => new Promise((resolve) => requestAnimationFrame(() => resolve())));
+  }
+  assert.equal(await page.getByLabel('infra').inputValue(), 'lab');
+  assert.equal(asked, 1, 'the template was loaded again');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a running step streams its log, and can be cancelled from the page', async () => {
   const submitted = await call(service, operator, 'POST', '/workflows', { template: 'ui-slow' });
   assert.equal(submitted.status, 202, JSON.stringify(submitted.body));

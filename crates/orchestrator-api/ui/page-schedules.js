@@ -12,7 +12,7 @@
 import { api, query } from './api.js';
 import { describeCron } from './cron-words.js';
 import { badge, coalesce, confirmDialog, fill, h, tableWrap } from './dom.js';
-import { field, inputFields, readVars } from './page-submit.js';
+import { field, inputFields, readVars, templateChooser } from './page-submit.js';
 
 const OVERLAP = {
   skip: 'skip (a due run while the previous one goes is skipped)',
@@ -363,27 +363,17 @@ export function mount(main, ctx) {
       }
     });
 
-    // The latest choice: a template's answer that arrives after another
-    // was chosen (the first one's, chosen as the form loads, racing a
-    // quick pick) is dropped, or it would show the wrong inputs.
-    let chosen = null;
-    async function choose(refName) {
-      chosen = refName;
-      templateSelect.value = refName;
-      ctx.replace(`#/schedules${query({ new: 1, template: refName })}`);
-      try {
-        const template = await api(`/templates/${encodeURIComponent(refName)}`);
-        if (chosen !== refName) return;
+    const choose = templateChooser(templateSelect, {
+      chosen: (refName) => ctx.replace(`#/schedules${query({ new: 1, template: refName })}`),
+      show: (template) => {
         about.textContent = [template.name, template.description].filter(Boolean).join(': ');
         fields = inputFields(template);
         fill(inputsBox, h('legend', { text: 'Inputs of every run' }),
           fields.size ? [...fields.values()].map((f) => f.wrap) : h('p', { class: 'hint', text: 'This template takes no input.' }));
         clearErrors();
-      } catch (err) {
-        if (chosen === refName) showError(err.message);
-      }
-    }
-    templateSelect.addEventListener('change', () => choose(templateSelect.value));
+      },
+      failed: (message) => showError(message),
+    });
 
     return async () => {
       if (templateSelect.options.length) return; // loaded once; the form keeps what was typed

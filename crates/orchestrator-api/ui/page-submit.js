@@ -156,22 +156,11 @@ export function mount(main, ctx) {
     }
   });
 
-  // The latest choice: a template's answer that arrives after another was
-  // chosen (the first one's, chosen as the page loads, racing a quick
-  // pick) is dropped, or the form would show the wrong template.
-  let chosen = null;
-  async function choose(refName) {
-    chosen = refName;
-    templateSelect.value = refName;
-    ctx.replace(`#/submit${query({ template: refName })}`);
-    try {
-      const template = await api(`/templates/${encodeURIComponent(refName)}`);
-      if (chosen === refName) showTemplate(template);
-    } catch (e) {
-      if (chosen === refName) showError(e.message);
-    }
-  }
-  templateSelect.addEventListener('change', () => choose(templateSelect.value));
+  const choose = templateChooser(templateSelect, {
+    chosen: (refName) => ctx.replace(`#/submit${query({ template: refName })}`),
+    show: showTemplate,
+    failed: (message) => showError(message),
+  });
 
   api('/templates').then((answer) => {
     // The newest version of each template: what a named submission runs.
@@ -195,6 +184,34 @@ export function mount(main, ctx) {
 
 // The generated form's parts, shared with the schedules page (a schedule
 // runs a template with inputs, typed in the same form).
+
+/**
+ * Loads the template picked in `select` and hands it to `show`; returns
+ * `choose(refName)`, to pick one from code. Only the latest choice is
+ * shown: an answer that arrives after another pick (the first template's,
+ * chosen as the form loads, racing a quick pick) is dropped, or the form
+ * would show the wrong inputs. Picking again the template that is shown,
+ * or on its way, does nothing: its answer would wipe what was typed.
+ */
+export function templateChooser(select, { chosen: onChosen, show, failed }) {
+  let chosen = null;
+  async function choose(refName) {
+    if (refName === chosen) return;
+    chosen = refName;
+    select.value = refName;
+    onChosen(refName);
+    try {
+      const template = await api(`/templates/${encodeURIComponent(refName)}`);
+      if (chosen === refName) show(template);
+    } catch (e) {
+      if (chosen !== refName) return;
+      chosen = null; // picking it again asks again
+      failed(e.message);
+    }
+  }
+  select.addEventListener('change', () => choose(select.value));
+  return choose;
+}
 
 /** A labelled control with its description and its error slot. */
 export function field(name, label, control, hint, required = false) {
