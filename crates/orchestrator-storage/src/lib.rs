@@ -40,6 +40,12 @@ use orchestrator_core::{
 pub use changes::{Change, ChangeFeed, ChangeSink};
 pub use error::{Error, Result};
 
+/// How much a store keeps of the tasks it read lately, parsed, in bytes of
+/// their stored form (a parsed task takes a few times that): the
+/// filesystem's finished tasks read back, the embedded SurrealDB's point
+/// reads.
+const RECENT_TASK_BYTES: u64 = 2 << 20;
+
 /// The backend as a whole: its identity and lifecycle.
 #[async_trait]
 pub trait Backend: Send + Sync {

@@ -25,8 +25,9 @@
 //! ([`crate::TaskStore`]), `nodes` ([`crate::NodeStore`] and the change
 //! feed), `access` ([`crate::AccessStore`]), `schedules`
 //! ([`crate::ScheduleStore`]), `webhooks` ([`crate::WebhookStore`]), `transfer`
-//! ([`crate::BulkTransfer`] and the read-only [`SurrealSource`]) and
-//! `migrate` (the schema).
+//! ([`crate::BulkTransfer`] and the read-only [`SurrealSource`]),
+//! `schema_migrations` (the schema) and `recent` (the embedded store's
+//! tasks read lately).
 
 mod access;
 mod connection;
@@ -35,6 +36,7 @@ mod locks;
 mod nodes;
 #[cfg(test)]
 mod plans;
+mod recent;
 mod retention;
 mod rows;
 mod schedules;
@@ -62,6 +64,7 @@ pub(crate) use self::connection::timed;
 use self::connection::{PROBE_TIMEOUT, Target, is_held, probe};
 use self::errors::{classify, is_retryable};
 pub(crate) use self::errors::{db_error, first_error};
+use self::recent::RecentTasks;
 use self::rows::{from_doc, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
@@ -98,6 +101,9 @@ pub struct SurrealBackend {
     /// of its own (see `nodes`). Set for a server only (not for embedded
     /// or read-only stores), so it also says whether there is a feed.
     feed_config: Option<StorageConfig>,
+    /// Tasks read lately: for an embedded store only, the one kind whose
+    /// every writer is this backend (see `recent`).
+    recent: Option<RecentTasks>,
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -144,6 +150,7 @@ impl SurrealBackend {
             link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
             feed_config: target.remote.then(|| config.clone()),
+            recent: (!target.remote).then(RecentTasks::new),
         })
     }
 
@@ -194,6 +201,7 @@ impl SurrealBackend {
             link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
             feed_config: None,
+            recent: None,
         }))
     }
 

@@ -28,7 +28,7 @@ impl RetentionStore for SurrealBackend {
             // a retry since the decision has another version and stays.
             // One statement, so one transaction: the workflow, its tasks
             // and their logs go together or not at all.
-            let mut response = self
+            let response = self
                 .query(
                     "prune a workflow",
                     "{
@@ -45,7 +45,12 @@ impl RetentionStore for SurrealBackend {
                      };",
                     &vars,
                 )
-                .await?;
+                .await;
+            // Which tasks went is not returned (only how many): forget all.
+            if let Some(recent) = &self.recent {
+                recent.wrote_any(&response);
+            }
+            let mut response = response?;
             // `[workflows deleted, tasks deleted]`.
             let counts: Vec<u64> = response
                 .take(0)

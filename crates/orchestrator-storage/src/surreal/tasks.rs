@@ -9,7 +9,7 @@ use surrealdb::types::{Bytes, Variables};
 
 use super::errors::db_error;
 use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
-use super::{Listing, Order, SurrealBackend, Window};
+use super::{Listing, Order, SurrealBackend, Window, from_doc};
 use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery};
 
 #[async_trait]
@@ -130,6 +130,9 @@ impl TaskStore for SurrealBackend {
                 &vars,
             )
             .await;
+        if let Some(recent) = &self.recent {
+            recent.wrote(tasks.iter().map(|t| t.id), &result);
+        }
         match result {
             Ok(_) => Ok((stored, stored_tasks)),
             Err(Error::Database { message, .. }) if message.contains("version mismatch") => {
@@ -182,13 +185,17 @@ impl TaskStore for SurrealBackend {
         vars.insert("id", task.id.to_string());
         vars.insert("expected", version_param(task.version));
         vars.insert("row", task_row(&stored, false)?);
-        let mut response = self
+        let result = self
             .query(
                 "update a task",
                 "UPDATE type::record('task', $id) CONTENT $row WHERE version = $expected RETURN VALUE version;",
                 &vars,
             )
-            .await?;
+            .await;
+        if let Some(recent) = &self.recent {
+            recent.wrote([task.id], &result);
+        }
+        let mut response = result?;
         let updated: Vec<i64> = response
             .take(0)
             .map_err(|e| db_error("update a task", &e))?;
@@ -207,16 +214,29 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
+        if let Some(task) = self.recent.as_ref().and_then(|recent| recent.get(id)) {
+            return Ok(Some(task));
+        }
+        let ticket = self.recent.as_ref().map(|recent| recent.ticket());
         let mut vars = Variables::new();
         vars.insert("id", id.to_string());
-        let tasks = self
-            .docs(
-                "read a task",
+        const CONTEXT: &str = "read a task";
+        let mut response = self
+            .query(
+                CONTEXT,
                 "SELECT VALUE doc FROM type::record('task', $id);",
                 &vars,
             )
             .await?;
-        Ok(tasks.into_iter().next())
+        let docs: Vec<String> = response.take(0).map_err(|e| db_error(CONTEXT, &e))?;
+        let Some(doc) = docs.first() else {
+            return Ok(None);
+        };
+        let task: Task = from_doc(CONTEXT, doc)?;
+        if let (Some(recent), Some(ticket)) = (&self.recent, ticket) {
+            recent.fill(ticket, &task, doc.len());
+        }
+        Ok(Some(task))
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {

@@ -165,7 +165,15 @@ impl BulkTransfer for SurrealBackend {
             vars.insert(format!("{table}_rows"), serde_json::Value::Array(rows));
         }
         sql.push_str("COMMIT;");
-        self.query("import records", &sql, &vars).await?;
+        let result = self.query("import records", &sql, &vars).await;
+        if let Some(recent) = &self.recent {
+            let tasks = records.iter().filter_map(|record| match record {
+                Record::Task(task) => Some(task.id),
+                _ => None,
+            });
+            recent.wrote(tasks, &result);
+        }
+        result?;
         Ok(())
     }
 

@@ -201,6 +201,10 @@ pub async fn retention_store_suite(storage: &Storage) {
     for task in done_tasks.iter().chain(&kept_tasks) {
         tasks.append_log(task.id, b"output\n").await.unwrap();
     }
+    // Read first: a store that keeps what it read lately must forget it.
+    for task in &done_tasks {
+        assert!(tasks.get_task(task.id).await.unwrap().is_some());
+    }
     // `kept` changed after the decision (a retry): its version moved on.
     let stored = tasks.get_workflow(kept.id).await.unwrap().unwrap();
     tasks.update_workflow(&stored, &[]).await.unwrap();
@@ -765,11 +769,21 @@ async fn insert_and_read_back(store: &dyn TaskStore) {
 async fn compare_and_set_updates(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(1);
     store.insert_workflow(&workflow, &tasks).await.unwrap();
+    // Read before each write: a store that keeps what it read lately must
+    // answer with what was written since.
+    assert_eq!(
+        store.get_task(tasks[0].id).await.unwrap().as_ref(),
+        Some(&tasks[0])
+    );
     let mut task = tasks[0].clone();
     task.start(Utc::now()).unwrap();
     let stored = store.update_task(&task).await.unwrap();
     assert_eq!(stored.version, task.version + 1);
     assert_eq!(stored.status, TaskStatus::Running);
+    assert_eq!(
+        store.get_task(task.id).await.unwrap().as_ref(),
+        Some(&stored)
+    );
 
     // The same stale copy can not be written twice.
     let err = store.update_task(&task).await.unwrap_err();

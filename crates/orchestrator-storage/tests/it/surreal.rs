@@ -11,7 +11,8 @@ use orchestrator_storage::schema::EntryState;
 use orchestrator_storage::surreal::SurrealBackend;
 use orchestrator_storage::surreal::schema_migrations::{MIGRATIONS, Migration};
 use orchestrator_storage::{
-    EmbeddedEngine, Error, Secret, Storage, StorageConfig, StorageType, SurrealdbConfig, TaskQuery,
+    EmbeddedEngine, Error, Record, Secret, Storage, StorageConfig, StorageType, SurrealdbConfig,
+    TaskQuery,
 };
 use serde_json::json;
 use surrealdb::Surreal;
@@ -119,6 +120,34 @@ async fn read_only_sources_pass_the_bulk_suite() {
         conformance::read_only_bulk_suite(&*source, &fixture).await;
         source.close().await.unwrap();
     }
+}
+
+/// The embedded store keeps the tasks it read lately, parsed: a task
+/// replaced by an import (a storage move onto this store) reads as
+/// imported, not as it was kept.
+#[tokio::test]
+async fn embedded_reads_a_task_it_read_before_as_imported_since() {
+    let root = tempfile::tempdir().unwrap();
+    let store = open(&embedded_config(root.path())).await;
+    let (workflow, tasks) = workflow_with_tasks(1);
+    store
+        .tasks()
+        .insert_workflow(&workflow, &tasks)
+        .await
+        .unwrap();
+    let read = store.tasks().get_task(tasks[0].id).await.unwrap();
+    assert_eq!(read.as_ref(), Some(&tasks[0]));
+    let mut changed = tasks[0].clone();
+    changed.name = "renamed".into();
+    changed.version += 3;
+    store
+        .transfer()
+        .import(&[Record::Task(changed.clone())])
+        .await
+        .unwrap();
+    let read = store.tasks().get_task(changed.id).await.unwrap();
+    assert_eq!(read, Some(changed));
+    store.close().await.unwrap();
 }
 
 #[tokio::test]

@@ -14,11 +14,13 @@ use super::{
     HeldAudit, HeldTask, HeldWorkflow, State, audit_summary, task_status, workflow_summary,
 };
 use crate::fs::history::{Files, Held, Place};
-use crate::{AuditQuery, Page, Record, RecordKind, Result, TaskQuery, WorkflowQuery};
+use crate::{
+    AuditQuery, Page, RECENT_TASK_BYTES, Record, RecordKind, Result, TaskQuery, WorkflowQuery,
+};
 
-/// How much [`Recent`] keeps, in bytes of the records' lines (a parsed
-/// record takes a few times its line): tasks, then workflows.
-const RECENT_TASK_BYTES: u64 = 2 << 20;
+/// How much [`Recent`] keeps of workflows, in bytes of their lines (a
+/// parsed record takes a few times its line); of tasks, see
+/// [`RECENT_TASK_BYTES`].
 const RECENT_WORKFLOW_BYTES: u64 = 512 << 10;
 
 /// Finished records read back (or finished) lately, parsed: a client
