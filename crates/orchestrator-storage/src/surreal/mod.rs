@@ -106,6 +106,24 @@ pub struct SurrealBackend {
     recent: Option<RecentTasks>,
 }
 
+/// A queued task of `workflow` that runs `noop.sh` once, for this
+/// module's tests.
+#[cfg(test)]
+fn test_task(workflow: orchestrator_core::WorkflowId, name: String) -> orchestrator_core::Task {
+    let spec = orchestrator_core::TaskSpec {
+        name,
+        script: "noop.sh".into(),
+        input: serde_json::Value::Null,
+        priority: orchestrator_core::Priority::Normal,
+        max_attempts: 1,
+        timeout: Duration::from_secs(10),
+        check_mode: false,
+        depends_on: vec![],
+        step: Default::default(),
+    };
+    orchestrator_core::Task::new(workflow, spec, chrono::Utc::now())
+}
+
 /// Whether the server answered last time, and why not if it did not.
 #[derive(Default)]
 struct Link {

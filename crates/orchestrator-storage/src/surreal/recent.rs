@@ -116,26 +116,13 @@ impl RecentTasks {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use orchestrator_core::{Priority, Task, TaskSpec, WorkflowId};
+    use orchestrator_core::{Task, WorkflowId};
 
     use super::RecentTasks;
     use crate::{Error, Result};
 
     fn task() -> Task {
-        let spec = TaskSpec {
-            name: "t".into(),
-            script: "noop.sh".into(),
-            input: serde_json::Value::Null,
-            priority: Priority::Normal,
-            max_attempts: 1,
-            timeout: Duration::from_secs(10),
-            check_mode: false,
-            depends_on: vec![],
-            step: Default::default(),
-        };
-        Task::new(WorkflowId::new(), spec, chrono::Utc::now())
+        crate::surreal::test_task(WorkflowId::new(), "t".into())
     }
 
     const OK: Result<()> = Ok(());

@@ -555,9 +555,7 @@ mod tests {
     }
 
     async fn tasks_written_before_are_paged_after_the_upgrade(migration: &str) {
-        use std::time::Duration;
-
-        use orchestrator_core::{Priority, Task, TaskSpec, TaskStatus, Workflow};
+        use orchestrator_core::{Task, TaskStatus, Workflow};
 
         use crate::surreal::SurrealBackend;
         use crate::{
@@ -578,20 +576,7 @@ mod tests {
         let now = chrono::Utc::now();
         let mut workflow = Workflow::new("old-kind", "old", now);
         let tasks: Vec<Task> = (0..5)
-            .map(|i| {
-                let spec = TaskSpec {
-                    name: format!("t{i}"),
-                    script: "noop.sh".into(),
-                    input: serde_json::Value::Null,
-                    priority: Priority::Normal,
-                    max_attempts: 1,
-                    timeout: Duration::from_secs(10),
-                    check_mode: false,
-                    depends_on: vec![],
-                    step: Default::default(),
-                };
-                Task::new(workflow.id, spec, now)
-            })
+            .map(|i| crate::surreal::test_task(workflow.id, format!("t{i}")))
             .collect();
         workflow.task_ids = tasks.iter().map(|t| t.id).collect();
         old.insert_workflow(&workflow, &tasks).await.unwrap();
