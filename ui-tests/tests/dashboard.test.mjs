@@ -312,11 +312,12 @@ test('the list filters and counts by status, and the other pages render', async 
     const rows = [...document.querySelectorAll('#workflows tbody tr[data-workflow-id]')];
     return rows.length > 0 && rows.every((r) => r.dataset.status === 'completed');
   });
-  await page.getByLabel('Template').selectOption('cluster-create');
-  await page.waitForFunction(() => {
+  // This test's own workflow: the one completed of its template here.
+  await page.getByLabel('Template').selectOption('servers-create');
+  await page.waitForFunction((id) => {
     const rows = [...document.querySelectorAll('#workflows tbody tr[data-workflow-id]')];
-    return rows.length === 1 && rows[0].textContent.includes('cluster-create');
-  });
+    return rows.length === 1 && rows[0].dataset.workflowId === id && rows[0].textContent.includes('servers-create');
+  }, submitted.body.workflow_id);
   await page.goto(`${service.base}/ui#/workflows`);
   await page.locator('#workflows tbody tr[data-workflow-id]').first().waitFor();
   await page.mouse.move(0, 800);
