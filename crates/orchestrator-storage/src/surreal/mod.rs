@@ -106,24 +106,6 @@ pub struct SurrealBackend {
     recent: Option<RecentTasks>,
 }
 
-/// A queued task of `workflow` that runs `noop.sh` once, for this
-/// module's tests.
-#[cfg(test)]
-fn test_task(workflow: orchestrator_core::WorkflowId, name: String) -> orchestrator_core::Task {
-    let spec = orchestrator_core::TaskSpec {
-        name,
-        script: "noop.sh".into(),
-        input: serde_json::Value::Null,
-        priority: orchestrator_core::Priority::Normal,
-        max_attempts: 1,
-        timeout: Duration::from_secs(10),
-        check_mode: false,
-        depends_on: vec![],
-        step: Default::default(),
-    };
-    orchestrator_core::Task::new(workflow, spec, chrono::Utc::now())
-}
-
 /// Whether the server answered last time, and why not if it did not.
 #[derive(Default)]
 struct Link {
@@ -329,9 +311,14 @@ impl SurrealBackend {
         sql: &str,
         vars: &Variables,
     ) -> Result<Vec<T>> {
-        let mut response = self.query(context, sql, vars).await?;
-        let docs: Vec<String> = response.take(0).map_err(|e| db_error(context, &e))?;
+        let docs = self.doc_texts(context, sql, vars).await?;
         docs.iter().map(|doc| from_doc(context, doc)).collect()
+    }
+
+    /// The `doc` texts a `SELECT VALUE doc` returns, not yet parsed.
+    async fn doc_texts(&self, context: &str, sql: &str, vars: &Variables) -> Result<Vec<String>> {
+        let mut response = self.query(context, sql, vars).await?;
+        response.take(0).map_err(|e| db_error(context, &e))
     }
 
     /// One page of a listing, newest first, and the total of every match.
@@ -467,7 +454,7 @@ impl Order {
     }
 }
 
-/// A task's key mirrored so that it sorts newest first: each hex digit
+/// A record's key mirrored so that it sorts newest first: each hex digit
 /// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
 /// `fn::newest_first` of migration 0011, which computes the stored field;
 /// this one computes a cursor's bound (a test checks that the two agree).
@@ -572,4 +559,22 @@ impl Backend for SurrealBackend {
         tracing::info!(location = %self.location, "surrealdb storage closed");
         Ok(())
     }
+}
+
+/// A queued task of `workflow` that runs `noop.sh` once, for this
+/// module's tests.
+#[cfg(test)]
+fn test_task(workflow: orchestrator_core::WorkflowId, name: String) -> orchestrator_core::Task {
+    let spec = orchestrator_core::TaskSpec {
+        name,
+        script: "noop.sh".into(),
+        input: serde_json::Value::Null,
+        priority: orchestrator_core::Priority::Normal,
+        max_attempts: 1,
+        timeout: Duration::from_secs(10),
+        check_mode: false,
+        depends_on: vec![],
+        step: Default::default(),
+    };
+    orchestrator_core::Task::new(workflow, spec, chrono::Utc::now())
 }

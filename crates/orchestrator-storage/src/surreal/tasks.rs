@@ -221,14 +221,13 @@ impl TaskStore for SurrealBackend {
         let mut vars = Variables::new();
         vars.insert("id", id.to_string());
         const CONTEXT: &str = "read a task";
-        let mut response = self
-            .query(
+        let docs = self
+            .doc_texts(
                 CONTEXT,
                 "SELECT VALUE doc FROM type::record('task', $id);",
                 &vars,
             )
             .await?;
-        let docs: Vec<String> = response.take(0).map_err(|e| db_error(CONTEXT, &e))?;
         let Some(doc) = docs.first() else {
             return Ok(None);
         };
