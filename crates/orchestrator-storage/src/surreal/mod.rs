@@ -335,17 +335,37 @@ impl SurrealBackend {
         if let Some(after) = window.after {
             vars.insert("after", listing.order.cursor_value(&after));
         }
-        let mut response = self.query(context, &sql, &vars).await?;
+        // A task listing's total may be kept (see `recent`); then only
+        // the page is asked for.
+        let recent = self.recent.as_ref().filter(|_| listing.table == "task");
+        let kept = recent.and_then(|recent| recent.total(&sql.count));
+        let ticket = recent.map(RecentTasks::ticket);
+        let statements = match kept {
+            Some(_) => sql.page.clone(),
+            None => format!("{}\n{}", sql.page, sql.count),
+        };
+        let mut response = self.query(context, &statements, &vars).await?;
         let docs: Vec<String> = response.take(0).map_err(|e| db_error(context, &e))?;
-        // `SELECT VALUE count()` without a WHERE answers an object, not a
-        // number (SurrealDB 3.3): name the field and take it.
-        let counts: Vec<i64> = response.take((1, "n")).map_err(|e| db_error(context, &e))?;
+        let total = match kept {
+            Some(total) => total,
+            None => {
+                // `SELECT VALUE count()` without a WHERE answers an object,
+                // not a number (SurrealDB 3.3): name the field and take it.
+                let counts: Vec<i64> =
+                    response.take((1, "n")).map_err(|e| db_error(context, &e))?;
+                let total = counts.first().copied().unwrap_or(0).try_into().unwrap_or(0);
+                if let (Some(recent), Some(ticket)) = (recent, ticket) {
+                    recent.fill_total(ticket, &sql.count, total);
+                }
+                total
+            }
+        };
         Ok(Page {
             items: docs
                 .iter()
                 .map(|doc| from_doc(context, doc))
                 .collect::<Result<_>>()?,
-            total: counts.first().copied().unwrap_or(0).try_into().unwrap_or(0),
+            total: usize::try_from(total).unwrap_or(usize::MAX),
         })
     }
 
@@ -472,7 +492,7 @@ pub(crate) fn newest_first(key: &str) -> String {
 /// of the matches. With `after` (keyset paging), the page holds only
 /// records older than the one whose key is `$after`; the total still
 /// counts every match, so its WHERE stays the one a COUNT index answers.
-pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
+pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> ListingSql {
     let filter = |conditions: &[&str]| {
         if conditions.is_empty() {
             String::new()
@@ -493,10 +513,18 @@ pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> String {
         .index
         .map(|i| format!("WITH INDEX {i} "))
         .unwrap_or_default();
-    format!(
-        "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY {sort} LIMIT $limit START $offset;
-         SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"
-    )
+    ListingSql {
+        page: format!(
+            "SELECT VALUE doc FROM {table} {with}{page_filter} ORDER BY {sort} LIMIT $limit START $offset;"
+        ),
+        count: format!("SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"),
+    }
+}
+
+/// A listing's two statements: its page, and its total.
+pub(crate) struct ListingSql {
+    pub(crate) page: String,
+    pub(crate) count: String,
 }
 
 /// Which page of a listing: past the record keyed `after` (keyset

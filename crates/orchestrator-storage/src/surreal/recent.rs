@@ -15,12 +15,20 @@
 //! taken back. (A read that notes `writes` after a write was counted began
 //! after that write committed, so it fetched the new record.)
 //!
+//! The totals of task listings are kept the same way, by their count's
+//! `WHERE` (each listing's own count statement, this module's text): a
+//! page read while nothing changed its total needs no count, which on
+//! SurrealKV walks every count delta and tombstone the memtable holds
+//! (a quarter of the CPU of `GET /tasks?limit=50`). Any write to tasks,
+//! and any insert of one, forgets every total.
+//!
 //! A write whose outcome is unknown (no answer within the deadline: the
 //! engine may still commit it later, after it was forgotten) stops the
 //! cache for the life of the backend.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use orchestrator_core::{Task, TaskId};
 
@@ -32,7 +40,14 @@ pub(super) struct RecentTasks {
     /// Set for good after a write of unknown outcome.
     stopped: AtomicBool,
     tasks: quick_cache::sync::Cache<TaskId, Weighed, ByDoc>,
+    /// Listing totals by their count statement. A std lock: held only for
+    /// a map operation, never across an await.
+    totals: Mutex<HashMap<String, u64>>,
 }
+
+/// How many listing totals are kept at most (one per status and workflow
+/// filter asked for lately); past it, all are forgotten.
+const MAX_TOTALS: usize = 256;
 
 /// What a read noted before fetching: see [`RecentTasks::fill`].
 #[derive(Clone, Copy)]
@@ -60,6 +75,7 @@ impl RecentTasks {
             writes: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             tasks: quick_cache::sync::Cache::with_weighter(2048, RECENT_TASK_BYTES, ByDoc),
+            totals: Mutex::new(HashMap::new()),
         }
     }
 
@@ -91,19 +107,57 @@ impl RecentTasks {
         }
     }
 
+    /// The total of the listing counted by `count`, if kept.
+    pub(super) fn total(&self, count: &str) -> Option<u64> {
+        if self.stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.lock_totals().get(count).copied()
+    }
+
+    /// Keeps the total `count` answered after `ticket` was taken, unless
+    /// a write may have crossed it (as [`RecentTasks::fill`]).
+    pub(super) fn fill_total(&self, ticket: Ticket, count: &str, total: u64) {
+        if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        {
+            let mut totals = self.lock_totals();
+            if totals.len() >= MAX_TOTALS {
+                totals.clear();
+            }
+            totals.insert(count.to_owned(), total);
+        }
+        if self.writes.load(Ordering::SeqCst) != ticket.0 {
+            self.lock_totals().remove(count);
+        }
+    }
+
     /// After a write to `tasks` returned `outcome`: counts it, then forgets
-    /// them.
+    /// them and every total.
     pub(super) fn wrote<T>(&self, tasks: impl IntoIterator<Item = TaskId>, outcome: &Result<T>) {
         self.counted(outcome);
         for id in tasks {
             self.tasks.remove(&id);
         }
+        self.lock_totals().clear();
     }
 
     /// After a write that may have changed any task (an import, a prune).
     pub(super) fn wrote_any<T>(&self, outcome: &Result<T>) {
         self.counted(outcome);
         self.tasks.clear();
+        self.lock_totals().clear();
+    }
+
+    /// After a write that may have added tasks: no task kept changed, but
+    /// the totals did.
+    pub(super) fn inserted<T>(&self, outcome: &Result<T>) {
+        self.wrote([], outcome);
+    }
+
+    fn lock_totals(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn counted<T>(&self, outcome: &Result<T>) {
@@ -157,6 +211,26 @@ mod tests {
         );
         recent.wrote_any(&OK);
         assert!(recent.get(b.id).is_none());
+    }
+
+    #[test]
+    fn totals_are_kept_until_any_task_write_or_insert() {
+        let recent = RecentTasks::new();
+        let t = task();
+        let ticket = recent.ticket();
+        recent.fill_total(ticket, "SELECT count() FROM task", 7);
+        assert_eq!(recent.total("SELECT count() FROM task"), Some(7));
+        recent.inserted(&OK);
+        assert_eq!(recent.total("SELECT count() FROM task"), None);
+        // A count that an insert crossed is not kept.
+        let ticket = recent.ticket();
+        recent.inserted(&OK);
+        recent.fill_total(ticket, "SELECT count() FROM task", 7);
+        assert_eq!(recent.total("SELECT count() FROM task"), None);
+        let ticket = recent.ticket();
+        recent.fill_total(ticket, "SELECT count() FROM task", 8);
+        recent.wrote([t.id], &OK);
+        assert_eq!(recent.total("SELECT count() FROM task"), None);
     }
 
     #[test]

@@ -28,15 +28,20 @@ impl TaskStore for SurrealBackend {
         );
         // One transaction: all of it or none. The record ids and the unique
         // indexes refuse duplicates, and `classify` says which.
-        self.query(
-            "insert a workflow",
-            "BEGIN;
-             INSERT INTO workflow $workflow;
-             INSERT INTO task $tasks;
-             COMMIT;",
-            &vars,
-        )
-        .await?;
+        let result = self
+            .query(
+                "insert a workflow",
+                "BEGIN;
+                 INSERT INTO workflow $workflow;
+                 INSERT INTO task $tasks;
+                 COMMIT;",
+                &vars,
+            )
+            .await;
+        if let Some(recent) = &self.recent {
+            recent.inserted(&result);
+        }
+        result?;
         Ok(())
     }
 
@@ -70,6 +75,9 @@ impl TaskStore for SurrealBackend {
                 &vars,
             )
             .await;
+        if let Some(recent) = self.recent.as_ref().filter(|_| !new_tasks.is_empty()) {
+            recent.inserted(&result);
+        }
         match result {
             Ok(_) => Ok(stored),
             Err(Error::Database { message, .. }) if message.contains("version mismatch") => {

@@ -153,6 +153,48 @@ pub async fn task_store_suite(harness: &impl Harness) {
     workflows_found_by_text(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
     a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks()).await;
+    listing_totals_follow_every_write(harness.open().await.tasks()).await;
+}
+
+/// A listing's total after each kind of write, read before it too: a
+/// store that keeps totals must answer with what was written since.
+async fn listing_totals_follow_every_write(store: &dyn TaskStore) {
+    let total = |status: Option<TaskStatus>, workflow: Option<WorkflowId>| async move {
+        let query = TaskQuery {
+            status,
+            workflow,
+            limit: 1,
+            ..TaskQuery::default()
+        };
+        store.list_tasks(&query).await.unwrap().total
+    };
+    let (all, running) = (
+        total(None, None).await,
+        total(Some(TaskStatus::Running), None).await,
+    );
+    let (workflow, tasks) = workflow_with_tasks(2);
+    store.insert_workflow(&workflow, &tasks).await.unwrap();
+    assert_eq!(total(None, None).await, all + 2, "after an insert");
+    assert_eq!(total(None, Some(workflow.id)).await, 2);
+    let mut started = tasks[0].clone();
+    started.start(Utc::now()).unwrap();
+    store.update_task(&started).await.unwrap();
+    assert_eq!(
+        total(Some(TaskStatus::Running), None).await,
+        running + 1,
+        "after an update"
+    );
+    let (_, more) = workflow_with_tasks(1);
+    let mut more = more[0].clone();
+    more.workflow_id = workflow.id;
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    store.update_workflow(&stored, &[more]).await.unwrap();
+    assert_eq!(
+        total(None, Some(workflow.id)).await,
+        3,
+        "after a workflow grew"
+    );
+    assert_eq!(total(None, None).await, all + 3);
 }
 
 /// What [`NodeStore`] promises.
