@@ -17,9 +17,9 @@
 //!
 //! The totals of task listings are kept the same way, by their count's
 //! `WHERE` (each listing's own count statement, this module's text): a
-//! page read while nothing changed its total needs no count, which on
-//! SurrealKV walks every count delta and tombstone the memtable holds
-//! (a quarter of the CPU of `GET /tasks?limit=50`). Any write to tasks,
+//! page read while nothing changed its total needs no count, which walks
+//! the COUNT index's deltas as a key range (a quarter of the CPU of
+//! `GET /tasks?limit=50`). Any write to tasks,
 //! and any insert of one, forgets every total.
 //!
 //! A write whose outcome is unknown (no answer within the deadline: the
