@@ -64,7 +64,7 @@ pub(crate) use self::connection::timed;
 use self::connection::{PROBE_TIMEOUT, Target, is_held, probe};
 use self::errors::{classify, is_retryable};
 pub(crate) use self::errors::{db_error, first_error};
-use self::recent::RecentTasks;
+use self::recent::{KeptPage, RecentTasks};
 use self::rows::{from_doc, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
@@ -330,14 +330,23 @@ impl SurrealBackend {
         window: Window,
     ) -> Result<Page<T>> {
         let sql = page_sql(listing, window.after.is_some());
+        // A task listing's page, or its total, may be kept (see `recent`):
+        // then no query, or only the page's, is sent.
+        let recent = self.recent.as_ref().filter(|_| listing.table == "task");
+        let key = recent.map(|_| {
+            format!(
+                "{}\nlimit {} offset {} after {:?}",
+                sql.page, window.limit, window.offset, window.after
+            )
+        });
+        if let Some(kept) = recent.zip(key.as_deref()).and_then(|(r, key)| r.page(key)) {
+            return parsed_page(context, &kept.docs, kept.total);
+        }
         vars.insert("limit", to_i64(window.limit));
         vars.insert("offset", to_i64(window.offset));
         if let Some(after) = window.after {
             vars.insert("after", listing.order.cursor_value(&after));
         }
-        // A task listing's total may be kept (see `recent`); then only
-        // the page is asked for.
-        let recent = self.recent.as_ref().filter(|_| listing.table == "task");
         let kept = recent.and_then(|recent| recent.total(&sql.count));
         let ticket = recent.map(RecentTasks::ticket);
         let statements = match kept {
@@ -360,13 +369,12 @@ impl SurrealBackend {
                 total
             }
         };
-        Ok(Page {
-            items: docs
-                .iter()
-                .map(|doc| from_doc(context, doc))
-                .collect::<Result<_>>()?,
-            total: usize::try_from(total).unwrap_or(usize::MAX),
-        })
+        let page = parsed_page(context, &docs, total)?;
+        if let (Some(recent), Some(ticket), Some(key)) = (recent, ticket, key) {
+            let docs = Arc::from(docs);
+            recent.fill_page(ticket, key, KeptPage { docs, total });
+        }
+        Ok(page)
     }
 
     /// The stored version of a record, to tell `Conflict` from not found
@@ -519,6 +527,17 @@ pub(crate) fn page_sql(listing: &Listing<'_>, after: bool) -> ListingSql {
         ),
         count: format!("SELECT count() AS n FROM {table} {count_filter} GROUP ALL;"),
     }
+}
+
+/// A page of parsed documents, with the total of its listing.
+fn parsed_page<T: DeserializeOwned>(context: &str, docs: &[String], total: u64) -> Result<Page<T>> {
+    Ok(Page {
+        items: docs
+            .iter()
+            .map(|doc| from_doc(context, doc))
+            .collect::<Result<_>>()?,
+        total: usize::try_from(total).unwrap_or(usize::MAX),
+    })
 }
 
 /// A listing's two statements: its page, and its total.

@@ -153,21 +153,23 @@ pub async fn task_store_suite(harness: &impl Harness) {
     workflows_found_by_text(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
     a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks()).await;
-    listing_totals_follow_every_write(harness.open().await.tasks()).await;
+    listings_follow_every_write(harness.open().await.tasks()).await;
 }
 
-/// A listing's total after each kind of write, read before it too: a
-/// store that keeps totals must answer with what was written since.
-async fn listing_totals_follow_every_write(store: &dyn TaskStore) {
-    let total = |status: Option<TaskStatus>, workflow: Option<WorkflowId>| async move {
+/// A listing's page and total after each kind of write, read before it
+/// too: a store that keeps listings must answer with what was written
+/// since.
+async fn listings_follow_every_write(store: &dyn TaskStore) {
+    let listing = |status: Option<TaskStatus>, workflow: Option<WorkflowId>| async move {
         let query = TaskQuery {
             status,
             workflow,
-            limit: 1,
+            limit: 10,
             ..TaskQuery::default()
         };
-        store.list_tasks(&query).await.unwrap().total
+        store.list_tasks(&query).await.unwrap()
     };
+    let total = |status, workflow| async move { listing(status, workflow).await.total };
     let (all, running) = (
         total(None, None).await,
         total(Some(TaskStatus::Running), None).await,
@@ -175,26 +177,56 @@ async fn listing_totals_follow_every_write(store: &dyn TaskStore) {
     let (workflow, tasks) = workflow_with_tasks(2);
     store.insert_workflow(&workflow, &tasks).await.unwrap();
     assert_eq!(total(None, None).await, all + 2, "after an insert");
-    assert_eq!(total(None, Some(workflow.id)).await, 2);
+    let page = listing(None, Some(workflow.id)).await;
+    assert_eq!(page.total, 2);
+    assert!(
+        page.items.iter().all(|t| t.status == tasks[0].status),
+        "{:?}",
+        page.items
+    );
     let mut started = tasks[0].clone();
     started.start(Utc::now()).unwrap();
-    store.update_task(&started).await.unwrap();
+    let started = store.update_task(&started).await.unwrap();
     assert_eq!(
         total(Some(TaskStatus::Running), None).await,
         running + 1,
         "after an update"
     );
+    let page = listing(None, Some(workflow.id)).await;
+    let statuses: Vec<_> = page.items.iter().map(|t| (t.id, t.status)).collect();
+    assert!(
+        statuses.contains(&(started.id, TaskStatus::Running)),
+        "the page kept a task as it was before an update: {statuses:?}"
+    );
     let (_, more) = workflow_with_tasks(1);
     let mut more = more[0].clone();
     more.workflow_id = workflow.id;
     let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
-    store.update_workflow(&stored, &[more]).await.unwrap();
-    assert_eq!(
-        total(None, Some(workflow.id)).await,
-        3,
-        "after a workflow grew"
+    store
+        .update_workflow(&stored, &[more.clone()])
+        .await
+        .unwrap();
+    let page = listing(None, Some(workflow.id)).await;
+    assert_eq!(page.total, 3, "after a workflow grew");
+    assert!(
+        page.items.iter().any(|t| t.id == more.id),
+        "the page missed the task a workflow grew by"
     );
     assert_eq!(total(None, None).await, all + 3);
+    let mut finished = started.clone();
+    finished.complete(json!("done"), Utc::now()).unwrap();
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    store
+        .update_workflow_and_tasks(&stored, &[finished.clone()])
+        .await
+        .unwrap();
+    let page = listing(None, Some(workflow.id)).await;
+    assert!(
+        page.items
+            .iter()
+            .any(|t| t.id == finished.id && t.status == TaskStatus::Completed),
+        "the page kept a task as it was before a workflow's write"
+    );
 }
 
 /// What [`NodeStore`] promises.
@@ -247,6 +279,13 @@ pub async fn retention_store_suite(storage: &Storage) {
     for task in &done_tasks {
         assert!(tasks.get_task(task.id).await.unwrap().is_some());
     }
+    let done_listing = TaskQuery {
+        workflow: Some(done.id),
+        limit: 10,
+        ..TaskQuery::default()
+    };
+    let listed = tasks.list_tasks(&done_listing).await.unwrap();
+    assert_eq!((listed.items.len(), listed.total), (3, 3));
     // `kept` changed after the decision (a retry): its version moved on.
     let stored = tasks.get_workflow(kept.id).await.unwrap().unwrap();
     tasks.update_workflow(&stored, &[]).await.unwrap();
@@ -266,6 +305,12 @@ pub async fn retention_store_suite(storage: &Storage) {
     );
     assert_eq!(pruned.tasks, 3);
     assert!(tasks.get_workflow(done.id).await.unwrap().is_none());
+    let listed = tasks.list_tasks(&done_listing).await.unwrap();
+    assert_eq!(
+        (listed.items.len(), listed.total),
+        (0, 0),
+        "a page read before the prune"
+    );
     for task in &done_tasks {
         assert!(tasks.get_task(task.id).await.unwrap().is_none());
         let log = tasks.read_log(task.id, 0, 1024).await.unwrap();

@@ -126,7 +126,7 @@ async fn read_only_sources_pass_the_bulk_suite() {
 /// replaced by an import (a storage move onto this store) reads as
 /// imported, not as it was kept.
 #[tokio::test]
-async fn embedded_reads_a_task_it_read_before_as_imported_since() {
+async fn embedded_reads_a_task_and_page_it_read_before_as_imported_since() {
     let root = tempfile::tempdir().unwrap();
     let store = open(&embedded_config(root.path())).await;
     let (workflow, tasks) = workflow_with_tasks(1);
@@ -135,8 +135,15 @@ async fn embedded_reads_a_task_it_read_before_as_imported_since() {
         .insert_workflow(&workflow, &tasks)
         .await
         .unwrap();
+    let listing = TaskQuery {
+        workflow: Some(workflow.id),
+        limit: 10,
+        ..Default::default()
+    };
     let read = store.tasks().get_task(tasks[0].id).await.unwrap();
     assert_eq!(read.as_ref(), Some(&tasks[0]));
+    let page = store.tasks().list_tasks(&listing).await.unwrap();
+    assert_eq!(page.items, tasks);
     let mut changed = tasks[0].clone();
     changed.name = "renamed".into();
     changed.version += 3;
@@ -146,7 +153,9 @@ async fn embedded_reads_a_task_it_read_before_as_imported_since() {
         .await
         .unwrap();
     let read = store.tasks().get_task(changed.id).await.unwrap();
-    assert_eq!(read, Some(changed));
+    assert_eq!(read.as_ref(), Some(&changed));
+    let page = store.tasks().list_tasks(&listing).await.unwrap();
+    assert_eq!(page.items, [changed], "a page read before the import");
     store.close().await.unwrap();
 }
 
