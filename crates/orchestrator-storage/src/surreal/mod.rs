@@ -64,7 +64,7 @@ pub(crate) use self::connection::timed;
 use self::connection::{PROBE_TIMEOUT, Target, is_held, probe};
 use self::errors::{classify, is_retryable};
 pub(crate) use self::errors::{db_error, first_error};
-use self::recent::{KeptPage, RecentTasks};
+use self::recent::{Kept, KeptPage, Recent};
 use self::rows::{from_doc, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
@@ -103,7 +103,7 @@ pub struct SurrealBackend {
     feed_config: Option<StorageConfig>,
     /// Tasks read lately: for an embedded store only, the one kind whose
     /// every writer is this backend (see `recent`).
-    recent: Option<RecentTasks>,
+    recent: Option<Recent>,
 }
 
 /// Whether the server answered last time, and why not if it did not.
@@ -150,7 +150,7 @@ impl SurrealBackend {
             link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
             feed_config: target.remote.then(|| config.clone()),
-            recent: (!target.remote).then(RecentTasks::new),
+            recent: (!target.remote).then(Recent::new),
         })
     }
 
@@ -315,6 +315,37 @@ impl SurrealBackend {
         docs.iter().map(|doc| from_doc(context, doc)).collect()
     }
 
+    /// The record of kind `T` keyed `id`: kept by the embedded store (see
+    /// `recent`) once read, until a write to it.
+    async fn read_one<T>(&self, context: &str, id: T::Id) -> Result<Option<T>>
+    where
+        T: Kept + DeserializeOwned,
+        T::Id: std::fmt::Display,
+    {
+        if let Some(record) = self.recent.as_ref().and_then(|recent| recent.kept::<T>(id)) {
+            return Ok(Some(record));
+        }
+        let ticket = self.recent.as_ref().map(Recent::ticket);
+        let mut vars = Variables::new();
+        vars.insert("table", T::TABLE);
+        vars.insert("id", id.to_string());
+        let docs = self
+            .doc_texts(
+                context,
+                "SELECT VALUE doc FROM type::record($table, $id);",
+                &vars,
+            )
+            .await?;
+        let Some(doc) = docs.first() else {
+            return Ok(None);
+        };
+        let record: T = from_doc(context, doc)?;
+        if let (Some(recent), Some(ticket)) = (&self.recent, ticket) {
+            recent.fill(ticket, &record, doc.len());
+        }
+        Ok(Some(record))
+    }
+
     /// The `doc` texts a `SELECT VALUE doc` returns, not yet parsed.
     async fn doc_texts(&self, context: &str, sql: &str, vars: &Variables) -> Result<Vec<String>> {
         let mut response = self.query(context, sql, vars).await?;
@@ -348,7 +379,7 @@ impl SurrealBackend {
             vars.insert("after", listing.order.cursor_value(&after));
         }
         let kept = recent.and_then(|recent| recent.total(&sql.count));
-        let ticket = recent.map(RecentTasks::ticket);
+        let ticket = recent.map(Recent::ticket);
         let statements = match kept {
             Some(_) => sql.page.clone(),
             None => format!("{}\n{}", sql.page, sql.count),

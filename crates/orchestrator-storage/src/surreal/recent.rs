@@ -1,8 +1,10 @@
-//! Tasks read lately, kept parsed: a point read of one of them costs no
-//! query (a query is about 0.3 ms of CPU, most of `GET /tasks/{id}` on the
-//! embedded store). Only for the embedded engines: every write to their
+//! Tasks and workflows read lately, kept parsed: a point read of one of
+//! them costs no query (a query is about 0.3 ms of CPU, most of
+//! `GET /tasks/{id}` on the embedded store) and no parse (a workflow's
+//! document holds its submission, which for a workflow of 10,000 steps is
+//! megabytes, read again each time one of its steps ends). Only for the embedded engines: every write to their
 //! data goes through this process (the engine's lock keeps any other out),
-//! so forgetting a task on each write to it keeps the cache exact. A server
+//! so forgetting a record on each write to it keeps the cache exact. A server
 //! has other writers, and gets no cache.
 //!
 //! A read and a write may cross: the read fetches the old record, the
@@ -37,21 +39,30 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use orchestrator_core::{Task, TaskId};
+use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 
 use crate::{Error, RECENT_TASK_BYTES, Result};
 
-pub(super) struct RecentTasks {
-    /// Writes that may have changed a task, counted once committed.
+pub(super) struct Recent {
+    /// Writes that may have changed a task or workflow, counted once
+    /// committed.
     writes: AtomicU64,
     /// Set for good after a write of unknown outcome.
     stopped: AtomicBool,
-    tasks: quick_cache::sync::Cache<TaskId, Weighed, ByDoc>,
+    tasks: quick_cache::sync::Cache<TaskId, Weighed<Task>, ByDoc>,
+    workflows: quick_cache::sync::Cache<WorkflowId, Weighed<Workflow>, ByDoc>,
     /// Listing totals by their count statement. A std lock: held only for
     /// a map operation, never across an await.
     totals: Mutex<HashMap<String, u64>>,
     pages: quick_cache::sync::Cache<String, KeptPage, ByDoc>,
 }
+
+/// Bytes of kept workflows' documents at most (their parsed form takes a
+/// few times that). Unlike the filesystem's store, which holds running
+/// workflows in memory and keeps only finished ones read back, this one
+/// reads running workflows too: a submission of 10,000 steps is about
+/// 2 MiB of document, read again each time one of its steps ends.
+const RECENT_WORKFLOW_BYTES: u64 = 4 << 20;
 
 /// Bytes of kept pages' documents at most: a page of 50 tasks is about
 /// 50 KiB, so a few dozen pages.
@@ -69,21 +80,72 @@ pub(super) struct KeptPage {
 /// filter asked for lately); past it, all are forgotten.
 const MAX_TOTALS: usize = 256;
 
-/// What a read noted before fetching: see [`RecentTasks::fill`].
+/// What a read noted before fetching: see [`Recent::fill`].
 #[derive(Clone, Copy)]
 pub(super) struct Ticket(u64);
 
+/// A kind of record the cache keeps, by its id.
+pub(super) trait Kept: Clone {
+    type Id: Copy + Eq + std::hash::Hash;
+    /// The table it is stored in.
+    const TABLE: &'static str;
+    fn id(&self) -> Self::Id;
+    fn cache(recent: &Recent) -> &quick_cache::sync::Cache<Self::Id, Weighed<Self>, ByDoc>;
+}
+
+impl Kept for Task {
+    type Id = TaskId;
+    const TABLE: &'static str = "task";
+    fn id(&self) -> TaskId {
+        self.id
+    }
+    fn cache(recent: &Recent) -> &quick_cache::sync::Cache<TaskId, Weighed<Task>, ByDoc> {
+        &recent.tasks
+    }
+}
+
+impl Kept for Workflow {
+    type Id = WorkflowId;
+    const TABLE: &'static str = "workflow";
+    fn id(&self) -> WorkflowId {
+        self.id
+    }
+    fn cache(recent: &Recent) -> &quick_cache::sync::Cache<WorkflowId, Weighed<Workflow>, ByDoc> {
+        &recent.workflows
+    }
+}
+
+/// A record written by a write that returned: forgotten once it returns.
+#[derive(Clone, Copy)]
+pub(super) enum Written {
+    Task(TaskId),
+    Workflow(WorkflowId),
+}
+
+/// A record kept, with the size of the document it was parsed from.
 #[derive(Clone)]
-struct Weighed {
-    task: Arc<Task>,
+pub(super) struct Weighed<T> {
+    record: Arc<T>,
     bytes: u32,
 }
 
-#[derive(Clone)]
-struct ByDoc;
+impl<T> Weighed<T> {
+    fn new(record: &T, bytes: usize) -> Weighed<T>
+    where
+        T: Clone,
+    {
+        Weighed {
+            record: Arc::new(record.clone()),
+            bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+        }
+    }
+}
 
-impl quick_cache::Weighter<TaskId, Weighed> for ByDoc {
-    fn weight(&self, _: &TaskId, value: &Weighed) -> u64 {
+#[derive(Clone)]
+pub(super) struct ByDoc;
+
+impl<K, T> quick_cache::Weighter<K, Weighed<T>> for ByDoc {
+    fn weight(&self, _: &K, value: &Weighed<T>) -> u64 {
         u64::from(value.bytes).max(1)
     }
 }
@@ -95,44 +157,57 @@ impl quick_cache::Weighter<String, KeptPage> for ByDoc {
     }
 }
 
-impl RecentTasks {
-    pub(super) fn new() -> RecentTasks {
+impl Recent {
+    pub(super) fn new() -> Recent {
+        // One shard: a cache keeps no record heavier than its shard's share
+        // of the budget, and the workflows worth keeping are the big ones.
+        // A workflow is read about once per step ended, so the shard's
+        // lock is not contended the way the tasks' would be.
+        let workflows = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(64)
+            .weight_capacity(RECENT_WORKFLOW_BYTES)
+            .shards(1)
+            .build()
+            .expect("constant cache options are valid");
         // Estimated count: a task's JSON is about 1 KiB.
-        RecentTasks {
+        Recent {
             writes: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             tasks: quick_cache::sync::Cache::with_weighter(2048, RECENT_TASK_BYTES, ByDoc),
+            workflows: quick_cache::sync::Cache::with_options(
+                workflows,
+                ByDoc,
+                Default::default(),
+                Default::default(),
+            ),
             totals: Mutex::new(HashMap::new()),
             // Estimated count: a page of 50 tasks.
             pages: quick_cache::sync::Cache::with_weighter(64, RECENT_PAGE_BYTES, ByDoc),
         }
     }
 
-    pub(super) fn get(&self, id: TaskId) -> Option<Task> {
+    /// The record keyed `id`, if kept.
+    pub(super) fn kept<T: Kept>(&self, id: T::Id) -> Option<T> {
         if self.stopped.load(Ordering::SeqCst) {
             return None;
         }
-        self.tasks.get(&id).map(|found| Task::clone(&found.task))
+        T::cache(self).get(&id).map(|found| T::clone(&found.record))
     }
-
-    /// Noted before fetching a task from the database.
+    /// Noted before fetching from the database.
     pub(super) fn ticket(&self) -> Ticket {
         Ticket(self.writes.load(Ordering::SeqCst))
     }
 
-    /// Keeps a task fetched after `ticket` was taken, from a document of
+    /// Keeps a record fetched after `ticket` was taken, from a document of
     /// `bytes`, unless a write may have crossed the fetch.
-    pub(super) fn fill(&self, ticket: Ticket, task: &Task, bytes: usize) {
+    pub(super) fn fill<T: Kept>(&self, ticket: Ticket, record: &T, bytes: usize) {
         if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
             return;
         }
-        let weighed = Weighed {
-            task: Arc::new(task.clone()),
-            bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
-        };
-        self.tasks.insert(task.id, weighed);
+        let cache = T::cache(self);
+        cache.insert(record.id(), Weighed::new(record, bytes));
         if self.writes.load(Ordering::SeqCst) != ticket.0 {
-            self.tasks.remove(&task.id);
+            cache.remove(&record.id());
         }
     }
 
@@ -145,7 +220,7 @@ impl RecentTasks {
     }
 
     /// Keeps the total `count` answered after `ticket` was taken, unless
-    /// a write may have crossed it (as [`RecentTasks::fill`]).
+    /// a write may have crossed it (as [`Recent::fill`]).
     pub(super) fn fill_total(&self, ticket: Ticket, count: &str, total: u64) {
         if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
             return;
@@ -171,7 +246,7 @@ impl RecentTasks {
     }
 
     /// Keeps a page answered after `ticket` was taken, unless a write may
-    /// have crossed it (as [`RecentTasks::fill`]).
+    /// have crossed it (as [`Recent::fill`]).
     pub(super) fn fill_page(&self, ticket: Ticket, key: String, page: KeptPage) {
         if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
             return;
@@ -182,20 +257,24 @@ impl RecentTasks {
         }
     }
 
-    /// After a write to `tasks` returned `outcome`: counts it, then forgets
-    /// them and every listing.
-    pub(super) fn wrote<T>(&self, tasks: impl IntoIterator<Item = TaskId>, outcome: &Result<T>) {
+    /// After a write to `records` returned `outcome`: counts it, then
+    /// forgets them and every listing.
+    pub(super) fn wrote<T>(&self, records: impl IntoIterator<Item = Written>, outcome: &Result<T>) {
         self.counted(outcome);
-        for id in tasks {
-            self.tasks.remove(&id);
+        for record in records {
+            match record {
+                Written::Task(id) => drop(self.tasks.remove(&id)),
+                Written::Workflow(id) => drop(self.workflows.remove(&id)),
+            }
         }
         self.forget_listings();
     }
 
-    /// After a write that may have changed any task (an import, a prune).
+    /// After a write that may have changed any record (a prune).
     pub(super) fn wrote_any<T>(&self, outcome: &Result<T>) {
         self.counted(outcome);
         self.tasks.clear();
+        self.workflows.clear();
         self.forget_listings();
     }
 
@@ -224,9 +303,9 @@ impl RecentTasks {
 
 #[cfg(test)]
 mod tests {
-    use orchestrator_core::{Task, WorkflowId};
+    use orchestrator_core::{Task, Workflow, WorkflowId};
 
-    use super::{KeptPage, RecentTasks};
+    use super::{KeptPage, Recent, Written};
     use crate::{Error, Result};
 
     fn task() -> Task {
@@ -237,39 +316,42 @@ mod tests {
 
     #[test]
     fn a_read_that_a_write_crossed_fills_nothing() {
-        let recent = RecentTasks::new();
+        let recent = Recent::new();
         let old = task();
         let ticket = recent.ticket();
         // The write commits and forgets while the read is fetching.
-        recent.wrote([old.id], &OK);
+        recent.wrote([Written::Task(old.id)], &OK);
         recent.fill(ticket, &old, 100);
-        assert!(recent.get(old.id).is_none(), "a stale task was kept");
+        assert!(
+            recent.kept::<Task>(old.id).is_none(),
+            "a stale task was kept"
+        );
         // A read begun after the write fills.
         let ticket = recent.ticket();
         recent.fill(ticket, &old, 100);
-        assert_eq!(recent.get(old.id).map(|t| t.id), Some(old.id));
+        assert_eq!(recent.kept::<Task>(old.id).map(|t| t.id), Some(old.id));
     }
 
     #[test]
     fn a_write_forgets_what_was_kept() {
-        let recent = RecentTasks::new();
+        let recent = Recent::new();
         let (a, b) = (task(), task());
         let ticket = recent.ticket();
         recent.fill(ticket, &a, 100);
         recent.fill(ticket, &b, 100);
-        recent.wrote([a.id], &OK);
-        assert!(recent.get(a.id).is_none());
+        recent.wrote([Written::Task(a.id)], &OK);
+        assert!(recent.kept::<Task>(a.id).is_none());
         assert!(
-            recent.get(b.id).is_some(),
+            recent.kept::<Task>(b.id).is_some(),
             "a write to one task forgot another"
         );
         recent.wrote_any(&OK);
-        assert!(recent.get(b.id).is_none());
+        assert!(recent.kept::<Task>(b.id).is_none());
     }
 
     #[test]
     fn totals_are_kept_until_any_task_write_or_insert() {
-        let recent = RecentTasks::new();
+        let recent = Recent::new();
         let t = task();
         let ticket = recent.ticket();
         recent.fill_total(ticket, "SELECT count() FROM task", 7);
@@ -283,13 +365,13 @@ mod tests {
         assert_eq!(recent.total("SELECT count() FROM task"), None);
         let ticket = recent.ticket();
         recent.fill_total(ticket, "SELECT count() FROM task", 8);
-        recent.wrote([t.id], &OK);
+        recent.wrote([Written::Task(t.id)], &OK);
         assert_eq!(recent.total("SELECT count() FROM task"), None);
     }
 
     #[test]
     fn pages_are_kept_until_any_task_write_or_insert() {
-        let recent = RecentTasks::new();
+        let recent = Recent::new();
         let page = || KeptPage {
             docs: vec!["{}".to_owned()].into(),
             total: 1,
@@ -302,7 +384,7 @@ mod tests {
         assert!(recent.page(key).is_none(), "an insert left a page kept");
         // A page that a write crossed is not kept.
         let ticket = recent.ticket();
-        recent.wrote([task().id], &OK);
+        recent.wrote([Written::Task(task().id)], &OK);
         recent.fill_page(ticket, key.to_owned(), page());
         assert!(recent.page(key).is_none(), "a stale page was kept");
         let ticket = recent.ticket();
@@ -312,21 +394,51 @@ mod tests {
     }
 
     #[test]
+    fn a_workflow_is_kept_until_a_write_to_it() {
+        let recent = Recent::new();
+        let workflow = Workflow::new("k", "w", chrono::Utc::now());
+        let ticket = recent.ticket();
+        recent.fill(ticket, &workflow, 3 << 20);
+        assert!(
+            recent.kept::<Workflow>(workflow.id).is_some(),
+            "a workflow of 3 MiB of document was not kept"
+        );
+        recent.wrote([Written::Task(task().id)], &OK);
+        assert!(recent.kept::<Workflow>(workflow.id).is_some());
+        recent.wrote([Written::Workflow(workflow.id)], &OK);
+        assert!(recent.kept::<Workflow>(workflow.id).is_none());
+        let ticket = recent.ticket();
+        recent.inserted(&OK);
+        recent.fill(ticket, &workflow, 100);
+        assert!(
+            recent.kept::<Workflow>(workflow.id).is_none(),
+            "a stale workflow was kept"
+        );
+        let ticket = recent.ticket();
+        recent.fill(ticket, &workflow, 100);
+        recent.wrote_any(&OK);
+        assert!(recent.kept::<Workflow>(workflow.id).is_none());
+    }
+
+    #[test]
     fn a_write_of_unknown_outcome_stops_the_cache() {
-        let recent = RecentTasks::new();
+        let recent = Recent::new();
         let t = task();
         recent.wrote(
-            [t.id],
+            [Written::Task(t.id)],
             &Err::<(), _>(Error::Unavailable("no answer within 5s".into())),
         );
         let ticket = recent.ticket();
         recent.fill(ticket, &t, 100);
-        assert!(recent.get(t.id).is_none());
+        assert!(recent.kept::<Task>(t.id).is_none());
         // A write that was refused (its transaction rolled back) does not.
-        let recent = RecentTasks::new();
-        recent.wrote([t.id], &Err::<(), _>(Error::TaskNotFound(t.id)));
+        let recent = Recent::new();
+        recent.wrote(
+            [Written::Task(t.id)],
+            &Err::<(), _>(Error::TaskNotFound(t.id)),
+        );
         let ticket = recent.ticket();
         recent.fill(ticket, &t, 100);
-        assert!(recent.get(t.id).is_some());
+        assert!(recent.kept::<Task>(t.id).is_some());
     }
 }

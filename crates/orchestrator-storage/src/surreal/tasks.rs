@@ -8,8 +8,9 @@ use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 use surrealdb::types::{Bytes, Variables};
 
 use super::errors::db_error;
+use super::recent::Written;
 use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
-use super::{Listing, Order, SurrealBackend, Window, from_doc};
+use super::{Listing, Order, SurrealBackend, Window};
 use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery};
 
 #[async_trait]
@@ -75,8 +76,8 @@ impl TaskStore for SurrealBackend {
                 &vars,
             )
             .await;
-        if let Some(recent) = self.recent.as_ref().filter(|_| !new_tasks.is_empty()) {
-            recent.inserted(&result);
+        if let Some(recent) = &self.recent {
+            recent.wrote([Written::Workflow(workflow.id)], &result);
         }
         match result {
             Ok(_) => Ok(stored),
@@ -139,7 +140,8 @@ impl TaskStore for SurrealBackend {
             )
             .await;
         if let Some(recent) = &self.recent {
-            recent.wrote(tasks.iter().map(|t| t.id), &result);
+            let written = tasks.iter().map(|t| Written::Task(t.id));
+            recent.wrote(written.chain([Written::Workflow(workflow.id)]), &result);
         }
         match result {
             Ok(_) => Ok((stored, stored_tasks)),
@@ -201,7 +203,7 @@ impl TaskStore for SurrealBackend {
             )
             .await;
         if let Some(recent) = &self.recent {
-            recent.wrote([task.id], &result);
+            recent.wrote([Written::Task(task.id)], &result);
         }
         let mut response = result?;
         let updated: Vec<i64> = response
@@ -222,28 +224,7 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {
-        if let Some(task) = self.recent.as_ref().and_then(|recent| recent.get(id)) {
-            return Ok(Some(task));
-        }
-        let ticket = self.recent.as_ref().map(|recent| recent.ticket());
-        let mut vars = Variables::new();
-        vars.insert("id", id.to_string());
-        const CONTEXT: &str = "read a task";
-        let docs = self
-            .doc_texts(
-                CONTEXT,
-                "SELECT VALUE doc FROM type::record('task', $id);",
-                &vars,
-            )
-            .await?;
-        let Some(doc) = docs.first() else {
-            return Ok(None);
-        };
-        let task: Task = from_doc(CONTEXT, doc)?;
-        if let (Some(recent), Some(ticket)) = (&self.recent, ticket) {
-            recent.fill(ticket, &task, doc.len());
-        }
-        Ok(Some(task))
+        self.read_one("read a task", id).await
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Page<Task>> {
@@ -288,16 +269,7 @@ impl TaskStore for SurrealBackend {
     }
 
     async fn get_workflow(&self, id: WorkflowId) -> Result<Option<Workflow>> {
-        let mut vars = Variables::new();
-        vars.insert("id", id.to_string());
-        let workflows = self
-            .docs(
-                "read a workflow",
-                "SELECT VALUE doc FROM type::record('workflow', $id);",
-                &vars,
-            )
-            .await?;
-        Ok(workflows.into_iter().next())
+        self.read_one("read a workflow", id).await
     }
 
     async fn list_workflows(&self, query: &WorkflowQuery) -> Result<Page<Workflow>> {

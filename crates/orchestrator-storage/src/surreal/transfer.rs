@@ -7,6 +7,7 @@ use surrealdb::types::{Bytes, RecordId, Variables};
 
 use super::SurrealBackend;
 use super::errors::db_error;
+use super::recent::Written;
 use super::rows::{
     LOG_CHUNKS_PER_READ, LogChunkRow, LogLengthRow, gather_log, is_plain_key, row_of, table_of,
     to_i64, version_param,
@@ -167,11 +168,12 @@ impl BulkTransfer for SurrealBackend {
         sql.push_str("COMMIT;");
         let result = self.query("import records", &sql, &vars).await;
         if let Some(recent) = &self.recent {
-            let tasks = records.iter().filter_map(|record| match record {
-                Record::Task(task) => Some(task.id),
+            let written = records.iter().filter_map(|record| match record {
+                Record::Task(task) => Some(Written::Task(task.id)),
+                Record::Workflow(workflow) => Some(Written::Workflow(workflow.id)),
                 _ => None,
             });
-            recent.wrote(tasks, &result);
+            recent.wrote(written, &result);
         }
         result?;
         Ok(())

@@ -153,13 +153,13 @@ pub async fn task_store_suite(harness: &impl Harness) {
     workflows_found_by_text(harness.open().await.tasks()).await;
     racing_workflow_updates_win_or_conflict(harness.open().await.tasks()).await;
     a_workflow_and_its_tasks_change_in_one_write_or_not_at_all(harness.open().await.tasks()).await;
-    listings_follow_every_write(harness.open().await.tasks()).await;
+    reads_follow_every_write(harness.open().await.tasks()).await;
 }
 
-/// A listing's page and total after each kind of write, read before it
-/// too: a store that keeps listings must answer with what was written
-/// since.
-async fn listings_follow_every_write(store: &dyn TaskStore) {
+/// A listing's page and total, and the workflow, after each kind of
+/// write, read before it too: a store that keeps what it read must answer
+/// with what was written since.
+async fn reads_follow_every_write(store: &dyn TaskStore) {
     let listing = |status: Option<TaskStatus>, workflow: Option<WorkflowId>| async move {
         let query = TaskQuery {
             status,
@@ -198,14 +198,27 @@ async fn listings_follow_every_write(store: &dyn TaskStore) {
         statuses.contains(&(started.id, TaskStatus::Running)),
         "the page kept a task as it was before an update: {statuses:?}"
     );
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    let mut running = stored.clone();
+    running.status = WorkflowStatus::Running;
+    store.update_workflow(&running, &[]).await.unwrap();
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.version, stored.status),
+        (running.version + 1, WorkflowStatus::Running),
+        "a workflow read before its update"
+    );
     let (_, more) = workflow_with_tasks(1);
     let mut more = more[0].clone();
     more.workflow_id = workflow.id;
-    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    let mut grown = stored.clone();
+    grown.task_ids.push(more.id);
     store
-        .update_workflow(&stored, &[more.clone()])
+        .update_workflow(&grown, &[more.clone()])
         .await
         .unwrap();
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    assert_eq!(stored.task_ids.len(), 3, "a workflow read before it grew");
     let page = listing(None, Some(workflow.id)).await;
     assert_eq!(page.total, 3, "after a workflow grew");
     assert!(
@@ -215,11 +228,17 @@ async fn listings_follow_every_write(store: &dyn TaskStore) {
     assert_eq!(total(None, None).await, all + 3);
     let mut finished = started.clone();
     finished.complete(json!("done"), Utc::now()).unwrap();
-    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    let mut halted = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    halted.cancel_requested = true;
     store
-        .update_workflow_and_tasks(&stored, &[finished.clone()])
+        .update_workflow_and_tasks(&halted, &[finished.clone()])
         .await
         .unwrap();
+    let stored = store.get_workflow(workflow.id).await.unwrap().unwrap();
+    assert!(
+        stored.cancel_requested && stored.version == halted.version + 1,
+        "a workflow read before a write of it and its tasks"
+    );
     let page = listing(None, Some(workflow.id)).await;
     assert!(
         page.items
@@ -286,6 +305,7 @@ pub async fn retention_store_suite(storage: &Storage) {
     };
     let listed = tasks.list_tasks(&done_listing).await.unwrap();
     assert_eq!((listed.items.len(), listed.total), (3, 3));
+    assert!(tasks.get_workflow(done.id).await.unwrap().is_some());
     // `kept` changed after the decision (a retry): its version moved on.
     let stored = tasks.get_workflow(kept.id).await.unwrap().unwrap();
     tasks.update_workflow(&stored, &[]).await.unwrap();

@@ -126,7 +126,7 @@ async fn read_only_sources_pass_the_bulk_suite() {
 /// replaced by an import (a storage move onto this store) reads as
 /// imported, not as it was kept.
 #[tokio::test]
-async fn embedded_reads_a_task_and_page_it_read_before_as_imported_since() {
+async fn embedded_reads_what_it_read_before_as_imported_since() {
     let root = tempfile::tempdir().unwrap();
     let store = open(&embedded_config(root.path())).await;
     let (workflow, tasks) = workflow_with_tasks(1);
@@ -144,18 +144,27 @@ async fn embedded_reads_a_task_and_page_it_read_before_as_imported_since() {
     assert_eq!(read.as_ref(), Some(&tasks[0]));
     let page = store.tasks().list_tasks(&listing).await.unwrap();
     assert_eq!(page.items, tasks);
+    let read = store.tasks().get_workflow(workflow.id).await.unwrap();
+    assert_eq!(read.map(|w| w.name), Some(workflow.name.clone()));
     let mut changed = tasks[0].clone();
     changed.name = "renamed".into();
     changed.version += 3;
+    let mut renamed = workflow.clone();
+    renamed.name = "renamed".into();
     store
         .transfer()
-        .import(&[Record::Task(changed.clone())])
+        .import(&[
+            Record::Workflow(renamed.clone()),
+            Record::Task(changed.clone()),
+        ])
         .await
         .unwrap();
     let read = store.tasks().get_task(changed.id).await.unwrap();
     assert_eq!(read.as_ref(), Some(&changed));
     let page = store.tasks().list_tasks(&listing).await.unwrap();
     assert_eq!(page.items, [changed], "a page read before the import");
+    let read = store.tasks().get_workflow(workflow.id).await.unwrap();
+    assert_eq!(read, Some(renamed), "a workflow read before the import");
     store.close().await.unwrap();
 }
 
