@@ -116,6 +116,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "workflow_listing_indexes",
         sql: include_str!("../../../../migrations/0014_workflow_listing_indexes.surql"),
     },
+    Migration {
+        version: 15,
+        name: "transient_status_counts",
+        sql: include_str!("../../../../migrations/0015_transient_status_counts.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
