@@ -774,59 +774,96 @@ pub async fn scale(
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_loaded_kib = svc.rss_kib()?.0;
-    let some_workflow = svc.get_json("/workflows?limit=1&offset=10").await?["workflows"][0]["id"]
-        .as_str()
-        .ok_or_else(|| anyhow!("no workflow listed"))?
-        .to_owned();
+    let listed = svc
+        .get_json(&format!("/workflows?limit={LIST_REQUESTS}&offset=10"))
+        .await?;
+    let workflows: Vec<String> = listed["workflows"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|w| w["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    // 1,000 workflows at full scale: each request reads another one (a
+    // scaled run may go round them).
+    if workflows.is_empty() {
+        bail!("no workflow listed");
+    }
     let deep = (tasks / 2).min(50_000);
+    // Each request of a query asks for a page of its own, one task further
+    // on (offset + i, or the cursor of the i-th task): a store may keep the
+    // pages it answered lately (the embedded one does, until a write), and
+    // this measures answering one, not recalling it.
     // The keyset cursors that reach the same pages as the deep offsets:
-    // the id just before each.
+    // the ids just before each.
     let svc_ref = &svc;
-    let cursor = |path: String| async move {
-        svc_ref.get_json(&path).await?["tasks"][0]["id"]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| anyhow!("no task at {path}"))
+    let cursors = |path: String| async move {
+        let page = svc_ref.get_json(&path).await?;
+        let ids: Vec<String> = page["tasks"]
+            .as_array()
+            .map(|tasks| {
+                tasks
+                    .iter()
+                    .filter_map(|t| t["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ids.len() < LIST_REQUESTS {
+            bail!("{path} listed {} tasks, not {LIST_REQUESTS}", ids.len());
+        }
+        Ok(ids)
     };
-    let failed_after = cursor(format!(
-        "/tasks?status=failed&limit=1&offset={}",
+    let failed_after = cursors(format!(
+        "/tasks?status=failed&limit={LIST_REQUESTS}&offset={}",
         (tasks / 20).saturating_sub(1)
     ))
     .await?;
-    let deep_after = cursor(format!("/tasks?limit=1&offset={}", deep.saturating_sub(1))).await?;
-    let queries = [
+    let deep_after = cursors(format!(
+        "/tasks?limit={LIST_REQUESTS}&offset={}",
+        deep.saturating_sub(1)
+    ))
+    .await?;
+    let failed_deep = tasks / 20;
+    let queries: Vec<(Box<dyn Fn(usize) -> String>, String)> = vec![
         (
-            format!("/tasks?status=failed&limit=50&offset={}", tasks / 20),
+            Box::new(move |i| format!("/tasks?status=failed&limit=50&offset={}", failed_deep + i)),
             "status=failed, limit=50, offset=5% (deep page)".to_owned(),
         ),
         (
-            "/tasks?status=completed&limit=50".to_owned(),
-            "status=completed, limit=50".to_owned(),
+            Box::new(|i| format!("/tasks?status=completed&limit=50&offset={i}")),
+            "status=completed, limit=50, first pages (offset 0–199)".to_owned(),
         ),
         (
-            format!("/tasks?workflow={some_workflow}&limit=50&offset=50"),
-            "workflow=<id>, limit=50, offset=50".to_owned(),
+            Box::new(move |i| {
+                format!(
+                    "/tasks?workflow={}&limit=50&offset=50",
+                    workflows[i % workflows.len()]
+                )
+            }),
+            "workflow=<id>, limit=50, offset=50 (another workflow each time)".to_owned(),
         ),
         (
-            format!("/tasks?limit=50&offset={deep}"),
+            Box::new(move |i| format!("/tasks?limit=50&offset={}", deep + i)),
             format!("no filter, limit=50, offset={deep}"),
         ),
         (
-            format!("/tasks?status=failed&limit=50&after={failed_after}"),
+            Box::new(move |i| format!("/tasks?status=failed&limit=50&after={}", failed_after[i])),
             "status=failed, limit=50, after=<the deep page's cursor> (keyset)".to_owned(),
         ),
         (
-            format!("/tasks?limit=50&after={deep_after}"),
+            Box::new(move |i| format!("/tasks?limit=50&after={}", deep_after[i])),
             format!("no filter, limit=50, after=<the cursor at {deep}> (keyset)"),
         ),
     ];
     let mut lists = Vec::new();
-    for (path, label) in &queries {
+    for (path_of, label) in &queries {
         let mut ms = Vec::new();
         let t0 = Instant::now();
         while ms.len() < LIST_REQUESTS && (ms.len() < 5 || t0.elapsed() < LIST_LIMIT) {
+            let path = path_of(ms.len());
             let t = Instant::now();
-            let page = svc.get_json(path).await?;
+            let page = svc.get_json(&path).await?;
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
             if page["tasks"].as_array().is_none_or(|a| a.is_empty()) {
                 bail!("{path} returned no tasks");
