@@ -101,8 +101,9 @@ pub struct SurrealBackend {
     /// of its own (see `nodes`). Set for a server only (not for embedded
     /// or read-only stores), so it also says whether there is a feed.
     feed_config: Option<StorageConfig>,
-    /// Tasks read lately: for an embedded store only, the one kind whose
-    /// every writer is this backend (see `recent`).
+    /// Tasks, workflows and task listings read lately: for an embedded
+    /// store only, the one kind whose every writer is this backend (see
+    /// `recent`).
     recent: Option<Recent>,
 }
 

@@ -1,11 +1,12 @@
 //! Tasks and workflows read lately, kept parsed: a point read of one of
 //! them costs no query (a query is about 0.3 ms of CPU, most of
 //! `GET /tasks/{id}` on the embedded store) and no parse (a workflow's
-//! document holds its submission, which for a workflow of 10,000 steps is
-//! megabytes, read again each time one of its steps ends). Only for the embedded engines: every write to their
-//! data goes through this process (the engine's lock keeps any other out),
-//! so forgetting a record on each write to it keeps the cache exact. A server
-//! has other writers, and gets no cache.
+//! document holds its submission, about a megabyte for a workflow of
+//! 10,000 steps, read again each time one of its steps ends). Only for the
+//! embedded engines: every write to their data goes through this process
+//! (the engine's lock keeps any other out), so forgetting a record on each
+//! write to it keeps the cache exact. A server has other writers, and gets
+//! no cache.
 //!
 //! A read and a write may cross: the read fetches the old record, the
 //! write commits and forgets the task, then the read would fill the cache
@@ -60,8 +61,9 @@ pub(super) struct Recent {
 /// Bytes of kept workflows' documents at most (their parsed form takes a
 /// few times that). Unlike the filesystem's store, which holds running
 /// workflows in memory and keeps only finished ones read back, this one
-/// reads running workflows too: a submission of 10,000 steps is about
-/// 2 MiB of document, read again each time one of its steps ends.
+/// reads running workflows too: a workflow of 10,000 steps is about a
+/// megabyte of document (its submission and its tasks' ids), read again
+/// each time one of its steps ends.
 const RECENT_WORKFLOW_BYTES: u64 = 4 << 20;
 
 /// Bytes of kept pages' documents at most: a page of 50 tasks is about
