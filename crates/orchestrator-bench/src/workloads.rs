@@ -739,6 +739,9 @@ pub struct Scale {
     pub lists: Vec<ListLatency>,
 }
 
+/// The path of a list query's `i`-th request.
+type PathOf = Box<dyn Fn(usize) -> String>;
+
 /// Requests per list query, unless [`LIST_LIMIT`] passes first.
 const LIST_REQUESTS: usize = 200;
 const LIST_LIMIT: Duration = Duration::from_secs(10);
@@ -825,7 +828,7 @@ pub async fn scale(
     ))
     .await?;
     let failed_deep = tasks / 20;
-    let queries: Vec<(Box<dyn Fn(usize) -> String>, String)> = vec![
+    let queries: Vec<(PathOf, String)> = vec![
         (
             Box::new(move |i| format!("/tasks?status=failed&limit=50&offset={}", failed_deep + i)),
             "status=failed, limit=50, offset=5% (deep page)".to_owned(),
