@@ -195,6 +195,7 @@ impl Recent {
         }
         T::cache(self).get(&id).map(|found| T::clone(&found.record))
     }
+
     /// Noted before fetching from the database.
     pub(super) fn ticket(&self) -> Ticket {
         Ticket(self.writes.load(Ordering::SeqCst))
@@ -203,14 +204,12 @@ impl Recent {
     /// Keeps a record fetched after `ticket` was taken, from a document of
     /// `bytes`, unless a write may have crossed the fetch.
     pub(super) fn fill<T: Kept>(&self, ticket: Ticket, record: &T, bytes: usize) {
-        if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
-            return;
-        }
         let cache = T::cache(self);
-        cache.insert(record.id(), Weighed::new(record, bytes));
-        if self.writes.load(Ordering::SeqCst) != ticket.0 {
-            cache.remove(&record.id());
-        }
+        self.keep_unless_crossed(
+            ticket,
+            || cache.insert(record.id(), Weighed::new(record, bytes)),
+            || drop(cache.remove(&record.id())),
+        );
     }
 
     /// The total of the listing counted by `count`, if kept.
@@ -224,19 +223,19 @@ impl Recent {
     /// Keeps the total `count` answered after `ticket` was taken, unless
     /// a write may have crossed it (as [`Recent::fill`]).
     pub(super) fn fill_total(&self, ticket: Ticket, count: &str, total: u64) {
-        if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
-            return;
-        }
-        {
-            let mut totals = self.lock_totals();
-            if totals.len() >= MAX_TOTALS {
-                totals.clear();
-            }
-            totals.insert(count.to_owned(), total);
-        }
-        if self.writes.load(Ordering::SeqCst) != ticket.0 {
-            self.lock_totals().remove(count);
-        }
+        self.keep_unless_crossed(
+            ticket,
+            || {
+                let mut totals = self.lock_totals();
+                if totals.len() >= MAX_TOTALS {
+                    totals.clear();
+                }
+                totals.insert(count.to_owned(), total);
+            },
+            || {
+                self.lock_totals().remove(count);
+            },
+        );
     }
 
     /// The page `key` names (its statement and window), if kept.
@@ -250,12 +249,22 @@ impl Recent {
     /// Keeps a page answered after `ticket` was taken, unless a write may
     /// have crossed it (as [`Recent::fill`]).
     pub(super) fn fill_page(&self, ticket: Ticket, key: String, page: KeptPage) {
+        self.keep_unless_crossed(
+            ticket,
+            || self.pages.insert(key.clone(), page),
+            || drop(self.pages.remove(&key)),
+        );
+    }
+
+    /// The fill of the module's comment: `keep` only if no write was
+    /// counted since `ticket`, and `undo` it if one was counted meanwhile.
+    fn keep_unless_crossed(&self, ticket: Ticket, keep: impl FnOnce(), undo: impl FnOnce()) {
         if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
             return;
         }
-        self.pages.insert(key.clone(), page);
+        keep();
         if self.writes.load(Ordering::SeqCst) != ticket.0 {
-            self.pages.remove(&key);
+            undo();
         }
     }
 

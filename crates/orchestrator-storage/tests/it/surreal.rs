@@ -122,9 +122,9 @@ async fn read_only_sources_pass_the_bulk_suite() {
     }
 }
 
-/// The embedded store keeps the tasks it read lately, parsed: a task
-/// replaced by an import (a storage move onto this store) reads as
-/// imported, not as it was kept.
+/// The embedded store keeps the tasks, workflows and task listings it read
+/// lately: each replaced by an import (a storage move onto this store)
+/// reads as imported, not as it was kept.
 #[tokio::test]
 async fn embedded_reads_what_it_read_before_as_imported_since() {
     let root = tempfile::tempdir().unwrap();
