@@ -940,7 +940,8 @@ impl StorageType {
         }
     }
 
-    pub(crate) fn not_compiled(self) -> Error {
+    /// Why this build cannot open the backend (see [`Self::is_compiled_in`]).
+    pub fn not_compiled(self) -> Error {
         Error::BackendNotCompiled {
             backend: self.as_str(),
             feature: self.cargo_feature().unwrap_or("?"),

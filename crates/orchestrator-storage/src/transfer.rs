@@ -2,8 +2,9 @@
 //! stores hold the same records: the engine of `orchestrator migrate`.
 //!
 //! Both work on any two stores through their [`BulkTransfer`] side, in
-//! batches, so memory holds one batch (and one log chunk) at a
-//! time whatever the store's size.
+//! batches, so memory holds two batches (the one being written and the
+//! next one, read meanwhile) and one log chunk at a time whatever the
+//! store's size.
 //!
 //! A copy is a *sync*: each source batch is compared with what the target
 //! holds under the same keys, and only records that are missing or differ
@@ -197,14 +198,19 @@ pub async fn copy(
             written: 0,
             unchanged: 0,
         };
+        let wanted = |read: u64| usize::try_from(limit - read).map_or(batch_size, |n| n.min(batch_size));
         let mut after: Option<String> = None;
+        // The next batch, read while the current one was written: the
+        // source's reads (a parse per record) overlap the target's syncs.
+        let mut ahead: Option<Vec<Scanned>> = None;
         while copied.read < limit {
-            let wanted =
-                usize::try_from(limit - copied.read).map_or(batch_size, |n| n.min(batch_size));
-            let batch = source
-                .scan(kind, after.as_deref(), wanted)
-                .await
-                .map_err(src)?;
+            let batch = match ahead.take() {
+                Some(batch) => batch,
+                None => source
+                    .scan(kind, after.as_deref(), wanted(copied.read))
+                    .await
+                    .map_err(src)?,
+            };
             let Some(last) = batch.last() else { break };
             after = Some(last.key.clone());
             copied.read += batch.len() as u64;
@@ -259,12 +265,24 @@ pub async fn copy(
             };
             not_ahead(&logs)?;
             copied.unchanged += (readable_count - changed.len()) as u64;
-            if !changed.is_empty() {
-                target.import(&changed).await.map_err(tgt)?;
-                copied.written += changed.len() as u64;
-                progress.wrote();
-            }
-            copy_logs(source, &logs, target, &mut report, progress).await?;
+            let write = async {
+                if !changed.is_empty() {
+                    target.import(&changed).await.map_err(tgt)?;
+                    progress.wrote();
+                }
+                copy_logs(source, &logs, target, &mut report, progress).await
+            };
+            let read_ahead = async {
+                if copied.read >= limit {
+                    return Ok(None);
+                }
+                let next = source.scan(kind, after.as_deref(), wanted(copied.read));
+                next.await.map(Some).map_err(src)
+            };
+            let (written, next) = tokio::join!(write, read_ahead);
+            written?;
+            ahead = next?;
+            copied.written += changed.len() as u64;
             progress.advance(n);
         }
         report.kinds.push(copied);

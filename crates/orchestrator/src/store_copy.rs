@@ -238,6 +238,11 @@ pub(crate) fn resolve_store(
     let mut config = StorageConfig::from_spec(spec, defaults.clone())
         .map_err(|e| anyhow::anyhow!(e))
         .with_context(|| flag.to_owned())?;
+    // Said before anything is opened: a missing backend is known up front,
+    // and the other side's store may not even exist yet.
+    if !config.storage_type.is_compiled_in() {
+        bail!("{flag} {spec}: {}", config.storage_type.not_compiled());
+    }
     if let Some(username) = username {
         config.surrealdb.username.clone_from(username);
     }
