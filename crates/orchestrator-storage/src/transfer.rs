@@ -198,7 +198,8 @@ pub async fn copy(
             written: 0,
             unchanged: 0,
         };
-        let wanted = |read: u64| usize::try_from(limit - read).map_or(batch_size, |n| n.min(batch_size));
+        let wanted =
+            |read: u64| usize::try_from(limit - read).map_or(batch_size, |n| n.min(batch_size));
         let mut after: Option<String> = None;
         // The next batch, read while the current one was written: the
         // source's reads (a parse per record) overlap the target's syncs.
