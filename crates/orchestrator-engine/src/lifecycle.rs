@@ -272,8 +272,16 @@ impl Lifecycle {
     /// workflow on.
     pub(crate) async fn finish_attempt(&self, claimed: Task, outcome: Outcome) -> Result<()> {
         let id = claimed.id;
+        // The claim as stored is the first guess, which spares a read per
+        // attempt (a round trip on a SurrealDB server). Any write since (a
+        // cancel request, a checkpoint, another node's takeover) changed
+        // the version, so the store refuses the guess and the task is read.
+        let mut guess = Some(claimed.clone());
         loop {
-            let mut task = self.load_task(id).await?;
+            let mut task = match guess.take() {
+                Some(task) => task,
+                None => self.load_task(id).await?,
+            };
             // Only the attempt this node claimed may be ended by it: if its
             // lease ran out and another node took the task over, this
             // outcome is stale and must not land on the newer attempt.
