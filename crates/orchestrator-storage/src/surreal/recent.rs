@@ -29,8 +29,8 @@
 //! for again while no task was written or inserted (a dashboard polling
 //! its list, a client paging back) is answered from its stored documents
 //! without a query, which would plan the statement and fetch each record
-//! (about two fifths of the listing's CPU). Any write or insert forgets
-//! every page.
+//! (about two fifths of the listing's CPU). Any write of a task, or
+//! insert of one, forgets every page; a workflow's alone does not.
 //!
 //! A write whose outcome is unknown (no answer within the deadline: the
 //! engine may still commit it later, after it was forgotten) stops the
@@ -256,8 +256,9 @@ impl Recent {
         );
     }
 
-    /// The fill of the module's comment: `keep` only if no write was
-    /// counted since `ticket`, and `undo` it if one was counted meanwhile.
+    /// Every fill, as the module's comment describes it: `keep` only if no
+    /// write was counted since `ticket`, and `undo` it if one was counted
+    /// meanwhile.
     fn keep_unless_crossed(&self, ticket: Ticket, keep: impl FnOnce(), undo: impl FnOnce()) {
         if self.writes.load(Ordering::SeqCst) != ticket.0 || self.stopped.load(Ordering::SeqCst) {
             return;
@@ -269,16 +270,24 @@ impl Recent {
     }
 
     /// After a write to `records` returned `outcome`: counts it, then
-    /// forgets them and every listing.
+    /// forgets them, and every task listing if a task was among them. A
+    /// listing holds tasks only, so a write of a workflow alone (two per
+    /// step that ends) leaves the pages kept.
     pub(super) fn wrote<T>(&self, records: impl IntoIterator<Item = Written>, outcome: &Result<T>) {
         self.counted(outcome);
+        let mut tasks_written = false;
         for record in records {
             match record {
-                Written::Task(id) => drop(self.tasks.remove(&id)),
+                Written::Task(id) => {
+                    tasks_written = true;
+                    drop(self.tasks.remove(&id));
+                }
                 Written::Workflow(id) => drop(self.workflows.remove(&id)),
             }
         }
-        self.forget_listings();
+        if tasks_written {
+            self.forget_listings();
+        }
     }
 
     /// After a write that may have changed any record (a prune).
@@ -297,7 +306,8 @@ impl Recent {
     /// After a write that may have added tasks: no task kept changed, but
     /// the totals did.
     pub(super) fn inserted<T>(&self, outcome: &Result<T>) {
-        self.wrote([], outcome);
+        self.counted(outcome);
+        self.forget_listings();
     }
 
     fn lock_totals(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
@@ -398,6 +408,21 @@ mod tests {
         recent.wrote([Written::Task(task().id)], &OK);
         recent.fill_page(ticket, key.to_owned(), page());
         assert!(recent.page(key).is_none(), "a stale page was kept");
+        let ticket = recent.ticket();
+        recent.fill_page(ticket, key.to_owned(), page());
+        // A listing holds tasks only: a workflow's write leaves it kept,
+        // a write of the workflow with a task does not.
+        let workflow = Workflow::new("k", "w", chrono::Utc::now()).id;
+        recent.wrote([Written::Workflow(workflow)], &OK);
+        assert!(
+            recent.page(key).is_some(),
+            "a workflow's write forgot a page"
+        );
+        recent.wrote([Written::Task(task().id), Written::Workflow(workflow)], &OK);
+        assert!(
+            recent.page(key).is_none(),
+            "a task's write left a page kept"
+        );
         let ticket = recent.ticket();
         recent.fill_page(ticket, key.to_owned(), page());
         recent.wrote_any(&OK);

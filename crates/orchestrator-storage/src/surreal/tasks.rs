@@ -77,7 +77,9 @@ impl TaskStore for SurrealBackend {
             )
             .await;
         if let Some(recent) = &self.recent {
-            recent.wrote([Written::Workflow(workflow.id)], &result);
+            // New tasks change the task listings; the workflow alone does not.
+            let added = new_tasks.iter().map(|t| Written::Task(t.id));
+            recent.wrote(added.chain([Written::Workflow(workflow.id)]), &result);
         }
         match result {
             Ok(_) => Ok(stored),
