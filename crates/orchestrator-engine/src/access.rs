@@ -3,7 +3,7 @@
 //! needs which role, rate limits) is the API crate's; this is the part that
 //! touches storage.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -146,15 +146,34 @@ impl Access {
     async fn reload(&self) -> Result<()> {
         let tokens = self.store.access().tokens().await?;
         let now = Utc::now();
-        let mut cache = crate::lock(&self.cache);
-        // Ended sessions stay in the store but not here: they are read
-        // only to be refused, and there is one per sign-in.
-        cache.by_id = tokens
-            .into_iter()
-            .filter(|t| !t.is_session() || t.is_live(now))
-            .map(|t| (t.id.clone(), t))
+        let active: HashSet<String> = (tokens.iter())
+            .filter(|t| t.is_active() && !t.is_session())
+            .map(|t| t.id.clone())
             .collect();
-        cache.loaded = Instant::now();
+        // A session ends when it is signed out, expires, or its token is
+        // revoked; nothing accepts it again, so its record is deleted
+        // rather than read every few seconds from then on.
+        let (ended, kept): (Vec<ApiToken>, Vec<ApiToken>) = tokens.into_iter().partition(|t| {
+            t.is_session()
+                && !(t.is_live(now)
+                    && t.session_of
+                        .as_deref()
+                        .is_some_and(|of| active.contains(of)))
+        });
+        let ended: Vec<String> = ended.into_iter().map(|t| t.id).collect();
+        {
+            let mut cache = crate::lock(&self.cache);
+            cache.by_id = kept.into_iter().map(|t| (t.id.clone(), t)).collect();
+            cache.loaded = Instant::now();
+        }
+        if !ended.is_empty() {
+            // Deleting them again (another node, a failed try) finds none;
+            // a failure leaves them to the next reload.
+            match self.store.access().delete_tokens(&ended).await {
+                Ok(deleted) => tracing::debug!(deleted, "deleted ended dashboard sessions"),
+                Err(e) => tracing::warn!(error = %e, "cannot delete ended dashboard sessions"),
+            }
+        }
         Ok(())
     }
 
@@ -245,21 +264,20 @@ impl Access {
         Ok(record)
     }
 
-    /// Ends the dashboard session `id` in the store, so no node accepts
-    /// its cookie again (another node within its cache's age, 5 s).
-    /// Whether there was such a session still live.
+    /// Ends the dashboard session `id`: its record is deleted from the
+    /// store, so no node accepts its cookie again (another node within its
+    /// cache's age, 5 s). Whether there was such a session still live.
     pub async fn end_session(&self, id: &str) -> Result<bool> {
         let now = Utc::now();
-        let Some(mut record) = self
+        if self
             .find_cached(|cache| cache.by_id.get(id).cloned())
             .await
             .filter(|s| s.is_session() && s.is_live(now))
-        else {
+            .is_none()
+        {
             return Ok(false);
-        };
-        record.revoked_at = Some(now);
-        record.version += 1;
-        self.store.access().put_token(&record).await?;
+        }
+        self.store.access().delete_tokens(&[id.to_owned()]).await?;
         crate::lock(&self.cache).by_id.remove(id);
         Ok(true)
     }
@@ -334,6 +352,19 @@ impl Access {
             crate::lock(&self.cache)
                 .by_id
                 .insert(record.id.clone(), record.clone());
+            // Its sessions end with it: deleted now rather than at the
+            // next reload (a failure leaves them to that one).
+            let sessions: Vec<String> = (crate::lock(&self.cache).by_id.values())
+                .filter(|t| t.session_of.as_deref() == Some(id))
+                .map(|t| t.id.clone())
+                .collect();
+            if !sessions.is_empty() {
+                if let Err(e) = self.store.access().delete_tokens(&sessions).await {
+                    tracing::warn!(error = %e, token = id, "cannot delete the revoked token's sessions");
+                }
+                let mut cache = crate::lock(&self.cache);
+                sessions.iter().for_each(|s| drop(cache.by_id.remove(s)));
+            }
         }
         Ok(Some(record))
     }
@@ -405,5 +436,75 @@ impl Access {
 
     pub async fn audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
         Ok(self.store.access().list_audit(query).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use orchestrator_storage::fs::{FsBackend, FsOptions};
+
+    use super::*;
+
+    async fn stored_ids(store: &Storage) -> Vec<String> {
+        let mut ids: Vec<String> = (store.access().tokens().await.unwrap().into_iter())
+            .map(|t| t.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Ended sessions leave the store: those found ended when the tokens
+    /// are read (expired, revoked, of a revoked or unknown token), one
+    /// signed out, and those of a token being revoked. Tokens, revoked
+    /// ones included, and live sessions stay.
+    #[tokio::test]
+    async fn ended_sessions_are_deleted_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Storage::new(
+            FsBackend::open(dir.path(), FsOptions::default())
+                .await
+                .unwrap(),
+        );
+        let now = Utc::now();
+        let later = now + chrono::Duration::hours(1);
+        let token = ApiToken::new("t1".into(), "ui".into(), Role::Viewer, "orch_t1_x", now);
+        let mut revoked = ApiToken::new("t2".into(), "old".into(), Role::Admin, "orch_t2_y", now);
+        revoked.revoked_at = Some(now);
+        let mut signed_out = ApiToken::session("s3".into(), &token, now, later);
+        signed_out.revoked_at = Some(now);
+        let orphan = ApiToken {
+            session_of: Some("gone".into()),
+            ..ApiToken::session("s5".into(), &token, now, later)
+        };
+        for record in [
+            token.clone(),
+            revoked.clone(),
+            ApiToken::session("s1".into(), &token, now, later),
+            ApiToken::session("s2".into(), &token, now, now - chrono::Duration::seconds(1)),
+            signed_out,
+            ApiToken::session("s4".into(), &revoked, now, later),
+            orphan,
+            ApiToken::session("s6".into(), &token, now, later),
+        ] {
+            store.access().put_token(&record).await.unwrap();
+        }
+
+        let access = Access::load(store.clone(), AccessConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(stored_ids(&store).await, ["s1", "s6", "t1", "t2"]);
+        assert!(access.authenticate_session("s1").await.is_some());
+        assert!(access.authenticate_session("s2").await.is_none());
+
+        assert!(access.end_session("s6").await.unwrap());
+        assert!(!access.end_session("s6").await.unwrap(), "ended already");
+        assert_eq!(stored_ids(&store).await, ["s1", "t1", "t2"]);
+        assert!(access.authenticate_session("s6").await.is_none());
+
+        access.revoke_token("t1").await.unwrap().unwrap();
+        assert_eq!(stored_ids(&store).await, ["t1", "t2"]);
+        assert!(access.authenticate_session("s1").await.is_none());
     }
 }

@@ -148,6 +148,10 @@ pub trait AccessStore: Send + Sync {
     /// Every token record, active or revoked, oldest first.
     async fn tokens(&self) -> Result<Vec<ApiToken>>;
 
+    /// Deletes the token records `ids` (ended dashboard sessions, which
+    /// nothing accepts again); how many there were. Durable on return.
+    async fn delete_tokens(&self, ids: &[String]) -> Result<u64>;
+
     /// Stores a secret, replacing the one with the same name.
     async fn put_secret(&self, secret: &SecretRecord) -> Result<()>;
 

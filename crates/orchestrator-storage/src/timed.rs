@@ -205,6 +205,11 @@ impl AccessStore for Timed<dyn AccessStore> {
         self.timed("tokens", self.inner.tokens()).await
     }
 
+    async fn delete_tokens(&self, ids: &[String]) -> Result<u64> {
+        self.timed("delete_tokens", self.inner.delete_tokens(ids))
+            .await
+    }
+
     async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
         self.timed("put_secret", self.inner.put_secret(secret))
             .await

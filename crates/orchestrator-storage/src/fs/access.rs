@@ -8,6 +8,9 @@ use super::FsBackend;
 use super::line::Line;
 use crate::{AccessStore, AuditQuery, Page, RecordKind, Result};
 
+/// Token records deleted per journal line: bounds the line.
+const TOKENS_PRUNED_PER_LINE: usize = 1000;
+
 #[async_trait]
 impl AccessStore for FsBackend {
     async fn put_token(&self, token: &ApiToken) -> Result<()> {
@@ -16,6 +19,34 @@ impl AccessStore for FsBackend {
 
     async fn tokens(&self) -> Result<Vec<ApiToken>> {
         Ok(self.lock_state().tokens().cloned().collect())
+    }
+
+    async fn delete_tokens(&self, ids: &[String]) -> Result<u64> {
+        let (pending, count) = {
+            let mut state = self.lock_state();
+            let held: Vec<String> = ids
+                .iter()
+                .filter(|id| state.has_token(id))
+                .cloned()
+                .collect();
+            let mut pending = None;
+            // Bounded lines, as for audit records.
+            for ids in held.chunks(TOKENS_PRUNED_PER_LINE) {
+                let line = Line::Pruned {
+                    workflows: Vec::new(),
+                    tasks: Vec::new(),
+                    audit: Vec::new(),
+                    tokens: ids.to_vec(),
+                };
+                pending = Some(self.commit(&mut state, line)?);
+            }
+            (pending, held.len() as u64)
+        };
+        if let Some(pending) = pending {
+            // Lines are durable in order: the last one covers the others.
+            pending.durable().await?;
+        }
+        Ok(count)
     }
 
     async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {

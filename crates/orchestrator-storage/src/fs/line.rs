@@ -56,7 +56,10 @@ pub(super) enum Line {
     },
     ScheduleClaim(ScheduleClaim),
     /// Records deleted by retention: workflows with their tasks (listed,
-    /// so that a reader of lines alone knows them), and audit records.
+    /// so that a reader of lines alone knows them), audit records, and
+    /// token records of ended dashboard sessions (a build that predates
+    /// `tokens` reads the line without them, and keeps those sessions,
+    /// which it refuses anyway).
     Pruned {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         workflows: Vec<WorkflowId>,
@@ -64,6 +67,8 @@ pub(super) enum Line {
         tasks: Vec<TaskId>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         audit: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tokens: Vec<String>,
     },
     WebhookSubscription(Subscription),
     WebhookSubscriptionDeleted {
@@ -116,11 +121,13 @@ impl Line {
                 workflows,
                 tasks,
                 audit,
+                tokens,
             } => (workflows
                 .iter()
                 .map(|w| (RecordKind::Workflow, w.to_string())))
             .chain(tasks.iter().map(|t| (RecordKind::Task, t.to_string())))
             .chain(audit.iter().map(|a| (RecordKind::Audit, a.clone())))
+            .chain(tokens.iter().map(|t| (RecordKind::Token, t.clone())))
             .collect(),
             Line::WebhookSubscription(s) => vec![(RecordKind::WebhookSubscription, s.id.clone())],
             Line::WebhookSubscriptionDeleted { id } => {

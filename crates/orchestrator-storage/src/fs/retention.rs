@@ -38,6 +38,7 @@ impl RetentionStore for FsBackend {
                     workflows: vec![id],
                     tasks: tasks.clone(),
                     audit: Vec::new(),
+                    tokens: Vec::new(),
                 };
                 pending = Some(self.commit(&mut state, line)?);
                 pruned.workflows.push(id);
@@ -85,6 +86,7 @@ impl RetentionStore for FsBackend {
                     workflows: Vec::new(),
                     tasks: Vec::new(),
                     audit: ids.to_vec(),
+                    tokens: Vec::new(),
                 };
                 pending = Some(self.commit(&mut state, line)?);
             }

@@ -411,6 +411,19 @@ impl AccessStore for Live {
         self.0.current().access().tokens().await
     }
 
+    async fn delete_tokens(&self, ids: &[String]) -> Result<u64> {
+        self.0
+            .write(
+                |s| async move { s.access().delete_tokens(ids).await },
+                |c| {
+                    for id in ids {
+                        c.record(RecordKind::Token, id.clone());
+                    }
+                },
+            )
+            .await
+    }
+
     async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
         self.0
             .write(

@@ -120,6 +120,12 @@ async fn delete(target: &Storage, record: &Record) -> Result<(), TransferError> 
             .await
             .map(drop),
         Record::Secret(s) => target.access().delete_secret(&s.name).await.map(drop),
+        // An ended dashboard session, removed once nothing accepts it.
+        Record::Token(t) => target
+            .access()
+            .delete_tokens(std::slice::from_ref(&t.id))
+            .await
+            .map(drop),
         Record::Schedule(s) => target.schedules().delete_schedule(s.id).await.map(drop),
         Record::WebhookSubscription(s) => {
             target.webhooks().delete_subscription(&s.id).await.map(drop)
@@ -130,8 +136,8 @@ async fn delete(target: &Storage, record: &Record) -> Result<(), TransferError> 
             .await
             .map(drop),
         // Tasks go with their workflow; audit records by an audit prune,
-        // applied as such. Tokens and claims are never deleted.
-        Record::Task(_) | Record::Audit(_) | Record::Token(_) | Record::ScheduleClaim(_) => Ok(()),
+        // applied as such. Claims are never deleted.
+        Record::Task(_) | Record::Audit(_) | Record::ScheduleClaim(_) => Ok(()),
     };
     gone.map_err(TransferError::Target)
 }

@@ -257,6 +257,7 @@ pub async fn node_store_suite(store: &dyn NodeStore) {
 /// What [`AccessStore`] promises, on an empty store.
 pub async fn access_store_suite(store: &dyn AccessStore) {
     tokens_secrets_and_audit_records(store).await;
+    token_records_are_deleted_by_id(store).await;
 }
 
 /// What [`ScheduleStore`] promises, on an empty store: schedules by
@@ -713,6 +714,46 @@ pub fn audit_record(
         request_id: Some("req-1".into()),
         count: None,
     }
+}
+
+/// Ended dashboard sessions are deleted by id: only the records named go,
+/// a second deletion finds none, and an unknown id is no error.
+async fn token_records_are_deleted_by_id(store: &dyn AccessStore) {
+    let now = Utc::now();
+    let token = ApiToken::new(
+        "0190dd".into(),
+        "ui".into(),
+        Role::Viewer,
+        "orch_0190dd_z",
+        now,
+    );
+    store.put_token(&token).await.unwrap();
+    let sessions: Vec<ApiToken> = (0..3)
+        .map(|i| {
+            ApiToken::session(
+                format!("0190dd5{i}"),
+                &token,
+                now,
+                now + chrono::Duration::hours(1),
+            )
+        })
+        .collect();
+    for session in &sessions {
+        store.put_token(session).await.unwrap();
+    }
+    let ended = [
+        sessions[0].id.clone(),
+        sessions[2].id.clone(),
+        "absent".into(),
+    ];
+    assert_eq!(store.delete_tokens(&ended).await.unwrap(), 2);
+    let left: Vec<String> = (store.tokens().await.unwrap().into_iter())
+        .filter(|t| t.id.starts_with("0190dd"))
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(left, vec![token.id.clone(), sessions[1].id.clone()]);
+    assert_eq!(store.delete_tokens(&ended).await.unwrap(), 0);
+    assert_eq!(store.delete_tokens(&[]).await.unwrap(), 0);
 }
 
 async fn tokens_secrets_and_audit_records(store: &dyn AccessStore) {

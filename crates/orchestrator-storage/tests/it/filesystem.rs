@@ -633,6 +633,45 @@ async fn reopening_restores_webhook_subscriptions_and_the_outbox() {
     }
 }
 
+/// A deleted token record stays deleted across a reopen, from the journal
+/// and then from the snapshot a compaction wrote.
+#[tokio::test]
+async fn deleted_token_records_stay_deleted_after_a_reopen() {
+    use orchestrator_core::access::{ApiToken, Role};
+    for compact_after_bytes in [u64::MAX, 1] {
+        let root = tempfile::tempdir().unwrap();
+        let options = FsOptions {
+            compact_after_bytes,
+            ..FsOptions::default()
+        };
+        let store = open(root.path(), options.clone()).await;
+        let now = Utc::now();
+        let token = ApiToken::new("01aa".into(), "ui".into(), Role::Viewer, "orch_01aa_z", now);
+        let session = ApiToken::session("01ab".into(), &token, now, now);
+        store.access().put_token(&token).await.unwrap();
+        store.access().put_token(&session).await.unwrap();
+        assert_eq!(
+            store
+                .access()
+                .delete_tokens(&["01ab".into()])
+                .await
+                .unwrap(),
+            1
+        );
+        store.close().await.unwrap();
+        drop(store);
+        let store = open(root.path(), options).await;
+        let ids: Vec<String> = (store.access().tokens().await.unwrap().into_iter())
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec!["01aa".to_owned()],
+            "compact_after_bytes {compact_after_bytes}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn locks_survive_a_reopen() {
     let root = tempfile::tempdir().unwrap();

@@ -199,14 +199,17 @@ async fn a_session_stands_for_its_token_until_revoked_and_changes_need_the_csrf_
         cleared.starts_with("orch_session=;") && cleared.contains("Max-Age=0"),
         "{cleared}"
     );
+    let data_dir = service.data_dir.clone();
     service.stop().await;
+    // The revoked token's session left the store with the revocation.
+    assert_eq!(stored_sessions(&data_dir).await, []);
 }
 
 #[tokio::test]
 async fn signing_out_ends_the_session_in_the_service_not_only_in_the_browser() {
     let dir = tempfile::tempdir().unwrap();
     let service = service(dir.path()).await;
-    let (operator, _) = create_token(&service, "ops-laptop", "operator").await;
+    let (operator, operator_id) = create_token(&service, "ops-laptop", "operator").await;
     let (kept, _, _) = sign_in(&service, &operator).await;
     let (copied, _, _) = sign_in(&service, &operator).await;
     assert_ne!(kept, copied, "each sign-in is a session of its own");
@@ -261,7 +264,30 @@ async fn signing_out_ends_the_session_in_the_service_not_only_in_the_browser() {
             .any(|r| r["action"] == "ui.sign_out" && r["actor"] == "ops-laptop"),
         "{audit}"
     );
+    let data_dir = service.data_dir.clone();
     service.stop().await;
+    // The ended session's record is gone from the store, not only refused:
+    // what is left is the session still signed in.
+    let sessions = stored_sessions(&data_dir).await;
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(
+        sessions[0].session_of.as_deref(),
+        Some(operator_id.as_str())
+    );
+}
+
+/// The dashboard sessions a stopped service's filesystem store holds.
+async fn stored_sessions(data_dir: &std::path::Path) -> Vec<orchestrator_core::access::ApiToken> {
+    use orchestrator_storage::fs::{FsBackend, FsOptions};
+    let store = orchestrator_storage::Storage::new(
+        FsBackend::open(data_dir, FsOptions::default())
+            .await
+            .unwrap(),
+    );
+    let mut tokens = store.access().tokens().await.unwrap();
+    store.close().await.unwrap();
+    tokens.retain(|t| t.is_session());
+    tokens
 }
 
 #[tokio::test]

@@ -156,12 +156,18 @@ impl State {
             }
             Line::ScheduleClaim(c) => self.put_claim(c),
             Line::Pruned {
-                workflows, audit, ..
+                workflows,
+                audit,
+                tokens,
+                ..
             } => {
                 for id in workflows {
                     self.remove_workflow(id);
                 }
                 self.remove_audit(&audit);
+                for id in &tokens {
+                    self.tokens.remove(id);
+                }
             }
             Line::WebhookSubscription(s) => self.put_subscription(s),
             Line::WebhookSubscriptionDeleted { id } => {
@@ -387,6 +393,10 @@ impl State {
 
     pub(super) fn tokens(&self) -> impl Iterator<Item = &ApiToken> {
         self.tokens.values()
+    }
+
+    pub(super) fn has_token(&self, id: &str) -> bool {
+        self.tokens.contains_key(id)
     }
 
     pub(super) fn secrets(&self) -> impl Iterator<Item = &SecretRecord> {
