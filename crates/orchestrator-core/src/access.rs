@@ -226,15 +226,6 @@ impl SecretScope {
     pub fn allows_template(&self, ref_name: &str) -> bool {
         self.templates.iter().any(|t| t == ref_name)
     }
-
-    /// How the scope reads in messages: `templates [a, b], origins [..]`.
-    pub fn describe(&self) -> String {
-        format!(
-            "templates [{}], origins [{}]",
-            self.templates.join(", "),
-            self.origins.join(", ")
-        )
-    }
 }
 
 /// Whether `name` may name a secret.

@@ -355,14 +355,26 @@ impl Secrets {
                 SecretUser::Inline => false,
             };
             if !allowed {
-                let who = match user {
-                    SecretUser::Registered(ref_name) => format!("template `{ref_name}`"),
-                    SecretUser::Inline => "an inline template".to_owned(),
+                // The scope itself is an admin's to read (`GET /secrets`):
+                // the refusal says why, not which templates and origins it
+                // names.
+                let (who, why) = match user {
+                    SecretUser::Registered(ref_name) if scope.templates.is_empty() => (
+                        format!("template `{ref_name}`"),
+                        "it has no scope yet, so no template may",
+                    ),
+                    SecretUser::Registered(ref_name) => (
+                        format!("template `{ref_name}`"),
+                        "its scope does not name this template",
+                    ),
+                    SecretUser::Inline => (
+                        "an inline template".to_owned(),
+                        "only registered templates may use secrets",
+                    ),
                 };
                 return Err(Error::SecretNotAllowed(format!(
-                    "secret `{name}` may not be used by {who} (its scope: {}; an admin \
-                     grants a registered template with PATCH /secrets/{name})",
-                    scope.describe()
+                    "secret `{name}` may not be used by {who}: {why} (an admin grants a \
+                     registered template with PATCH /secrets/{name})"
                 )));
             }
         }

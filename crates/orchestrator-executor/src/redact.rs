@@ -233,11 +233,12 @@ impl Redactor {
                     continue;
                 };
                 if !secret.origins.iter().any(|o| o == origin) {
+                    // Not which origins the scope names: the error is a
+                    // task's, which viewers read, and the scope an admin's.
                     return Some(format!(
-                        "secret `{name}` may not be sent to `{}` (its scope's origins: [{}]; \
-                         an admin grants one with PATCH /secrets/{name})",
+                        "secret `{name}` may not be sent to `{}`: its scope does not name \
+                         that origin (an admin grants one with PATCH /secrets/{name})",
                         self.text(origin),
-                        secret.origins.join(", ")
                     ));
                 }
             }
@@ -443,6 +444,8 @@ mod tests {
             "{refusal}"
         );
         assert!(!refusal.contains("hunter22"), "{refusal}");
+        // Nor what the scope names: that is an admin's to read.
+        assert!(!refusal.contains("vault.example"), "{refusal}");
     }
 
     #[test]

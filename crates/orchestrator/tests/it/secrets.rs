@@ -120,7 +120,7 @@ async fn a_secret_is_used_only_by_the_templates_its_scope_names() {
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("secret `db_password` may not be used by template `secret-use`")
-            && message.contains("its scope: templates []"),
+            && message.contains("it has no scope yet"),
         "{message}"
     );
 
@@ -139,11 +139,13 @@ async fn a_secret_is_used_only_by_the_templates_its_scope_names() {
     for path in ["/workflows", "/workflows/validate"] {
         let (status, refused) = service.post(path, submit.clone()).await;
         assert_eq!(status, 403, "{path}: {refused}");
+        // It says why, but not what the scope names: that is an admin's
+        // to read.
+        let message = refused["error"]["message"].as_str().unwrap();
         assert!(
-            refused["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("(its scope: templates [deploy], origins [https://vault.example]"),
+            message.contains("its scope does not name this template")
+                && !message.contains("deploy")
+                && !message.contains("vault.example"),
             "{refused}"
         );
     }
