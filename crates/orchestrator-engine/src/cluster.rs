@@ -28,6 +28,12 @@ const FEED_START_WAIT: Duration = Duration::from_secs(10);
 /// Every this many polls, unfinished workflows are advanced too, in case
 /// the node that should have done it stopped half-way.
 const ADVANCE_EVERY: u32 = 10;
+/// How long, at least, a node leaves a task that another node accepted to
+/// that node (up to twice this, drawn per task): about what a claim takes
+/// to be stored and heard back on a loaded SurrealDB server, so that an
+/// idle node does not race the task's own node for it. Only a start is
+/// delayed, and only on a node that did not accept the task.
+const FOREIGN_GRACE: Duration = Duration::from_millis(40);
 
 /// How long a claim holds, and how often a shared store is looked through.
 pub(crate) struct Timing {
@@ -346,7 +352,10 @@ impl Cluster {
             && !self.queue.contains(task.id)
             && !self.attempts.contains(task.id)
         {
-            self.queue.push(task);
+            // Each node waits a grace of its own, so that those that
+            // reach for the task after its node did rarely do so together.
+            let grace = FOREIGN_GRACE + FOREIGN_GRACE.mul_f64(rand::random::<f64>());
+            self.queue.push_foreign(task, grace);
         }
     }
 }

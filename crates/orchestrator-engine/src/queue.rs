@@ -72,10 +72,7 @@ impl Queue {
     /// Puts a queued or retry-waiting task in the queue, due at its retry
     /// time or scheduled start.
     pub(crate) fn push(&self, task: &Task) {
-        let due = match task.status {
-            TaskStatus::RetryWaiting => task.retry_at,
-            _ => task.not_before,
-        };
+        let due = due_time(task);
         {
             let mut ready = lock(&self.ready);
             match due {
@@ -83,6 +80,21 @@ impl Queue {
                 _ => ready.push(task.id, task.priority),
             }
         }
+        self.changed.notify_one();
+    }
+
+    /// Puts in the queue a task that another node accepted (or moved on),
+    /// `grace` after it is due. Its own node takes it first when it can,
+    /// and the change feed then withdraws it here; a task that waits
+    /// longer joins this queue behind the work queued here by then, as
+    /// the other node's copy is, so the nodes do not all reach for the
+    /// same task at once (a claim that loses is a read and a refused
+    /// write on the shared store).
+    pub(crate) fn push_foreign(&self, task: &Task, grace: Duration) {
+        let now = Utc::now();
+        let due = due_time(task).filter(|due| *due > now).unwrap_or(now)
+            + chrono::Duration::from_std(grace).unwrap_or_default();
+        lock(&self.ready).push_at(task.id, task.priority, due);
         self.changed.notify_one();
     }
 
@@ -272,6 +284,15 @@ impl Queue {
     }
 }
 
+/// When a queued or retry-waiting task may run: its retry time or its
+/// scheduled start, if it has one.
+fn due_time(task: &Task) -> Option<DateTime<Utc>> {
+    match task.status {
+        TaskStatus::RetryWaiting => task.retry_at,
+        _ => task.not_before,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::Utc;
@@ -292,6 +313,36 @@ mod tests {
             step: Default::default(),
         };
         Task::new(workflow.id, spec, Utc::now())
+    }
+
+    /// Another node's task waits out the grace, then joins behind what was
+    /// queued here meanwhile; its node's claim, heard in between,
+    /// withdraws it before any worker here reads it.
+    #[test]
+    fn another_node_s_task_waits_out_the_grace_behind_this_node_s_own() {
+        let queue = Queue::default();
+        let workflow = Workflow::new("t", "t", Utc::now());
+        let (foreign, own, claimed) = (task_of(&workflow), task_of(&workflow), task_of(&workflow));
+        let grace = Duration::from_millis(50);
+        queue.push_foreign(&foreign, grace);
+        queue.push_foreign(&claimed, grace);
+        let now = Utc::now();
+        let wait = queue.pop(now).unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= grace, "{wait:?}");
+        queue.push(&own);
+        queue.withdraw(claimed.id);
+        let later = now + chrono::Duration::milliseconds(100);
+        assert_eq!(queue.pop(later), Ok(own.id));
+        assert_eq!(queue.pop(later), Ok(foreign.id));
+        assert!(queue.pop(later).is_err(), "the claimed one was withdrawn");
+
+        // One due later (a retry) waits the grace after its own due time.
+        let mut retry = task_of(&workflow);
+        retry.status = TaskStatus::RetryWaiting;
+        retry.retry_at = Some(later + chrono::Duration::seconds(10));
+        queue.push_foreign(&retry, grace);
+        let wait = queue.pop(later).unwrap_err();
+        assert!(wait >= Duration::from_millis(10_050), "{wait:?}");
     }
 
     #[test]
