@@ -28,19 +28,13 @@ impl AccessStore for SurrealBackend {
     async fn delete_tokens(&self, ids: &[String]) -> Result<u64> {
         let mut vars = Variables::new();
         vars.insert("ids", ids.to_vec());
-        let context = "delete token records";
-        let mut response = self
-            .query(
-                context,
-                "{
-                     LET $gone = (DELETE api_token WHERE record::id(id) IN $ids RETURN BEFORE);
-                     RETURN array::len($gone);
-                 };",
-                &vars,
-            )
-            .await?;
-        let count: Option<u64> = response.take(0).map_err(|e| db_error(context, &e))?;
-        Ok(count.unwrap_or(0))
+        self.delete_where(
+            "delete token records",
+            "api_token",
+            "record::id(id) IN $ids",
+            &vars,
+        )
+        .await
     }
 
     async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {

@@ -306,6 +306,23 @@ impl SurrealBackend {
         }
     }
 
+    /// Deletes the rows of `table` that `condition` selects; how many.
+    async fn delete_where(
+        &self,
+        context: &str,
+        table: &str,
+        condition: &str,
+        vars: &Variables,
+    ) -> Result<u64> {
+        let sql = format!(
+            "{{ LET $gone = (DELETE {table} WHERE {condition} RETURN BEFORE); \
+             RETURN array::len($gone); }};"
+        );
+        let mut response = self.query(context, &sql, vars).await?;
+        let count: Option<u64> = response.take(0).map_err(|e| db_error(context, &e))?;
+        Ok(count.unwrap_or(0))
+    }
+
     async fn docs<T: DeserializeOwned>(
         &self,
         context: &str,

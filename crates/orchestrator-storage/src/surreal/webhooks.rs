@@ -172,19 +172,12 @@ impl WebhookStore for SurrealBackend {
         let mut vars = Variables::new();
         vars.insert("ids", ids.to_vec());
         vars.insert("pending", DeliveryStatus::Pending.as_str());
-        let context = "prune webhook deliveries";
-        let mut response = self
-            .query(
-                context,
-                "{
-                     LET $gone = (DELETE webhook_delivery
-                         WHERE record::id(id) IN $ids AND status != $pending RETURN BEFORE);
-                     RETURN array::len($gone);
-                 };",
-                &vars,
-            )
-            .await?;
-        let count: Option<u64> = response.take(0).map_err(|e| db_error(context, &e))?;
-        Ok(count.unwrap_or(0))
+        self.delete_where(
+            "prune webhook deliveries",
+            "webhook_delivery",
+            "record::id(id) IN $ids AND status != $pending",
+            &vars,
+        )
+        .await
     }
 }
