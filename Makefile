@@ -31,6 +31,10 @@ test: tools
 	@mkdir -p $(dir $(UI_BIN_KEPT)) && ln -f $(UI_BIN) $(UI_BIN_KEPT) \
 		&& ln -f $(dir $(UI_BIN))orchestrator-sandbox-exec $(dir $(UI_BIN_KEPT))
 	$(CARGO) test --workspace --all-targets --features $(SURREAL_FEATURES)
+	@# The default build (`make run`'s, without SurrealDB): what it says of
+	@# the backends it lacks, which the line above never reaches.
+	$(CARGO) test -p orchestrator-storage --test it -- backends_not_compiled_in
+	$(CARGO) test -p orchestrator --test it -- startup_errors_exit_non_zero bad_specs_and_missing_backends
 	$(CARGO) run -q -p module-cycles -- .
 	bash .ci/check-msrv
 	$(MAKE) contract-test-run CONTRACT_BIN=$(UI_BIN_KEPT)
