@@ -31,7 +31,7 @@ use super::journal::reader::{Damage, LineFile, LinePlace, LineReader, parse_line
 use super::layout::{Access, LAYOUT_FILE, check_layout};
 use super::line::Line;
 use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
-use super::{JOURNAL_FILE, LOGS_DIR, SNAPSHOT_FILE, open_data_dir};
+use super::{JOURNAL_FILE, LOGS_DIR, SNAPSHOT_FILE, open_data_dir, release_data_dir};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
 /// Where a record's latest line is, and the record's version there.
@@ -362,7 +362,7 @@ impl BulkTransfer for IndexedStore {
 
     async fn close(&self) -> Result<()> {
         if let Some(writer) = &self.writer {
-            writer.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+            release_data_dir(writer.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
         }
         Ok(())
     }

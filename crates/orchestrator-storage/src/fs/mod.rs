@@ -104,6 +104,19 @@ fn open_data_dir(dir: &Path) -> Result<File> {
     Ok(lock)
 }
 
+/// Lets go of a data dir's lock (from [`open_data_dir`]). Unlocked, not
+/// only closed: a child process forked meanwhile (a script being spawned
+/// by this process) holds a copy of the descriptor until it execs, and a
+/// lock left to the closing would last as long as that copy, so that a
+/// restart in this process could find its own dir still locked.
+fn release_data_dir(lock: Option<File>) {
+    if let Some(lock) = lock
+        && let Err(e) = lock.unlock()
+    {
+        tracing::warn!(error = %e, "cannot unlock the data dir; closing its lock file instead");
+    }
+}
+
 /// `path` opened to read, if it exists.
 fn open_to_read(path: &Path) -> Result<Option<Arc<File>>> {
     match File::open(path) {
@@ -345,7 +358,7 @@ impl Backend for FsBackend {
         if let Some(journal) = &self.journal {
             journal.shutdown();
         }
-        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        release_data_dir(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
         tracing::info!(dir = %self.dir.display(), "filesystem storage closed");
         Ok(())
     }
@@ -407,5 +420,30 @@ impl Drop for FsBackend {
         if let Some(journal) = &self.journal {
             journal.shutdown();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use super::*;
+
+    /// A copy of the lock's descriptor that outlives the store, as a child
+    /// forked while a script was being spawned holds one until it execs,
+    /// does not keep the dir locked once the store lets go of it.
+    #[test]
+    fn a_released_dir_opens_again_while_a_copy_of_its_lock_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = open_data_dir(dir.path()).unwrap();
+        let copy = lock.try_clone().unwrap();
+        assert!(matches!(
+            open_data_dir(dir.path()),
+            Err(Error::Locked { .. })
+        ));
+        release_data_dir(Some(lock));
+        let reopened = open_data_dir(dir.path());
+        drop(copy);
+        reopened.unwrap();
     }
 }
