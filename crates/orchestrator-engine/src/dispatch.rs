@@ -183,8 +183,8 @@ impl Dispatcher {
             // Queued twice; the attempt under way is the one.
             return Ok(());
         }
-        let task = match self.still_ready(id).await {
-            Ok(Some(task)) => task,
+        let (task, guessed) = match self.still_ready(id).await {
+            Ok(Some(ready)) => ready,
             Ok(None) => return Ok(()),
             Err(e) => {
                 // Nothing else would offer the task again before a restart
@@ -221,7 +221,9 @@ impl Dispatcher {
         }
         let workflow = task.workflow_id;
         let (retry_id, priority) = (task.id, task.priority);
-        let attempt = self.claim_and_run(task, tokens, worker, lock_tokens).await;
+        let attempt = self
+            .claim_and_run(task, tokens, worker, lock_tokens, guessed)
+            .await;
         self.attempts.end(id);
         let result = match attempt {
             Ok(Some((task, outcome))) => {
@@ -249,8 +251,16 @@ impl Dispatcher {
     /// The popped task as stored now, if it may still be claimed, with its
     /// workflow's `parallel_limit` (or that it has none) known here: read
     /// once per workflow that reached this node only as tasks from the
-    /// change feed.
-    async fn still_ready(&self, id: TaskId) -> Result<Option<Task>> {
+    /// change feed. The record kept when it was queued stands in for the
+    /// read (then `true`: a guess, which the claim's compare-and-set
+    /// checks).
+    async fn still_ready(&self, id: TaskId) -> Result<Option<(Task, bool)>> {
+        if let Some(task) = self.queue.take_record(id)
+            && matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
+            && self.queue.knows_limit(task.workflow_id)
+        {
+            return Ok(Some((task, true)));
+        }
         let store = self.records.store().tasks();
         let Some(task) = store.get_task(id).await? else {
             return Ok(None);
@@ -264,7 +274,7 @@ impl Dispatcher {
         {
             self.queue.register_limit(&workflow);
         }
-        Ok(Some(task))
+        Ok(Some((task, false)))
     }
 
     /// Stores "running" (the claim), then runs the step. The worker is
@@ -277,8 +287,10 @@ impl Dispatcher {
         tokens: StopTokens,
         worker: OwnedSemaphorePermit,
         lock_tokens: orchestrator_core::lock::Tokens,
+        guessed: bool,
     ) -> Result<Option<(Task, Outcome)>> {
         let before = TaskMark::of(&task);
+        let (id, priority) = (task.id, task.priority);
         let mut claim = task;
         let now = Utc::now();
         claim.start(now)?;
@@ -296,7 +308,15 @@ impl Dispatcher {
         let task = match claimed {
             Ok(Some(task)) => task,
             Ok(None) => return Ok(None),
-            Err(e) if e.is_conflict() => return Ok(None),
+            // Another node claimed it, or it was cancelled or changed
+            // since the record this claim started from. A guessed record
+            // may just be old: the task is read when popped again.
+            Err(e) if e.is_conflict() => {
+                if guessed {
+                    self.queue.retry_later(id, priority, Duration::ZERO);
+                }
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         self.attempts.claimed(task.id, task.attempts);

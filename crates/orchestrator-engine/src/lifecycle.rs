@@ -42,6 +42,10 @@ use crate::steps::Steps;
 use crate::{Error, Result, lock};
 use decide::{AfterEnd, WorkflowChange};
 
+/// Workflows kept for the mark of their first claim, at most (see
+/// `Lifecycle::fresh_workflows`).
+const FRESH_WORKFLOWS: usize = 1024;
+
 /// Tasks' and workflows' moves.
 pub(crate) struct Lifecycle {
     records: Arc<Records>,
@@ -66,6 +70,13 @@ pub(crate) struct Lifecycle {
     /// Workflows this node saw running, so that claims need not re-read
     /// them; forgotten when they finish. A std mutex, as `advancing`.
     running_workflows: Mutex<HashSet<WorkflowId>>,
+    /// Workflows this node stored and queued whole, not yet marked
+    /// running, as stored: the first claim marks one running from this
+    /// record instead of reading it (a round trip on a SurrealDB server).
+    /// A guess the store checks: the mark is a compare-and-set, and one it
+    /// refuses reads the workflow. At most `FRESH_WORKFLOWS`. A std mutex,
+    /// as `advancing`.
+    fresh_workflows: Mutex<HashMap<WorkflowId, Workflow>>,
     /// Workflows whose last write may or may not have landed: a follow-up
     /// storage refused, a submission or an attempt's end that reported an
     /// error. An error does not say the write did not commit (a connection
@@ -99,6 +110,7 @@ impl Lifecycle {
             advancing: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
             running_workflows: Mutex::new(HashSet::new()),
+            fresh_workflows: Mutex::new(HashMap::new()),
             stalled: Mutex::new(HashSet::new()),
             finished: watch::Sender::new(0),
         }
@@ -236,6 +248,16 @@ impl Lifecycle {
     pub(crate) fn forget_workflow(&self, id: WorkflowId) {
         self.queue.forget(id);
         lock(&self.running_workflows).remove(&id);
+        lock(&self.fresh_workflows).remove(&id);
+    }
+
+    /// Keeps a workflow just stored, with its tasks queued, for the mark
+    /// of its first claim (see `fresh_workflows`), if there is room.
+    pub(crate) fn keep_fresh(&self, workflow: &Workflow) {
+        let mut fresh = lock(&self.fresh_workflows);
+        if fresh.len() < FRESH_WORKFLOWS {
+            fresh.insert(workflow.id, workflow.clone());
+        }
     }
 
     /// A workflow's first claim moves it to running.
@@ -244,8 +266,13 @@ impl Lifecycle {
         if lock(&self.running_workflows).contains(&id) {
             return Ok(());
         }
+        let mut fresh = lock(&self.fresh_workflows).remove(&id);
         loop {
-            let mut workflow = self.load_workflow(id).await?;
+            let guessed = fresh.is_some();
+            let mut workflow = match fresh.take() {
+                Some(workflow) => workflow,
+                None => self.load_workflow(id).await?,
+            };
             let before = workflow.status;
             if before == WorkflowStatus::Running {
                 // Marked by another claim: remember it here too, or every
@@ -254,6 +281,10 @@ impl Lifecycle {
                 return Ok(());
             }
             if !workflow.start_running(Utc::now()) {
+                if guessed {
+                    // Decided on the stored record only.
+                    continue;
+                }
                 return Ok(());
             }
             match self.records.update_workflow(&workflow, before, &[]).await {

@@ -27,7 +27,19 @@ pub(crate) struct Queue {
     /// version of the record that last resumed each one. A std mutex for
     /// the same reason as `ready`; never held together with it.
     paused: Mutex<PauseState>,
+    /// The record of a queued task as it was stored when it was queued
+    /// here, so that the worker that pops it claims from it instead of
+    /// reading it first (a round trip on a SurrealDB server). Only a
+    /// guess: the claim is a compare-and-set on its version, and one that
+    /// the store refuses sends the task back to be read (see
+    /// `Dispatcher::still_ready`). At most `KNOWN_RECORDS`; past that,
+    /// tasks are queued without one. A std mutex for the same reason as
+    /// `ready`; never held together with another lock.
+    known: Mutex<HashMap<TaskId, Task>>,
 }
+
+/// Queued tasks whose record is kept for their claim, at most.
+const KNOWN_RECORDS: usize = 4096;
 
 /// What this node knows of paused workflows.
 #[derive(Default)]
@@ -72,6 +84,7 @@ impl Queue {
     /// Puts a queued or retry-waiting task in the queue, due at its retry
     /// time or scheduled start.
     pub(crate) fn push(&self, task: &Task) {
+        self.keep_record(task);
         let due = due_time(task);
         {
             let mut ready = lock(&self.ready);
@@ -91,6 +104,7 @@ impl Queue {
     /// same task at once (a claim that loses is a read and a refused
     /// write on the shared store).
     pub(crate) fn push_foreign(&self, task: &Task, grace: Duration) {
+        self.keep_record(task);
         let now = Utc::now();
         let due = due_time(task).filter(|due| *due > now).unwrap_or(now)
             + chrono::Duration::from_std(grace).unwrap_or_default();
@@ -120,6 +134,20 @@ impl Queue {
     /// reads it only to find it running.
     pub(crate) fn withdraw(&self, id: TaskId) {
         lock(&self.ready).withdraw(id);
+        lock(&self.known).remove(&id);
+    }
+
+    /// Keeps `task` as the record its claim starts from, if there is room.
+    fn keep_record(&self, task: &Task) {
+        let mut known = lock(&self.known);
+        if known.len() < KNOWN_RECORDS || known.contains_key(&task.id) {
+            known.insert(task.id, task.clone());
+        }
+    }
+
+    /// The record kept for a popped task, if any (it is kept no longer).
+    pub(crate) fn take_record(&self, id: TaskId) -> Option<Task> {
+        lock(&self.known).remove(&id)
     }
 
     pub(crate) fn contains(&self, id: TaskId) -> bool {
@@ -195,6 +223,8 @@ impl Queue {
     /// be stored (or whose record could not be read) and that would
     /// otherwise wait for a restart. Whoever pops it reads it again.
     pub(crate) fn retry_later(&self, id: TaskId, priority: Priority, delay: Duration) {
+        // Whoever pops it reads it: a record kept from before may be old.
+        lock(&self.known).remove(&id);
         let due = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
         lock(&self.ready).push_at(id, priority, due);
         self.changed.notify_one();
@@ -313,6 +343,34 @@ mod tests {
             step: Default::default(),
         };
         Task::new(workflow.id, spec, Utc::now())
+    }
+
+    /// The record a task was queued with is there for the worker that
+    /// pops it, once; a withdrawal, or a push back by id (whoever pops it
+    /// then must read it), drops it, and past the bound none is kept.
+    #[test]
+    fn a_queued_task_s_record_is_kept_for_its_claim_until_it_may_be_old() {
+        let queue = Queue::default();
+        let workflow = Workflow::new("t", "t", Utc::now());
+        let (kept, withdrawn, pushed_back) =
+            (task_of(&workflow), task_of(&workflow), task_of(&workflow));
+        for task in [&kept, &withdrawn, &pushed_back] {
+            queue.push(task);
+        }
+        queue.withdraw(withdrawn.id);
+        queue.push_after(&pushed_back, Duration::ZERO);
+        assert_eq!(queue.take_record(kept.id).map(|t| t.id), Some(kept.id));
+        assert!(queue.take_record(kept.id).is_none(), "taken once");
+        assert!(queue.take_record(withdrawn.id).is_none());
+        assert!(queue.take_record(pushed_back.id).is_none());
+
+        let many: Vec<Task> = (0..=KNOWN_RECORDS).map(|_| task_of(&workflow)).collect();
+        many.iter().for_each(|t| queue.push(t));
+        assert!(queue.take_record(many[KNOWN_RECORDS - 1].id).is_some());
+        assert!(
+            queue.take_record(many[KNOWN_RECORDS].id).is_none(),
+            "past the bound"
+        );
     }
 
     /// Another node's task waits out the grace, then joins behind what was

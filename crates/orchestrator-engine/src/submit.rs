@@ -396,6 +396,8 @@ impl Engine {
                 .iter()
                 .all(|t| t.status == orchestrator_core::TaskStatus::Queued);
         if all_queued {
+            // Stored as given: the first claim marks it running from here.
+            inner.lifecycle.keep_fresh(workflow);
             return Ok(false);
         }
         inner.lifecycle.advance(workflow.id).await?;
