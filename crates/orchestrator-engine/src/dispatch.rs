@@ -253,10 +253,12 @@ impl Dispatcher {
     /// once per workflow that reached this node only as tasks from the
     /// change feed. The record kept when it was queued stands in for the
     /// read (then `true`: a guess, which the claim's compare-and-set
-    /// checks).
+    /// checks), unless the task needs locks: those are taken before the
+    /// claim, and a task cancelled meanwhile must not take them.
     async fn still_ready(&self, id: TaskId) -> Result<Option<(Task, bool)>> {
         if let Some(task) = self.queue.take_record(id)
             && matches!(task.status, TaskStatus::Queued | TaskStatus::RetryWaiting)
+            && task.step.locks.is_empty()
             && self.queue.knows_limit(task.workflow_id)
         {
             return Ok(Some((task, true)));
