@@ -213,3 +213,51 @@ pub(crate) async fn differences(
     }
     Ok(differ)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use chrono::Utc;
+    use orchestrator_core::access::{ApiToken, Role};
+
+    use super::*;
+    use crate::fs::{FsBackend, FsOptions};
+
+    /// A token record the source deleted (an ended dashboard session) is
+    /// deleted from the target too, and one it changed is written there.
+    #[tokio::test]
+    async fn a_token_record_the_source_deleted_leaves_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            let path = dir.path().join(name);
+            async move { Storage::new(FsBackend::open(&path, FsOptions::default()).await.unwrap()) }
+        };
+        let (source, target) = (open("source").await, open("target").await);
+        let now = Utc::now();
+        let token = ApiToken::new("t1".into(), "ui".into(), Role::Viewer, "orch_t1_x", now);
+        let session = ApiToken::session("s1".into(), &token, now, now);
+        for store in [&source, &target] {
+            store.access().put_token(&token).await.unwrap();
+            store.access().put_token(&session).await.unwrap();
+        }
+        source.access().delete_tokens(&["s1".into()]).await.unwrap();
+        let mut revoked = token.clone();
+        revoked.revoked_at = Some(now);
+        revoked.version += 1;
+        source.access().put_token(&revoked).await.unwrap();
+
+        let mut changed = Changed::default();
+        for id in ["s1", "t1"] {
+            changed.records.insert((RecordKind::Token, id.to_owned()));
+        }
+        assert_eq!(apply(&source, &target, &changed, 10).await.unwrap(), 2);
+        assert_eq!(target.access().tokens().await.unwrap(), vec![revoked]);
+        assert!(
+            differences(&source, &target, &changed, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
