@@ -8,9 +8,6 @@ use super::FsBackend;
 use super::line::Line;
 use crate::{AccessStore, AuditQuery, Page, RecordKind, Result};
 
-/// Token records deleted per journal line: bounds the line.
-const TOKENS_PRUNED_PER_LINE: usize = 1000;
-
 #[async_trait]
 impl AccessStore for FsBackend {
     async fn put_token(&self, token: &ApiToken) -> Result<()> {
@@ -29,17 +26,12 @@ impl AccessStore for FsBackend {
                 .filter(|id| state.has_token(id))
                 .cloned()
                 .collect();
-            let mut pending = None;
-            // Bounded lines, as for audit records.
-            for ids in held.chunks(TOKENS_PRUNED_PER_LINE) {
-                let line = Line::Pruned {
-                    workflows: Vec::new(),
-                    tasks: Vec::new(),
-                    audit: Vec::new(),
-                    tokens: ids.to_vec(),
-                };
-                pending = Some(self.commit(&mut state, line)?);
-            }
+            let pending = self.commit_pruned(&mut state, &held, |tokens| Line::Pruned {
+                workflows: Vec::new(),
+                tasks: Vec::new(),
+                audit: Vec::new(),
+                tokens,
+            })?;
             (pending, held.len() as u64)
         };
         if let Some(pending) = pending {

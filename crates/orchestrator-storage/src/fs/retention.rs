@@ -9,12 +9,32 @@ use chrono::{DateTime, Utc};
 use orchestrator_core::{TaskId, WorkflowId};
 
 use super::FsBackend;
+use super::journal::Pending;
 use super::line::Line;
 use super::logs::remove_logs;
+use super::state::State;
 use crate::{Error, Pruned, Result, RetentionStore};
 
-/// Audit records deleted per journal line: bounds the line, not the prune.
-const AUDIT_PRUNED_PER_LINE: usize = 1000;
+/// Ids deleted per `pruned` journal line: bounds the line, not the prune.
+const IDS_PER_PRUNED_LINE: usize = 1000;
+
+impl FsBackend {
+    /// Commits the deletion of `ids` as `pruned` lines of at most
+    /// [`IDS_PER_PRUNED_LINE`], each made by `line`; what waits for the
+    /// last one (lines are durable in order, so it covers the others).
+    pub(super) fn commit_pruned(
+        &self,
+        state: &mut State,
+        ids: &[String],
+        line: impl Fn(Vec<String>) -> Line,
+    ) -> Result<Option<Pending>> {
+        let mut pending = None;
+        for chunk in ids.chunks(IDS_PER_PRUNED_LINE) {
+            pending = Some(self.commit(state, line(chunk.to_vec()))?);
+        }
+        Ok(pending)
+    }
+}
 
 #[async_trait]
 impl RetentionStore for FsBackend {
@@ -80,16 +100,12 @@ impl RetentionStore for FsBackend {
                 .take_while(|(_, time)| *time < before)
                 .map(|(id, _)| id.text().into_owned())
                 .collect();
-            let mut pending = None;
-            for ids in old.chunks(AUDIT_PRUNED_PER_LINE) {
-                let line = Line::Pruned {
-                    workflows: Vec::new(),
-                    tasks: Vec::new(),
-                    audit: ids.to_vec(),
-                    tokens: Vec::new(),
-                };
-                pending = Some(self.commit(&mut state, line)?);
-            }
+            let pending = self.commit_pruned(&mut state, &old, |audit| Line::Pruned {
+                workflows: Vec::new(),
+                tasks: Vec::new(),
+                audit,
+                tokens: Vec::new(),
+            })?;
             if pending.is_some() {
                 self.queue_compaction(&mut state)?;
             }
