@@ -11,6 +11,7 @@
 //! input reaches the script through stdin alone.
 
 mod error;
+mod kept;
 mod lookup;
 mod prepared;
 mod redact;
@@ -105,9 +106,16 @@ impl ScriptExecutor {
 
     /// Keeps `count` sandboxes ready for the next attempts (one per
     /// worker), each running `helper` ([`HELPER_NAME`], whose `main` is
-    /// [`serve_prepared_sandbox`]) until an attempt gives it its command. Does nothing without the bubblewrap
-    /// sandbox, or when the work dir is not hidden from scripts.
-    pub fn prepare_sandboxes(mut self, helper: PathBuf, count: usize) -> ScriptExecutor {
+    /// [`serve_prepared_sandbox`]) until an attempt gives it its command;
+    /// each serves `attempts` attempts one after another (1: each attempt
+    /// its own sandbox; more: see `kept`). Does nothing without the
+    /// bubblewrap sandbox, or when the work dir is not hidden from scripts.
+    pub fn prepare_sandboxes(
+        mut self,
+        helper: PathBuf,
+        count: usize,
+        attempts: u32,
+    ) -> ScriptExecutor {
         if let Sandbox::Bubblewrap(bwrap) = &self.config.sandbox {
             self.prepared = prepared::Pool::new(
                 bwrap,
@@ -115,6 +123,7 @@ impl ScriptExecutor {
                 &self.config,
                 self.inherited_env.clone(),
                 count,
+                attempts,
             )
             .map(std::sync::Arc::new);
         }

@@ -25,7 +25,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -46,7 +46,7 @@ const SLOT_PREFIX: &str = ".prepared-";
 
 /// What the helper leaves in its sandbox's dir once it runs: every mount
 /// is made. Taken away before the script starts.
-const READY_MARK: &str = ".ready";
+pub(crate) const READY_MARK: &str = ".ready";
 
 /// The largest request the helper reads: a command line and environment.
 const MAX_REQUEST_BYTES: usize = 4 << 20;
@@ -62,8 +62,11 @@ pub(crate) struct Pool {
     work_dir: PathBuf,
     /// What `bwrap` and the helper run with; the script gets its own.
     env: Arc<Vec<(OsString, OsString)>>,
-    /// How many to keep ready: one per worker.
+    /// How many to keep, ready or in use: one per worker.
     size: usize,
+    /// How many attempts one sandbox serves, one after another: 1, or
+    /// more for sandboxes kept (`kept`).
+    attempts: u32,
     /// The ready ones, and how many are being made. Why a std mutex:
     /// held only to count, push or pop, never across an await.
     ready: Mutex<Queue>,
@@ -80,6 +83,8 @@ struct Queue {
     /// Being made: counted so that fills running at once make no more
     /// than are missing.
     making: usize,
+    /// Kept sandboxes serving an attempt, which come back after it.
+    in_use: usize,
 }
 
 /// A sandbox waiting for its command, and its dir.
@@ -87,6 +92,20 @@ struct Queue {
 struct Ready {
     child: Option<Child>,
     slot: Option<PathBuf>,
+    /// A kept sandbox's socket to its helper (`kept`).
+    socket: Option<tokio::net::UnixStream>,
+    /// Attempts it has served.
+    served: u32,
+}
+
+/// A sandbox an attempt took.
+#[derive(Debug)]
+pub(crate) enum Taken {
+    /// Serves this attempt and ends with it: the helper becomes the
+    /// script once it reads its request on stdin.
+    Once(Child),
+    /// Serves this attempt, then may serve the next.
+    Kept(KeptAttempt),
 }
 
 impl Drop for Ready {
@@ -100,6 +119,7 @@ impl Drop for Ready {
             let _ = child.start_kill();
         }
         if let Some(slot) = &self.slot {
+            let _ = std::fs::remove_file(slot.join(READY_MARK));
             let _ = std::fs::remove_dir(slot);
         }
     }
@@ -114,6 +134,7 @@ impl Pool {
         config: &crate::ExecutorConfig,
         env: Arc<Vec<(OsString, OsString)>>,
         size: usize,
+        attempts: u32,
     ) -> Option<Pool> {
         let attempt = Attempt {
             scripts_dir: &config.scripts_dir,
@@ -123,7 +144,9 @@ impl Pool {
         if size == 0 || !bwrap.is_private(&config.work_dir, attempt) {
             return None;
         }
-        // Slots a crash left behind: nothing but empty dirs of ours.
+        // Slots a crash left behind: empty dirs of ours, but for the work
+        // dirs of attempts a kept sandbox was running, which go where their
+        // tasks' retries find them.
         if let Ok(entries) = std::fs::read_dir(&config.work_dir) {
             for entry in entries.flatten() {
                 if entry
@@ -131,6 +154,18 @@ impl Pool {
                     .as_bytes()
                     .starts_with(SLOT_PREFIX.as_bytes())
                 {
+                    for task in std::fs::read_dir(entry.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        if task.file_type().is_ok_and(|kind| kind.is_dir()) {
+                            let _ = move_work_dir(
+                                &task.path(),
+                                &config.work_dir.join(task.file_name()),
+                            );
+                        }
+                    }
                     let _ = std::fs::remove_dir_all(entry.path());
                 }
             }
@@ -143,15 +178,17 @@ impl Pool {
             work_dir: config.work_dir.clone(),
             env,
             size,
+            attempts: attempts.max(1),
             ready: Mutex::new(Queue::default()),
             made: AtomicU64::new(0),
             broken: AtomicBool::new(false),
         })
     }
 
-    /// A ready sandbox whose dir is now `work_dir`, or `None` (none ready,
-    /// or `work_dir` exists): the caller makes its own. Refills either way.
-    pub(crate) fn take(self: &Arc<Pool>, work_dir: &Path) -> Option<Child> {
+    /// A ready sandbox for the attempt whose work dir is `work_dir`, or
+    /// `None` (none ready, or `work_dir` exists): the caller makes its own.
+    /// Refills either way.
+    pub(crate) fn take(self: &Arc<Pool>, work_dir: &Path) -> Option<Taken> {
         if self.broken.load(Ordering::Relaxed) || work_dir.exists() {
             return None;
         }
@@ -159,15 +196,12 @@ impl Pool {
         let pool = self.clone();
         tokio::spawn(async move { pool.fill() });
         let mut ready = taken?;
+        if ready.socket.is_some() {
+            return self.take_kept(ready, work_dir);
+        }
         let slot = ready.slot.as_deref()?;
         // Never over a work dir an earlier attempt left: it keeps its files.
-        if let Err(e) = renameat2(
-            AT_FDCWD,
-            slot,
-            AT_FDCWD,
-            work_dir,
-            RenameFlags::RENAME_NOREPLACE,
-        ) {
+        if let Err(e) = move_work_dir(slot, work_dir) {
             if e == nix::errno::Errno::EINVAL {
                 tracing::warn!(
                     dir = %self.work_dir.display(),
@@ -179,7 +213,44 @@ impl Pool {
             return None;
         }
         ready.slot = None;
-        ready.child.take()
+        ready.child.take().map(Taken::Once)
+    }
+
+    /// A kept sandbox for one more attempt, its work dir made in the
+    /// sandbox's own dir; counted in use until it comes back.
+    fn take_kept(self: &Arc<Pool>, mut ready: Ready, work_dir: &Path) -> Option<Taken> {
+        let inside = crate::kept::inside(ready.slot.as_deref()?, work_dir);
+        if let Err(e) = std::fs::create_dir(&inside) {
+            tracing::warn!(dir = %inside.display(), error = %e, "cannot make a work dir in a kept sandbox");
+            return None;
+        }
+        ready.served += 1;
+        self.ready.lock().unwrap_or_else(|e| e.into_inner()).in_use += 1;
+        Some(Taken::Kept(KeptAttempt {
+            pool: self.clone(),
+            sandbox: Some(ready),
+            inside,
+            work_dir: work_dir.to_path_buf(),
+            clean: false,
+        }))
+    }
+
+    /// A kept sandbox back from an attempt: ready for the next, unless it
+    /// served its last, or its attempt did not end cleanly (a timeout, a
+    /// cancel, a helper gone), when it ends and another is made.
+    fn give_back(self: &Arc<Pool>, sandbox: Ready, clean: bool) {
+        let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        queue.in_use -= 1;
+        if clean && sandbox.served < self.attempts && !self.broken.load(Ordering::Relaxed) {
+            queue.ready.push(sandbox);
+            return;
+        }
+        drop(queue);
+        drop(sandbox);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = self.clone();
+            runtime.spawn(async move { pool.fill() });
+        }
     }
 
     /// The oldest sandbox whose helper runs (so every mount is made), its
@@ -194,6 +265,12 @@ impl Pool {
                 .child
                 .as_mut()
                 .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
+            if !alive && ready.served > 0 {
+                // A kept sandbox whose helper could not clean up after its
+                // last attempt (it said why), or that a script killed.
+                queue.remove(i);
+                continue;
+            }
             if !alive {
                 tracing::warn!(
                     helper = %self.helper.display(),
@@ -222,7 +299,7 @@ impl Pool {
             {
                 let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
                 if self.broken.load(Ordering::Relaxed)
-                    || queue.ready.len() + queue.making >= self.size
+                    || queue.ready.len() + queue.making + queue.in_use >= self.size
                 {
                     return;
                 }
@@ -259,9 +336,11 @@ impl Pool {
         let helper = self.helper.as_os_str().to_owned();
         args.extend(["--ro-bind".into(), helper.clone(), helper, "--".into()]);
         let mut command = Command::new(program);
+        command.args(args).arg(&self.helper);
+        if self.attempts > 1 {
+            command.arg(crate::kept::KEPT_FLAG);
+        }
         command
-            .args(args)
-            .arg(&self.helper)
             .arg(&slot)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)));
@@ -269,10 +348,135 @@ impl Pool {
         let mut ready = Ready {
             child: None,
             slot: Some(slot),
+            socket: None,
+            served: 0,
         };
-        ready.child = Some(crate::sandbox::as_attempt(&mut command).spawn()?);
+        crate::sandbox::as_attempt(&mut command);
+        if self.attempts > 1 {
+            // Each attempt brings its own streams over the socket; what
+            // `bwrap` or the helper say of the sandbox itself goes to the
+            // service's log.
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+            ours.set_nonblocking(true)?;
+            ready.socket = Some(tokio::net::UnixStream::from_std(ours)?);
+            command
+                .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+                    theirs,
+                )))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::inherit());
+        }
+        ready.child = Some(command.spawn()?);
         Ok(ready)
     }
+}
+
+/// One attempt in a kept sandbox, from the service's side. Dropped, it
+/// moves the attempt's work dir to the task's path and gives the sandbox
+/// back to the pool.
+#[derive(Debug)]
+pub(crate) struct KeptAttempt {
+    pool: Arc<Pool>,
+    sandbox: Option<Ready>,
+    /// The attempt's work dir as the host sees it while the attempt runs.
+    inside: PathBuf,
+    /// The task's work dir, where the attempt's files end.
+    work_dir: PathBuf,
+    /// The helper reported the attempt's end, and the sandbox is clean.
+    clean: bool,
+}
+
+/// The service's ends of an attempt's streams.
+pub(crate) struct Streams {
+    pub stdin: tokio::net::unix::pipe::Sender,
+    pub stdout: tokio::net::unix::pipe::Receiver,
+    pub stderr: tokio::net::unix::pipe::Receiver,
+}
+
+impl KeptAttempt {
+    /// Hands the attempt to the helper: its streams and its request.
+    pub(crate) async fn start(&mut self, request: &[u8]) -> std::io::Result<Streams> {
+        use std::os::fd::AsFd;
+        let (stdin_read, stdin_write) = std::io::pipe()?;
+        let (stdout_read, stdout_write) = std::io::pipe()?;
+        let (stderr_read, stderr_write) = std::io::pipe()?;
+        let socket = self.socket()?;
+        crate::kept::send(
+            socket,
+            [
+                stdin_read.as_fd(),
+                stdout_write.as_fd(),
+                stderr_write.as_fd(),
+            ],
+            request,
+        )
+        .await?;
+        // The helper holds its copies now: ours of its ends close here, so
+        // that the service sees the end of the script's output.
+        drop((stdin_read, stdout_write, stderr_write));
+        use std::os::fd::OwnedFd;
+        Ok(Streams {
+            stdin: tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(stdin_write))?,
+            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout_read))?,
+            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stderr_read))?,
+        })
+    }
+
+    fn socket(&mut self) -> std::io::Result<&mut tokio::net::UnixStream> {
+        self.sandbox
+            .as_mut()
+            .and_then(|sandbox| sandbox.socket.as_mut())
+            .ok_or_else(|| std::io::Error::other("a kept sandbox without its socket"))
+    }
+
+    /// The attempt's wait status, once the helper has cleaned up after it.
+    /// When the helper is gone instead, `bwrap`'s own status (the helper's
+    /// signal or exit), and the sandbox is not reused.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(status) = crate::kept::status(self.socket()?).await {
+            self.clean = true;
+            return Ok(status);
+        }
+        match self
+            .sandbox
+            .as_mut()
+            .and_then(|sandbox| sandbox.child.as_mut())
+        {
+            Some(child) => child.wait().await,
+            None => Err(std::io::Error::other("a kept sandbox without its process")),
+        }
+    }
+
+    /// The sandbox's `bwrap`: the process group of the attempt.
+    pub(crate) fn launcher(&self) -> Option<u32> {
+        self.sandbox.as_ref()?.child.as_ref()?.id()
+    }
+
+    /// Ends the attempt here: the sandbox is not reused.
+    pub(crate) fn discard(&mut self) {
+        self.clean = false;
+    }
+}
+
+impl Drop for KeptAttempt {
+    fn drop(&mut self) {
+        if let Err(e) = move_work_dir(&self.inside, &self.work_dir) {
+            tracing::warn!(
+                from = %self.inside.display(),
+                to = %self.work_dir.display(),
+                error = %e,
+                "cannot move an attempt's work dir out of its kept sandbox"
+            );
+        }
+        if let Some(sandbox) = self.sandbox.take() {
+            self.pool.give_back(sandbox, self.clean);
+        }
+    }
+}
+
+/// Renames `from` to `to`, never over an existing `to`.
+fn move_work_dir(from: &Path, to: &Path) -> nix::Result<()> {
+    renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
 }
 
 /// What a prepared sandbox is to run.
@@ -315,78 +519,120 @@ impl Request<'_> {
 /// marks it ready, reads one request from stdin (exactly its bytes: the
 /// rest is the script's input), links the task's work dir to the
 /// sandbox's dir, and becomes the command. Exits 127 with a message when
-/// it cannot.
+/// it cannot. With `--kept` before the dir it serves attempts one after
+/// another instead (`kept`).
 pub fn serve() -> ExitCode {
     use std::os::fd::AsFd;
     use std::os::unix::process::CommandExt;
-    let fail = |what: String| {
-        eprintln!("{HELPER_NAME}: {what}");
-        ExitCode::from(127)
+    let mut args = std::env::args_os().skip(1).peekable();
+    let kept = args.next_if(|a| a == crate::kept::KEPT_FLAG).is_some();
+    let Some(slot) = args.next().map(PathBuf::from) else {
+        return helper_failed("no dir given");
     };
-    let Some(slot) = std::env::args_os().nth(1).map(PathBuf::from) else {
-        return fail("no dir given".into());
-    };
+    if kept {
+        return crate::kept::serve(&slot);
+    }
     if let Err(e) = std::fs::write(slot.join(READY_MARK), b"") {
-        return fail(format!("cannot mark {} ready: {e}", slot.display()));
+        return helper_failed(&format!("cannot mark {} ready: {e}", slot.display()));
     }
     // Unbuffered: a buffered read would take some of the script's input.
     let mut stdin = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => std::fs::File::from(fd),
-        Err(e) => return fail(format!("stdin: {e}")),
+        Err(e) => return helper_failed(&format!("stdin: {e}")),
     };
-    let mut len = [0u8; 4];
-    if let Err(e) = stdin.read_exact(&mut len) {
-        return fail(format!("no request: {e}"));
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_REQUEST_BYTES {
-        return fail(format!(
-            "a request of {len} bytes, above {MAX_REQUEST_BYTES}"
-        ));
-    }
-    let mut body = vec![0u8; len];
-    if let Err(e) = stdin.read_exact(&mut body) {
-        return fail(format!("a cut request: {e}"));
-    }
+    let request = match Decoded::read(&mut stdin) {
+        Ok(request) => request,
+        Err(e) => return helper_failed(&e),
+    };
     drop(stdin);
-    let mut fields = body
-        .split(|b| *b == 0)
-        .map(|f| OsString::from_vec(f.to_vec()));
-    let (Some(work_dir), Some(program), Some(argc)) = (fields.next(), fields.next(), fields.next())
-    else {
-        return fail("a request without its command".into());
-    };
-    let Some(argc) = argc.to_str().and_then(|n| n.parse::<usize>().ok()) else {
-        return fail("a request without its argument count".into());
-    };
-    let args: Vec<OsString> = fields.by_ref().take(argc).collect();
-    let env: Vec<(OsString, OsString)> = fields
-        .filter(|entry| !entry.is_empty())
-        .filter_map(|entry| {
-            let bytes = entry.as_bytes();
-            let at = bytes.iter().position(|b| *b == b'=')?;
-            Some((
-                OsString::from_vec(bytes[..at].to_vec()),
-                OsString::from_vec(bytes[at + 1..].to_vec()),
-            ))
-        })
-        .collect();
     let target = slot.file_name().unwrap_or(slot.as_os_str());
-    if let Err(e) = std::os::unix::fs::symlink(target, &work_dir) {
-        return fail(format!(
+    if let Err(e) = std::os::unix::fs::symlink(target, &request.work_dir) {
+        return helper_failed(&format!(
             "cannot link the work dir {}: {e}",
-            Path::new(&work_dir).display()
+            request.work_dir.display()
         ));
     }
-    let e = std::process::Command::new(&program)
-        .args(&args)
-        .env_clear()
-        .envs(env)
-        .exec();
-    fail(format!(
+    let e = request.command().exec();
+    helper_failed(&format!(
         "could not start `{}`: {e}",
-        Path::new(&program).display()
+        Path::new(&request.program).display()
     ))
+}
+
+/// What the helper says before it gives up (exit code 127, as a shell's
+/// "cannot run").
+pub(crate) fn helper_failed(what: &str) -> ExitCode {
+    eprintln!("{HELPER_NAME}: {what}");
+    ExitCode::from(127)
+}
+
+/// A [`Request`] as the helper reads it.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    pub work_dir: PathBuf,
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl Decoded {
+    /// Reads exactly one request's bytes from `input`.
+    pub(crate) fn read(input: &mut impl Read) -> Result<Decoded, String> {
+        let mut len = [0u8; 4];
+        input
+            .read_exact(&mut len)
+            .map_err(|e| format!("no request: {e}"))?;
+        let len = u32::from_be_bytes(len) as usize;
+        if len > MAX_REQUEST_BYTES {
+            return Err(format!(
+                "a request of {len} bytes, above {MAX_REQUEST_BYTES}"
+            ));
+        }
+        let mut body = vec![0u8; len];
+        input
+            .read_exact(&mut body)
+            .map_err(|e| format!("a cut request: {e}"))?;
+        let mut fields = body
+            .split(|b| *b == 0)
+            .map(|f| OsString::from_vec(f.to_vec()));
+        let (Some(work_dir), Some(program), Some(argc)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return Err("a request without its command".into());
+        };
+        let argc = argc
+            .to_str()
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or("a request without its argument count")?;
+        let args: Vec<OsString> = fields.by_ref().take(argc).collect();
+        let env = fields
+            .filter(|entry| !entry.is_empty())
+            .filter_map(|entry| {
+                let bytes = entry.as_bytes();
+                let at = bytes.iter().position(|b| *b == b'=')?;
+                Some((
+                    OsString::from_vec(bytes[..at].to_vec()),
+                    OsString::from_vec(bytes[at + 1..].to_vec()),
+                ))
+            })
+            .collect();
+        Ok(Decoded {
+            work_dir: PathBuf::from(work_dir),
+            program,
+            args,
+            env,
+        })
+    }
+
+    /// The request's command line and environment, nothing inherited.
+    pub(crate) fn command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
 }
 
 #[cfg(test)]
@@ -410,5 +656,41 @@ mod tests {
             .collect();
         assert_eq!(&bytes[..4], &(body.len() as u32).to_be_bytes());
         assert_eq!(&bytes[4..], &body[..]);
+    }
+
+    #[test]
+    fn the_helper_reads_back_the_request_the_service_encodes() {
+        let env = vec![("A".into(), "x=y".into())];
+        let own = vec![("B".into(), "".into())];
+        let request = Request {
+            work_dir: Path::new("/d/work/t1"),
+            program: OsStr::new("/bin/sh"),
+            args: vec![OsStr::new("s.sh"), OsStr::new("")],
+            env: [&env, &own],
+        };
+        let mut bytes = request.encode();
+        bytes.extend_from_slice(b"the script's input");
+        let mut reader = &bytes[..];
+        let decoded = Decoded::read(&mut reader).unwrap();
+        assert_eq!(decoded.work_dir, Path::new("/d/work/t1"));
+        assert_eq!(decoded.program, "/bin/sh");
+        assert_eq!(
+            decoded.args,
+            vec![OsString::from("s.sh"), OsString::from("")]
+        );
+        assert_eq!(
+            decoded.env,
+            vec![("A".into(), "x=y".into()), ("B".into(), "".into())]
+        );
+        // Exactly the request: what follows is the script's.
+        assert_eq!(reader, b"the script's input");
+    }
+
+    #[test]
+    fn a_request_above_its_limit_or_cut_short_is_refused() {
+        let mut too_big: &[u8] = &((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes();
+        assert!(Decoded::read(&mut too_big).unwrap_err().contains("above"));
+        let mut cut: &[u8] = &[0, 0, 0, 9, b'x'];
+        assert!(Decoded::read(&mut cut).unwrap_err().contains("cut"));
     }
 }

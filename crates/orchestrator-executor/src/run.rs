@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use crate::prepared::{KeptAttempt, Taken};
 use crate::redact::{Redactor, StreamRedactor};
 use crate::step::{Attempt, LogSink, Outcome, StepRunner};
 use crate::{Launcher, Sandbox, ScriptExecutor};
@@ -113,16 +114,21 @@ impl ScriptExecutor {
         let _ = std::fs::remove_file(&result_file);
 
         let env = self.script_env(&job, &work_dir, &result_file);
+        let request = crate::prepared::Request {
+            work_dir: &work_dir,
+            program: program.as_os_str(),
+            args: script_arg.iter().map(|a| a.as_os_str()).collect(),
+            env: [&self.inherited_env, &env],
+        };
         let spawned = match prepared {
-            Some(child) => {
-                let request = crate::prepared::Request {
-                    work_dir: &work_dir,
-                    program: program.as_os_str(),
-                    args: script_arg.iter().map(|a| a.as_os_str()).collect(),
-                    env: [&self.inherited_env, &env],
-                };
-                Ok((child, request.encode()))
-            }
+            Some(Taken::Once(child)) => Ok((Process::Own(child), request.encode())),
+            Some(Taken::Kept(mut kept)) => match kept.start(&request.encode()).await {
+                Ok(streams) => Ok((
+                    Process::Kept(Box::new(kept), Some(Box::new(streams))),
+                    Vec::new(),
+                )),
+                Err(e) => Err(e),
+            },
             None => {
                 let mut command = match &self.config.sandbox {
                     Sandbox::None => Command::new(&program),
@@ -144,10 +150,10 @@ impl ScriptExecutor {
                     .envs(env.iter().map(|(k, v)| (k, v)));
                 crate::sandbox::as_attempt(&mut command)
                     .spawn()
-                    .map(|child| (child, Vec::new()))
+                    .map(|child| (Process::Own(child), Vec::new()))
             }
         };
-        let (mut child, request) = match spawned {
+        let (mut process, request) = match spawned {
             Ok(spawned) => spawned,
             Err(e) => {
                 let program = match &script.launcher {
@@ -160,10 +166,11 @@ impl ScriptExecutor {
                 ));
             }
         };
-        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        let pgid = process.id().map(|id| Pid::from_raw(id as i32));
+        let (stdin, stdout, stderr) = process.streams();
 
         let input = stdin_document(job.input, job.checkpoint);
-        if let Some(mut stdin) = child.stdin.take() {
+        if let Some(mut stdin) = stdin {
             // A script that ignores stdin may exit before reading it all;
             // the broken pipe that follows is not an error. A prepared
             // sandbox reads its command first.
@@ -174,7 +181,7 @@ impl ScriptExecutor {
             });
         }
         let budget = std::sync::Arc::new(LogBudget::new(self.max_log_bytes));
-        let stdout = child.stdout.take().map(|out| {
+        let stdout = stdout.map(|out| {
             tokio::spawn(read_lines(
                 out,
                 logs.clone(),
@@ -186,7 +193,7 @@ impl ScriptExecutor {
                 job.redactor.clone(),
             ))
         });
-        let stderr = child.stderr.take().map(|err| {
+        let stderr = stderr.map(|err| {
             tokio::spawn(read_lines(
                 err,
                 logs,
@@ -197,7 +204,7 @@ impl ScriptExecutor {
         });
 
         let ending = tokio::select! {
-            status = child.wait() => match status {
+            status = process.wait() => match status {
                 Ok(status) => Ending::Exited(status),
                 Err(e) => return failed_to_start(format!("waiting for script `{}`: {e}", script.name)),
             },
@@ -205,15 +212,20 @@ impl ScriptExecutor {
             () = cancel.cancelled() => Ending::Cancelled,
         };
         if !matches!(ending, Ending::Exited(_)) {
-            self.terminate(&mut child, pgid).await;
+            self.terminate(&mut process, pgid).await;
         }
-        // Whatever the script left behind in its group goes too.
-        if let Some(pgid) = pgid {
+        // Whatever the script left behind in its group goes too (a kept
+        // sandbox's helper has ended it already, and the group is the
+        // sandbox's own).
+        if let (Some(pgid), Process::Own(_)) = (pgid, &process) {
             let _ = killpg(pgid, Signal::SIGKILL);
         }
 
         let stdout = drain(stdout).await;
         let stderr = drain(stderr).await;
+        // A kept sandbox's attempt moves its work dir to the task's path
+        // here, and the sandbox goes back to the pool.
+        drop(process);
         let stderr_tail = match stderr {
             LineKeeper::Tail(tail) => String::from_utf8_lossy(&tail).trim().to_owned(),
             LineKeeper::LastJsonObject { .. } => String::new(),
@@ -342,13 +354,19 @@ impl ScriptExecutor {
         Outcome::Succeeded { output }
     }
 
-    /// SIGTERM to the whole group, SIGKILL after the grace period.
-    async fn terminate(&self, child: &mut Child, pgid: Option<Pid>) {
+    /// SIGTERM to the whole group, SIGKILL after the grace period. A
+    /// kept sandbox is not reused after it.
+    async fn terminate(&self, process: &mut Process, pgid: Option<Pid>) {
+        if let Process::Kept(kept, _) = process {
+            kept.discard();
+        }
         let Some(pgid) = pgid else {
-            let _ = child.kill().await;
+            if let Process::Own(child) = process {
+                let _ = child.kill().await;
+            }
             return;
         };
-        match (&self.config.sandbox, child.id()) {
+        match (&self.config.sandbox, process.id()) {
             // `bwrap` dies of SIGTERM at once, and its sandbox with it
             // (SIGKILL): the script would get no grace. So the SIGTERM
             // goes to the rest of the group; `bwrap` ends when the
@@ -360,12 +378,59 @@ impl ScriptExecutor {
                 let _ = killpg(pgid, Signal::SIGTERM);
             }
         }
-        if tokio::time::timeout(self.config.kill_grace, child.wait())
+        if tokio::time::timeout(self.config.kill_grace, process.wait())
             .await
             .is_err()
         {
             let _ = killpg(pgid, Signal::SIGKILL);
-            let _ = child.wait().await;
+            let _ = process.wait().await;
+        }
+    }
+}
+
+/// The process of one attempt: a child of the service (`bwrap`, or the
+/// script itself), or an attempt a kept sandbox runs (with its streams
+/// until they are taken).
+enum Process {
+    Own(Child),
+    Kept(Box<KeptAttempt>, Option<Box<crate::prepared::Streams>>),
+}
+
+type Input = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+type Output = Box<dyn AsyncRead + Unpin + Send>;
+
+impl Process {
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Process::Own(child) => child.wait().await,
+            Process::Kept(kept, _) => kept.wait().await,
+        }
+    }
+
+    /// The first process of the attempt's group.
+    fn id(&self) -> Option<u32> {
+        match self {
+            Process::Own(child) => child.id(),
+            Process::Kept(kept, _) => kept.launcher(),
+        }
+    }
+
+    /// The service's ends of stdin, stdout and stderr.
+    fn streams(&mut self) -> (Option<Input>, Option<Output>, Option<Output>) {
+        match self {
+            Process::Own(child) => (
+                child.stdin.take().map(|s| Box::new(s) as Input),
+                child.stdout.take().map(|s| Box::new(s) as Output),
+                child.stderr.take().map(|s| Box::new(s) as Output),
+            ),
+            Process::Kept(_, streams) => match streams.take() {
+                Some(s) => (
+                    Some(Box::new(s.stdin)),
+                    Some(Box::new(s.stdout)),
+                    Some(Box::new(s.stderr)),
+                ),
+                None => (None, None, None),
+            },
         }
     }
 }

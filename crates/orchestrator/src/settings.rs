@@ -92,6 +92,8 @@ pub struct ServeConfig {
     pub max_input_bytes: u64,
     /// `bubblewrap` or `none`.
     pub script_sandbox: String,
+    /// Attempts one sandbox serves, one after another.
+    pub script_sandbox_attempts: u32,
     /// Paths scripts may write in the sandbox.
     pub script_writable: Vec<PathBuf>,
     /// What test environments' nodes are: `namespaces` or `docker`.
@@ -173,6 +175,7 @@ impl Default for ServeConfig {
             max_template_bytes: limits.max_template_bytes,
             max_input_bytes: limits.max_input_bytes,
             script_sandbox: "bubblewrap".to_owned(),
+            script_sandbox_attempts: 1,
             script_writable: Vec::new(),
             testenv_provider: "namespaces".to_owned(),
             docker_host: orchestrator_testenv::docker::DEFAULT_HOST.to_owned(),
@@ -277,6 +280,9 @@ pub struct ServeSettings {
     /// The config file the settings came from: scripts must not read it.
     pub config_file: Option<PathBuf>,
     pub script_sandbox: ScriptSandbox,
+    /// Attempts one sandbox serves, one after another (1 to
+    /// [`MAX_SANDBOX_ATTEMPTS`]).
+    pub script_sandbox_attempts: u32,
     /// What scripts may write besides their own dirs.
     pub script_writable: Vec<PathBuf>,
     pub testenv_provider: TestenvProvider,
@@ -479,6 +485,12 @@ impl ServeConfig {
                 bail!("--script-sandbox: unknown sandbox `{other}` (expected bubblewrap or none)")
             }
         };
+        if !(1..=MAX_SANDBOX_ATTEMPTS).contains(&self.script_sandbox_attempts) {
+            bail!(
+                "--script-sandbox-attempts: {} is out of range: must be from 1 to {MAX_SANDBOX_ATTEMPTS}",
+                self.script_sandbox_attempts
+            );
+        }
         if let Some(relative) = self.script_writable.iter().find(|p| !p.is_absolute()) {
             bail!(
                 "--script-writable: `{}` must be an absolute path",
@@ -572,6 +584,7 @@ impl ServeConfig {
             limits,
             config_file,
             script_sandbox,
+            script_sandbox_attempts: self.script_sandbox_attempts,
             script_writable: self.script_writable,
             testenv_provider,
             secret_key_file: self.secret_key_file,
@@ -599,6 +612,10 @@ impl ServeConfig {
         Ok(settings)
     }
 }
+
+/// The most attempts one script sandbox may serve: what one attempt could
+/// leave behind for the next stays bounded.
+const MAX_SANDBOX_ATTEMPTS: u32 = 1000;
 
 /// A count that must be at least 1.
 fn at_least_one<N: PartialEq + Default>(flag: &str, value: N) -> anyhow::Result<N> {

@@ -334,6 +334,12 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     // Nothing prepared outlives the service, even one killed with -9.
     wait_for_a_prepared_sandbox(&data_dir);
     drop(daemon);
+    assert_nothing_outlives(&data_dir);
+}
+
+/// No process started for the service with `data_dir` (a sandbox, its
+/// helper, a script) outlives it.
+fn assert_nothing_outlives(data_dir: &Path) {
     let data = data_dir.display().to_string();
     let left = || -> Vec<String> {
         std::fs::read_dir("/proc")
@@ -351,4 +357,130 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("prepared sandboxes outlived the service: {:?}", left());
+}
+
+/// With `--script-sandbox-attempts 3` one sandbox serves three attempts
+/// in a row, and each finds it as a fresh one would be: no process, no
+/// file in `/tmp` or `/dev/shm`, no System V segment of the attempt
+/// before, and its helper's memory and environment out of reach. Then a
+/// new sandbox serves the next three. The hostile script reaches nothing
+/// of the service from one. A retry, a timeout and the service's end
+/// behave as with sandboxes of one attempt.
+#[test]
+fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--no-auth",
+            "--workers",
+            "1",
+            "--script-sandbox-attempts",
+            "3",
+            "--kill-grace",
+            "1",
+            "--data-dir",
+        ])
+        .arg(&data_dir)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts())
+        .env("ORCHESTRATOR_SECRET_KEY", KEY);
+    let daemon = Daemon::spawn(command);
+    let state_file = data_dir.join("script-state").join("kept");
+    std::fs::write(&state_file, "the state dir is not scratch").unwrap();
+
+    let blob = "b".repeat(300_000);
+    let mut reports = Vec::new();
+    for _ in 0..4 {
+        wait_for_a_prepared_sandbox(&data_dir);
+        let task = probe(&daemon, json!({"blob": blob, "leave": true}), 1);
+        assert_eq!(task["status"], "completed", "{task}");
+        let report = task["output"].clone();
+        assert_eq!(report["prepared"], true, "not a prepared sandbox: {report}");
+        assert_eq!(report["blob_len"], blob.len(), "{report}");
+        let work_dir = data_dir.join("work").join(task["id"].as_str().unwrap());
+        assert_eq!(report["work_dir"], work_dir.display().to_string());
+        assert!(!work_dir.exists(), "a successful attempt's work dir stays");
+        assert_eq!(
+            report["parent_environ_readable"], false,
+            "the helper is readable: {report}"
+        );
+        reports.push(report);
+    }
+    for (i, report) in reports.iter().enumerate() {
+        // The first of each sandbox sees what bwrap made; the others see
+        // it emptied after the attempts before them.
+        assert_eq!(report["earlier_tmp"], false, "attempt {i}: {report}");
+        assert_eq!(report["earlier_shm"], false, "attempt {i}: {report}");
+        assert_eq!(report["sysv_segments"], 0, "attempt {i}: {report}");
+        assert_eq!(
+            report["pids"],
+            json!([1, 2, report["me"]]),
+            "attempt {i} sees other processes: {report}"
+        );
+    }
+    let same = |a: &Value, b: &Value| a["sandbox"] == b["sandbox"] && a["pid_ns"] == b["pid_ns"];
+    assert!(
+        same(&reports[0], &reports[1]) && same(&reports[1], &reports[2]),
+        "{reports:?}"
+    );
+    assert!(
+        !same(&reports[2], &reports[3]),
+        "a sandbox served a fourth attempt: {reports:?}"
+    );
+    assert!(
+        state_file.exists(),
+        "the state dir was emptied with the scratch dirs"
+    );
+    // (The hostile script must find nothing in the data dir to read.)
+    std::fs::remove_file(&state_file).unwrap();
+
+    // The hostile script in a sandbox that served an attempt before it.
+    wait_for_a_prepared_sandbox(&data_dir);
+    let (report, log) = reach(&daemon, &data_dir, &[]);
+    assert_nothing_reached(&report, &log, &data_dir, &[KEY]);
+
+    // A retry finds what its failed attempt left in its work dir.
+    wait_for_a_prepared_sandbox(&data_dir);
+    let task = probe(&daemon, json!({"fail_first": true}), 2);
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(
+        task["output"]["found_mark"], true,
+        "the retry lost the work dir: {task}"
+    );
+
+    // A timeout ends the attempt, and its sandbox: the next attempt gets a
+    // fresh one, with nothing of the one that timed out.
+    wait_for_a_prepared_sandbox(&data_dir);
+    let created = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": {
+            "name": "probe", "ref_name": "probe", "schema_version": 1,
+            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py",
+                       "input": {"leave": true, "sleep": 30}}],
+        }, "max_attempts": 1, "timeout_secs": 1}),
+    );
+    let id = created["task_ids"][0].as_str().unwrap().to_owned();
+    let task = wait_all_finished(&daemon, &[id]).remove(0);
+    assert_eq!(task["status"], "failed", "{task}");
+    assert!(
+        task["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("timed out"),
+        "{task}"
+    );
+    wait_for_a_prepared_sandbox(&data_dir);
+    let task = probe(&daemon, json!({}), 1);
+    let report = &task["output"];
+    assert_eq!(report["earlier_tmp"], false, "{report}");
+    assert_eq!(report["pids"], json!([1, 2, report["me"]]), "{report}");
+
+    wait_for_a_prepared_sandbox(&data_dir);
+    drop(daemon);
+    assert_nothing_outlives(&data_dir);
 }

@@ -1,0 +1,334 @@
+//! Sandboxes kept for several attempts, one after another: an opt-in
+//! (`--script-sandbox-attempts N`, default 1) for hosts whose scripts are
+//! many and short, where making a sandbox costs more than the script.
+//!
+//! A prepared sandbox (`prepared`) serves one attempt: its helper becomes
+//! the script. A kept one's helper stays, and runs each attempt as its
+//! child. What the attempt gets is what a fresh sandbox gives, but for
+//! the sandbox's namespaces, which it shares with the attempts before and
+//! after it (never at once). So that nothing of one attempt reaches the
+//! next, the helper, between two attempts:
+//! - kills every process left in the sandbox's PID namespace (it is their
+//!   subreaper, so it reaps them all);
+//! - empties `/tmp`, `/var/tmp` and `/dev/shm`, and removes the System V
+//!   IPC objects (POSIX message queues and the session keyring are not
+//!   reachable this way, and stay: docs/security.md);
+//! - is not dumpable, so a script (the same user, without capabilities)
+//!   can neither trace it nor read its memory, where the next attempt's
+//!   request passes.
+//!
+//! If any of it fails, the helper reports the attempt and exits, and the
+//! sandbox is made anew. A timeout or a cancel ends the sandbox too.
+//!
+//! Each attempt's streams are pipes of its own, passed to the helper with
+//! its request over a socket (`SCM_RIGHTS`); the helper answers with the
+//! wait status. The attempt's work dir is made in the sandbox's own dir
+//! (bound into it), linked from the task's path inside, and moved to the
+//! task's path outside when the attempt ends.
+
+use std::ffi::OsStr;
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, ExitStatus, Stdio};
+
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use crate::prepared::{Decoded, HELPER_NAME, READY_MARK, helper_failed};
+
+/// The helper's flag for a kept sandbox, before its dir.
+pub(crate) const KEPT_FLAG: &str = "--kept";
+
+/// An attempt's streams, in the order they are passed: the script's
+/// stdin (read end), stdout and stderr (write ends).
+const STREAMS: usize = 3;
+
+/// The wait status of an attempt the helper could not start (exit 127).
+const CANNOT_START: i32 = 127 << 8;
+
+/// Where scripts may leave files that the next attempt would see.
+const SCRATCH_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Sends one attempt to a kept sandbox's helper: `streams` (see
+/// [`STREAMS`]) as ancillary data of one byte, then the request.
+pub(crate) async fn send(
+    socket: &mut tokio::net::UnixStream,
+    streams: [BorrowedFd<'_>; STREAMS],
+    request: &[u8],
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncWriteExt, Interest};
+    socket
+        .async_io(Interest::WRITABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STREAMS))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&streams));
+            rustix::net::sendmsg(
+                socket.as_fd(),
+                &[IoSlice::new(&[0])],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+            .map_err(std::io::Error::from)
+        })
+        .await?;
+    socket.write_all(request).await
+}
+
+/// The wait status the helper reports once the attempt ended and the
+/// sandbox is clean; `None` when the helper is gone (it died, or a script
+/// killed it).
+pub(crate) async fn status(socket: &mut tokio::net::UnixStream) -> Option<ExitStatus> {
+    use tokio::io::AsyncReadExt;
+    let mut raw = [0u8; 4];
+    socket.read_exact(&mut raw).await.ok()?;
+    Some(ExitStatus::from_raw(i32::from_be_bytes(raw)))
+}
+
+/// The helper of a kept sandbox, its socket on stdin: serves attempts
+/// until the socket closes (exit 0) or the sandbox cannot be made clean.
+pub(crate) fn serve(slot: &Path) -> ExitCode {
+    // Not dumpable: scripts run as this user, and a dumpable helper could
+    // be traced, or its memory read through /proc, by one attempt's script
+    // to see the next attempt's request (its input, token and secrets).
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        return helper_failed(&format!("cannot stop being dumpable: {e}"));
+    }
+    // What a script leaves running comes back to the helper, which reaps it.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        return helper_failed(&format!("cannot become a subreaper: {e}"));
+    }
+    // A timeout sends SIGTERM to the whole group but `bwrap`; the helper
+    // must outlive its script to report it, so it blocks the signal (std
+    // unblocks every signal in a child before its exec).
+    if let Err(e) = SigSet::from(Signal::SIGTERM).thread_block() {
+        return helper_failed(&format!("cannot block SIGTERM: {e}"));
+    }
+    let mut socket = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => return helper_failed(&format!("stdin: {e}")),
+    };
+    loop {
+        if let Err(e) = std::fs::write(slot.join(READY_MARK), b"") {
+            return helper_failed(&format!("cannot mark {} ready: {e}", slot.display()));
+        }
+        let streams = match receive_streams(&socket) {
+            Ok(Some(streams)) => streams,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => return helper_failed(&e),
+        };
+        let request = match Decoded::read(&mut socket) {
+            Ok(request) => request,
+            Err(e) => return helper_failed(&e),
+        };
+        let status = run(slot, &request, streams);
+        let cleaned = end_leftovers().and_then(|()| empty_scratch());
+        if let Err(e) = &cleaned {
+            let _ = std::fs::remove_file(slot.join(READY_MARK));
+            eprintln!("{HELPER_NAME}: this sandbox cannot serve another attempt: {e}");
+        }
+        if socket.write_all(&status.to_be_bytes()).is_err() || cleaned.is_err() {
+            return ExitCode::from(1);
+        }
+    }
+}
+
+/// One attempt: links its work dir, runs its command with its streams,
+/// and returns the wait status (127 with a message on its stderr when the
+/// command cannot start).
+fn run(slot: &Path, request: &Decoded, [stdin, stdout, stderr]: [OwnedFd; STREAMS]) -> i32 {
+    // The attempt's stderr, for what the helper has to say about it.
+    let mut message = stderr.try_clone().map(std::fs::File::from).ok();
+    let mut say = |what: String| {
+        if let Some(message) = &mut message {
+            let _ = writeln!(message, "{HELPER_NAME}: {what}");
+        }
+    };
+    let task = request.work_dir.file_name().unwrap_or(OsStr::new(""));
+    let inside = Path::new(slot.file_name().unwrap_or_default()).join(task);
+    let _ = std::fs::remove_file(&request.work_dir);
+    if let Err(e) = std::os::unix::fs::symlink(&inside, &request.work_dir) {
+        say(format!(
+            "cannot link the work dir {}: {e}",
+            request.work_dir.display()
+        ));
+        return CANNOT_START;
+    }
+    let mut command = request.command();
+    command
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    let status = match command.spawn().and_then(|mut child| child.wait()) {
+        Ok(status) => status.into_raw(),
+        Err(e) => {
+            say(format!(
+                "could not start `{}`: {e}",
+                Path::new(&request.program).display()
+            ));
+            CANNOT_START
+        }
+    };
+    let _ = std::fs::remove_file(&request.work_dir);
+    status
+}
+
+/// The next attempt's streams, or `None` once the service closed the
+/// socket.
+fn receive_streams(socket: &UnixStream) -> Result<Option<[OwnedFd; STREAMS]>, String> {
+    let mut byte = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STREAMS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let message = loop {
+        match rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other.map_err(|e| format!("cannot receive an attempt: {e}"))?,
+        }
+    };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for cmsg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = cmsg {
+            fds.extend(received);
+        }
+    }
+    if message.bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    fds.try_into().map(Some).map_err(|fds: Vec<OwnedFd>| {
+        format!("an attempt with {} streams, not {STREAMS}", fds.len())
+    })
+}
+
+/// Kills every process of the sandbox but the helper and the namespace's
+/// init, and reaps them, until none is left: a process forking while it
+/// is killed is caught by the next round.
+fn end_leftovers() -> Result<(), String> {
+    loop {
+        let killed = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        loop {
+            match waitpid(Pid::from_raw(-1), None) {
+                Ok(_) => continue,
+                Err(Errno::ECHILD) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(format!("cannot reap what a script left: {e}")),
+            }
+        }
+        match killed {
+            Err(Errno::ESRCH) => return Ok(()),
+            Ok(()) => continue,
+            Err(e) => return Err(format!("cannot kill what a script left: {e}")),
+        }
+    }
+}
+
+/// Empties the scratch dirs and removes the System V IPC objects.
+fn empty_scratch() -> Result<(), String> {
+    for dir in SCRATCH_DIRS {
+        let Ok(root) = std::fs::symlink_metadata(dir) else {
+            continue;
+        };
+        empty(Path::new(dir), root.dev())
+            .map_err(|(path, e)| format!("cannot remove {}: {e}", path.display()))?;
+    }
+    // Rare, so a program of util-linux (no unsafe call here) rather than
+    // one per attempt: only when one of the lists names an object.
+    let listed = ["shm", "sem", "msg"].iter().any(|kind| {
+        std::fs::read_to_string(format!("/proc/sysvipc/{kind}"))
+            .is_ok_and(|text| text.lines().skip(1).any(|line| !line.trim().is_empty()))
+    });
+    if listed {
+        let removed = std::process::Command::new(IPCRM)
+            .arg("--all")
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run {IPCRM}: {e}"))?;
+        if !removed.success() {
+            return Err(format!("{IPCRM} --all failed ({removed})"));
+        }
+    }
+    Ok(())
+}
+
+/// Removes what `dir` holds on the file system `dev`. Never crosses into
+/// another: the sandbox's own mounts under a scratch dir (the work dir,
+/// the state dir, the scripts dir, when the data dir is under `/tmp`) are
+/// shared with the host, and what leads to them stays.
+fn empty(dir: &Path, dev: u64) -> Result<(), (PathBuf, std::io::Error)> {
+    let failed = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e| (path, e)
+    };
+    for entry in std::fs::read_dir(dir).map_err(failed(dir))? {
+        let path = entry.map_err(failed(dir))?.path();
+        let meta = std::fs::symlink_metadata(&path).map_err(failed(&path))?;
+        if !meta.is_dir() {
+            std::fs::remove_file(&path).map_err(failed(&path))?;
+            continue;
+        }
+        if meta.dev() != dev {
+            continue;
+        }
+        empty(&path, dev)?;
+        match std::fs::remove_dir(&path) {
+            // It leads to one of the sandbox's mounts.
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOTEMPTY) => {}
+            other => other.map_err(failed(&path))?,
+        }
+    }
+    Ok(())
+}
+
+/// Removes System V IPC objects (util-linux, in every Debian system).
+const IPCRM: &str = "/usr/bin/ipcrm";
+
+/// Where an attempt in a kept sandbox keeps its work dir while it runs:
+/// in the sandbox's own dir, named as the task's.
+pub(crate) fn inside(slot: &Path, work_dir: &Path) -> PathBuf {
+    slot.join(work_dir.file_name().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emptying_a_scratch_dir_removes_everything_in_it_on_its_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/c/file"), "x").unwrap();
+        std::fs::write(root.join("top"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        let dev = std::fs::metadata(root).unwrap().dev();
+        empty(root, dev).unwrap();
+        assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
+        // What a link pointed at is not followed.
+        assert!(Path::new("/etc").is_dir());
+    }
+
+    #[test]
+    fn a_dir_on_another_file_system_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("mount/inside")).unwrap();
+        std::fs::write(root.join("mount/inside/file"), "x").unwrap();
+        // A device number no file here has: every dir counts as a mount.
+        let dev = std::fs::metadata(root).unwrap().dev() + 1;
+        empty(root, dev).unwrap();
+        assert!(root.join("mount/inside/file").exists());
+    }
+}
