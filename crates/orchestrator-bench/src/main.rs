@@ -58,6 +58,11 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
+    /// Attempts one script sandbox serves, one after another: every
+    /// service's `--script-sandbox-attempts` (an opt-in of the service;
+    /// a run with another value than 1 never writes `--out`).
+    #[arg(long, default_value_t = 1)]
+    sandbox_attempts: u32,
     /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9,w10,w11
     /// (w3 includes w4; w9 runs only with the surrealdb-server backend;
     /// w10 needs root and the host's etcd and redis-server, and w11
@@ -87,6 +92,8 @@ pub struct Ctx {
     pub workers: usize,
     pub runs: usize,
     pub scale: f64,
+    /// `--sandbox-attempts`.
+    pub sandbox_attempts: u32,
     pub tmp: PathBuf,
     /// `--keep`: leave every data directory in place.
     pub keep: bool,
@@ -204,6 +211,7 @@ async fn run(args: Args) -> Result<bool> {
         workers,
         runs: args.runs.max(1),
         scale: args.scale,
+        sandbox_attempts: args.sandbox_attempts.max(1),
         tmp: tmp.path().to_path_buf(),
         keep: args.keep,
         surreal,
@@ -350,9 +358,12 @@ async fn run(args: Args) -> Result<bool> {
     if let Some(out) = &args.out {
         if !failures.is_empty() {
             eprintln!("not writing {} because a run failed", out.display());
-        } else if ctx.scale != 1.0 || !ALL_WORKLOADS.split(',').all(|w| only.contains(&w)) {
+        } else if ctx.scale != 1.0
+            || ctx.sandbox_attempts != 1
+            || !ALL_WORKLOADS.split(',').all(|w| only.contains(&w))
+        {
             eprintln!(
-                "not writing {}: only a full run (scale 1, every workload) is recorded",
+                "not writing {}: only a full run (scale 1, every workload, the default sandbox) is recorded",
                 out.display()
             );
         } else {

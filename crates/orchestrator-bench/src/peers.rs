@@ -358,6 +358,7 @@ mod tests {
             workers: 2,
             runs: 3,
             scale,
+            sandbox_attempts: 1,
             tmp: PathBuf::from("/tmp"),
             keep: false,
             surreal: None,

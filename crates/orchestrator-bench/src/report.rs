@@ -242,6 +242,13 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
     if ctx.scale != 1.0 {
         let _ = writeln!(t, "**Scaled run ({}×): not comparable.**\n", ctx.scale);
     }
+    if ctx.sandbox_attempts != 1 {
+        let _ = writeln!(
+            t,
+            "**Each script sandbox serves {} attempts (`--script-sandbox-attempts`, an opt-in).**\n",
+            ctx.sandbox_attempts
+        );
+    }
     t.push_str("| # | workload | measure | orchestrator | baseline | ratio | target | result |\n");
     t.push_str("|---|---|---|---|---|---|---|---|\n");
     let mut row = |cells: [&str; 8]| {

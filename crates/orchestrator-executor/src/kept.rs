@@ -8,14 +8,15 @@
 //! the sandbox's namespaces, which it shares with the attempts before and
 //! after it (never at once). So that nothing of one attempt reaches the
 //! next, the helper, between two attempts:
-//! - kills every process left in the sandbox's PID namespace (it is their
-//!   subreaper, so it reaps them all);
+//! - kills every process left in the sandbox's PID namespace, whose init it
+//!   is (`bwrap --as-pid-1`), and reaps them;
 //! - empties `/tmp`, `/var/tmp` and `/dev/shm`, and removes the System V
 //!   IPC objects (POSIX message queues and the session keyring are not
 //!   reachable this way, and stay: docs/security.md);
 //! - is not dumpable, so a script (the same user, without capabilities)
-//!   can neither trace it nor read its memory, where the next attempt's
-//!   request passes.
+//!   can neither trace it, nor read its memory, nor take its socket
+//!   (`pidfd_getfd`), where the next attempt's request passes; and as the
+//!   namespace's init it gets no signal from a script.
 //!
 //! If any of it fails, the helper reports the attempt and exits, and the
 //! sandbox is made anew. A timeout or a cancel ends the sandbox too.
@@ -104,10 +105,6 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         return helper_failed(&format!("cannot stop being dumpable: {e}"));
     }
-    // What a script leaves running comes back to the helper, which reaps it.
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        return helper_failed(&format!("cannot become a subreaper: {e}"));
-    }
     // A timeout sends SIGTERM to the whole group but `bwrap`; the helper
     // must outlive its script to report it, so it blocks the signal (std
     // unblocks every signal in a child before its exec).
@@ -131,12 +128,22 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
             Ok(request) => request,
             Err(e) => return helper_failed(&e),
         };
-        let status = run(slot, &request, streams);
+        // The attempt's stderr, for what the helper has to say about it;
+        // held until the sandbox is clean, so that the service reads it
+        // before the status.
+        let mut message = streams[2].try_clone().map(std::fs::File::from).ok();
+        let mut say = |what: String| {
+            if let Some(message) = &mut message {
+                let _ = writeln!(message, "{HELPER_NAME}: {what}");
+            }
+        };
+        let status = run(slot, &request, streams, &mut say);
         let cleaned = end_leftovers().and_then(|()| empty_scratch());
         if let Err(e) = &cleaned {
             let _ = std::fs::remove_file(slot.join(READY_MARK));
-            eprintln!("{HELPER_NAME}: this sandbox cannot serve another attempt: {e}");
+            say(format!("this sandbox cannot serve another attempt: {e}"));
         }
+        drop(message);
         if socket.write_all(&status.to_be_bytes()).is_err() || cleaned.is_err() {
             return ExitCode::from(1);
         }
@@ -146,14 +153,12 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
 /// One attempt: links its work dir, runs its command with its streams,
 /// and returns the wait status (127 with a message on its stderr when the
 /// command cannot start).
-fn run(slot: &Path, request: &Decoded, [stdin, stdout, stderr]: [OwnedFd; STREAMS]) -> i32 {
-    // The attempt's stderr, for what the helper has to say about it.
-    let mut message = stderr.try_clone().map(std::fs::File::from).ok();
-    let mut say = |what: String| {
-        if let Some(message) = &mut message {
-            let _ = writeln!(message, "{HELPER_NAME}: {what}");
-        }
-    };
+fn run(
+    slot: &Path,
+    request: &Decoded,
+    [stdin, stdout, stderr]: [OwnedFd; STREAMS],
+    say: &mut dyn FnMut(String),
+) -> i32 {
     let task = request.work_dir.file_name().unwrap_or(OsStr::new(""));
     let inside = Path::new(slot.file_name().unwrap_or_default()).join(task);
     let _ = std::fs::remove_file(&request.work_dir);
@@ -210,9 +215,10 @@ fn receive_streams(socket: &UnixStream) -> Result<Option<[OwnedFd; STREAMS]>, St
     })
 }
 
-/// Kills every process of the sandbox but the helper and the namespace's
-/// init, and reaps them, until none is left: a process forking while it
-/// is killed is caught by the next round.
+/// Kills every process of the sandbox but the helper (the namespace's
+/// init, to which what a script leaves running comes back), and reaps
+/// them, until none is left: a process forking while it is killed is
+/// caught by the next round.
 fn end_leftovers() -> Result<(), String> {
     loop {
         let killed = kill(Pid::from_raw(-1), Signal::SIGKILL);

@@ -334,7 +334,15 @@ impl Pool {
         let end = args.pop();
         debug_assert_eq!(end.as_deref(), Some(OsStr::new("--")));
         let helper = self.helper.as_os_str().to_owned();
-        args.extend(["--ro-bind".into(), helper.clone(), helper, "--".into()]);
+        args.extend(["--ro-bind".into(), helper.clone(), helper]);
+        if self.attempts > 1 {
+            // A kept sandbox's helper is its PID namespace's init: no
+            // `bwrap` init beside it whose descriptors (the helper's
+            // socket) a script could take with `pidfd_getfd`, and no
+            // signal of a script reaches it.
+            args.push("--as-pid-1".into());
+        }
+        args.push("--".into());
         let mut command = Command::new(program);
         command.args(args).arg(&self.helper);
         if self.attempts > 1 {
@@ -353,9 +361,10 @@ impl Pool {
         };
         crate::sandbox::as_attempt(&mut command);
         if self.attempts > 1 {
-            // Each attempt brings its own streams over the socket; what
-            // `bwrap` or the helper say of the sandbox itself goes to the
-            // service's log.
+            // Each attempt brings its own streams over the socket, and the
+            // helper says what goes wrong on the attempt's stderr. Nothing
+            // of the service's own (its log) is passed in: a script could
+            // take it from a process of the sandbox.
             let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
             ours.set_nonblocking(true)?;
             ready.socket = Some(tokio::net::UnixStream::from_std(ours)?);
@@ -364,7 +373,7 @@ impl Pool {
                     theirs,
                 )))
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::inherit());
+                .stderr(std::process::Stdio::null());
         }
         ready.child = Some(command.spawn()?);
         Ok(ready)
