@@ -86,14 +86,32 @@ pub(crate) async fn send(
     socket.write_all(request).await
 }
 
-/// The wait status the helper reports once the attempt ended and the
-/// sandbox is clean; `None` when the helper is gone (it died, or a script
-/// killed it).
-pub(crate) async fn status(socket: &mut tokio::net::UnixStream) -> Option<ExitStatus> {
+/// What the helper reports once an attempt ended: its wait status, and
+/// whether the sandbox is clean for the next one.
+pub(crate) struct Report {
+    pub status: ExitStatus,
+    pub reusable: bool,
+}
+
+impl Report {
+    /// Its bytes: the wait status (big-endian), then 1 or 0.
+    fn encode(status: i32, reusable: bool) -> [u8; 5] {
+        let [a, b, c, d] = status.to_be_bytes();
+        [a, b, c, d, u8::from(reusable)]
+    }
+}
+
+/// The helper's report of the attempt it was given; `None` when the
+/// helper is gone.
+pub(crate) async fn report(socket: &mut tokio::net::UnixStream) -> Option<Report> {
     use tokio::io::AsyncReadExt;
-    let mut raw = [0u8; 4];
+    let mut raw = [0u8; 5];
     socket.read_exact(&mut raw).await.ok()?;
-    Some(ExitStatus::from_raw(i32::from_be_bytes(raw)))
+    let [a, b, c, d, reusable] = raw;
+    Some(Report {
+        status: ExitStatus::from_raw(i32::from_be_bytes([a, b, c, d])),
+        reusable: reusable == 1,
+    })
 }
 
 /// The helper of a kept sandbox, its socket on stdin: serves attempts
@@ -115,10 +133,14 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
         Ok(fd) => UnixStream::from(fd),
         Err(e) => return helper_failed(&format!("stdin: {e}")),
     };
+    let mark = || {
+        std::fs::write(slot.join(READY_MARK), b"")
+            .map_err(|e| format!("cannot mark {} ready: {e}", slot.display()))
+    };
+    if let Err(e) = mark() {
+        return helper_failed(&e);
+    }
     loop {
-        if let Err(e) = std::fs::write(slot.join(READY_MARK), b"") {
-            return helper_failed(&format!("cannot mark {} ready: {e}", slot.display()));
-        }
         let streams = match receive_streams(&socket) {
             Ok(Some(streams)) => streams,
             Ok(None) => return ExitCode::SUCCESS,
@@ -138,13 +160,21 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
             }
         };
         let status = run(slot, &request, streams, &mut say);
-        let cleaned = end_leftovers().and_then(|()| empty_scratch());
+        // Marked ready again before the status goes: the service may hand
+        // the next attempt over as soon as it has the status.
+        let cleaned = end_leftovers()
+            .and_then(|()| empty_scratch())
+            .and_then(|()| mark());
         if let Err(e) = &cleaned {
             let _ = std::fs::remove_file(slot.join(READY_MARK));
             say(format!("this sandbox cannot serve another attempt: {e}"));
         }
         drop(message);
-        if socket.write_all(&status.to_be_bytes()).is_err() || cleaned.is_err() {
+        if socket
+            .write_all(&Report::encode(status, cleaned.is_ok()))
+            .is_err()
+            || cleaned.is_err()
+        {
             return ExitCode::from(1);
         }
     }
@@ -324,6 +354,24 @@ mod tests {
         assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
         // What a link pointed at is not followed.
         assert!(Path::new("/etc").is_dir());
+    }
+
+    #[tokio::test]
+    async fn the_service_reads_the_helpers_report_and_sees_a_gone_helper() {
+        let (service, helper) = UnixStream::pair().unwrap();
+        service.set_nonblocking(true).unwrap();
+        let mut service = tokio::net::UnixStream::from_std(service).unwrap();
+        let mut helper = helper;
+        helper.write_all(&Report::encode(3 << 8, true)).unwrap();
+        helper
+            .write_all(&Report::encode(CANNOT_START, false))
+            .unwrap();
+        drop(helper);
+        let first = report(&mut service).await.unwrap();
+        assert_eq!((first.status.code(), first.reusable), (Some(3), true));
+        let second = report(&mut service).await.unwrap();
+        assert_eq!((second.status.code(), second.reusable), (Some(127), false));
+        assert!(report(&mut service).await.is_none());
     }
 
     #[test]

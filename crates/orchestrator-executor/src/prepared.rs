@@ -237,7 +237,8 @@ impl Pool {
 
     /// A kept sandbox back from an attempt: ready for the next, unless it
     /// served its last, or its attempt did not end cleanly (a timeout, a
-    /// cancel, a helper gone), when it ends and another is made.
+    /// cancel, a helper that could not empty the sandbox or is gone), when
+    /// it ends and another is made.
     fn give_back(self: &Arc<Pool>, sandbox: Ready, clean: bool) {
         let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
         queue.in_use -= 1;
@@ -266,8 +267,7 @@ impl Pool {
                 .as_mut()
                 .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
             if !alive && ready.served > 0 {
-                // A kept sandbox whose helper could not clean up after its
-                // last attempt (it said why), or that a script killed.
+                // A kept sandbox whose helper died after it came back.
                 queue.remove(i);
                 continue;
             }
@@ -391,7 +391,7 @@ pub(crate) struct KeptAttempt {
     inside: PathBuf,
     /// The task's work dir, where the attempt's files end.
     work_dir: PathBuf,
-    /// The helper reported the attempt's end, and the sandbox is clean.
+    /// The helper reported the attempt's end, and the sandbox as clean.
     clean: bool,
 }
 
@@ -439,12 +439,12 @@ impl KeptAttempt {
     }
 
     /// The attempt's wait status, once the helper has cleaned up after it.
-    /// When the helper is gone instead, `bwrap`'s own status (the helper's
-    /// signal or exit), and the sandbox is not reused.
+    /// When the helper is gone instead (it crashed), `bwrap`'s own status,
+    /// and the sandbox is not reused.
     pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(status) = crate::kept::status(self.socket()?).await {
-            self.clean = true;
-            return Ok(status);
+        if let Some(report) = crate::kept::report(self.socket()?).await {
+            self.clean = report.reusable;
+            return Ok(report.status);
         }
         match self
             .sandbox

@@ -363,8 +363,8 @@ fn assert_nothing_outlives(data_dir: &Path) {
 /// in a row, and each finds it as a fresh one would be: no process, no
 /// file in `/tmp` or `/dev/shm`, no System V segment of the attempt
 /// before, and its helper's memory and environment out of reach. Then a
-/// new sandbox serves the next three. The hostile script reaches nothing
-/// of the service from one. A retry, a timeout and the service's end
+/// new sandbox serves the next three. One its helper cannot empty is
+/// made anew. The hostile script reaches nothing of the service from one. A retry, a timeout and the service's end
 /// behave as with sandboxes of one attempt.
 #[test]
 fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
@@ -444,8 +444,24 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     // (The hostile script must find nothing in the data dir to read.)
     std::fs::remove_file(&state_file).unwrap();
 
-    // The hostile script in a sandbox that served an attempt before it.
+    // A sandbox its helper cannot empty serves no other attempt: the
+    // attempt's log says why, and the next attempt gets a new sandbox.
+    let task = probe(&daemon, json!({"lock_tmp": true}), 1);
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["output"]["sandbox"], reports[3]["sandbox"], "{task}");
+    let log = daemon.cli(&["logs", task["id"].as_str().unwrap()]);
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.contains("cannot serve another attempt") && log.contains("/tmp/locked"),
+        "{log}"
+    );
     wait_for_a_prepared_sandbox(&data_dir);
+    let task = probe(&daemon, json!({}), 1);
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_ne!(task["output"]["sandbox"], reports[3]["sandbox"], "{task}");
+    assert_eq!(task["output"]["earlier_tmp"], false, "{task}");
+
+    // The hostile script in a sandbox that served an attempt before it.
     let (report, log) = reach(&daemon, &data_dir, &[]);
     assert_nothing_reached(&report, &log, &data_dir, &[KEY]);
 
