@@ -28,91 +28,28 @@
 //! task's path outside when the attempt ends.
 
 use std::ffi::OsStr;
-use std::io::{IoSlice, IoSliceMut, Write};
+use std::io::{IoSliceMut, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, ExitStatus, Stdio};
+use std::process::{ExitCode, Stdio};
 
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 
-use crate::prepared::{Decoded, HELPER_NAME, READY_MARK, helper_failed};
-
-/// The helper's flag for a kept sandbox, before its dir.
-pub(crate) const KEPT_FLAG: &str = "--kept";
-
-/// An attempt's streams, in the order they are passed: the script's
-/// stdin (read end), stdout and stderr (write ends).
-const STREAMS: usize = 3;
+use crate::wire::{Decoded, HELPER_NAME, READY_MARK, Report, STREAMS, helper_failed};
 
 /// The wait status of an attempt the helper could not start (exit 127).
 const CANNOT_START: i32 = 127 << 8;
 
 /// Where scripts may leave files that the next attempt would see.
 const SCRATCH_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
-
-/// Sends one attempt to a kept sandbox's helper: `streams` (see
-/// [`STREAMS`]) as ancillary data of one byte, then the request.
-pub(crate) async fn send(
-    socket: &mut tokio::net::UnixStream,
-    streams: [BorrowedFd<'_>; STREAMS],
-    request: &[u8],
-) -> std::io::Result<()> {
-    use tokio::io::{AsyncWriteExt, Interest};
-    socket
-        .async_io(Interest::WRITABLE, || {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STREAMS))];
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            control.push(SendAncillaryMessage::ScmRights(&streams));
-            rustix::net::sendmsg(
-                socket.as_fd(),
-                &[IoSlice::new(&[0])],
-                &mut control,
-                SendFlags::NOSIGNAL,
-            )
-            .map_err(std::io::Error::from)
-        })
-        .await?;
-    socket.write_all(request).await
-}
-
-/// What the helper reports once an attempt ended: its wait status, and
-/// whether the sandbox is clean for the next one.
-pub(crate) struct Report {
-    pub status: ExitStatus,
-    pub reusable: bool,
-}
-
-impl Report {
-    /// Its bytes: the wait status (big-endian), then 1 or 0.
-    fn encode(status: i32, reusable: bool) -> [u8; 5] {
-        let [a, b, c, d] = status.to_be_bytes();
-        [a, b, c, d, u8::from(reusable)]
-    }
-}
-
-/// The helper's report of the attempt it was given; `None` when the
-/// helper is gone.
-pub(crate) async fn report(socket: &mut tokio::net::UnixStream) -> Option<Report> {
-    use tokio::io::AsyncReadExt;
-    let mut raw = [0u8; 5];
-    socket.read_exact(&mut raw).await.ok()?;
-    let [a, b, c, d, reusable] = raw;
-    Some(Report {
-        status: ExitStatus::from_raw(i32::from_be_bytes([a, b, c, d])),
-        reusable: reusable == 1,
-    })
-}
 
 /// The helper of a kept sandbox, its socket on stdin: serves attempts
 /// until the socket closes (exit 0) or the sandbox cannot be made clean.
@@ -331,12 +268,6 @@ fn empty(dir: &Path, dev: u64) -> Result<(), (PathBuf, std::io::Error)> {
 /// Removes System V IPC objects (util-linux, in every Debian system).
 const IPCRM: &str = "/usr/bin/ipcrm";
 
-/// Where an attempt in a kept sandbox keeps its work dir while it runs:
-/// in the sandbox's own dir, named as the task's.
-pub(crate) fn inside(slot: &Path, work_dir: &Path) -> PathBuf {
-    slot.join(work_dir.file_name().unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,24 +285,6 @@ mod tests {
         assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
         // What a link pointed at is not followed.
         assert!(Path::new("/etc").is_dir());
-    }
-
-    #[tokio::test]
-    async fn the_service_reads_the_helpers_report_and_sees_a_gone_helper() {
-        let (service, helper) = UnixStream::pair().unwrap();
-        service.set_nonblocking(true).unwrap();
-        let mut service = tokio::net::UnixStream::from_std(service).unwrap();
-        let mut helper = helper;
-        helper.write_all(&Report::encode(3 << 8, true)).unwrap();
-        helper
-            .write_all(&Report::encode(CANNOT_START, false))
-            .unwrap();
-        drop(helper);
-        let first = report(&mut service).await.unwrap();
-        assert_eq!((first.status.code(), first.reusable), (Some(3), true));
-        let second = report(&mut service).await.unwrap();
-        assert_eq!((second.status.code(), second.reusable), (Some(127), false));
-        assert!(report(&mut service).await.is_none());
     }
 
     #[test]

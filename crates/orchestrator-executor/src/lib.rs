@@ -11,6 +11,7 @@
 //! input reaches the script through stdin alone.
 
 mod error;
+mod helper;
 mod kept;
 mod lookup;
 mod prepared;
@@ -19,14 +20,16 @@ mod resolve;
 mod run;
 mod sandbox;
 mod step;
+mod wire;
 
 pub use error::ScriptError;
-pub use prepared::{HELPER_NAME, serve as serve_prepared_sandbox};
+pub use helper::serve as serve_prepared_sandbox;
 pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
 pub use sandbox::{BUBBLEWRAP_PACKAGE, Bubblewrap, Sandbox, capability_set};
 pub use step::{Attempt, CheckpointSink, InputRefusal, LogSink, Outcome, StepRunner};
+pub use wire::HELPER_NAME;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

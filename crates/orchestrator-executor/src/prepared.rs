@@ -1,31 +1,32 @@
 //! Sandboxes prepared ahead of need.
 //!
 //! Setting up a bubblewrap sandbox (namespaces, a dozen mounts,
-//! `pivot_root`) takes about 5 ms of wall time on a small VM, but little
-//! CPU: mostly the kernel waits. Paid at each start, it was most of a
-//! task's start latency and a third of its cost (docs/benchmarks.md). So
-//! the executor keeps a few sandboxes ready: each is a `bwrap` with every
-//! mount of an attempt made, running a small helper binary
-//! (`orchestrator-sandbox-exec`, [`serve`]) that waits on its stdin for
-//! the one command it is to become. An attempt takes a ready sandbox, sends its command,
-//! and a replacement is prepared in the background.
+//! `pivot_root`) takes about 5 ms of wall time on a small VM, 2.3 ms of it
+//! CPU. Paid at each start, it was most of a task's start latency
+//! (docs/benchmarks.md). So the executor keeps a few sandboxes ready: each
+//! is a `bwrap` with every mount of an attempt made, running a small
+//! helper binary (`orchestrator-sandbox-exec`, `helper`) that waits on its
+//! stdin for the one command it is to become. An attempt takes a ready
+//! sandbox, sends its command, and a replacement is prepared in the
+//! background.
 //!
 //! Nothing is shared between attempts: a sandbox serves one attempt and
-//! ends with it, as one made at the start does. The one difference is
-//! the work dir. A sandbox is made before its task is known, so it binds
-//! an empty dir of its own (`<work>/.prepared-…`); the attempt that takes
-//! it renames that dir to the task's work dir, and inside, the helper
-//! links `<work>/<task-id>` to it, so the script finds its work dir where
-//! `ORCHESTRATOR_WORK_DIR` says. The link needs `<work>` to be a private
-//! tmpfs of the sandbox (the service's data dir, hidden, holds it); in any
-//! other layout, and for an attempt whose work dir exists already (a retry
-//! finds the last attempt's files), the sandbox is made at the start.
+//! ends with it, as one made at the start does (unless it is kept for
+//! several, an opt-in: `kept`, and [`KeptAttempt`] here). The one
+//! difference is the work dir. A sandbox is made before its task is known,
+//! so it binds an empty dir of its own (`<work>/.prepared-…`); the attempt
+//! that takes it renames that dir to the task's work dir, and inside, the
+//! helper links `<work>/<task-id>` to it, so the script finds its work dir
+//! where `ORCHESTRATOR_WORK_DIR` says. The link needs `<work>` to be a
+//! private tmpfs of the sandbox (the service's data dir, hidden, holds
+//! it); in any other layout, and for an attempt whose work dir exists
+//! already (a retry finds the last attempt's files), the sandbox is made
+//! at the start.
 
 use std::ffi::{OsStr, OsString};
-use std::io::Read;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -35,21 +36,10 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::sandbox::{Attempt, Bubblewrap};
-
-/// The helper's program, a small binary of its own beside `orchestrator`
-/// (or in `/usr/libexec/orchestrator/`): started in each prepared
-/// sandbox, it must cost little more than the script's own exec.
-pub const HELPER_NAME: &str = "orchestrator-sandbox-exec";
+use crate::wire::{KEPT_FLAG, READY_MARK};
 
 /// How a prepared sandbox's own dir is named, in the work dir.
 const SLOT_PREFIX: &str = ".prepared-";
-
-/// What the helper leaves in its sandbox's dir once it runs: every mount
-/// is made. Taken away before the script starts.
-pub(crate) const READY_MARK: &str = ".ready";
-
-/// The largest request the helper reads: a command line and environment.
-const MAX_REQUEST_BYTES: usize = 4 << 20;
 
 /// Sandboxes ready for the next attempts.
 #[derive(Debug)]
@@ -219,7 +209,7 @@ impl Pool {
     /// A kept sandbox for one more attempt, its work dir made in the
     /// sandbox's own dir; counted in use until it comes back.
     fn take_kept(self: &Arc<Pool>, mut ready: Ready, work_dir: &Path) -> Option<Taken> {
-        let inside = crate::kept::inside(ready.slot.as_deref()?, work_dir);
+        let inside = inside(ready.slot.as_deref()?, work_dir);
         if let Err(e) = std::fs::create_dir(&inside) {
             tracing::warn!(dir = %inside.display(), error = %e, "cannot make a work dir in a kept sandbox");
             return None;
@@ -346,7 +336,7 @@ impl Pool {
         let mut command = Command::new(program);
         command.args(args).arg(&self.helper);
         if self.attempts > 1 {
-            command.arg(crate::kept::KEPT_FLAG);
+            command.arg(KEPT_FLAG);
         }
         command
             .arg(&slot)
@@ -410,7 +400,7 @@ impl KeptAttempt {
         let (stdout_read, stdout_write) = std::io::pipe()?;
         let (stderr_read, stderr_write) = std::io::pipe()?;
         let socket = self.socket()?;
-        crate::kept::send(
+        crate::wire::send(
             socket,
             [
                 stdin_read.as_fd(),
@@ -442,7 +432,7 @@ impl KeptAttempt {
     /// When the helper is gone instead (it crashed), `bwrap`'s own status,
     /// and the sandbox is not reused.
     pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(report) = crate::kept::report(self.socket()?).await {
+        if let Some(report) = crate::wire::report(self.socket()?).await {
             self.clean = report.reusable;
             return Ok(report.status);
         }
@@ -483,223 +473,13 @@ impl Drop for KeptAttempt {
     }
 }
 
+/// Where an attempt in a kept sandbox keeps its work dir while it runs:
+/// in the sandbox's own dir, named as the task's.
+fn inside(slot: &Path, work_dir: &Path) -> PathBuf {
+    slot.join(work_dir.file_name().unwrap_or_default())
+}
+
 /// Renames `from` to `to`, never over an existing `to`.
 fn move_work_dir(from: &Path, to: &Path) -> nix::Result<()> {
     renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
-}
-
-/// What a prepared sandbox is to run.
-pub(crate) struct Request<'a> {
-    /// The task's work dir, linked inside to the sandbox's own dir.
-    pub work_dir: &'a Path,
-    pub program: &'a OsStr,
-    pub args: Vec<&'a OsStr>,
-    /// The service's environment, then the attempt's own variables.
-    pub env: [&'a [(OsString, OsString)]; 2],
-}
-
-impl Request<'_> {
-    /// The bytes the helper reads: a big-endian length, then NUL-ended
-    /// fields (no field can hold a NUL: they are paths, arguments and
-    /// environment entries).
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut fields: Vec<&[u8]> = vec![
-            self.work_dir.as_os_str().as_bytes(),
-            self.program.as_bytes(),
-        ];
-        let argc = self.args.len().to_string();
-        fields.push(argc.as_bytes());
-        fields.extend(self.args.iter().map(|a| a.as_bytes()));
-        let entries: Vec<Vec<u8>> = self
-            .env
-            .iter()
-            .flat_map(|part| part.iter())
-            .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
-            .collect();
-        fields.extend(entries.iter().map(Vec::as_slice));
-        let body: Vec<u8> = fields.iter().flat_map(|f| [*f, b"\0"].concat()).collect();
-        let mut out = (body.len() as u32).to_be_bytes().to_vec();
-        out.extend(body);
-        out
-    }
-}
-
-/// The helper inside a prepared sandbox, given the sandbox's own dir:
-/// marks it ready, reads one request from stdin (exactly its bytes: the
-/// rest is the script's input), links the task's work dir to the
-/// sandbox's dir, and becomes the command. Exits 127 with a message when
-/// it cannot. With `--kept` before the dir it serves attempts one after
-/// another instead (`kept`).
-pub fn serve() -> ExitCode {
-    use std::os::fd::AsFd;
-    use std::os::unix::process::CommandExt;
-    let mut args = std::env::args_os().skip(1).peekable();
-    let kept = args.next_if(|a| a == crate::kept::KEPT_FLAG).is_some();
-    let Some(slot) = args.next().map(PathBuf::from) else {
-        return helper_failed("no dir given");
-    };
-    if kept {
-        return crate::kept::serve(&slot);
-    }
-    if let Err(e) = std::fs::write(slot.join(READY_MARK), b"") {
-        return helper_failed(&format!("cannot mark {} ready: {e}", slot.display()));
-    }
-    // Unbuffered: a buffered read would take some of the script's input.
-    let mut stdin = match std::io::stdin().as_fd().try_clone_to_owned() {
-        Ok(fd) => std::fs::File::from(fd),
-        Err(e) => return helper_failed(&format!("stdin: {e}")),
-    };
-    let request = match Decoded::read(&mut stdin) {
-        Ok(request) => request,
-        Err(e) => return helper_failed(&e),
-    };
-    drop(stdin);
-    let target = slot.file_name().unwrap_or(slot.as_os_str());
-    if let Err(e) = std::os::unix::fs::symlink(target, &request.work_dir) {
-        return helper_failed(&format!(
-            "cannot link the work dir {}: {e}",
-            request.work_dir.display()
-        ));
-    }
-    let e = request.command().exec();
-    helper_failed(&format!(
-        "could not start `{}`: {e}",
-        Path::new(&request.program).display()
-    ))
-}
-
-/// What the helper says before it gives up (exit code 127, as a shell's
-/// "cannot run").
-pub(crate) fn helper_failed(what: &str) -> ExitCode {
-    eprintln!("{HELPER_NAME}: {what}");
-    ExitCode::from(127)
-}
-
-/// A [`Request`] as the helper reads it.
-#[derive(Debug)]
-pub(crate) struct Decoded {
-    pub work_dir: PathBuf,
-    pub program: OsString,
-    pub args: Vec<OsString>,
-    pub env: Vec<(OsString, OsString)>,
-}
-
-impl Decoded {
-    /// Reads exactly one request's bytes from `input`.
-    pub(crate) fn read(input: &mut impl Read) -> Result<Decoded, String> {
-        let mut len = [0u8; 4];
-        input
-            .read_exact(&mut len)
-            .map_err(|e| format!("no request: {e}"))?;
-        let len = u32::from_be_bytes(len) as usize;
-        if len > MAX_REQUEST_BYTES {
-            return Err(format!(
-                "a request of {len} bytes, above {MAX_REQUEST_BYTES}"
-            ));
-        }
-        let mut body = vec![0u8; len];
-        input
-            .read_exact(&mut body)
-            .map_err(|e| format!("a cut request: {e}"))?;
-        let mut fields = body
-            .split(|b| *b == 0)
-            .map(|f| OsString::from_vec(f.to_vec()));
-        let (Some(work_dir), Some(program), Some(argc)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            return Err("a request without its command".into());
-        };
-        let argc = argc
-            .to_str()
-            .and_then(|n| n.parse::<usize>().ok())
-            .ok_or("a request without its argument count")?;
-        let args: Vec<OsString> = fields.by_ref().take(argc).collect();
-        let env = fields
-            .filter(|entry| !entry.is_empty())
-            .filter_map(|entry| {
-                let bytes = entry.as_bytes();
-                let at = bytes.iter().position(|b| *b == b'=')?;
-                Some((
-                    OsString::from_vec(bytes[..at].to_vec()),
-                    OsString::from_vec(bytes[at + 1..].to_vec()),
-                ))
-            })
-            .collect();
-        Ok(Decoded {
-            work_dir: PathBuf::from(work_dir),
-            program,
-            args,
-            env,
-        })
-    }
-
-    /// The request's command line and environment, nothing inherited.
-    pub(crate) fn command(&self) -> std::process::Command {
-        let mut command = std::process::Command::new(&self.program);
-        command
-            .args(&self.args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        command
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_is_its_fields_each_ended_by_nul_after_their_length() {
-        let env = vec![("A".into(), "x=y".into())];
-        let own = vec![("B".into(), "1".into())];
-        let request = Request {
-            work_dir: Path::new("/d/work/t1"),
-            program: OsStr::new("/bin/sh"),
-            args: vec![OsStr::new("s.sh")],
-            env: [&env, &own],
-        };
-        let bytes = request.encode();
-        let body: Vec<u8> = ["/d/work/t1", "/bin/sh", "1", "s.sh", "A=x=y", "B=1"]
-            .iter()
-            .flat_map(|field| [field.as_bytes(), b"\0"].concat())
-            .collect();
-        assert_eq!(&bytes[..4], &(body.len() as u32).to_be_bytes());
-        assert_eq!(&bytes[4..], &body[..]);
-    }
-
-    #[test]
-    fn the_helper_reads_back_the_request_the_service_encodes() {
-        let env = vec![("A".into(), "x=y".into())];
-        let own = vec![("B".into(), "".into())];
-        let request = Request {
-            work_dir: Path::new("/d/work/t1"),
-            program: OsStr::new("/bin/sh"),
-            args: vec![OsStr::new("s.sh"), OsStr::new("")],
-            env: [&env, &own],
-        };
-        let mut bytes = request.encode();
-        bytes.extend_from_slice(b"the script's input");
-        let mut reader = &bytes[..];
-        let decoded = Decoded::read(&mut reader).unwrap();
-        assert_eq!(decoded.work_dir, Path::new("/d/work/t1"));
-        assert_eq!(decoded.program, "/bin/sh");
-        assert_eq!(
-            decoded.args,
-            vec![OsString::from("s.sh"), OsString::from("")]
-        );
-        assert_eq!(
-            decoded.env,
-            vec![("A".into(), "x=y".into()), ("B".into(), "".into())]
-        );
-        // Exactly the request: what follows is the script's.
-        assert_eq!(reader, b"the script's input");
-    }
-
-    #[test]
-    fn a_request_above_its_limit_or_cut_short_is_refused() {
-        let mut too_big: &[u8] = &((MAX_REQUEST_BYTES + 1) as u32).to_be_bytes();
-        assert!(Decoded::read(&mut too_big).unwrap_err().contains("above"));
-        let mut cut: &[u8] = &[0, 0, 0, 9, b'x'];
-        assert!(Decoded::read(&mut cut).unwrap_err().contains("cut"));
-    }
 }

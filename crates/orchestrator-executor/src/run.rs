@@ -114,7 +114,7 @@ impl ScriptExecutor {
         let _ = std::fs::remove_file(&result_file);
 
         let env = self.script_env(&job, &work_dir, &result_file);
-        let request = crate::prepared::Request {
+        let request = crate::wire::Request {
             work_dir: &work_dir,
             program: program.as_os_str(),
             args: script_arg.iter().map(|a| a.as_os_str()).collect(),
