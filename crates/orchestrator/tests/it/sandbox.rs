@@ -505,3 +505,67 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     drop(daemon);
     assert_nothing_outlives(&data_dir);
 }
+
+/// An attempt a kept sandbox was running when the service was killed with
+/// -9 keeps what it wrote in its work dir: at the next start the dir
+/// goes to the task's path, where the retry finds it.
+#[test]
+fn a_kept_sandbox_s_attempt_keeps_its_work_dir_across_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let start = || {
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--no-auth",
+                "--workers",
+                "1",
+                "--script-sandbox-attempts",
+                "3",
+                "--data-dir",
+            ])
+            .arg(&data_dir)
+            .arg("--scripts-dir")
+            .arg(fixture_scripts());
+        Daemon::spawn(command)
+    };
+    let daemon = start();
+    wait_for_a_prepared_sandbox(&data_dir);
+    let created = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": {
+            "name": "probe", "ref_name": "probe", "schema_version": 1,
+            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py",
+                       "input": {"sleep_first": 60}}],
+        }, "max_attempts": 2}),
+    );
+    let id = created["task_ids"][0].as_str().unwrap().to_owned();
+    // The attempt wrote its file in the kept sandbox's own dir.
+    let written = || {
+        std::fs::read_dir(data_dir.join("work"))
+            .unwrap()
+            .flatten()
+            .any(|slot| slot.path().join(&id).join("mine").exists())
+    };
+    for _ in 0..1200 {
+        if written() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(written(), "the attempt never wrote in its work dir");
+    drop(daemon);
+    assert_nothing_outlives(&data_dir);
+
+    let daemon = start();
+    let task = wait_all_finished(&daemon, std::slice::from_ref(&id)).remove(0);
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["output"]["attempt"], 2, "{task}");
+    assert_eq!(
+        task["output"]["found_mine"], true,
+        "the retry lost what the killed attempt wrote: {task}"
+    );
+}
