@@ -973,6 +973,20 @@ mod tests {
                 },
                 "--task-timeout: 18446744073709551615 is out of range",
             ),
+            (
+                ServeArgs {
+                    script_sandbox_attempts: Some(0),
+                    ..Default::default()
+                },
+                "--script-sandbox-attempts: 0 is out of range: must be from 1 to 1000",
+            ),
+            (
+                ServeArgs {
+                    script_sandbox_attempts: Some(1001),
+                    ..Default::default()
+                },
+                "--script-sandbox-attempts: 1001 is out of range",
+            ),
             // A template at its limit would not fit in a request body.
             (
                 ServeArgs {
