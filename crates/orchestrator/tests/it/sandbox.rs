@@ -245,6 +245,20 @@ fn the_service_s_environment_is_unreadable_even_without_the_sandbox() {
     );
 }
 
+/// `orchestrator serve` with one worker, the fixture scripts, `data_dir`
+/// and `extra` arguments.
+fn one_worker(data_dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--port", "0", "--no-auth", "--workers", "1"])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts());
+    command
+}
+
 /// Waits until the service has a sandbox prepared for the next attempt
 /// (its dir is in the work dir, with the mark its helper leaves once every
 /// mount is made), so that the attempt takes it.
@@ -286,21 +300,7 @@ fn probe(daemon: &Daemon, input: Value, max_attempts: u32) -> Value {
 fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let mut command = Command::new(BIN);
-    command
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--no-auth",
-            "--workers",
-            "1",
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .arg("--scripts-dir")
-        .arg(fixture_scripts());
-    let daemon = Daemon::spawn(command);
+    let daemon = Daemon::spawn(one_worker(&data_dir, &[]));
 
     // More input than a pipe holds: the helper must leave all of it.
     let blob = "b".repeat(300_000);
@@ -364,31 +364,18 @@ fn assert_nothing_outlives(data_dir: &Path) {
 /// file in `/tmp` or `/dev/shm`, no System V segment of the attempt
 /// before, and its helper's memory and environment out of reach. Then a
 /// new sandbox serves the next three. One its helper cannot empty is
-/// made anew. The hostile script reaches nothing of the service from one. A retry, a timeout and the service's end
-/// behave as with sandboxes of one attempt.
+/// made anew. The hostile script reaches nothing of the service from one.
+/// A retry, a timeout and the service's end behave as with sandboxes of
+/// one attempt.
 #[test]
 fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let mut command = Command::new(BIN);
-    command
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--no-auth",
-            "--workers",
-            "1",
-            "--script-sandbox-attempts",
-            "3",
-            "--kill-grace",
-            "1",
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .arg("--scripts-dir")
-        .arg(fixture_scripts())
-        .env("ORCHESTRATOR_SECRET_KEY", KEY);
+    let mut command = one_worker(
+        &data_dir,
+        &["--script-sandbox-attempts", "3", "--kill-grace", "1"],
+    );
+    command.env("ORCHESTRATOR_SECRET_KEY", KEY);
     let daemon = Daemon::spawn(command);
     let state_file = data_dir.join("script-state").join("kept");
     std::fs::write(&state_file, "the state dir is not scratch").unwrap();
@@ -513,25 +500,7 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
 fn a_kept_sandbox_s_attempt_keeps_its_work_dir_across_a_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let start = || {
-        let mut command = Command::new(BIN);
-        command
-            .args([
-                "serve",
-                "--port",
-                "0",
-                "--no-auth",
-                "--workers",
-                "1",
-                "--script-sandbox-attempts",
-                "3",
-                "--data-dir",
-            ])
-            .arg(&data_dir)
-            .arg("--scripts-dir")
-            .arg(fixture_scripts());
-        Daemon::spawn(command)
-    };
+    let start = || Daemon::spawn(one_worker(&data_dir, &["--script-sandbox-attempts", "3"]));
     let daemon = start();
     wait_for_a_prepared_sandbox(&data_dir);
     let created = submit(
