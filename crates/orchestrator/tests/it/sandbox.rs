@@ -280,15 +280,22 @@ fn wait_for_a_prepared_sandbox(data_dir: &Path) {
 
 /// Runs `sandbox/probe.py` with `input` and returns the finished task.
 fn probe(daemon: &Daemon, input: Value, max_attempts: u32) -> Value {
-    let created = submit(
-        &format!("{}/workflows", daemon.url),
-        json!({"template": {
-            "name": "probe", "ref_name": "probe", "schema_version": 1,
-            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py", "input": input}],
-        }, "max_attempts": max_attempts}),
-    );
-    let id = created["task_ids"][0].as_str().unwrap().to_owned();
+    let id = submit_probe(daemon, input, json!({"max_attempts": max_attempts}));
     wait_all_finished(daemon, &[id]).remove(0)
+}
+
+/// Submits `sandbox/probe.py` with `input` and the submission's `options`
+/// (`max_attempts`, `timeout_secs`, ...), and returns its task's id.
+fn submit_probe(daemon: &Daemon, input: Value, options: Value) -> String {
+    let mut body = json!({"template": {
+        "name": "probe", "ref_name": "probe", "schema_version": 1,
+        "steps": [{"ref_name": "probe", "script": "sandbox/probe.py", "input": input}],
+    }});
+    body.as_object_mut()
+        .unwrap()
+        .extend(options.as_object().unwrap().clone());
+    let created = submit(&format!("{}/workflows", daemon.url), body);
+    created["task_ids"][0].as_str().unwrap().to_owned()
 }
 
 /// A sandbox prepared ahead of its attempt serves that attempt alone, as
@@ -464,15 +471,11 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     // A timeout ends the attempt, and its sandbox: the next attempt gets a
     // fresh one, with nothing of the one that timed out.
     wait_for_a_prepared_sandbox(&data_dir);
-    let created = submit(
-        &format!("{}/workflows", daemon.url),
-        json!({"template": {
-            "name": "probe", "ref_name": "probe", "schema_version": 1,
-            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py",
-                       "input": {"leave": true, "sleep": 30}}],
-        }, "max_attempts": 1, "timeout_secs": 1}),
+    let id = submit_probe(
+        &daemon,
+        json!({"leave": true, "sleep": 30}),
+        json!({"max_attempts": 1, "timeout_secs": 1}),
     );
-    let id = created["task_ids"][0].as_str().unwrap().to_owned();
     let task = wait_all_finished(&daemon, &[id]).remove(0);
     assert_eq!(task["status"], "failed", "{task}");
     assert!(
@@ -503,15 +506,11 @@ fn a_kept_sandbox_s_attempt_keeps_its_work_dir_across_a_kill_9() {
     let start = || Daemon::spawn(one_worker(&data_dir, &["--script-sandbox-attempts", "3"]));
     let daemon = start();
     wait_for_a_prepared_sandbox(&data_dir);
-    let created = submit(
-        &format!("{}/workflows", daemon.url),
-        json!({"template": {
-            "name": "probe", "ref_name": "probe", "schema_version": 1,
-            "steps": [{"ref_name": "probe", "script": "sandbox/probe.py",
-                       "input": {"sleep_first": 60}}],
-        }, "max_attempts": 2}),
+    let id = submit_probe(
+        &daemon,
+        json!({"sleep_first": 60}),
+        json!({"max_attempts": 2}),
     );
-    let id = created["task_ids"][0].as_str().unwrap().to_owned();
     // The attempt wrote its file in the kept sandbox's own dir.
     let written = || {
         std::fs::read_dir(data_dir.join("work"))
