@@ -963,8 +963,8 @@ pub struct ServeArgs {
     /// How many attempts, one after another, one script sandbox serves:
     /// 1 (each attempt its own), or up to 1000 for many short scripts, where
     /// making a sandbox costs more than the script. Between two attempts
-    /// the sandbox is emptied, but for what docs/security.md lists
-    /// [default: 1].
+    /// its helper kills what is left and empties /tmp, /var/tmp and
+    /// /dev/shm; what it cannot clear is in docs/security.md [default: 1].
     #[arg(long, env = "ORCHESTRATOR_SCRIPT_SANDBOX_ATTEMPTS")]
     pub script_sandbox_attempts: Option<u32>,
     /// A path scripts may write in the sandbox besides their work dir,

@@ -478,8 +478,14 @@ async fn script_sandbox(settings: &ServeSettings) -> Check {
         Ok(()) => Check::ok(
             name,
             format!(
-                "{}: scripts run without the service's files, processes or capabilities",
-                sandbox.program().display()
+                "{}: scripts run without the service's files, processes or capabilities{}",
+                sandbox.program().display(),
+                match settings.script_sandbox_attempts {
+                    1 => String::new(),
+                    n => format!(
+                        "; one sandbox serves {n} attempts in a row (--script-sandbox-attempts),                          emptied between them"
+                    ),
+                }
             ),
         ),
         Err(e) => Check::fail(

@@ -71,6 +71,19 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
     assert_eq!(text.lines().count(), 11, "{text}");
     // CI installs bubblewrap (.ci/run): the sandbox runs here.
     assert!(line(&text, "script sandbox").starts_with("ok"), "{text}");
+
+    // Sandboxes kept for several attempts are said so.
+    std::fs::write(
+        &config,
+        "script_sandbox_attempts = 10\n[interpreters]\nnu = \"bash\"\n",
+    )
+    .unwrap();
+    let (ok, text) = doctor(&config, &data, port);
+    assert!(ok, "{text}");
+    assert!(
+        line(&text, "script sandbox").contains("one sandbox serves 10 attempts in a row"),
+        "{text}"
+    );
 }
 
 /// The script sandbox: `bwrap` missing fails naming the package and the
