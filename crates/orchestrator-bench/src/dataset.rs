@@ -98,14 +98,16 @@ pub fn read_seed(dir: &Path) -> Result<Seed> {
     task_ids.sort(); // UUIDv7: creation order
     let mut ids = vec![wf_id];
     let mut texts = Vec::new();
-    let mut logs = Vec::new();
-    for (n, id) in task_ids.iter().enumerate() {
+    let logs = orchestrator_storage::fs::read_task_logs(dir, &task_ids_of(&task_ids)?)?
+        .into_iter()
+        .enumerate()
+        .map(|(n, log)| padded_log(log, n))
+        .collect();
+    for id in &task_ids {
         texts.push(serde_json::to_string(
             &json!({"type": "task", "data": tasks[id]}),
         )?);
         ids.push(id.clone());
-        let log = std::fs::read(dir.join("logs").join(format!("{id}.log"))).unwrap_or_default();
-        logs.push(padded_log(log, n));
     }
     Ok(Seed {
         workflow: serde_json::to_string(&json!({"type": "workflow", "data": wf}))?,
@@ -113,6 +115,15 @@ pub fn read_seed(dir: &Path) -> Result<Seed> {
         ids,
         logs,
     })
+}
+
+fn task_ids_of(ids: &[String]) -> Result<Vec<orchestrator_core::TaskId>> {
+    ids.iter()
+        .map(|id| {
+            let uuid: uuid::Uuid = id.parse().with_context(|| format!("task id {id}"))?;
+            Ok(orchestrator_core::TaskId::from_uuid(uuid))
+        })
+        .collect()
 }
 
 fn put(map: &mut HashMap<String, Value>, data: &Value) -> Result<()> {
@@ -221,15 +232,18 @@ pub fn write(seed: &Seed, seed_dir: &Path, dir: &Path, copies: usize) -> Result<
     }
     out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::File::create(dir.join("journal.jsonl"))?.sync_all()?;
-    let logs_dir = dir.join("logs");
-    std::fs::create_dir_all(&logs_dir)?;
+    // Written as an import writes them: packed, many to a file.
     let (mut logs, mut log_bytes) = (0, 0);
-    for ids in &all_ids {
-        for (id, log) in ids[1..].iter().zip(&seed.logs) {
-            std::fs::write(logs_dir.join(format!("{id}.log")), log)?;
-            logs += 1;
-            log_bytes += log.len() as u64;
+    for copies in all_ids.chunks(10_000) {
+        let mut batch = Vec::new();
+        for ids in copies {
+            for (id, log) in task_ids_of(&ids[1..])?.into_iter().zip(&seed.logs) {
+                batch.push((id, log.clone()));
+                logs += 1;
+                log_bytes += log.len() as u64;
+            }
         }
+        orchestrator_storage::fs::write_task_logs(dir, &batch)?;
     }
     Ok(Written {
         snapshot_bytes: bytes,

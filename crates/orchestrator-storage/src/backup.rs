@@ -10,7 +10,7 @@
 //! manifest.json           what the archive holds: record counts, and each file's size and SHA-256
 //! store/layout.json
 //! store/journal.jsonl     every record, one checksummed line each
-//! store/logs/<task>.log   each task's log
+//! store/logs/<n>.pack     the task logs (`<task>.log` files in archives of older builds)
 //! ```
 //!
 //! **Consistency.** The records are copied into a staging filesystem store
@@ -314,7 +314,7 @@ fn store_files(dir: &Path) -> Result<Vec<String>, BackupError> {
     for entry in entries {
         let entry = entry.map_err(io(format!("list {}", logs.display())))?;
         if let Some(name) = entry.file_name().to_str()
-            && name.ends_with(".log")
+            && (name.ends_with(".pack") || name.ends_with(".log"))
         {
             names.insert(format!("logs/{name}"));
         }

@@ -22,7 +22,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use orchestrator_core::TaskId;
@@ -30,7 +30,8 @@ use orchestrator_core::TaskId;
 use super::journal::reader::{Damage, LineFile, LinePlace, LineReader, parse_line, read_strictly};
 use super::layout::{Access, LAYOUT_FILE, check_layout};
 use super::line::Line;
-use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
+use super::logs::{Logs, Mode};
+use super::tasks::blocking;
 use super::{JOURNAL_FILE, LOGS_DIR, SNAPSHOT_FILE, open_data_dir, release_data_dir};
 use crate::{BulkTransfer, Error, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
@@ -56,7 +57,8 @@ type Index = BTreeMap<(RecordKind, String), Loc>;
 
 pub struct IndexedStore {
     dir: PathBuf,
-    logs_dir: PathBuf,
+    /// The task logs, read (and, for an import, written) on the blocking pool.
+    logs: Arc<Logs>,
     /// The snapshot as it was when indexed; `None` if there was none.
     snapshot: Option<File>,
     /// Read-only: the journal as it was when indexed.
@@ -133,8 +135,9 @@ impl IndexedStore {
                 .map_err(|e| Error::io(format!("read {}", journal_path.display()), e))?;
             let settled = file_identity(&snapshot_path) == before && opened == before;
             if settled || attempts >= 10 {
+                let logs = Logs::open(&dir.join(LOGS_DIR), Mode::Read, |_| true)?;
                 return Ok(IndexedStore {
-                    logs_dir: dir.join(LOGS_DIR),
+                    logs: Arc::new(logs),
                     dir,
                     snapshot,
                     journal,
@@ -160,7 +163,7 @@ impl IndexedStore {
 
     fn open_for_import_blocking(dir: PathBuf) -> Result<IndexedStore> {
         let lock = open_data_dir(&dir)?;
-        let logs_dir = dir.join(LOGS_DIR);
+        let logs = Logs::open(&dir.join(LOGS_DIR), Mode::Write, |_| true)?;
         let snapshot_path = dir.join(SNAPSHOT_FILE);
         let journal_path = dir.join(JOURNAL_FILE);
         let mut index = Index::new();
@@ -186,7 +189,7 @@ impl IndexedStore {
             .map_err(|e| Error::io(format!("open {}", journal_path.display()), e))?;
         Ok(IndexedStore {
             dir,
-            logs_dir,
+            logs: Arc::new(logs),
             snapshot,
             journal: Vec::new(),
             writer: Some(Writer {
@@ -489,11 +492,12 @@ impl BulkTransfer for IndexedStore {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        log_file_lengths_off(&self.logs_dir, ids).await
+        Ok(self.logs.lengths(ids))
     }
 
     async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        read_log_files_off(&self.logs_dir, asks).await
+        let (logs, asks) = (self.logs.clone(), asks.to_vec());
+        blocking(move || logs.read_many(&asks)).await
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
@@ -501,6 +505,7 @@ impl BulkTransfer for IndexedStore {
         if pieces.is_empty() {
             return Ok(());
         }
-        import_log_files(&self.logs_dir, pieces).await
+        let (logs, pieces) = (self.logs.clone(), pieces.to_vec());
+        blocking(move || logs.import(&pieces)).await
     }
 }

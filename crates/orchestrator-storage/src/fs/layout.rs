@@ -17,7 +17,7 @@ use crate::schema::{EntryState, SchemaEntry, SchemaStatus};
 use crate::{Error, Result};
 
 /// The on-disk layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 pub(super) const LAYOUT_FILE: &str = "layout.json";
 
@@ -34,6 +34,9 @@ pub(super) struct Upgrade {
     /// older one would misread. A store of the older layout then reads as
     /// it is, so a store opened to be read only need not be upgraded.
     pub convert: Option<fn(&Path) -> std::io::Result<()>>,
+    /// Whether this build reads a store that `convert` has not converted
+    /// as it is (so a backup or a migration need not upgrade it first).
+    pub read_unconverted: bool,
 }
 
 /// Every upgrade this build applies, oldest first (`UPGRADES[i].from ==
@@ -49,6 +52,7 @@ pub(super) const UPGRADES: &[Upgrade] = &[
         // version raised, it refuses the store for what it is: newer.
         name: "journal lines for schedules (schedule, schedule_deleted, schedule_claim)",
         convert: None,
+        read_unconverted: true,
     },
     Upgrade {
         from: 2,
@@ -57,6 +61,15 @@ pub(super) const UPGRADES: &[Upgrade] = &[
         name: "journal lines for webhooks (webhook_subscription, webhook_subscription_deleted, \
            webhook_delivery, webhook_deliveries_pruned)",
         convert: None,
+        read_unconverted: true,
+    },
+    Upgrade {
+        from: 3,
+        // A build of layout 3 would find no log in the packs. This build
+        // reads the old files as they are, and packs them when it writes.
+        name: "task logs packed many to a file (logs/<n>.pack)",
+        convert: Some(super::logs::pack_legacy_logs),
+        read_unconverted: true,
     },
 ];
 
@@ -127,7 +140,10 @@ fn open_layout(dir: &Path, access: Access, current: u32, upgrades: &[Upgrade]) -
     }
     if access == Access::ReadOnly {
         // Never written: readable as it is, or refused.
-        if steps.iter().all(|step| step.convert.is_none()) {
+        if steps
+            .iter()
+            .all(|step| step.convert.is_none() || step.read_unconverted)
+        {
             return Ok(());
         }
         return Err(Error::Layout(format!(
@@ -240,11 +256,13 @@ mod tests {
             from: 1,
             name: "add two",
             convert: Some(|dir| std::fs::write(dir.join("two"), "2")),
+            read_unconverted: false,
         },
         Upgrade {
             from: 2,
             name: "add three",
             convert: Some(|dir| std::fs::write(dir.join("three"), "3")),
+            read_unconverted: false,
         },
     ];
 
@@ -274,6 +292,7 @@ mod tests {
                 from: 2,
                 name: "break",
                 convert: Some(|_| Err(std::io::Error::other("disk on fire"))),
+                read_unconverted: false,
             },
         ];
         let message = open_layout(dir.path(), Access::Upgrade, 3, &failing)
@@ -319,6 +338,7 @@ mod tests {
             from: 1,
             name: "new lines only",
             convert: None,
+            read_unconverted: false,
         }];
         open_layout(dir.path(), Access::ReadOnly, 2, &additive).unwrap();
         assert_eq!(version_on_disk(dir.path()), 1, "a reader never writes");

@@ -7,7 +7,7 @@
 //! LOCK             held (flock) while a service has the dir open
 //! snapshot.jsonl   every record as of the last compaction, one checksummed line each
 //! journal.jsonl    every change since, appended with group commit
-//! logs/<task>.log  captured script output
+//! logs/<n>.pack    captured script output, many logs a file
 //! ```
 //!
 //! Every index lives in memory, rebuilt at open from the snapshot and the
@@ -23,8 +23,8 @@
 //! `transfer`, `webhooks`. The files on disk are handled by concern: `line`, the one
 //! format of a journal or snapshot line; `journal`, its writer (group
 //! commit) and its one reader, with the one rule for a line torn by a
-//! crash; `snapshot`, what a compaction writes; `logs`, the task log
-//! files; `layout`, `layout.json`; `atomic`, writing a file whole. `state` holds the records with their
+//! crash; `snapshot`, what a compaction writes; `logs`, the task logs'
+//! packs; `layout`, `layout.json`; `atomic`, writing a file whole. `state` holds the records with their
 //! indexes, `history` the finished ones kept on disk, and `indexed` is the
 //! migration's view of a store, which keeps only where its records are.
 
@@ -47,6 +47,7 @@ mod webhooks;
 
 pub use self::indexed::IndexedStore;
 pub use self::layout::{LAYOUT_VERSION, layout_version};
+pub use self::logs::{read_task_logs, write_task_logs};
 pub use self::state::InMemory;
 
 use std::fs::{File, OpenOptions};
@@ -54,7 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use orchestrator_core::{Node, TaskId, WorkflowId};
+use orchestrator_core::{Node, WorkflowId};
 
 use self::history::{Files, Place};
 use self::journal::reader::{LineFile, read_strictly};
@@ -62,7 +63,7 @@ use self::journal::{JournalWriter, Pending};
 pub(crate) use self::layout::layout_status;
 use self::layout::{Access, check_layout};
 use self::line::Line;
-use self::logs::log_path;
+use self::logs::{Logs, Mode};
 use self::snapshot::Compaction;
 use self::state::{Applied, State};
 use crate::{Backend, ChangeFeed, Error, NodeStore, Result};
@@ -148,7 +149,9 @@ impl Default for FsOptions {
 
 pub struct FsBackend {
     dir: PathBuf,
-    logs_dir: PathBuf,
+    /// The task logs; shared with the blocking pool, where they are read
+    /// and written.
+    logs: Arc<Logs>,
     options: FsOptions,
     /// A std mutex: it guards plain in-memory maps and is never held across
     /// an `.await`; durability is awaited after it is released. Shared with
@@ -204,6 +207,11 @@ impl FsBackend {
         })?;
         state.journal_bytes = journal_bytes;
         state.last_seq = seq;
+        // After the records: a log whose task is not among them was left by
+        // a crash in the middle of a prune.
+        let logs = Logs::open(&logs_dir, Mode::Write, |id| {
+            state.task_version(id).is_some()
+        })?;
         let in_memory = state.in_memory();
         tracing::info!(
             dir = %dir.display(),
@@ -222,7 +230,7 @@ impl FsBackend {
         let locks = locks::read(&dir)?;
         Ok(FsBackend {
             dir,
-            logs_dir,
+            logs: Arc::new(logs),
             options,
             state: Arc::new(Mutex::new(state)),
             journal: Some(journal),
@@ -249,10 +257,6 @@ impl FsBackend {
         // A panic while holding the lock cannot leave a half-applied change:
         // every mutation is one map insert after all checks.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn log_path(&self, id: TaskId) -> PathBuf {
-        log_path(&self.logs_dir, id)
     }
 
     /// Applies records in memory and queues their journal lines, under the

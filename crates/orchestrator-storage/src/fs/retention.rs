@@ -2,18 +2,16 @@
 //! records leave memory and the journal under the state lock, then the
 //! disk with the compaction queued right after, then their logs.
 
-use std::collections::HashSet;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use orchestrator_core::{TaskId, WorkflowId};
+use orchestrator_core::WorkflowId;
 
 use super::FsBackend;
 use super::journal::Pending;
 use super::line::Line;
-use super::logs::remove_logs;
 use super::state::State;
-use crate::{Error, Pruned, Result, RetentionStore};
+use super::tasks::blocking;
+use crate::{Pruned, Result, RetentionStore};
 
 /// Ids deleted per `pruned` journal line: bounds the line, not the prune.
 const IDS_PER_PRUNED_LINE: usize = 1000;
@@ -77,18 +75,12 @@ impl RetentionStore for FsBackend {
             pending.durable().await?;
         }
         // The records are gone for good; their logs go after them. A crash
-        // in between leaves log files that no task names, which the next
-        // prune removes.
-        let logs_dir = self.logs_dir.clone();
-        let live: HashSet<TaskId> = if pruned.workflows.is_empty() {
-            Default::default()
-        } else {
-            self.lock_state().task_ids().collect()
-        };
-        let removed = pruned.workflows.len();
-        tokio::task::spawn_blocking(move || remove_logs(&logs_dir, &task_ids, removed > 0, &live))
-            .await
-            .map_err(|e| Error::io("remove logs", std::io::Error::other(e)))??;
+        // in between leaves logs that no task names, which the next open
+        // forgets.
+        if !task_ids.is_empty() {
+            let logs = self.logs.clone();
+            blocking(move || logs.remove(&task_ids)).await?;
+        }
         Ok(pruned)
     }
 

@@ -8,7 +8,6 @@ use async_trait::async_trait;
 use orchestrator_core::{Task, TaskId, Workflow, WorkflowId};
 
 use super::line::Line;
-use super::logs::{append_log_file, log_file_length, read_log_file};
 use super::{FsBackend, same_version};
 use crate::{Error, LogChunk, Page, Result, TaskQuery, TaskStore, WorkflowQuery, next_versions};
 
@@ -164,24 +163,25 @@ impl TaskStore for FsBackend {
 
     async fn append_log(&self, id: TaskId, chunk: &[u8]) -> Result<u64> {
         self.writer()?.check_usable()?;
-        let path = self.log_path(id);
         if chunk.is_empty() {
-            return blocking(move || log_file_length(&path)).await;
+            return Ok(self.logs.length(id));
         }
         // Off the async workers: a write can stall on a slow or full disk.
         // The pump batches a task's output, so this is one hop per batch.
-        let chunk = chunk.to_vec();
-        blocking(move || append_log_file(&path, &chunk)).await
+        let (logs, chunk) = (self.logs.clone(), chunk.to_vec());
+        blocking(move || logs.append(id, &chunk)).await
     }
 
     async fn read_log(&self, id: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
-        let path = self.log_path(id);
-        blocking(move || read_log_file(&path, offset, max_bytes)).await
+        let logs = self.logs.clone();
+        blocking(move || logs.read(id, offset, max_bytes)).await
     }
 }
 
 /// Runs file I/O on the blocking pool, not on an async worker.
-async fn blocking<T: Send + 'static>(io: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(super) async fn blocking<T: Send + 'static>(
+    io: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(io)
         .await
         .map_err(|e| Error::io("file I/O", std::io::Error::other(e)))?

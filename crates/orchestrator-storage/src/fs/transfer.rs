@@ -7,7 +7,7 @@ use orchestrator_core::TaskId;
 
 use super::FsBackend;
 use super::line::Line;
-use super::logs::{import_log_files, log_file_lengths_off, read_log_files_off};
+use super::tasks::blocking;
 use crate::{Backend, BulkTransfer, LogChunk, LogPiece, Record, RecordKind, Result, Scanned};
 
 /// Records read under one taking of the state lock by a scan.
@@ -108,7 +108,7 @@ impl BulkTransfer for FsBackend {
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
-        log_file_lengths_off(&self.logs_dir, ids).await
+        Ok(self.logs.lengths(ids))
     }
 
     async fn import_logs(&self, pieces: &[LogPiece]) -> Result<()> {
@@ -116,11 +116,13 @@ impl BulkTransfer for FsBackend {
         if pieces.is_empty() {
             return Ok(());
         }
-        import_log_files(&self.logs_dir, pieces).await
+        let (logs, pieces) = (self.logs.clone(), pieces.to_vec());
+        blocking(move || logs.import(&pieces)).await
     }
 
     async fn read_logs(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
-        read_log_files_off(&self.logs_dir, asks).await
+        let (logs, asks) = (self.logs.clone(), asks.to_vec());
+        blocking(move || logs.read_many(&asks)).await
     }
 
     async fn close(&self) -> Result<()> {

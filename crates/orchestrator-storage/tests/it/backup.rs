@@ -6,9 +6,10 @@
 use std::io::Read;
 use std::path::Path;
 
-use orchestrator_storage::BulkTransfer;
+use orchestrator_core::TaskId;
 use orchestrator_storage::backup::{self, BackupError, BackupOptions, Manifest};
 use orchestrator_storage::transfer::Silent;
+use orchestrator_storage::{BulkTransfer, LogChunk, LogPiece, Record, RecordKind, Scanned};
 
 use crate::transfer::{dump, fill, fs_config, open_fs, read_only};
 
@@ -214,35 +215,80 @@ async fn a_damaged_altered_foreign_or_newer_archive_is_refused_by_name() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// A store written to as a busy service writes: every count of its tasks,
+/// which each backup pass starts with, comes after a change to a task.
+struct Busy {
+    live: orchestrator_storage::Storage,
+}
+
+impl Busy {
+    async fn change_a_task(&self) {
+        let query = orchestrator_storage::TaskQuery {
+            limit: 1,
+            ..Default::default()
+        };
+        let mut task = self.live.tasks().list_tasks(&query).await.unwrap().items[0].clone();
+        task.updated_at = chrono::Utc::now();
+        self.live.tasks().update_task(&task).await.unwrap();
+    }
+}
+
+#[async_trait::async_trait]
+impl BulkTransfer for Busy {
+    fn name(&self) -> &'static str {
+        self.live.transfer().name()
+    }
+    async fn scan(
+        &self,
+        kind: RecordKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> orchestrator_storage::Result<Vec<Scanned>> {
+        self.live.transfer().scan(kind, after, limit).await
+    }
+    async fn fetch(
+        &self,
+        kind: RecordKind,
+        keys: &[String],
+    ) -> orchestrator_storage::Result<Vec<Scanned>> {
+        self.live.transfer().fetch(kind, keys).await
+    }
+    async fn count(&self, kind: RecordKind) -> orchestrator_storage::Result<u64> {
+        if kind == RecordKind::Task {
+            self.change_a_task().await;
+        }
+        self.live.transfer().count(kind).await
+    }
+    async fn import(&self, records: &[Record]) -> orchestrator_storage::Result<()> {
+        self.live.transfer().import(records).await
+    }
+    async fn log_lengths(&self, ids: &[TaskId]) -> orchestrator_storage::Result<Vec<u64>> {
+        self.live.transfer().log_lengths(ids).await
+    }
+    async fn read_logs(
+        &self,
+        asks: &[(TaskId, u64, usize)],
+    ) -> orchestrator_storage::Result<Vec<LogChunk>> {
+        self.live.transfer().read_logs(asks).await
+    }
+    async fn import_logs(&self, pieces: &[LogPiece]) -> orchestrator_storage::Result<()> {
+        self.live.transfer().import_logs(pieces).await
+    }
+    async fn close(&self) -> orchestrator_storage::Result<()> {
+        self.live.transfer().close().await
+    }
+}
+
+#[tokio::test]
 async fn a_store_that_never_settles_is_refused_after_the_passes_allowed() {
     let root = tempfile::tempdir().unwrap();
     let live = open_fs(&root.path().join("live")).await;
     fill(&live).await;
-    // A writer that changes a task all the time, as a busy service would:
-    // every pass of the live store's own bulk side sees a change.
-    let writer = {
-        let live = live.clone();
-        tokio::spawn(async move {
-            let query = orchestrator_storage::TaskQuery {
-                limit: 1,
-                ..Default::default()
-            };
-            loop {
-                let mut task = live.tasks().list_tasks(&query).await.unwrap().items[0].clone();
-                task.updated_at = chrono::Utc::now();
-                live.tasks().update_task(&task).await.unwrap();
-                tokio::task::yield_now().await;
-            }
-        })
-    };
+    let busy = Busy { live };
     let work = root.path().join("work");
     std::fs::create_dir(&work).unwrap();
     let archive = root.path().join("never.tar.zst");
-    let err = back_up(live.transfer(), &work, &archive, 3)
-        .await
-        .unwrap_err();
-    writer.abort();
+    let err = back_up(&busy, &work, &archive, 3).await.unwrap_err();
     assert!(
         matches!(err, BackupError::KeptChanging { passes: 3 }),
         "{err}"

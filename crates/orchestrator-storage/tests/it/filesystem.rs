@@ -507,67 +507,6 @@ async fn health_is_ok_until_closed() {
     assert!(matches!(store.health().await, Err(Error::Closed)));
 }
 
-/// Log files are read and written on the blocking pool: a log file that
-/// stalls (here a FIFO that no one opens from the other end) stalls only its
-/// own call, never the runtime thread that serves everything else.
-#[test]
-fn a_stalled_log_file_does_not_stall_the_runtime() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    let (report, verdict) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let outcome = runtime.block_on(async {
-            let storage = open(&path, FsOptions::default()).await;
-            let (workflow, tasks) = workflow_with_tasks(2);
-            storage
-                .tasks()
-                .insert_workflow(&workflow, &tasks)
-                .await
-                .unwrap();
-            // One FIFO per call: opening one blocks until its other end is
-            // opened.
-            let fifos: Vec<_> = tasks
-                .iter()
-                .map(|t| {
-                    let fifo = path.join("logs").join(format!("{}.log", t.id));
-                    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-                    fifo
-                })
-                .collect();
-            let stall = std::time::Duration::from_millis(200);
-            let store = storage.tasks();
-            let read = tokio::time::timeout(stall, store.read_log(tasks[0].id, 0, 16)).await;
-            let append = tokio::time::timeout(stall, store.append_log(tasks[1].id, b"x")).await;
-            // Both ends at once never block: this frees the stalled calls.
-            let _both_ends: Vec<_> = fifos
-                .iter()
-                .map(|fifo| {
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(fifo)
-                        .unwrap()
-                })
-                .collect();
-            (read.is_err(), append.is_err())
-        });
-        runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-        let _ = report.send(outcome);
-    });
-    let outcome = verdict
-        .recv_timeout(std::time::Duration::from_secs(20))
-        .expect("the runtime stalled on a log file's I/O");
-    assert_eq!(
-        outcome,
-        (true, true),
-        "both calls waited, the runtime did not"
-    );
-}
-
 /// The outbox survives a restart: subscriptions, deliveries as last
 /// changed and prunes are there after reopening, from the journal alone
 /// and from a snapshot.

@@ -340,6 +340,21 @@ fn tamper_task(dir: &Path, task: &str) {
     std::fs::write(&journal, content + &line).unwrap();
 }
 
+/// The task of each frame of a log pack, in order, up to its seal.
+fn pack_frames(pack: &[u8]) -> Vec<String> {
+    const HEADER: usize = 36;
+    let (mut at, mut tasks) = (0, Vec::new());
+    while at + HEADER <= pack.len() {
+        let task = uuid::Uuid::from_slice(&pack[at + 4..at + 20]).unwrap();
+        if task.is_nil() {
+            break;
+        }
+        tasks.push(task.to_string());
+        at += HEADER + u32::from_le_bytes(pack[at + 28..at + 32].try_into().unwrap()) as usize;
+    }
+    tasks
+}
+
 #[tokio::test]
 async fn verify_names_tampered_records_and_logs() {
     let root = tempfile::tempdir().unwrap();
@@ -356,16 +371,12 @@ async fn verify_names_tampered_records_and_logs() {
         text(&clean)
     );
 
-    let logs: Vec<String> = std::fs::read_dir(target.join("logs"))
-        .unwrap()
-        .map(|e| {
-            e.unwrap()
-                .file_name()
-                .to_string_lossy()
-                .trim_end_matches(".log")
-                .to_owned()
-        })
-        .collect();
+    // The target's logs are in one pack (docs/storage.md, "Task logs"):
+    // its first log's task is tampered with, and its last log's bytes.
+    let pack = target.join("logs").join("00000001.pack");
+    let frames = pack_frames(&std::fs::read(&pack).unwrap());
+    let logs = [frames[0].clone(), frames[frames.len() - 1].clone()];
+    assert_ne!(logs[0], logs[1]);
     tamper_task(&target, &logs[0]);
     let found = migrate(&verify, &[]);
     assert!(!found.status.success());
@@ -375,11 +386,9 @@ async fn verify_names_tampered_records_and_logs() {
         "{message}"
     );
 
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(target.join("logs").join(format!("{}.log", logs[1])))
-        .and_then(|mut f| std::io::Write::write_all(&mut f, b"forged line\n"))
-        .unwrap();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x20;
+    std::fs::write(&pack, bytes).unwrap();
     let output = migrate(&[&verify[..], &["--json"]].concat(), &[]);
     assert!(!output.status.success());
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();

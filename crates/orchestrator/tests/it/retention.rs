@@ -41,8 +41,22 @@ fn store_bytes(dir: &std::path::Path, file: &str) -> u64 {
     std::fs::metadata(dir.join(file)).map_or(0, |m| m.len())
 }
 
-fn log_files(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir.join("logs")).map_or(0, |d| d.count())
+/// The task logs' packs: `(bytes in all, every byte)`.
+fn log_packs(dir: &std::path::Path) -> (u64, Vec<u8>) {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir.join("logs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "pack") {
+            all.extend(std::fs::read(path).unwrap());
+        }
+    }
+    (all.len() as u64, all)
+}
+
+/// Whether a task's id is anywhere in `bytes`, as a log frame names it.
+fn names_task(bytes: &[u8], task: &str) -> bool {
+    let id = uuid::Uuid::parse_str(task).unwrap();
+    bytes.windows(16).any(|w| w == id.as_bytes())
 }
 
 #[tokio::test]
@@ -51,6 +65,7 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     let service = TestService::start(fixture_settings(dir.path())).await;
 
     let (plain, plain_tasks) = finished(&service, json!({"template": "chain"})).await;
+    let (another, _) = finished(&service, json!({"template": "chain"})).await;
     let (old_revision, _) = finished(
         &service,
         json!({"template": "chain", "meta": {"ref": "nightly"}}),
@@ -73,10 +88,10 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
         json!({"template": "chain", "schedule": {"when": "at", "start": start}}),
     )
     .await;
-    let logs_before = log_files(dir.path());
+    let (logs_before, packed) = log_packs(dir.path());
     assert!(
-        logs_before >= 16,
-        "every finished step left a log: {logs_before}"
+        names_task(&packed, &plain_tasks[0]) && names_task(&packed, &kept_tasks[0]),
+        "every finished step left its log in a pack"
     );
 
     // A dry run counts and deletes nothing.
@@ -85,8 +100,8 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
         .await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["dry_run"], true);
-    assert_eq!(report["workflows"], 2, "{report}");
-    assert_eq!(report["tasks"], 8, "{report}");
+    assert_eq!(report["workflows"], 3, "{report}");
+    assert_eq!(report["tasks"], 12, "{report}");
     assert_eq!(
         status_of(&service, &format!("/workflows/{plain}")).await,
         200
@@ -105,8 +120,8 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
     let (status, report) = service.post("/prune", json!({"older_than": "0s"})).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["dry_run"], false);
-    assert_eq!(report["workflows"], 2, "{report}");
-    assert_eq!(report["tasks"], 8, "{report}");
+    assert_eq!(report["workflows"], 3, "{report}");
+    assert_eq!(report["tasks"], 12, "{report}");
     let snapshot_pruned = store_bytes(dir.path(), "snapshot.jsonl");
     assert!(
         snapshot_pruned < snapshot_full,
@@ -116,13 +131,23 @@ async fn prune_deletes_finished_workflows_keeps_the_rest_and_the_store_shrinks_a
         store_bytes(dir.path(), "journal.jsonl") < 4096,
         "the journal was compacted away"
     );
-    assert_eq!(
-        log_files(dir.path()),
-        logs_before - 8,
-        "the pruned tasks' logs went"
+    // Twelve of the twenty logs went: more than half the pack, so it was
+    // rewritten without them.
+    let (logs_after, packed) = log_packs(dir.path());
+    assert!(
+        logs_after < logs_before,
+        "the logs' room was given back: {logs_before} -> {logs_after} bytes"
+    );
+    assert!(
+        !names_task(&packed, &plain_tasks[0]),
+        "a pruned task's log is gone from the disk"
+    );
+    assert!(
+        names_task(&packed, &kept_tasks[0]),
+        "a kept task's log stays"
     );
 
-    let gone = [plain.as_str(), old_revision.as_str()];
+    let gone = [plain.as_str(), another.as_str(), old_revision.as_str()];
     let kept = [
         newest_revision.as_str(),
         kept_forever.as_str(),

@@ -143,8 +143,37 @@ async fn a_store_of_the_previous_release_opens_with_everything_in_it() {
         orchestrator_storage::fs::layout_version(&data).unwrap(),
         Some(LAYOUT_VERSION)
     );
+    // The upgrade packed the old log files (layout 4), and the logs read
+    // back from the pack after the restart below.
+    let logs: Vec<String> = std::fs::read_dir(data.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        logs.iter().all(|name| name.ends_with(".pack")) && !logs.is_empty(),
+        "{logs:?}"
+    );
     let service = TestService::start(settings).await;
     assert_eq!(get(&service, "/workflows").await["total"], 3);
+    for task in get(&service, "/tasks?limit=10").await["tasks"]
+        .as_array()
+        .unwrap()
+    {
+        let id = task["id"].as_str().unwrap();
+        let response = service
+            .http
+            .get(format!("{}/tasks/{id}/logs", service.base))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let log = response.text().await.unwrap();
+        let server = task["input"]["server"].as_str().unwrap();
+        assert!(
+            log.contains(&format!("hello from {server}")),
+            "{server}: {log}"
+        );
+    }
     service.stop().await;
 }
 

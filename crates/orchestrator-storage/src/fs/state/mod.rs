@@ -427,10 +427,6 @@ impl State {
             .map(|held| (workflow_version(held), workflow_summary(held).0))
     }
 
-    pub(super) fn task_ids(&self) -> impl Iterator<Item = TaskId> + '_ {
-        self.tasks.keys().copied()
-    }
-
     /// Inserts or replaces a task, keeping every index in step. Replaying an
     /// older version over a newer one is ignored, so a journal replayed over
     /// a snapshot that already holds its records changes nothing.

@@ -1,0 +1,323 @@
+//! Where each task's log is: its pieces, each at a spot of a pack.
+//!
+//! Most of a store's logs belong to finished tasks, one piece each (a
+//! step's output comes in one batch or a few), and are never written
+//! again. Those found at open are kept in a sorted vector at 32 bytes a
+//! log ([`Index::settled`]); a log appended to since, or of several pieces,
+//! in a map ([`Index::recent`]).
+
+use std::collections::HashMap;
+
+use orchestrator_core::TaskId;
+
+/// The pack number of a log's legacy file, `<task>.log`, from before
+/// packs: read, never written (an upgrade packs them).
+pub(super) const LEGACY_FILE: u32 = u32::MAX;
+
+/// Marks a settled log since appended to (it moved to `recent`) or removed.
+const MOVED: u32 = u32::MAX - 1;
+
+/// Where a piece's bytes are: in pack `pack`, from byte `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Spot {
+    pub at: u64,
+    pub pack: u32,
+    pub len: u32,
+}
+
+/// A piece of a log: where it starts in the log, and where it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    pub log_offset: u64,
+    pub spot: Spot,
+}
+
+impl Piece {
+    fn end(&self) -> u64 {
+        self.log_offset + u64::from(self.spot.len)
+    }
+}
+
+/// A log's pieces, in order, without gaps, from offset 0.
+#[derive(Debug, Default)]
+struct Chain {
+    length: u64,
+    pieces: Vec<Piece>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Index {
+    /// One-piece logs as found at open, sorted by task.
+    settled: Vec<(TaskId, Spot)>,
+    recent: HashMap<TaskId, Chain>,
+}
+
+impl Index {
+    /// The index of the frames found in a store's packs: each log is the
+    /// run of its pieces from offset 0 on. A piece found twice (a pack
+    /// rewritten, and a crash before the old one went) counts once; a
+    /// piece after a gap (its predecessor torn away by a crash) is not
+    /// part of the log. Logs that `keep` refuses are left out.
+    pub(super) fn build(mut frames: Vec<(TaskId, Piece)>, keep: impl Fn(TaskId) -> bool) -> Index {
+        frames.sort_unstable_by_key(|(task, piece)| (*task, piece.log_offset));
+        let mut index = Index::default();
+        let mut settled = Vec::new();
+        for group in frames.chunk_by(|a, b| a.0 == b.0) {
+            let task = group[0].0;
+            if !keep(task) {
+                continue;
+            }
+            let mut chain = Chain::default();
+            for &(_, piece) in group {
+                if piece.spot.len == 0 || piece.end() <= chain.length {
+                    continue;
+                }
+                if piece.log_offset > chain.length {
+                    break;
+                }
+                // A copy that overlaps the end: only its new bytes count.
+                let skip = chain.length - piece.log_offset;
+                chain.pieces.push(Piece {
+                    log_offset: chain.length,
+                    spot: Spot {
+                        at: piece.spot.at + skip,
+                        pack: piece.spot.pack,
+                        len: piece.spot.len - skip as u32,
+                    },
+                });
+                chain.length = piece.end();
+            }
+            match chain.pieces.as_slice() {
+                [] => {}
+                [one] => settled.push((task, one.spot)),
+                _ => {
+                    index.recent.insert(task, chain);
+                }
+            }
+        }
+        drop(frames);
+        settled.shrink_to_fit();
+        index.settled = settled;
+        index
+    }
+
+    fn settled_at(&self, task: TaskId) -> Option<usize> {
+        let at = self
+            .settled
+            .binary_search_by_key(&task, |(id, _)| *id)
+            .ok()?;
+        (self.settled[at].1.pack != MOVED).then_some(at)
+    }
+
+    /// The log's length in bytes; 0 for none.
+    pub(super) fn length(&self, task: TaskId) -> u64 {
+        if let Some(chain) = self.recent.get(&task) {
+            return chain.length;
+        }
+        self.settled_at(task)
+            .map_or(0, |at| u64::from(self.settled[at].1.len))
+    }
+
+    /// The pieces that hold the log's bytes from `offset`, up to `max`.
+    pub(super) fn pieces(&self, task: TaskId, offset: u64, max: usize) -> Vec<Piece> {
+        let end = offset.saturating_add(max as u64);
+        let overlaps = |piece: &Piece| piece.log_offset < end && piece.end() > offset;
+        if let Some(chain) = self.recent.get(&task) {
+            let first = chain.pieces.partition_point(|p| p.end() <= offset);
+            return chain.pieces[first..]
+                .iter()
+                .take_while(|p| overlaps(p))
+                .copied()
+                .collect();
+        }
+        self.settled_at(task)
+            .map(|at| Piece {
+                log_offset: 0,
+                spot: self.settled[at].1,
+            })
+            .filter(overlaps)
+            .into_iter()
+            .collect()
+    }
+
+    /// Appends a piece to the log, which must be `piece.log_offset` long.
+    pub(super) fn push(&mut self, task: TaskId, piece: Piece) {
+        let chain = match self.recent.entry(task) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let mut chain = Chain::default();
+                let at = self
+                    .settled
+                    .binary_search_by_key(&task, |(id, _)| *id)
+                    .ok()
+                    .filter(|at| self.settled[*at].1.pack != MOVED);
+                if let Some(at) = at {
+                    let spot = std::mem::replace(&mut self.settled[at].1.pack, MOVED);
+                    let spot = Spot {
+                        pack: spot,
+                        ..self.settled[at].1
+                    };
+                    chain.length = u64::from(spot.len);
+                    chain.pieces.push(Piece {
+                        log_offset: 0,
+                        spot,
+                    });
+                }
+                entry.insert(chain)
+            }
+        };
+        debug_assert_eq!(chain.length, piece.log_offset);
+        chain.length = piece.end();
+        chain.pieces.push(piece);
+    }
+
+    /// Forgets the log; returns where its pieces were.
+    pub(super) fn remove(&mut self, task: TaskId) -> Vec<Spot> {
+        if let Some(chain) = self.recent.remove(&task) {
+            return chain.pieces.iter().map(|p| p.spot).collect();
+        }
+        match self.settled_at(task) {
+            Some(at) => {
+                let spot = self.settled[at].1;
+                self.settled[at].1.pack = MOVED;
+                vec![spot]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Every piece of every log, with its task.
+    pub(super) fn each_piece(&self, mut f: impl FnMut(TaskId, &Piece)) {
+        for (task, spot) in &self.settled {
+            if spot.pack != MOVED {
+                f(
+                    *task,
+                    &Piece {
+                        log_offset: 0,
+                        spot: *spot,
+                    },
+                );
+            }
+        }
+        for (task, chain) in &self.recent {
+            for piece in &chain.pieces {
+                f(*task, piece);
+            }
+        }
+    }
+
+    /// Points the piece of `task`'s log that starts at `log_offset` to
+    /// `spot` (its bytes copied there).
+    pub(super) fn repoint(&mut self, task: TaskId, log_offset: u64, spot: Spot) {
+        if let Some(chain) = self.recent.get_mut(&task) {
+            if let Ok(i) = chain
+                .pieces
+                .binary_search_by_key(&log_offset, |p| p.log_offset)
+            {
+                chain.pieces[i].spot = spot;
+            }
+        } else if let Some(at) = self.settled_at(task)
+            && log_offset == 0
+        {
+            self.settled[at].1 = spot;
+        }
+    }
+
+    /// How many logs it knows.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.recent.len() + self.settled.iter().filter(|(_, s)| s.pack != MOVED).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn piece(log_offset: u64, pack: u32, at: u64, len: u32) -> Piece {
+        Piece {
+            log_offset,
+            spot: Spot { at, pack, len },
+        }
+    }
+
+    #[test]
+    fn a_log_is_its_pieces_from_zero_without_gaps_or_repeats() {
+        let (whole, copied, torn, pruned) =
+            (TaskId::new(), TaskId::new(), TaskId::new(), TaskId::new());
+        let frames = vec![
+            (whole, piece(0, 1, 36, 10)),
+            // A rewritten pack's copy, found in a later pack, out of order.
+            (copied, piece(5, 1, 100, 5)),
+            (copied, piece(0, 2, 36, 5)),
+            (copied, piece(0, 1, 200, 5)),
+            // Its predecessor was torn away: 4..8 is not part of the log.
+            (torn, piece(0, 1, 300, 4)),
+            (torn, piece(8, 1, 400, 4)),
+            (pruned, piece(0, 1, 500, 4)),
+        ];
+        let index = Index::build(frames, |task| task != pruned);
+        assert_eq!(index.len(), 3);
+        assert_eq!(index.length(whole), 10);
+        assert_eq!(index.length(copied), 10);
+        assert_eq!(index.length(torn), 4);
+        assert_eq!(index.length(pruned), 0);
+        assert_eq!(index.pieces(copied, 0, 100).len(), 2);
+        assert_eq!(index.pieces(copied, 5, 100), [piece(5, 1, 100, 5)]);
+        assert!(index.pieces(copied, 10, 100).is_empty());
+        assert_eq!(index.pieces(whole, 3, 2), [piece(0, 1, 36, 10)]);
+    }
+
+    #[test]
+    fn a_settled_log_moves_when_appended_to_and_goes_when_removed() {
+        let (a, b) = (TaskId::new(), TaskId::new());
+        let mut index = Index::build(
+            vec![(a, piece(0, 1, 36, 3)), (b, piece(0, 1, 75, 3))],
+            |_| true,
+        );
+        index.push(a, piece(3, 2, 36, 4));
+        assert_eq!(index.length(a), 7);
+        assert_eq!(
+            index.pieces(a, 0, 100),
+            [piece(0, 1, 36, 3), piece(3, 2, 36, 4)]
+        );
+        index.repoint(
+            a,
+            0,
+            Spot {
+                at: 80,
+                pack: 3,
+                len: 3,
+            },
+        );
+        index.repoint(
+            b,
+            0,
+            Spot {
+                at: 116,
+                pack: 3,
+                len: 3,
+            },
+        );
+        assert_eq!(index.pieces(a, 0, 1), [piece(0, 3, 80, 3)]);
+        assert_eq!(index.pieces(b, 0, 1), [piece(0, 3, 116, 3)]);
+        assert_eq!(
+            index.remove(b),
+            [Spot {
+                at: 116,
+                pack: 3,
+                len: 3
+            }]
+        );
+        assert_eq!(index.length(b), 0);
+        assert!(index.remove(b).is_empty());
+        let mut all = 0;
+        index.each_piece(|_, _| all += 1);
+        assert_eq!(all, 2);
+        // A new log after a removed one of the same id starts afresh.
+        index.push(b, piece(0, 3, 200, 2));
+        assert_eq!(index.length(b), 2);
+    }
+}

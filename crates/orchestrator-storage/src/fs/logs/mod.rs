@@ -1,0 +1,904 @@
+//! Task logs, many to a file: `logs/<n>.pack`, each a sequence of frames
+//! (`frame`), and in memory where each log's pieces are (`index`). For the
+//! service's store and the migration's indexed one alike.
+//!
+//! A file per log made every step create an inode and every prune delete
+//! one, which ext4 makes slow after mass deletions; a pack takes the
+//! pieces of every log, appended, up to [`ROLL_BYTES`], then is sealed
+//! and synced, and the next one starts.
+//!
+//! **Durability.** As before, appends are not synced: a power loss may
+//! lose the last lines of a log (the frames torn or lost at the end of the
+//! pack being written are dropped at the next open). An import (a
+//! migration, a backup, a storage move) is synced before it returns.
+//!
+//! **Space.** A prune forgets its logs; a pack at least half of whose
+//! bytes are forgotten is rewritten: its remaining pieces are copied into
+//! a new pack, synced, and then the old one is deleted. A crash in between
+//! leaves both, and a piece found twice counts once.
+//!
+//! **Legacy files.** Before packs (layout 3 and older) a log was the file
+//! `logs/<task>.log`. A store opened to be read reads them as they are;
+//! a store opened to be written packs them first ([`pack_legacy_logs`]).
+
+mod frame;
+mod index;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use orchestrator_core::TaskId;
+
+use self::frame::{End, HEADER, MAX_PIECE};
+use self::index::{Index, LEGACY_FILE, Piece, Spot};
+use crate::{Error, LogChunk, LogPiece, Result};
+
+/// A pack is sealed and the next begun once it holds this much.
+const ROLL_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Whether a store's logs are written, or only read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The dir's lock is held: torn frames at the end of a pack are cut
+    /// off, and appends go on.
+    Write,
+    /// Read as found, while a service may go on appending: nothing is
+    /// changed, and frames appended after the open are not seen.
+    Read,
+}
+
+pub(super) struct Logs {
+    dir: PathBuf,
+    mode: Mode,
+    /// [`ROLL_BYTES`], but for tests.
+    roll_bytes: u64,
+    /// A std mutex, never held across an `.await`: every call runs on the
+    /// blocking pool. It orders the appends to the active pack and the
+    /// index's changes; reads copy out where the pieces are and read
+    /// them after letting go. A rewrite (after a prune) holds it while it
+    /// copies, so appends wait for at most one rewrite.
+    packs: Mutex<Packs>,
+}
+
+struct Pack {
+    /// Shared with reads in flight: a pack deleted meanwhile stays
+    /// readable through it.
+    file: Arc<File>,
+    /// Its length: where the next frame goes.
+    bytes: u64,
+    /// The bytes of the frames the index still points to.
+    live: u64,
+    sealed: bool,
+}
+
+#[derive(Default)]
+struct Packs {
+    index: Index,
+    packs: BTreeMap<u32, Pack>,
+    /// Packs created since the dir was last synced: an import syncs it
+    /// so that they are found after a power loss.
+    created_unsynced: bool,
+}
+
+/// What a write's pieces are to the index.
+#[derive(Debug, Clone, Copy)]
+enum Placement {
+    /// New bytes at the end of their logs.
+    Append,
+    /// Copies of pieces the index has, which now point to them.
+    Move,
+}
+
+/// Reads pack `number`'s frames from its start into `found`.
+fn scan(
+    mut file: &File,
+    number: u32,
+    check_pieces: bool,
+    found: &mut Vec<(TaskId, Piece)>,
+) -> std::io::Result<End> {
+    use std::io::Seek;
+    found.clear();
+    file.rewind()?;
+    frame::read_pack(file, check_pieces, |frame, at| {
+        let spot = Spot {
+            at,
+            pack: number,
+            len: frame.len,
+        };
+        found.push((
+            frame.task,
+            Piece {
+                log_offset: frame.log_offset,
+                spot,
+            },
+        ));
+    })
+}
+
+fn pack_name(number: u32) -> String {
+    format!("{number:08}.pack")
+}
+
+fn io_error(what: impl std::fmt::Display, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let context = format!("{what} {}", path.display());
+    move |e| Error::io(context, e)
+}
+
+/// What is in a logs dir: its packs by number, and the legacy log files
+/// by task.
+fn list(dir: &Path) -> Result<(Vec<u32>, Vec<(TaskId, u64)>)> {
+    let (mut packs, mut legacy) = (Vec::new(), Vec::new());
+    let entries = std::fs::read_dir(dir).map_err(io_error("list", dir))?;
+    for entry in entries {
+        let entry = entry.map_err(io_error("list", dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(number) = name.strip_suffix(".pack").and_then(|n| n.parse().ok()) {
+            packs.push(number);
+        } else if let Some(id) = name.strip_suffix(".log").and_then(|n| n.parse().ok()) {
+            let bytes = entry
+                .metadata()
+                .map_err(io_error("stat", &entry.path()))?
+                .len();
+            legacy.push((TaskId::from_uuid(id), bytes));
+        }
+    }
+    packs.sort_unstable();
+    Ok((packs, legacy))
+}
+
+impl Logs {
+    /// Opens the logs in `dir`, keeping those of the tasks `keep` names
+    /// (the rest, left by a crash in the middle of a prune, are forgotten
+    /// and their room given back).
+    pub(super) fn open(dir: &Path, mode: Mode, keep: impl Fn(TaskId) -> bool) -> Result<Logs> {
+        // A reader races a service that may delete a pack it rewrote
+        // (after copying its pieces into a newer one, possibly not listed
+        // yet): a pack gone between the listing and its opening means
+        // starting over.
+        let mut attempts = 0;
+        loop {
+            match Self::open_listed(dir, mode, &keep) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound
+                        && mode == Mode::Read
+                        && attempts < 10 =>
+                {
+                    attempts += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn open_listed(dir: &Path, mode: Mode, keep: &impl Fn(TaskId) -> bool) -> Result<Logs> {
+        let (numbers, legacy) = list(dir)?;
+        let mut frames = Vec::new();
+        let mut packs = BTreeMap::new();
+        let last = numbers.last().copied();
+        for number in numbers {
+            let path = dir.join(pack_name(number));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(mode == Mode::Write)
+                .open(&path)
+                .map_err(io_error("open", &path))?;
+            let mut found = Vec::new();
+            let mut end =
+                scan(&file, number, false, &mut found).map_err(io_error("read", &path))?;
+            if !matches!(end, End::Sealed(_)) {
+                // Not sealed: the last frames may be torn; check every piece.
+                end = scan(&file, number, true, &mut found).map_err(io_error("read", &path))?;
+            }
+            let (bytes, sealed) = match end {
+                End::Sealed(bytes) => (bytes, true),
+                End::Open(bytes) => (bytes, false),
+                End::Damaged(bytes) => {
+                    if mode == Mode::Write {
+                        tracing::warn!(
+                            pack = %path.display(),
+                            kept_bytes = bytes,
+                            "a log pack ends in a torn or damaged frame (a crash while it was \
+                             written); cutting it off there"
+                        );
+                        file.set_len(bytes).map_err(io_error("truncate", &path))?;
+                    }
+                    (bytes, false)
+                }
+            };
+            frames.append(&mut found);
+            packs.insert(
+                number,
+                Pack {
+                    file: Arc::new(file),
+                    bytes,
+                    live: 0,
+                    sealed,
+                },
+            );
+        }
+        for (task, bytes) in legacy {
+            let mut log_offset = 0;
+            while log_offset < bytes {
+                let len = (bytes - log_offset).min(u64::from(u32::MAX)) as u32;
+                let spot = Spot {
+                    at: log_offset,
+                    pack: LEGACY_FILE,
+                    len,
+                };
+                frames.push((task, Piece { log_offset, spot }));
+                log_offset += u64::from(len);
+            }
+        }
+        let index = Index::build(frames, keep);
+        let mut state = Packs {
+            index,
+            packs,
+            created_unsynced: false,
+        };
+        state.count_live();
+        let logs = Logs {
+            dir: dir.to_owned(),
+            mode,
+            roll_bytes: ROLL_BYTES,
+            packs: Mutex::new(state),
+        };
+        if mode == Mode::Write {
+            let mut packs = logs.lock();
+            // Only the last pack is appended to; one before it that was
+            // never sealed (a crash) is sealed now.
+            let unsealed: Vec<u32> = packs
+                .packs
+                .iter()
+                .filter(|(n, p)| !p.sealed && Some(**n) != last)
+                .map(|(n, _)| *n)
+                .collect();
+            for number in unsealed {
+                logs.seal(&mut packs, number)?;
+            }
+            logs.reclaim(&mut packs)?;
+        }
+        Ok(logs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Packs> {
+        // Every change to the index is made after its write succeeded, in
+        // one step: a panic elsewhere leaves it whole.
+        self.packs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path(&self, number: u32) -> PathBuf {
+        self.dir.join(pack_name(number))
+    }
+
+    fn writable(&self) -> Result<()> {
+        match self.mode {
+            Mode::Write => Ok(()),
+            Mode::Read => Err(Error::ReadOnly(self.dir.display().to_string())),
+        }
+    }
+
+    /// The log's length in bytes; 0 for none.
+    pub(super) fn length(&self, task: TaskId) -> u64 {
+        self.lock().index.length(task)
+    }
+
+    /// Each log's length, in the order asked.
+    pub(super) fn lengths(&self, tasks: &[TaskId]) -> Vec<u64> {
+        let packs = self.lock();
+        tasks.iter().map(|t| packs.index.length(*t)).collect()
+    }
+
+    /// Appends `data` to the task's log; returns the log's length after it.
+    pub(super) fn append(&self, task: TaskId, data: &[u8]) -> Result<u64> {
+        self.writable()?;
+        let mut packs = self.lock();
+        let offset = packs.index.length(task);
+        self.write(&mut packs, &[(task, offset, data)], Placement::Append)?;
+        Ok(packs.index.length(task))
+    }
+
+    /// Writes imported pieces, each at its log's end (else
+    /// [`Error::Conflict`], and nothing is written), and syncs them.
+    pub(super) fn import(&self, pieces: &[LogPiece]) -> Result<()> {
+        self.writable()?;
+        let mut packs = self.lock();
+        let mut ends = std::collections::HashMap::new();
+        for piece in pieces {
+            let end = ends
+                .entry(piece.task)
+                .or_insert_with(|| packs.index.length(piece.task));
+            if *end != piece.offset {
+                return Err(Error::Conflict {
+                    what: "task log",
+                    id: piece.task.to_string(),
+                    expected: piece.offset,
+                    found: *end,
+                });
+            }
+            *end += piece.data.len() as u64;
+        }
+        let writes: Vec<_> = pieces
+            .iter()
+            .map(|p| (p.task, p.offset, p.data.as_slice()))
+            .collect();
+        self.write(&mut packs, &writes, Placement::Append)?;
+        self.sync(&mut packs)
+    }
+
+    /// Appends the frames of `writes` to the active pack, rolling to a new
+    /// one when it is full, and points the index at them.
+    fn write(
+        &self,
+        packs: &mut Packs,
+        writes: &[(TaskId, u64, &[u8])],
+        placement: Placement,
+    ) -> Result<()> {
+        let mut buf = Vec::new();
+        let mut placed = Vec::new();
+        let mut number = self.active(packs)?;
+        for &(task, mut log_offset, data) in writes {
+            for piece in data.chunks(MAX_PIECE) {
+                if packs.packs[&number].bytes + buf.len() as u64 >= self.roll_bytes {
+                    self.flush(packs, number, &mut buf, &mut placed, placement)?;
+                    number = self.active(packs)?;
+                }
+                let at = packs.packs[&number].bytes + (buf.len() + HEADER) as u64;
+                frame::encode(task, log_offset, piece, &mut buf);
+                let spot = Spot {
+                    at,
+                    pack: number,
+                    len: piece.len() as u32,
+                };
+                placed.push((task, Piece { log_offset, spot }));
+                log_offset += piece.len() as u64;
+            }
+        }
+        self.flush(packs, number, &mut buf, &mut placed, placement)
+    }
+
+    /// Writes `buf` at the end of pack `number`; then, and only then,
+    /// points the index at what it placed there. A failed write changes
+    /// nothing: the next one goes over what it left.
+    fn flush(
+        &self,
+        packs: &mut Packs,
+        number: u32,
+        buf: &mut Vec<u8>,
+        placed: &mut Vec<(TaskId, Piece)>,
+        placement: Placement,
+    ) -> Result<()> {
+        let path = self.path(number);
+        let pack = packs.packs.get_mut(&number).ok_or_else(|| {
+            Error::io(
+                format!("append to {}", path.display()),
+                std::io::ErrorKind::NotFound.into(),
+            )
+        })?;
+        pack.file
+            .write_all_at(buf, pack.bytes)
+            .map_err(io_error("append to", &path))?;
+        pack.bytes += buf.len() as u64;
+        pack.live += buf.len() as u64;
+        buf.clear();
+        for (task, piece) in placed.drain(..) {
+            match placement {
+                Placement::Append => packs.index.push(task, piece),
+                Placement::Move => packs.index.repoint(task, piece.log_offset, piece.spot),
+            }
+        }
+        Ok(())
+    }
+
+    /// The pack to append to: the last one, unless it is sealed or full
+    /// (then it is sealed, and a new one made).
+    fn active(&self, packs: &mut Packs) -> Result<u32> {
+        match packs
+            .packs
+            .last_key_value()
+            .map(|(n, p)| (*n, p.sealed, p.bytes))
+        {
+            Some((number, false, bytes)) if bytes < self.roll_bytes => Ok(number),
+            Some((number, sealed, _)) => {
+                if !sealed {
+                    self.seal(packs, number)?;
+                }
+                self.create(packs, number + 1)
+            }
+            None => self.create(packs, 1),
+        }
+    }
+
+    fn create(&self, packs: &mut Packs, number: u32) -> Result<u32> {
+        let path = self.path(number);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_error("create", &path))?;
+        packs.packs.insert(
+            number,
+            Pack {
+                file: Arc::new(file),
+                bytes: 0,
+                live: 0,
+                sealed: false,
+            },
+        );
+        packs.created_unsynced = true;
+        Ok(number)
+    }
+
+    /// Ends pack `number` with the seal and syncs it: it is never written
+    /// again, and its pieces need no check when it is next opened.
+    fn seal(&self, packs: &mut Packs, number: u32) -> Result<()> {
+        let path = self.path(number);
+        let Some(pack) = packs.packs.get_mut(&number) else {
+            return Ok(());
+        };
+        let seal = frame::seal();
+        pack.file
+            .write_all_at(&seal, pack.bytes)
+            .and_then(|()| pack.file.sync_data())
+            .map_err(io_error("seal", &path))?;
+        pack.bytes += seal.len() as u64;
+        pack.sealed = true;
+        Ok(())
+    }
+
+    /// Makes everything written durable: the last pack's bytes (sealed
+    /// ones were synced as they were sealed), and new packs' names.
+    fn sync(&self, packs: &mut Packs) -> Result<()> {
+        if let Some((number, pack)) = packs.packs.last_key_value() {
+            pack.file
+                .sync_data()
+                .map_err(io_error("sync", &self.path(*number)))?;
+        }
+        if std::mem::take(&mut packs.created_unsynced) {
+            File::open(&self.dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(io_error("sync", &self.dir))?;
+        }
+        Ok(())
+    }
+
+    /// Up to `max_bytes` of the task's log from `offset`.
+    pub(super) fn read(&self, task: TaskId, offset: u64, max_bytes: usize) -> Result<LogChunk> {
+        let reads: Vec<(Piece, Option<Arc<File>>)> = {
+            let packs = self.lock();
+            packs
+                .index
+                .pieces(task, offset, max_bytes)
+                .into_iter()
+                .map(|p| {
+                    (
+                        p,
+                        packs.packs.get(&p.spot.pack).map(|pack| pack.file.clone()),
+                    )
+                })
+                .collect()
+        };
+        let end = offset.saturating_add(max_bytes as u64);
+        let mut data = Vec::new();
+        for (piece, file) in reads {
+            let from = offset.max(piece.log_offset);
+            let to = end.min(piece.log_offset + u64::from(piece.spot.len));
+            let at = piece.spot.at + (from - piece.log_offset);
+            let start = data.len();
+            data.resize(start + (to - from) as usize, 0);
+            let read = match (piece.spot.pack, file) {
+                (LEGACY_FILE, _) => File::open(self.dir.join(format!("{task}.log")))
+                    .and_then(|f| f.read_exact_at(&mut data[start..], at)),
+                (_, Some(file)) => file.read_exact_at(&mut data[start..], at),
+                (number, None) => Err(std::io::Error::other(format!("pack {number} is gone"))),
+            };
+            read.map_err(|e| Error::io(format!("read the log of task {task}"), e))?;
+        }
+        Ok(LogChunk {
+            next_offset: offset + data.len() as u64,
+            data,
+        })
+    }
+
+    /// Each ask's piece: `(task, offset, max_bytes)`.
+    pub(super) fn read_many(&self, asks: &[(TaskId, u64, usize)]) -> Result<Vec<LogChunk>> {
+        asks.iter()
+            .map(|&(task, offset, max)| self.read(task, offset, max))
+            .collect()
+    }
+
+    /// Forgets the logs of pruned tasks, and gives back the room of packs
+    /// at least half forgotten.
+    pub(super) fn remove(&self, tasks: &[TaskId]) -> Result<()> {
+        self.writable()?;
+        let mut packs = self.lock();
+        for task in tasks {
+            for spot in packs.index.remove(*task) {
+                if spot.pack == LEGACY_FILE {
+                    let path = self.dir.join(format!("{task}.log"));
+                    match std::fs::remove_file(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(Error::io(format!("remove {}", path.display()), e));
+                        }
+                        _ => continue,
+                    }
+                }
+                if let Some(pack) = packs.packs.get_mut(&spot.pack) {
+                    pack.live -= (HEADER as u64 + u64::from(spot.len)).min(pack.live);
+                }
+            }
+        }
+        self.reclaim(&mut packs)
+    }
+
+    /// Rewrites the packs at least half of whose bytes no log points to:
+    /// their live pieces are copied into new packs, which are synced
+    /// before the old ones are deleted; a pack with nothing live is just
+    /// deleted.
+    fn reclaim(&self, packs: &mut Packs) -> Result<()> {
+        let wasted: Vec<u32> = packs
+            .packs
+            .iter()
+            .filter(|(_, p)| p.bytes > 0 && p.live * 2 <= p.bytes)
+            .map(|(n, _)| *n)
+            .collect();
+        if wasted.is_empty() {
+            return Ok(());
+        }
+        let mut moving: Vec<(TaskId, Piece)> = Vec::new();
+        packs.index.each_piece(|task, piece| {
+            if wasted.contains(&piece.spot.pack) {
+                moving.push((task, *piece));
+            }
+        });
+        moving.sort_unstable_by_key(|(_, p)| (p.spot.pack, p.spot.at));
+        let mut copies = Vec::with_capacity(moving.len());
+        let mut piece_bytes = Vec::new();
+        for (task, piece) in &moving {
+            let file = packs.packs[&piece.spot.pack].file.clone();
+            piece_bytes.resize(piece.spot.len as usize, 0);
+            file.read_exact_at(&mut piece_bytes, piece.spot.at)
+                .map_err(io_error("read", &self.path(piece.spot.pack)))?;
+            copies.push((*task, piece.log_offset, piece_bytes.clone()));
+        }
+        if !copies.is_empty() {
+            // The copies go to the active pack, or to a new one if the
+            // active one is being rewritten; synced before the old ones go.
+            if let Some((number, pack)) = packs.packs.last_key_value()
+                && !pack.sealed
+                && wasted.contains(number)
+            {
+                let next = number + 1;
+                self.create(packs, next)?;
+            }
+            let writes: Vec<_> = copies
+                .iter()
+                .map(|(t, o, d)| (*t, *o, d.as_slice()))
+                .collect();
+            self.write(packs, &writes, Placement::Move)?;
+            self.sync(packs)?;
+        }
+        for number in &wasted {
+            let path = self.path(*number);
+            if packs.packs.remove(number).is_some() {
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io(format!("remove {}", path.display()), e));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tracing::info!(
+            packs = wasted.len(),
+            pieces_copied = copies.len(),
+            "log packs rewritten to give back the room of pruned logs"
+        );
+        Ok(())
+    }
+}
+
+impl Packs {
+    /// Counts each pack's live bytes from the index.
+    fn count_live(&mut self) {
+        let Packs { index, packs, .. } = self;
+        index.each_piece(|_, piece| {
+            if let Some(pack) = packs.get_mut(&piece.spot.pack) {
+                pack.live += HEADER as u64 + u64::from(piece.spot.len);
+            }
+        });
+    }
+}
+
+/// The layout upgrade to packs: the legacy files of `dir` (a data dir)
+/// are written into a pack, which is synced, and then deleted. Safe to
+/// repeat after a crash: a log packed twice counts once.
+pub(super) fn pack_legacy_logs(data_dir: &Path) -> std::io::Result<()> {
+    let dir = data_dir.join(super::LOGS_DIR);
+    if !dir.exists() {
+        return Ok(());
+    }
+    let to_io = |e: Error| std::io::Error::other(e.to_string());
+    let (_, legacy) = list(&dir).map_err(to_io)?;
+    if legacy.is_empty() {
+        return Ok(());
+    }
+    let logs = Logs::open(&dir, Mode::Write, |_| true).map_err(to_io)?;
+    let mut packed = 0u64;
+    for (task, _) in &legacy {
+        let path = dir.join(format!("{task}.log"));
+        let data = std::fs::read(&path)?;
+        // Not a legacy piece in the index any more once it is in a pack.
+        let mut packs = logs.lock();
+        packs.index.remove(*task);
+        logs.write(&mut packs, &[(*task, 0, &data)], Placement::Append)
+            .map_err(to_io)?;
+        packed += data.len() as u64;
+    }
+    logs.sync(&mut logs.lock()).map_err(to_io)?;
+    for (task, _) in &legacy {
+        std::fs::remove_file(dir.join(format!("{task}.log")))?;
+    }
+    File::open(&dir)?.sync_all()?;
+    tracing::info!(logs = legacy.len(), bytes = packed, "task log files packed");
+    Ok(())
+}
+
+/// Each task's whole log from the data dir `data_dir`, in the order asked
+/// (empty for none), read as a migration reads them. For tools that make
+/// data sets from a store, such as the benchmark.
+pub fn read_task_logs(data_dir: &Path, tasks: &[TaskId]) -> Result<Vec<Vec<u8>>> {
+    let logs = Logs::open(&data_dir.join(super::LOGS_DIR), Mode::Read, |_| true)?;
+    tasks
+        .iter()
+        .map(|task| {
+            let length = logs.length(*task);
+            Ok(logs.read(*task, 0, length as usize)?.data)
+        })
+        .collect()
+}
+
+/// Writes task logs into the data dir `data_dir`, which no service may
+/// have open, as an import would, synced. For tools that make data sets.
+pub fn write_task_logs(data_dir: &Path, logs: &[(TaskId, Vec<u8>)]) -> Result<()> {
+    let dir = data_dir.join(super::LOGS_DIR);
+    std::fs::create_dir_all(&dir).map_err(io_error("create", &dir))?;
+    let store = Logs::open(&dir, Mode::Write, |_| true)?;
+    let pieces: Vec<LogPiece> = logs
+        .iter()
+        .filter(|(_, data)| !data.is_empty())
+        .map(|(task, data)| LogPiece {
+            task: *task,
+            offset: store.length(*task),
+            data: data.clone(),
+        })
+        .collect();
+    store.import(&pieces)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn open(dir: &Path) -> Logs {
+        Logs::open(dir, Mode::Write, |_| true).unwrap()
+    }
+
+    fn whole(logs: &Logs, task: TaskId) -> Vec<u8> {
+        logs.read(task, 0, usize::MAX).unwrap().data
+    }
+
+    fn packs_in(dir: &Path) -> Vec<u32> {
+        list(dir).unwrap().0
+    }
+
+    fn pack_bytes(dir: &Path) -> u64 {
+        packs_in(dir)
+            .iter()
+            .map(|n| std::fs::metadata(dir.join(pack_name(*n))).unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn logs_read_back_from_any_offset_and_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (TaskId::new(), TaskId::new());
+        let logs = open(dir.path());
+        assert_eq!(logs.append(a, b"one\n").unwrap(), 4);
+        assert_eq!(logs.append(b, b"other\n").unwrap(), 6);
+        assert_eq!(logs.append(a, b"two\n").unwrap(), 8);
+        assert_eq!(whole(&logs, a), b"one\ntwo\n");
+        let middle = logs.read(a, 2, 4).unwrap();
+        assert_eq!(
+            (middle.data.as_slice(), middle.next_offset),
+            (&b"e\ntw"[..], 6)
+        );
+        assert_eq!(logs.read(a, 8, 10).unwrap().data, b"");
+        assert_eq!(logs.read(TaskId::new(), 0, 10).unwrap().data, b"");
+        drop(logs);
+        let logs = open(dir.path());
+        assert_eq!(whole(&logs, a), b"one\ntwo\n");
+        assert_eq!(logs.lengths(&[b, a]), [6, 8]);
+        assert_eq!(logs.append(a, b"three\n").unwrap(), 14);
+        assert_eq!(packs_in(dir.path()), [1], "the open pack goes on");
+        // A reader sees the same, and cannot write.
+        let reader = Logs::open(dir.path(), Mode::Read, |_| true).unwrap();
+        assert_eq!(whole(&reader, a), b"one\ntwo\nthree\n");
+        assert!(matches!(reader.append(a, b"x"), Err(Error::ReadOnly(_))));
+    }
+
+    #[test]
+    fn a_full_pack_is_sealed_and_a_long_append_split_across_packs() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = TaskId::new();
+        let mut logs = open(dir.path());
+        logs.roll_bytes = 100;
+        let long: Vec<u8> = (0..3 * MAX_PIECE as u32).map(|i| i as u8).collect();
+        logs.append(task, b"start\n").unwrap();
+        logs.append(task, &long).unwrap();
+        // A frame starts in a pack with room left, and may end past it.
+        assert_eq!(packs_in(dir.path()), [1, 2, 3]);
+        drop(logs);
+        let logs = open(dir.path());
+        assert_eq!(whole(&logs, task), [&b"start\n"[..], &long].concat());
+        let sealed: Vec<bool> = logs.lock().packs.values().map(|p| p.sealed).collect();
+        assert_eq!(sealed, [true, true, false]);
+    }
+
+    #[test]
+    fn a_torn_frame_at_the_end_is_cut_off_and_appends_go_on_from_the_log_s_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = TaskId::new();
+        let logs = open(dir.path());
+        logs.append(task, b"kept\n").unwrap();
+        logs.append(task, b"torn\n").unwrap();
+        drop(logs);
+        let pack = dir.path().join(pack_name(1));
+        let full = std::fs::metadata(&pack).unwrap().len();
+        // A crash in the middle of the second frame's write.
+        File::options()
+            .write(true)
+            .open(&pack)
+            .unwrap()
+            .set_len(full - 2)
+            .unwrap();
+        let reader = Logs::open(dir.path(), Mode::Read, |_| true).unwrap();
+        assert_eq!(whole(&reader, task), b"kept\n");
+        assert_eq!(
+            std::fs::metadata(&pack).unwrap().len(),
+            full - 2,
+            "a reader cuts nothing"
+        );
+        let logs = open(dir.path());
+        let first_frame = (HEADER + b"kept\n".len()) as u64;
+        assert_eq!(
+            std::fs::metadata(&pack).unwrap().len(),
+            first_frame,
+            "the torn frame was cut"
+        );
+        assert_eq!(logs.append(task, b"next\n").unwrap(), 10);
+        drop(logs);
+        assert_eq!(whole(&open(dir.path()), task), b"kept\nnext\n");
+        // A flipped bit in an open pack's piece is found too.
+        let mut bytes = std::fs::read(&pack).unwrap();
+        *bytes.last_mut().unwrap() ^= 0x20;
+        std::fs::write(&pack, &bytes).unwrap();
+        assert_eq!(whole(&open(dir.path()), task), b"kept\n");
+    }
+
+    #[test]
+    fn pruned_logs_give_their_room_back_once_half_a_pack_is_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks: Vec<TaskId> = (0..4).map(|_| TaskId::new()).collect();
+        let mut logs = open(dir.path());
+        logs.roll_bytes = 100;
+        for (n, task) in tasks.iter().enumerate() {
+            logs.append(*task, format!("log {n}\n").as_bytes()).unwrap();
+        }
+        // Four frames of 42 bytes: three in pack 1 (sealed), one in pack 2.
+        assert_eq!(packs_in(dir.path()), [1, 2]);
+        logs.remove(&tasks[..1]).unwrap();
+        assert_eq!(
+            packs_in(dir.path()),
+            [1, 2],
+            "a third forgotten: kept as it is"
+        );
+        let before = pack_bytes(dir.path());
+        logs.remove(&tasks[1..2]).unwrap();
+        assert_eq!(
+            packs_in(dir.path()),
+            [2],
+            "pack 1's last log was copied to pack 2"
+        );
+        assert!(pack_bytes(dir.path()) < before);
+        assert_eq!(whole(&logs, tasks[2]), b"log 2\n");
+        assert_eq!(whole(&logs, tasks[1]), b"");
+        logs.remove(&tasks[2..]).unwrap();
+        assert!(packs_in(dir.path()).is_empty(), "nothing live: deleted");
+        let task = TaskId::new();
+        logs.append(task, b"after\n").unwrap();
+        drop(logs);
+        let logs = open(dir.path());
+        assert_eq!(whole(&logs, task), b"after\n");
+        assert_eq!(whole(&logs, tasks[3]), b"");
+    }
+
+    #[test]
+    fn the_logs_of_tasks_the_store_no_longer_has_are_forgotten_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (kept, orphan) = (TaskId::new(), TaskId::new());
+        let logs = open(dir.path());
+        logs.append(orphan, b"left by a crash mid-prune, and long\n")
+            .unwrap();
+        logs.append(kept, b"kept\n").unwrap();
+        drop(logs);
+        let logs = Logs::open(dir.path(), Mode::Write, |task| task == kept).unwrap();
+        assert_eq!(whole(&logs, orphan), b"");
+        assert_eq!(whole(&logs, kept), b"kept\n");
+        assert_eq!(logs.lock().index.len(), 1);
+        // More than half of the pack was the orphan's: rewritten.
+        assert_eq!(packs_in(dir.path()), [2]);
+    }
+
+    #[test]
+    fn an_import_is_refused_off_the_log_s_end_and_counts_once_after_a_crash_mid_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = TaskId::new();
+        let logs = open(dir.path());
+        let piece = |offset, data: &[u8]| LogPiece {
+            task,
+            offset,
+            data: data.to_vec(),
+        };
+        logs.import(&[piece(0, b"ab"), piece(2, b"cd")]).unwrap();
+        let refused = logs.import(&[piece(2, b"xx")]).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                Error::Conflict {
+                    expected: 2,
+                    found: 4,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        drop(logs);
+        // A pack rewritten, and the crash before the old one was deleted:
+        // both hold the same pieces.
+        std::fs::copy(dir.path().join(pack_name(1)), dir.path().join(pack_name(2))).unwrap();
+        let logs = open(dir.path());
+        assert_eq!(whole(&logs, task), b"abcd");
+    }
+
+    #[test]
+    fn legacy_log_files_are_read_as_they_are_and_packed_by_an_upgrade() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = data.path().join(super::super::LOGS_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (TaskId::new(), TaskId::new());
+        std::fs::write(dir.join(format!("{a}.log")), b"old a\n").unwrap();
+        std::fs::write(dir.join(format!("{b}.log")), b"old b\n").unwrap();
+        let reader = Logs::open(&dir, Mode::Read, |_| true).unwrap();
+        assert_eq!(whole(&reader, a), b"old a\n");
+        assert_eq!(
+            read_task_logs(data.path(), &[b, a]).unwrap(),
+            [b"old b\n", b"old a\n"]
+        );
+        pack_legacy_logs(data.path()).unwrap();
+        assert!(!dir.join(format!("{a}.log")).exists());
+        assert_eq!(packs_in(&dir), [1]);
+        // Again, as after a crash before the layout was written: no change.
+        pack_legacy_logs(data.path()).unwrap();
+        let logs = open(&dir);
+        assert_eq!(whole(&logs, a), b"old a\n");
+        assert_eq!(logs.append(b, b"new b\n").unwrap(), 12);
+        assert_eq!(whole(&logs, b), b"old b\nnew b\n");
+    }
+}
