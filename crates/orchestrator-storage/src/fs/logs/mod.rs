@@ -127,10 +127,20 @@ fn io_error(what: impl std::fmt::Display, path: &Path) -> impl FnOnce(std::io::E
     move |e| Error::io(context, e)
 }
 
-/// What is in a logs dir: its packs by number, and the legacy log files
-/// by task.
-fn list(dir: &Path) -> Result<(Vec<u32>, Vec<(TaskId, u64)>)> {
-    let (mut packs, mut legacy) = (Vec::new(), Vec::new());
+/// What is in a logs dir.
+#[derive(Default)]
+struct Listing {
+    /// Its packs' numbers, in order.
+    packs: Vec<u32>,
+    /// Its legacy log files, by task, with their lengths.
+    legacy: Vec<(TaskId, u64)>,
+}
+
+fn list(dir: &Path) -> Result<Listing> {
+    let Listing {
+        mut packs,
+        mut legacy,
+    } = Listing::default();
     let entries = std::fs::read_dir(dir).map_err(io_error("list", dir))?;
     for entry in entries {
         let entry = entry.map_err(io_error("list", dir))?;
@@ -147,7 +157,7 @@ fn list(dir: &Path) -> Result<(Vec<u32>, Vec<(TaskId, u64)>)> {
         }
     }
     packs.sort_unstable();
-    Ok((packs, legacy))
+    Ok(Listing { packs, legacy })
 }
 
 impl Logs {
@@ -175,7 +185,10 @@ impl Logs {
     }
 
     fn open_listed(dir: &Path, mode: Mode, keep: &impl Fn(TaskId) -> bool) -> Result<Logs> {
-        let (numbers, legacy) = list(dir)?;
+        let Listing {
+            packs: numbers,
+            legacy,
+        } = list(dir)?;
         let mut frames = Vec::new();
         let mut packs = BTreeMap::new();
         let last = numbers.last().copied();
@@ -623,7 +636,7 @@ pub(super) fn pack_legacy_logs(data_dir: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     let to_io = |e: Error| std::io::Error::other(e.to_string());
-    let (_, legacy) = list(&dir).map_err(to_io)?;
+    let legacy = list(&dir).map_err(to_io)?.legacy;
     if legacy.is_empty() {
         return Ok(());
     }
@@ -695,7 +708,7 @@ mod tests {
     }
 
     fn packs_in(dir: &Path) -> Vec<u32> {
-        list(dir).unwrap().0
+        list(dir).unwrap().packs
     }
 
     fn pack_bytes(dir: &Path) -> u64 {
