@@ -249,6 +249,20 @@ fn kill_9_loses_no_submitted_work() {
     }
     // The interrupted attempt counts, and says what happened to it.
     assert_eq!(tasks[0]["attempts"], 2, "{}", tasks[0]);
+    // Every log reads back from the packs the killed service appended to,
+    // the retried task's with its second attempt's output after the first's.
+    for (id, server) in ids.iter().zip(["slow-1", "ok-2", "ok-3", "ok-4"]) {
+        let log = String::from_utf8_lossy(&daemon.cli(&["logs", id]).stdout).into_owned();
+        assert!(
+            log.contains(&format!("hello from {server}")),
+            "{server}: {log}"
+        );
+    }
+    let retried = String::from_utf8_lossy(&daemon.cli(&["logs", &ids[0]]).stdout).into_owned();
+    assert!(
+        retried.contains("hello from slow-1 (attempt 2)"),
+        "{retried}"
+    );
     daemon.signal("-TERM");
     assert!(daemon.wait().success());
 }

@@ -98,7 +98,7 @@ pub(super) fn read_pack(
     check_pieces: bool,
     mut found: impl FnMut(Frame, u64),
 ) -> std::io::Result<End> {
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut reader = BufReader::with_capacity(256 << 10, file);
     let mut at = 0u64;
     let mut piece = Vec::new();
     loop {

@@ -2,9 +2,9 @@
 //!
 //! Most of a store's logs belong to finished tasks, one piece each (a
 //! step's output comes in one batch or a few), and are never written
-//! again. Those found at open are kept in a sorted vector at 32 bytes a
-//! log ([`Index::settled`]); a log appended to since, or of several pieces,
-//! in a map ([`Index::recent`]).
+//! again. Those found at open are kept in a sorted vector at 28 bytes a
+//! log ([`Index::settled`]), built in place from the frames found; a log
+//! appended to since, or of several pieces, in a map ([`Index::recent`]).
 
 use std::collections::HashMap;
 
@@ -17,12 +17,27 @@ pub(super) const LEGACY_FILE: u32 = u32::MAX;
 /// Marks a settled log since appended to (it moved to `recent`) or removed.
 const MOVED: u32 = u32::MAX - 1;
 
-/// Where a piece's bytes are: in pack `pack`, from byte `at`.
+/// Where a piece's bytes are: in pack `pack`, from byte `at`. (A pack
+/// ends within a frame of [`super::ROLL_BYTES`], so 32 bits hold any
+/// place in it; a legacy file's piece is at its log offset, and `at` is
+/// unused.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Spot {
-    pub at: u64,
+    pub at: u32,
     pub pack: u32,
     pub len: u32,
+}
+
+impl Spot {
+    /// Where the byte at `log_offset` of the piece `piece` is in its file.
+    pub(super) fn file_offset(&self, piece_offset: u64, log_offset: u64) -> u64 {
+        let into = log_offset - piece_offset;
+        if self.pack == LEGACY_FILE {
+            log_offset
+        } else {
+            u64::from(self.at) + into
+        }
+    }
 }
 
 /// A piece of a log: where it starts in the log, and where it is.
@@ -45,6 +60,27 @@ struct Chain {
     pieces: Vec<Piece>,
 }
 
+impl Chain {
+    /// Adds a piece found at open, in the order of log offsets: its bytes
+    /// past the chain's end, if it reaches there without a gap.
+    fn add(&mut self, piece: Piece) {
+        if piece.spot.len == 0 || piece.end() <= self.length || piece.log_offset > self.length {
+            return;
+        }
+        // A copy that overlaps the end: only its new bytes count.
+        let skip = self.length - piece.log_offset;
+        self.pieces.push(Piece {
+            log_offset: self.length,
+            spot: Spot {
+                at: piece.spot.at + skip as u32,
+                pack: piece.spot.pack,
+                len: piece.spot.len - skip as u32,
+            },
+        });
+        self.length = piece.end();
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Index {
     /// One-piece logs as found at open, sorted by task.
@@ -53,52 +89,58 @@ pub(super) struct Index {
 }
 
 impl Index {
-    /// The index of the frames found in a store's packs: each log is the
-    /// run of its pieces from offset 0 on. A piece found twice (a pack
-    /// rewritten, and a crash before the old one went) counts once; a
-    /// piece after a gap (its predecessor torn away by a crash) is not
-    /// part of the log. Logs that `keep` refuses are left out.
-    pub(super) fn build(mut frames: Vec<(TaskId, Piece)>, keep: impl Fn(TaskId) -> bool) -> Index {
-        frames.sort_unstable_by_key(|(task, piece)| (*task, piece.log_offset));
-        let mut index = Index::default();
-        let mut settled = Vec::new();
-        for group in frames.chunk_by(|a, b| a.0 == b.0) {
-            let task = group[0].0;
-            if !keep(task) {
-                continue;
+    /// The index of the frames found in a store's packs: `firsts`, the
+    /// pieces that start a log (at offset 0), and `rest`, the others. Each
+    /// log is the run of its pieces from offset 0 on: a piece found twice
+    /// (a pack rewritten, and a crash before the old one went) counts
+    /// once; a piece after a gap (its predecessor torn away by a crash) is
+    /// not part of the log. Logs that `keep` refuses are left out.
+    ///
+    /// `firsts` becomes [`Index::settled`] in place: at a store's open it
+    /// holds nearly every log, and a second list as long would cost the
+    /// service its size again in memory that the allocator keeps.
+    pub(super) fn build(
+        mut firsts: Vec<(TaskId, Spot)>,
+        mut rest: Vec<(TaskId, Piece)>,
+        keep: impl Fn(TaskId) -> bool,
+    ) -> Index {
+        firsts.sort_unstable_by_key(|(task, spot)| (*task, std::cmp::Reverse(spot.len)));
+        rest.sort_unstable_by_key(|(task, piece)| (*task, piece.log_offset));
+        let mut recent = HashMap::new();
+        let mut rest_at = 0;
+        let mut previous = None;
+        firsts.retain(|&(task, spot)| {
+            // The longest first piece of each task comes first: the rest
+            // are copies of it, or shorter.
+            if previous == Some(task) || spot.len == 0 || !keep(task) {
+                return false;
             }
-            let mut chain = Chain::default();
-            for &(_, piece) in group {
-                if piece.spot.len == 0 || piece.end() <= chain.length {
-                    continue;
-                }
-                if piece.log_offset > chain.length {
-                    break;
-                }
-                // A copy that overlaps the end: only its new bytes count.
-                let skip = chain.length - piece.log_offset;
-                chain.pieces.push(Piece {
-                    log_offset: chain.length,
-                    spot: Spot {
-                        at: piece.spot.at + skip,
-                        pack: piece.spot.pack,
-                        len: piece.spot.len - skip as u32,
-                    },
-                });
-                chain.length = piece.end();
+            previous = Some(task);
+            while rest_at < rest.len() && rest[rest_at].0 < task {
+                rest_at += 1;
             }
-            match chain.pieces.as_slice() {
-                [] => {}
-                [one] => settled.push((task, one.spot)),
-                _ => {
-                    index.recent.insert(task, chain);
-                }
+            let more = rest[rest_at..].iter().take_while(|(t, _)| *t == task);
+            let mut chain = Chain {
+                length: u64::from(spot.len),
+                pieces: vec![Piece {
+                    log_offset: 0,
+                    spot,
+                }],
+            };
+            for &(_, piece) in more {
+                chain.add(piece);
             }
+            if chain.pieces.len() == 1 {
+                return true;
+            }
+            recent.insert(task, chain);
+            false
+        });
+        firsts.shrink_to_fit();
+        Index {
+            settled: firsts,
+            recent,
         }
-        drop(frames);
-        settled.shrink_to_fit();
-        index.settled = settled;
-        index
     }
 
     fn settled_at(&self, task: TaskId) -> Option<usize> {
@@ -236,11 +278,19 @@ mod tests {
 
     use super::*;
 
-    fn piece(log_offset: u64, pack: u32, at: u64, len: u32) -> Piece {
+    fn piece(log_offset: u64, pack: u32, at: u32, len: u32) -> Piece {
         Piece {
             log_offset,
             spot: Spot { at, pack, len },
         }
+    }
+
+    /// [`Index::build`] of frames as a pack scan finds them.
+    fn build(frames: Vec<(TaskId, Piece)>, keep: impl Fn(TaskId) -> bool) -> Index {
+        let (firsts, rest): (Vec<_>, Vec<_>) =
+            frames.into_iter().partition(|(_, p)| p.log_offset == 0);
+        let firsts = firsts.into_iter().map(|(t, p)| (t, p.spot)).collect();
+        Index::build(firsts, rest, keep)
     }
 
     #[test]
@@ -258,7 +308,7 @@ mod tests {
             (torn, piece(8, 1, 400, 4)),
             (pruned, piece(0, 1, 500, 4)),
         ];
-        let index = Index::build(frames, |task| task != pruned);
+        let index = build(frames, |task| task != pruned);
         assert_eq!(index.len(), 3);
         assert_eq!(index.length(whole), 10);
         assert_eq!(index.length(copied), 10);
@@ -268,12 +318,25 @@ mod tests {
         assert_eq!(index.pieces(copied, 5, 100), [piece(5, 1, 100, 5)]);
         assert!(index.pieces(copied, 10, 100).is_empty());
         assert_eq!(index.pieces(whole, 3, 2), [piece(0, 1, 36, 10)]);
+        // A copy that overlaps the end adds only its new bytes.
+        let overlapping = TaskId::new();
+        let index = build(
+            vec![
+                (overlapping, piece(0, 1, 36, 4)),
+                (overlapping, piece(2, 2, 50, 6)),
+            ],
+            |_| true,
+        );
+        assert_eq!(
+            index.pieces(overlapping, 0, 100),
+            [piece(0, 1, 36, 4), piece(4, 2, 52, 4)]
+        );
     }
 
     #[test]
     fn a_settled_log_moves_when_appended_to_and_goes_when_removed() {
         let (a, b) = (TaskId::new(), TaskId::new());
-        let mut index = Index::build(
+        let mut index = build(
             vec![(a, piece(0, 1, 36, 3)), (b, piece(0, 1, 75, 3))],
             |_| true,
         );

@@ -92,29 +92,49 @@ enum Placement {
     Move,
 }
 
-/// Reads pack `number`'s frames from its start into `found`.
+/// The frames found at open: the pieces that start a log, and the others
+/// (see [`Index::build`]).
+#[derive(Default)]
+struct Found {
+    firsts: Vec<(TaskId, Spot)>,
+    rest: Vec<(TaskId, Piece)>,
+}
+
+impl Found {
+    fn add(&mut self, task: TaskId, log_offset: u64, spot: Spot) {
+        if log_offset == 0 {
+            self.firsts.push((task, spot));
+        } else {
+            self.rest.push((task, Piece { log_offset, spot }));
+        }
+    }
+}
+
+/// Reads pack `number`'s frames from its start, handing each to `found`
+/// with where its piece starts in the log and in the pack.
 fn scan(
     mut file: &File,
     number: u32,
     check_pieces: bool,
-    found: &mut Vec<(TaskId, Piece)>,
+    mut found: impl FnMut(TaskId, u64, Spot),
 ) -> std::io::Result<End> {
     use std::io::Seek;
-    found.clear();
     file.rewind()?;
+    let mut beyond = false;
     frame::read_pack(file, check_pieces, |frame, at| {
-        let spot = Spot {
-            at,
-            pack: number,
-            len: frame.len,
-        };
-        found.push((
-            frame.task,
-            Piece {
-                log_offset: frame.log_offset,
-                spot,
-            },
-        ));
+        // A pack ends within a frame of ROLL_BYTES: a place past 32 bits
+        // is not one this build wrote, and nothing after it is read.
+        match u32::try_from(at) {
+            Ok(at) if !beyond => {
+                let spot = Spot {
+                    at,
+                    pack: number,
+                    len: frame.len,
+                };
+                found(frame.task, frame.log_offset, spot);
+            }
+            _ => beyond = true,
+        }
     })
 }
 
@@ -189,8 +209,19 @@ impl Logs {
             packs: numbers,
             legacy,
         } = list(dir)?;
-        let mut frames = Vec::new();
-        let mut packs = BTreeMap::new();
+        // Two passes: the first counts the frames (and finds where each
+        // pack ends), so that the lists they go to are made once at their
+        // size. Grown by doubling, the lists each log's place is kept in
+        // leave the allocator holding as much again.
+        let mut counts = (0, 0);
+        /// Counts a pack's pieces that start a log, and the others.
+        fn counting(counts: &mut (usize, usize)) -> impl FnMut(TaskId, u64, Spot) + '_ {
+            |_, log_offset, _| match log_offset {
+                0 => counts.0 += 1,
+                _ => counts.1 += 1,
+            }
+        }
+        let mut opened = Vec::new();
         let last = numbers.last().copied();
         for number in numbers {
             let path = dir.join(pack_name(number));
@@ -199,13 +230,16 @@ impl Logs {
                 .write(mode == Mode::Write)
                 .open(&path)
                 .map_err(io_error("open", &path))?;
-            let mut found = Vec::new();
-            let mut end =
-                scan(&file, number, false, &mut found).map_err(io_error("read", &path))?;
+            let mut in_pack = (0, 0);
+            let mut end = scan(&file, number, false, counting(&mut in_pack))
+                .map_err(io_error("read", &path))?;
             if !matches!(end, End::Sealed(_)) {
                 // Not sealed: the last frames may be torn; check every piece.
-                end = scan(&file, number, true, &mut found).map_err(io_error("read", &path))?;
+                in_pack = (0, 0);
+                end = scan(&file, number, true, counting(&mut in_pack))
+                    .map_err(io_error("read", &path))?;
             }
+            counts = (counts.0 + in_pack.0, counts.1 + in_pack.1);
             let (bytes, sealed) = match end {
                 End::Sealed(bytes) => (bytes, true),
                 End::Open(bytes) => (bytes, false),
@@ -222,7 +256,24 @@ impl Logs {
                     (bytes, false)
                 }
             };
-            frames.append(&mut found);
+            opened.push((number, path, file, bytes, sealed));
+        }
+        let legacy_pieces = |bytes: u64| bytes.div_ceil(u64::from(u32::MAX)) as usize;
+        let mut found = Found::default();
+        found.firsts.reserve_exact(counts.0 + legacy.len());
+        found
+            .rest
+            .reserve_exact(counts.1 + legacy.iter().map(|(_, b)| legacy_pieces(*b)).sum::<usize>());
+        let mut packs = BTreeMap::new();
+        for (number, path, file, bytes, sealed) in opened {
+            // Up to where the first pass found the pack's end: a reader's
+            // service may have appended since.
+            scan(&file, number, !sealed, |task, log_offset, spot| {
+                if u64::from(spot.at) + u64::from(spot.len) <= bytes {
+                    found.add(task, log_offset, spot);
+                }
+            })
+            .map_err(io_error("read", &path))?;
             packs.insert(
                 number,
                 Pack {
@@ -238,15 +289,15 @@ impl Logs {
             while log_offset < bytes {
                 let len = (bytes - log_offset).min(u64::from(u32::MAX)) as u32;
                 let spot = Spot {
-                    at: log_offset,
+                    at: 0,
                     pack: LEGACY_FILE,
                     len,
                 };
-                frames.push((task, Piece { log_offset, spot }));
+                found.add(task, log_offset, spot);
                 log_offset += u64::from(len);
             }
         }
-        let index = Index::build(frames, keep);
+        let index = Index::build(found.firsts, found.rest, keep);
         let mut state = Packs {
             index,
             packs,
@@ -360,6 +411,12 @@ impl Logs {
                     number = self.active(packs)?;
                 }
                 let at = packs.packs[&number].bytes + (buf.len() + HEADER) as u64;
+                let at = u32::try_from(at).map_err(|_| {
+                    Error::io(
+                        format!("append to {}", self.path(number).display()),
+                        std::io::Error::other("the pack is past 4 GiB"),
+                    )
+                })?;
                 frame::encode(task, log_offset, piece, &mut buf);
                 let spot = Spot {
                     at,
@@ -500,7 +557,7 @@ impl Logs {
         for (piece, file) in reads {
             let from = offset.max(piece.log_offset);
             let to = end.min(piece.log_offset + u64::from(piece.spot.len));
-            let at = piece.spot.at + (from - piece.log_offset);
+            let at = piece.spot.file_offset(piece.log_offset, from);
             let start = data.len();
             data.resize(start + (to - from) as usize, 0);
             let read = match (piece.spot.pack, file) {
@@ -574,7 +631,7 @@ impl Logs {
         for (task, piece) in &moving {
             let file = packs.packs[&piece.spot.pack].file.clone();
             piece_bytes.resize(piece.spot.len as usize, 0);
-            file.read_exact_at(&mut piece_bytes, piece.spot.at)
+            file.read_exact_at(&mut piece_bytes, u64::from(piece.spot.at))
                 .map_err(io_error("read", &self.path(piece.spot.pack)))?;
             copies.push((*task, piece.log_offset, piece_bytes.clone()));
         }
