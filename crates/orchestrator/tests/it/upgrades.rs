@@ -44,7 +44,7 @@ fn copy_of(name: &str, to: &Path) {
     copy(&fixture(name), to);
 }
 
-async fn get(service: &TestService, path: &str) -> Value {
+async fn get_ok(service: &TestService, path: &str) -> reqwest::Response {
     let response = service
         .http
         .get(format!("{}{path}", service.base))
@@ -53,7 +53,30 @@ async fn get(service: &TestService, path: &str) -> Value {
         .await
         .unwrap();
     assert_eq!(response.status(), 200, "GET {path}");
-    response.json().await.unwrap()
+    response
+}
+
+async fn get(service: &TestService, path: &str) -> Value {
+    get_ok(service, path).await.json().await.unwrap()
+}
+
+/// Checks that each task's log says hello from its server.
+async fn each_log_says_hello(service: &TestService, tasks: &Value) {
+    for task in tasks["tasks"].as_array().unwrap() {
+        let (id, server) = (
+            task["id"].as_str().unwrap(),
+            task["input"]["server"].as_str().unwrap(),
+        );
+        let log = get_ok(service, &format!("/tasks/{id}/logs"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            log.contains(&format!("hello from {server}")),
+            "{server}: {log}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -93,22 +116,7 @@ async fn a_store_of_the_previous_release_opens_with_everything_in_it() {
     assert_eq!(statuses, ["completed", "failed"]);
     let tasks = get(&service, "/tasks").await;
     assert_eq!(tasks["total"], 3, "{tasks}");
-    for task in tasks["tasks"].as_array().unwrap() {
-        let server = task["input"]["server"].as_str().unwrap();
-        let response = service
-            .http
-            .get(format!(
-                "{}/tasks/{}/logs",
-                service.base,
-                task["id"].as_str().unwrap()
-            ))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap();
-        let log = response.text().await.unwrap();
-        assert!(log.contains(&format!("hello from {server}")), "{log}");
-    }
+    each_log_says_hello(&service, &tasks).await;
     // The old tokens still open the door, the secret is still sealed with
     // the old key, and the audit log goes on.
     let tokens = get(&service, "/tokens").await;
@@ -155,25 +163,7 @@ async fn a_store_of_the_previous_release_opens_with_everything_in_it() {
     );
     let service = TestService::start(settings).await;
     assert_eq!(get(&service, "/workflows").await["total"], 3);
-    for task in get(&service, "/tasks?limit=10").await["tasks"]
-        .as_array()
-        .unwrap()
-    {
-        let id = task["id"].as_str().unwrap();
-        let response = service
-            .http
-            .get(format!("{}/tasks/{id}/logs", service.base))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap();
-        let log = response.text().await.unwrap();
-        let server = task["input"]["server"].as_str().unwrap();
-        assert!(
-            log.contains(&format!("hello from {server}")),
-            "{server}: {log}"
-        );
-    }
+    each_log_says_hello(&service, &get(&service, "/tasks?limit=10").await).await;
     service.stop().await;
 }
 
