@@ -17,6 +17,11 @@ pub(super) const LEGACY_FILE: u32 = u32::MAX;
 /// Marks a settled log since appended to (it moved to `recent`) or removed.
 const MOVED: u32 = u32::MAX - 1;
 
+/// How many logs `recent` holds before those of one piece are settled: a
+/// service that runs for months without a restart keeps each finished
+/// step's log at the settled size, not a map entry's.
+const SETTLE_AFTER: usize = 1024;
+
 /// Where a piece's bytes are: in pack `pack`, from byte `at`. (A pack
 /// ends within a frame of [`super::ROLL_BYTES`], so 32 bits hold any
 /// place in it; a legacy file's piece is at its log offset, and `at` is
@@ -83,9 +88,12 @@ impl Chain {
 
 #[derive(Debug, Default)]
 pub(super) struct Index {
-    /// One-piece logs as found at open, sorted by task.
+    /// Logs of one piece, sorted by task: those found at open, and those
+    /// settled since ([`Index::settle`]).
     settled: Vec<(TaskId, Spot)>,
     recent: HashMap<TaskId, Chain>,
+    /// How many entries of `settled` are [`MOVED`].
+    moved: usize,
 }
 
 impl Index {
@@ -140,6 +148,7 @@ impl Index {
         Index {
             settled: firsts,
             recent,
+            moved: 0,
         }
     }
 
@@ -194,6 +203,7 @@ impl Index {
                     .ok()
                     .filter(|at| self.settled[*at].1.pack != MOVED);
                 if let Some(at) = at {
+                    self.moved += 1;
                     let spot = std::mem::replace(&mut self.settled[at].1.pack, MOVED);
                     let spot = Spot {
                         pack: spot,
@@ -213,6 +223,46 @@ impl Index {
         chain.pieces.push(piece);
     }
 
+    /// Moves the logs of one piece from `recent` into `settled`, once
+    /// `recent` holds [`SETTLE_AFTER`] logs. A log settled while its step
+    /// still runs moves back at its next append, leaving a mark in
+    /// `settled` that a later settling reuses or sweeps.
+    pub(super) fn settle(&mut self) {
+        if self.recent.len() < SETTLE_AFTER {
+            return;
+        }
+        let mut moving = Vec::new();
+        self.recent
+            .retain(|task, chain| match chain.pieces.as_slice() {
+                [one] => {
+                    moving.push((*task, one.spot));
+                    false
+                }
+                _ => true,
+            });
+        moving.sort_unstable_by_key(|(task, _)| *task);
+        // Ids are UUIDv7: most sort after every settled one. Those that do
+        // not (a step created before others that ran first) are merged in.
+        let mut late = Vec::new();
+        for (task, spot) in moving {
+            match self.settled.binary_search_by_key(&task, |(id, _)| *id) {
+                Ok(at) => {
+                    // Its own mark, from when it moved back to `recent`.
+                    self.settled[at].1 = spot;
+                    self.moved -= 1;
+                }
+                Err(at) if at == self.settled.len() => self.settled.push((task, spot)),
+                Err(_) => late.push((task, spot)),
+            }
+        }
+        merge_sorted(&mut self.settled, &late);
+        if self.moved * 4 > self.settled.len() {
+            self.settled.retain(|(_, spot)| spot.pack != MOVED);
+            self.settled.shrink_to_fit();
+            self.moved = 0;
+        }
+    }
+
     /// Forgets the log; returns where its pieces were.
     pub(super) fn remove(&mut self, task: TaskId) -> Vec<Spot> {
         if let Some(chain) = self.recent.remove(&task) {
@@ -222,6 +272,7 @@ impl Index {
             Some(at) => {
                 let spot = self.settled[at].1;
                 self.settled[at].1.pack = MOVED;
+                self.moved += 1;
                 vec![spot]
             }
             None => Vec::new(),
@@ -269,6 +320,24 @@ impl Index {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.recent.len() + self.settled.iter().filter(|(_, s)| s.pack != MOVED).count()
+    }
+}
+
+/// Merges `late`, sorted, into `sorted`: in place, from the back, so that
+/// nothing but the added room is allocated.
+fn merge_sorted(sorted: &mut Vec<(TaskId, Spot)>, late: &[(TaskId, Spot)]) {
+    let (mut i, mut j) = (sorted.len(), late.len());
+    sorted.extend_from_slice(late);
+    let mut k = sorted.len();
+    while j > 0 {
+        k -= 1;
+        if i > 0 && sorted[i - 1].0 > late[j - 1].0 {
+            sorted[k] = sorted[i - 1];
+            i -= 1;
+        } else {
+            sorted[k] = late[j - 1];
+            j -= 1;
+        }
     }
 }
 
@@ -331,6 +400,44 @@ mod tests {
             index.pieces(overlapping, 0, 100),
             [piece(0, 1, 36, 4), piece(4, 2, 52, 4)]
         );
+    }
+
+    #[test]
+    fn logs_of_one_piece_settle_as_they_pile_up_and_move_back_when_appended_to() {
+        // Ids made first, logged last: they merge into the settled ones.
+        let early: Vec<TaskId> = (0..10).map(|_| TaskId::new()).collect();
+        let tasks: Vec<TaskId> = (0..SETTLE_AFTER as u32 + 10)
+            .map(|_| TaskId::new())
+            .collect();
+        let mut index = Index::default();
+        let still_running = tasks[3];
+        for (n, task) in tasks.iter().chain(&early).enumerate() {
+            index.push(*task, piece(0, 1, n as u32 * 100, 5));
+            index.settle();
+        }
+        assert!(index.recent.len() < SETTLE_AFTER, "{}", index.recent.len());
+        assert!(
+            index.settled.windows(2).all(|w| w[0].0 < w[1].0),
+            "sorted, no repeats"
+        );
+        assert_eq!(index.len(), tasks.len() + early.len());
+        for (n, task) in tasks.iter().chain(&early).enumerate() {
+            assert_eq!(index.pieces(*task, 0, 10), [piece(0, 1, n as u32 * 100, 5)]);
+        }
+        // A settled step that goes on printing moves back, then settles
+        // again into its own place.
+        index.push(still_running, piece(5, 2, 0, 3));
+        assert_eq!(index.length(still_running), 8);
+        assert_eq!(index.moved, 1);
+        index.remove(still_running);
+        index.push(still_running, piece(0, 2, 50, 4));
+        for _ in 0..SETTLE_AFTER {
+            index.push(TaskId::new(), piece(0, 3, 0, 1));
+        }
+        index.settle();
+        assert_eq!(index.moved, 0);
+        assert_eq!(index.pieces(still_running, 0, 10), [piece(0, 2, 50, 4)]);
+        assert!(index.settled.windows(2).all(|w| w[0].0 < w[1].0));
     }
 
     #[test]

@@ -460,6 +460,7 @@ impl Logs {
                 Placement::Move => packs.index.repoint(task, piece.log_offset, piece.spot),
             }
         }
+        packs.index.settle();
         Ok(())
     }
 
