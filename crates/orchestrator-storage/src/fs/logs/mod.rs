@@ -13,9 +13,10 @@
 //! migration, a backup, a storage move) is synced before it returns.
 //!
 //! **Space.** A prune forgets its logs; a pack at least half of whose
-//! bytes are forgotten is rewritten: its remaining pieces are copied into
-//! a new pack, synced, and then the old one is deleted. A crash in between
-//! leaves both, and a piece found twice counts once.
+//! bytes are forgotten is rewritten: its remaining pieces are copied to
+//! the pack being written (a new one if that is the pack rewritten), which
+//! is synced, and then the old one is deleted. A crash in between leaves
+//! both, and a piece found twice counts once.
 //!
 //! **Legacy files.** Before packs (layout 3 and older) a log was the file
 //! `logs/<task>.log`. A store opened to be read reads them as they are;
@@ -78,8 +79,9 @@ struct Pack {
 struct Packs {
     index: Index,
     packs: BTreeMap<u32, Pack>,
-    /// Packs created since the dir was last synced: an import syncs it
-    /// so that they are found after a power loss.
+    /// Whether a pack was created since the dir was last synced: an
+    /// import syncs the dir then, so that the new packs are found after a
+    /// power loss.
     created_unsynced: bool,
 }
 
