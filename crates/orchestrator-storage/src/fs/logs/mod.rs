@@ -60,7 +60,8 @@ pub(super) struct Logs {
     /// blocking pool. It orders the appends to the active pack and the
     /// index's changes; reads copy out where the pieces are and read
     /// them after letting go. A rewrite (after a prune) holds it while it
-    /// copies, so appends wait for at most one rewrite.
+    /// copies one pack's live pieces, at most half a pack, so an append
+    /// waits for at most that.
     packs: Mutex<Packs>,
 }
 
@@ -325,7 +326,8 @@ impl Logs {
             for number in unsealed {
                 logs.seal(&mut packs, number)?;
             }
-            logs.reclaim(&mut packs)?;
+            drop(packs);
+            logs.reclaim()?;
         }
         Ok(logs)
     }
@@ -585,7 +587,7 @@ impl Logs {
     }
 
     /// Forgets the logs of pruned tasks, and gives back the room of packs
-    /// at least half forgotten.
+    /// at least half forgotten ([`Logs::reclaim`]).
     pub(super) fn remove(&self, tasks: &[TaskId]) -> Result<()> {
         self.writable()?;
         let mut packs = self.lock();
@@ -605,45 +607,53 @@ impl Logs {
                 }
             }
         }
-        self.reclaim(&mut packs)
+        drop(packs);
+        self.reclaim()
     }
 
-    /// Rewrites the packs at least half of whose bytes no log points to:
-    /// their live pieces are copied into new packs, which are synced
-    /// before the old ones are deleted; a pack with nothing live is just
-    /// deleted.
-    fn reclaim(&self, packs: &mut Packs) -> Result<()> {
-        let wasted: Vec<u32> = packs
+    /// Gives back the room of the packs at least half of whose bytes no
+    /// log points to, one pack a hold of the lock, so that appends go on
+    /// in between.
+    fn reclaim(&self) -> Result<()> {
+        while self.rewrite_one(&mut self.lock())? {}
+        Ok(())
+    }
+
+    /// Rewrites one pack at least half of whose bytes no log points to:
+    /// its live pieces are copied to the pack being written (a new one if
+    /// it is that pack), which is synced before the old one is deleted; a
+    /// pack with nothing live is just deleted. Whether there was one.
+    fn rewrite_one(&self, packs: &mut Packs) -> Result<bool> {
+        let wasted = packs
             .packs
             .iter()
-            .filter(|(_, p)| p.bytes > 0 && p.live * 2 <= p.bytes)
-            .map(|(n, _)| *n)
-            .collect();
-        if wasted.is_empty() {
-            return Ok(());
-        }
+            .find(|(_, p)| p.bytes > 0 && p.live * 2 <= p.bytes)
+            .map(|(n, _)| *n);
+        let Some(wasted) = wasted else {
+            return Ok(false);
+        };
         let mut moving: Vec<(TaskId, Piece)> = Vec::new();
         packs.index.each_piece(|task, piece| {
-            if wasted.contains(&piece.spot.pack) {
+            if piece.spot.pack == wasted {
                 moving.push((task, *piece));
             }
         });
-        moving.sort_unstable_by_key(|(_, p)| (p.spot.pack, p.spot.at));
+        moving.sort_unstable_by_key(|(_, p)| p.spot.at);
+        let path = self.path(wasted);
         let mut copies = Vec::with_capacity(moving.len());
-        let mut piece_bytes = Vec::new();
-        for (task, piece) in &moving {
-            let file = packs.packs[&piece.spot.pack].file.clone();
-            piece_bytes.resize(piece.spot.len as usize, 0);
-            file.read_exact_at(&mut piece_bytes, u64::from(piece.spot.at))
-                .map_err(io_error("read", &self.path(piece.spot.pack)))?;
-            copies.push((*task, piece.log_offset, piece_bytes.clone()));
+        if let Some(pack) = packs.packs.get(&wasted) {
+            for (task, piece) in &moving {
+                let mut bytes = vec![0; piece.spot.len as usize];
+                pack.file
+                    .read_exact_at(&mut bytes, u64::from(piece.spot.at))
+                    .map_err(io_error("read", &path))?;
+                copies.push((*task, piece.log_offset, bytes));
+            }
         }
         if !copies.is_empty() {
-            // The copies go to the active pack, or to a new one if the
-            // active one is being rewritten; synced before the old ones go.
             if let Some((number, pack)) = packs.packs.last_key_value()
+                && *number == wasted
                 && !pack.sealed
-                && wasted.contains(number)
             {
                 let next = number + 1;
                 self.create(packs, next)?;
@@ -655,23 +665,19 @@ impl Logs {
             self.write(packs, &writes, Placement::Move)?;
             self.sync(packs)?;
         }
-        for number in &wasted {
-            let path = self.path(*number);
-            if packs.packs.remove(number).is_some() {
-                match std::fs::remove_file(&path) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(Error::io(format!("remove {}", path.display()), e));
-                    }
-                    _ => {}
-                }
+        packs.packs.remove(&wasted);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("remove {}", path.display()), e));
             }
+            _ => {}
         }
         tracing::info!(
-            packs = wasted.len(),
+            pack = %path.display(),
             pieces_copied = copies.len(),
-            "log packs rewritten to give back the room of pruned logs"
+            "log pack rewritten to give back the room of pruned logs"
         );
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -900,6 +906,42 @@ mod tests {
         let logs = open(dir.path());
         assert_eq!(whole(&logs, task), b"after\n");
         assert_eq!(whole(&logs, tasks[3]), b"");
+    }
+
+    #[test]
+    fn a_prune_that_wastes_several_packs_rewrites_each_and_keeps_every_other_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let tasks: Vec<TaskId> = (0..9).map(|_| TaskId::new()).collect();
+        let mut logs = open(dir.path());
+        logs.roll_bytes = 100;
+        for (n, task) in tasks.iter().enumerate() {
+            logs.append(*task, format!("log {n}\n").as_bytes()).unwrap();
+        }
+        // Three frames a pack: 1 and 2 sealed, 3 being written.
+        assert_eq!(packs_in(dir.path()), [1, 2, 3]);
+        // Two of three gone in packs 1 and 2, one in pack 3.
+        let pruned = [tasks[0], tasks[1], tasks[3], tasks[4], tasks[6]];
+        logs.remove(&pruned).unwrap();
+        assert_eq!(packs_in(dir.path()), [3, 4], "1 and 2 rewritten");
+        for n in [2, 5, 7, 8] {
+            assert_eq!(
+                whole(&logs, tasks[n]),
+                format!("log {n}\n").as_bytes(),
+                "{n}"
+            );
+        }
+        drop(logs);
+        // Pack 3 still holds the pruned log of task 6: the store, which no
+        // longer has that task, leaves it out at open.
+        let logs = Logs::open(dir.path(), Mode::Write, |task| !pruned.contains(&task)).unwrap();
+        for n in [2, 5, 7, 8] {
+            assert_eq!(
+                whole(&logs, tasks[n]),
+                format!("log {n}\n").as_bytes(),
+                "{n}"
+            );
+        }
+        assert_eq!(logs.lock().index.len(), 4);
     }
 
     #[test]
