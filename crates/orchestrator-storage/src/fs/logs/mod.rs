@@ -164,7 +164,12 @@ fn list(dir: &Path) -> Result<Listing> {
         mut packs,
         mut legacy,
     } = Listing::default();
-    let entries = std::fs::read_dir(dir).map_err(io_error("list", dir))?;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // A store that never had a log (a backup of one holds no `logs/`).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
+        Err(e) => return Err(Error::io(format!("list {}", dir.display()), e)),
+    };
     for entry in entries {
         let entry = entry.map_err(io_error("list", dir))?;
         let name = entry.file_name();
@@ -810,6 +815,14 @@ mod tests {
         let reader = Logs::open(dir.path(), Mode::Read, |_| true).unwrap();
         assert_eq!(whole(&reader, a), b"one\ntwo\nthree\n");
         assert!(matches!(reader.append(a, b"x"), Err(Error::ReadOnly(_))));
+    }
+
+    #[test]
+    fn a_store_without_a_logs_dir_reads_as_one_without_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let reader = Logs::open(&dir.path().join("logs"), Mode::Read, |_| true).unwrap();
+        assert_eq!(reader.length(TaskId::new()), 0);
+        assert_eq!(read_task_logs(dir.path(), &[TaskId::new()]).unwrap(), [b""]);
     }
 
     #[test]
