@@ -10,6 +10,8 @@ use std::collections::HashMap;
 
 use orchestrator_core::TaskId;
 
+use super::frame::MAX_PIECE;
+
 /// The pack number of a log's legacy file, `<task>.log`, from before
 /// packs: read, never written (an upgrade packs them).
 pub(super) const LEGACY_FILE: u32 = u32::MAX;
@@ -50,13 +52,36 @@ impl Spot {
 pub(super) struct Piece {
     pub log_offset: u64,
     pub spot: Spot,
+    /// 0 for a piece as appended (or found at open); `l + 1` for one that
+    /// [`MERGED`] pieces of level `l` were copied into; [`FULL`] once too
+    /// big to merge. (In the padding of the struct: free.)
+    pub level: u8,
 }
 
 impl Piece {
+    pub(super) fn new(log_offset: u64, spot: Spot) -> Piece {
+        Piece {
+            log_offset,
+            spot,
+            level: 0,
+        }
+    }
+
     fn end(&self) -> u64 {
         self.log_offset + u64::from(self.spot.len)
     }
 }
+
+/// How many pieces of one level, at the end of a log, are copied into one.
+/// A step that prints a line at a time leaves a piece per append; merged
+/// this way, a log keeps at most `MERGED - 1` pieces a level (a few
+/// levels up to [`MAX_PIECE`]) plus pieces of about that size, and each
+/// byte is copied once a level.
+pub(super) const MERGED: usize = 16;
+
+/// The level of a piece never merged again: merging it with the pieces
+/// before it would pass [`MAX_PIECE`].
+const FULL: u8 = u8::MAX;
 
 /// A log's pieces, in order, without gaps, from offset 0.
 #[derive(Debug, Default)]
@@ -74,14 +99,14 @@ impl Chain {
         }
         // A copy that overlaps the end: only its new bytes count.
         let skip = self.length - piece.log_offset;
-        self.pieces.push(Piece {
-            log_offset: self.length,
-            spot: Spot {
+        self.pieces.push(Piece::new(
+            self.length,
+            Spot {
                 at: piece.spot.at + skip as u32,
                 pack: piece.spot.pack,
                 len: piece.spot.len - skip as u32,
             },
-        });
+        ));
         self.length = piece.end();
     }
 }
@@ -113,7 +138,11 @@ impl Index {
         keep: impl Fn(TaskId) -> bool,
     ) -> Index {
         firsts.sort_unstable_by_key(|(task, spot)| (*task, std::cmp::Reverse(spot.len)));
-        rest.sort_unstable_by_key(|(task, piece)| (*task, piece.log_offset));
+        // At one offset the longest piece first (a merged copy): the
+        // pieces it holds are then skipped as repeats.
+        rest.sort_unstable_by_key(|(task, piece)| {
+            (*task, piece.log_offset, std::cmp::Reverse(piece.spot.len))
+        });
         let mut recent = HashMap::new();
         let mut rest_at = 0;
         let mut previous = None;
@@ -130,10 +159,7 @@ impl Index {
             let more = rest[rest_at..].iter().take_while(|(t, _)| *t == task);
             let mut chain = Chain {
                 length: u64::from(spot.len),
-                pieces: vec![Piece {
-                    log_offset: 0,
-                    spot,
-                }],
+                pieces: vec![Piece::new(0, spot)],
             };
             for &(_, piece) in more {
                 chain.add(piece);
@@ -182,10 +208,7 @@ impl Index {
                 .collect();
         }
         self.settled_at(task)
-            .map(|at| Piece {
-                log_offset: 0,
-                spot: self.settled[at].1,
-            })
+            .map(|at| Piece::new(0, self.settled[at].1))
             .filter(overlaps)
             .into_iter()
             .collect()
@@ -210,10 +233,7 @@ impl Index {
                         ..self.settled[at].1
                     };
                     chain.length = u64::from(spot.len);
-                    chain.pieces.push(Piece {
-                        log_offset: 0,
-                        spot,
-                    });
+                    chain.pieces.push(Piece::new(0, spot));
                 }
                 entry.insert(chain)
             }
@@ -263,6 +283,47 @@ impl Index {
         }
     }
 
+    /// The last [`MERGED`] pieces of the log, if they are of one level
+    /// and fit one frame together: to be copied into one piece
+    /// ([`Index::merge`]). Pieces that would not fit are marked [`FULL`].
+    pub(super) fn tail_to_merge(&mut self, task: TaskId) -> Option<Vec<Piece>> {
+        let chain = self.recent.get_mut(&task)?;
+        let first = chain.pieces.len().checked_sub(MERGED)?;
+        let tail = &mut chain.pieces[first..];
+        let level = tail[0].level;
+        let one_level = tail
+            .iter()
+            .all(|p| p.level == level && p.spot.pack != LEGACY_FILE);
+        if level == FULL || !one_level {
+            return None;
+        }
+        let bytes: u64 = tail.iter().map(|p| u64::from(p.spot.len)).sum();
+        if bytes > MAX_PIECE as u64 {
+            for piece in tail {
+                piece.level = FULL;
+            }
+            return None;
+        }
+        Some(tail.to_vec())
+    }
+
+    /// Replaces the last [`MERGED`] pieces of the log with `merged`, the
+    /// copy of their bytes.
+    pub(super) fn merge(&mut self, task: TaskId, merged: Piece) {
+        if let Some(chain) = self.recent.get_mut(&task)
+            && let Some(first) = chain.pieces.len().checked_sub(MERGED)
+        {
+            chain.pieces.truncate(first);
+            chain.pieces.push(merged);
+        }
+    }
+
+    /// How many pieces the log has.
+    #[cfg(test)]
+    pub(super) fn piece_count(&self, task: TaskId) -> usize {
+        self.pieces(task, 0, usize::MAX).len()
+    }
+
     /// Forgets the log; returns where its pieces were.
     pub(super) fn remove(&mut self, task: TaskId) -> Vec<Spot> {
         if let Some(chain) = self.recent.remove(&task) {
@@ -283,13 +344,7 @@ impl Index {
     pub(super) fn each_piece(&self, mut f: impl FnMut(TaskId, &Piece)) {
         for (task, spot) in &self.settled {
             if spot.pack != MOVED {
-                f(
-                    *task,
-                    &Piece {
-                        log_offset: 0,
-                        spot: *spot,
-                    },
-                );
+                f(*task, &Piece::new(0, *spot));
             }
         }
         for (task, chain) in &self.recent {
@@ -348,10 +403,7 @@ mod tests {
     use super::*;
 
     fn piece(log_offset: u64, pack: u32, at: u32, len: u32) -> Piece {
-        Piece {
-            log_offset,
-            spot: Spot { at, pack, len },
-        }
+        Piece::new(log_offset, Spot { at, pack, len })
     }
 
     /// [`Index::build`] of frames as a pack scan finds them.

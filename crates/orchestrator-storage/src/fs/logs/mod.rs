@@ -93,6 +93,9 @@ enum Placement {
     Append,
     /// Copies of pieces the index has, which now point to them.
     Move,
+    /// The copy of the last [`index::MERGED`] pieces of a log, which it
+    /// replaces; the level of the merged piece.
+    Merge(u8),
 }
 
 /// The frames found at open: the pieces that start a log, and the others
@@ -108,7 +111,7 @@ impl Found {
         if log_offset == 0 {
             self.firsts.push((task, spot));
         } else {
-            self.rest.push((task, Piece { log_offset, spot }));
+            self.rest.push((task, Piece::new(log_offset, spot)));
         }
     }
 }
@@ -432,11 +435,57 @@ impl Logs {
                     pack: number,
                     len: piece.len() as u32,
                 };
-                placed.push((task, Piece { log_offset, spot }));
+                placed.push((task, Piece::new(log_offset, spot)));
                 log_offset += piece.len() as u64;
             }
         }
-        self.flush(packs, number, &mut buf, &mut placed, placement)
+        self.flush(packs, number, &mut buf, &mut placed, placement)?;
+        if matches!(placement, Placement::Append) {
+            let mut tasks: Vec<TaskId> = writes.iter().map(|(task, _, _)| *task).collect();
+            tasks.sort_unstable();
+            tasks.dedup();
+            self.merge_tails(packs, &tasks)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the pieces that appends left at the end of each of these
+    /// logs into one, [`index::MERGED`] of one level at a time, for as
+    /// long as there are: a step that prints a line at a time costs
+    /// memory by its log's size, not by its appends. The copies go where
+    /// appends go; the pieces they replace are dead bytes, given back as
+    /// a prune's are.
+    fn merge_tails(&self, packs: &mut Packs, tasks: &[TaskId]) -> Result<()> {
+        for &task in tasks {
+            while let Some(tail) = packs.index.tail_to_merge(task) {
+                let mut bytes = Vec::new();
+                for piece in &tail {
+                    let pack = packs.packs.get(&piece.spot.pack).ok_or_else(|| {
+                        Error::io(
+                            format!("merge the log of task {task}"),
+                            std::io::Error::other(format!("pack {} is gone", piece.spot.pack)),
+                        )
+                    })?;
+                    let start = bytes.len();
+                    bytes.resize(start + piece.spot.len as usize, 0);
+                    pack.file
+                        .read_exact_at(&mut bytes[start..], u64::from(piece.spot.at))
+                        .map_err(io_error("read", &self.path(piece.spot.pack)))?;
+                }
+                let (log_offset, level) = (tail[0].log_offset, tail[0].level + 1);
+                self.write(
+                    packs,
+                    &[(task, log_offset, &bytes)],
+                    Placement::Merge(level),
+                )?;
+                for piece in &tail {
+                    if let Some(pack) = packs.packs.get_mut(&piece.spot.pack) {
+                        pack.live -= (HEADER as u64 + u64::from(piece.spot.len)).min(pack.live);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Writes `buf` at the end of pack `number`; then, and only then,
@@ -467,6 +516,7 @@ impl Logs {
             match placement {
                 Placement::Append => packs.index.push(task, piece),
                 Placement::Move => packs.index.repoint(task, piece.log_offset, piece.spot),
+                Placement::Merge(level) => packs.index.merge(task, Piece { level, ..piece }),
             }
         }
         packs.index.settle();
@@ -815,6 +865,51 @@ mod tests {
         let reader = Logs::open(dir.path(), Mode::Read, |_| true).unwrap();
         assert_eq!(whole(&reader, a), b"one\ntwo\nthree\n");
         assert!(matches!(reader.append(a, b"x"), Err(Error::ReadOnly(_))));
+    }
+
+    #[test]
+    fn a_log_of_many_small_appends_keeps_few_pieces_and_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (chatty, quiet) = (TaskId::new(), TaskId::new());
+        let mut expected = Vec::new();
+        let mut logs = open(dir.path());
+        logs.roll_bytes = 64 * 1024;
+        for n in 0..5_000 {
+            let line = format!("line {n}\n");
+            logs.append(chatty, line.as_bytes()).unwrap();
+            expected.extend_from_slice(line.as_bytes());
+            if n % 7 == 0 {
+                // Another log's frames in between.
+                logs.append(quiet, b"q").unwrap();
+            }
+        }
+        let pieces = logs.lock().index.piece_count(chatty);
+        // At most MERGED - 1 pieces a level: 5,000 appends, 3 levels and a
+        // few more.
+        assert!(pieces < 4 * index::MERGED, "{pieces} pieces");
+        assert_eq!(whole(&logs, chatty), expected);
+        // Any window reads as the bytes there.
+        for (from, len) in [
+            (0, 10),
+            (1_000, 5_000),
+            (40_000, 100),
+            (expected.len() - 3, 10),
+        ] {
+            let chunk = logs.read(chatty, from as u64, len).unwrap();
+            let end = (from + len).min(expected.len());
+            assert_eq!(chunk.data, &expected[from..end], "{from}+{len}");
+        }
+        assert_eq!(logs.length(quiet), 715);
+        drop(logs);
+        // After a reopen: the merged copies and what they replaced are
+        // both in the packs; the log reads the same, from few pieces.
+        let logs = open(dir.path());
+        assert_eq!(whole(&logs, chatty), expected);
+        assert!(logs.lock().index.piece_count(chatty) <= pieces + 1);
+        assert_eq!(logs.length(quiet), 715);
+        // The replaced pieces are dead bytes, given back by rewrites.
+        let live: u64 = logs.lock().packs.values().map(|p| p.live).sum();
+        assert!(live < pack_bytes(dir.path()), "{live}");
     }
 
     #[test]
