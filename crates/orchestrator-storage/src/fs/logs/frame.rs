@@ -44,6 +44,12 @@ impl Frame {
 
 /// Appends the frame of `piece` (at most [`MAX_PIECE`] bytes) to `out`.
 pub(super) fn encode(task: TaskId, log_offset: u64, piece: &[u8], out: &mut Vec<u8>) {
+    encode_header(task, log_offset, piece, out);
+    out.extend_from_slice(piece);
+}
+
+/// Appends the header of `piece`'s frame to `out`: the piece is to follow.
+pub(super) fn encode_header(task: TaskId, log_offset: u64, piece: &[u8], out: &mut Vec<u8>) {
     debug_assert!(piece.len() <= MAX_PIECE);
     let mut header = [0u8; HEADER];
     header[4..20].copy_from_slice(task.as_uuid().as_bytes());
@@ -53,7 +59,6 @@ pub(super) fn encode(task: TaskId, log_offset: u64, piece: &[u8], out: &mut Vec<
     let crc = crc32fast::hash(&header[4..]);
     header[..4].copy_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&header);
-    out.extend_from_slice(piece);
 }
 
 /// The seal frame: the pack ends here.

@@ -40,6 +40,12 @@ use crate::{Error, LogChunk, LogPiece, Result};
 /// A pack is sealed and the next begun once it holds this much.
 const ROLL_BYTES: u64 = 32 * 1024 * 1024;
 
+/// A piece this long or longer is written from where it is, after its
+/// header, rather than copied into the write's buffer with smaller ones:
+/// a flood of output arrives in batches of up to 16 MiB, which a copy
+/// would double.
+const WRITTEN_IN_PLACE: usize = 64 * 1024;
+
 /// Whether a store's logs are written, or only read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -419,7 +425,7 @@ impl Logs {
         for &(task, mut log_offset, data) in writes {
             for piece in data.chunks(MAX_PIECE) {
                 if packs.packs[&number].bytes + buf.len() as u64 >= self.roll_bytes {
-                    self.flush(packs, number, &mut buf, &mut placed, placement)?;
+                    self.flush(packs, number, &mut buf, &[], &mut placed, placement)?;
                     number = self.active(packs)?;
                 }
                 let at = packs.packs[&number].bytes + (buf.len() + HEADER) as u64;
@@ -429,7 +435,6 @@ impl Logs {
                         std::io::Error::other("the pack is past 4 GiB"),
                     )
                 })?;
-                frame::encode(task, log_offset, piece, &mut buf);
                 let spot = Spot {
                     at,
                     pack: number,
@@ -437,9 +442,15 @@ impl Logs {
                 };
                 placed.push((task, Piece::new(log_offset, spot)));
                 log_offset += piece.len() as u64;
+                if piece.len() >= WRITTEN_IN_PLACE {
+                    frame::encode_header(task, log_offset - piece.len() as u64, piece, &mut buf);
+                    self.flush(packs, number, &mut buf, piece, &mut placed, placement)?;
+                } else {
+                    frame::encode(task, log_offset - piece.len() as u64, piece, &mut buf);
+                }
             }
         }
-        self.flush(packs, number, &mut buf, &mut placed, placement)?;
+        self.flush(packs, number, &mut buf, &[], &mut placed, placement)?;
         if matches!(placement, Placement::Append) {
             let mut tasks: Vec<TaskId> = writes.iter().map(|(task, _, _)| *task).collect();
             tasks.sort_unstable();
@@ -488,14 +499,16 @@ impl Logs {
         Ok(())
     }
 
-    /// Writes `buf` at the end of pack `number`; then, and only then,
-    /// points the index at what it placed there. A failed write changes
-    /// nothing: the next one goes over what it left.
+    /// Writes `buf`, then `piece` (the piece whose header ends `buf`, or
+    /// nothing), at the end of pack `number`; then, and only then, points
+    /// the index at what it placed there. A failed write changes nothing:
+    /// the next one goes over what it left.
     fn flush(
         &self,
         packs: &mut Packs,
         number: u32,
         buf: &mut Vec<u8>,
+        piece: &[u8],
         placed: &mut Vec<(TaskId, Piece)>,
         placement: Placement,
     ) -> Result<()> {
@@ -506,11 +519,14 @@ impl Logs {
                 std::io::ErrorKind::NotFound.into(),
             )
         })?;
+        let end = pack.bytes + buf.len() as u64;
         pack.file
             .write_all_at(buf, pack.bytes)
+            .and_then(|()| pack.file.write_all_at(piece, end))
             .map_err(io_error("append to", &path))?;
-        pack.bytes += buf.len() as u64;
-        pack.live += buf.len() as u64;
+        let written = (buf.len() + piece.len()) as u64;
+        pack.bytes += written;
+        pack.live += written;
         buf.clear();
         for (task, piece) in placed.drain(..) {
             match placement {
