@@ -16,7 +16,7 @@
 //! where a crash may have torn the last frames. So opening a store reads
 //! its sealed packs' headers, not every log byte.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 
 use orchestrator_core::TaskId;
 
@@ -150,19 +150,10 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// Skips `len` bytes, through the buffer; how many there were.
-fn skip(reader: &mut impl BufRead, len: usize) -> std::io::Result<usize> {
-    let mut left = len;
-    while left > 0 {
-        let available = reader.fill_buf()?.len();
-        if available == 0 {
-            break;
-        }
-        let step = available.min(left);
-        reader.consume(step);
-        left -= step;
-    }
-    Ok(len - left)
+/// Skips `len` bytes; how many there were.
+fn skip(reader: &mut impl Read, len: usize) -> std::io::Result<usize> {
+    let skipped = std::io::copy(&mut reader.take(len as u64), &mut std::io::sink())?;
+    Ok(skipped as usize)
 }
 
 #[cfg(test)]

@@ -86,28 +86,32 @@ const FULL: u8 = u8::MAX;
 /// A log's pieces, in order, without gaps, from offset 0.
 #[derive(Debug, Default)]
 struct Chain {
-    length: u64,
     pieces: Vec<Piece>,
 }
 
 impl Chain {
+    /// The log's length: where its last piece ends.
+    fn length(&self) -> u64 {
+        self.pieces.last().map_or(0, Piece::end)
+    }
+
     /// Adds a piece found at open, in the order of log offsets: its bytes
     /// past the chain's end, if it reaches there without a gap.
     fn add(&mut self, piece: Piece) {
-        if piece.spot.len == 0 || piece.end() <= self.length || piece.log_offset > self.length {
+        let length = self.length();
+        if piece.spot.len == 0 || piece.end() <= length || piece.log_offset > length {
             return;
         }
         // A copy that overlaps the end: only its new bytes count.
-        let skip = self.length - piece.log_offset;
+        let skip = length - piece.log_offset;
         self.pieces.push(Piece::new(
-            self.length,
+            length,
             Spot {
                 at: piece.spot.at + skip as u32,
                 pack: piece.spot.pack,
                 len: piece.spot.len - skip as u32,
             },
         ));
-        self.length = piece.end();
     }
 }
 
@@ -158,7 +162,6 @@ impl Index {
             }
             let more = rest[rest_at..].iter().take_while(|(t, _)| *t == task);
             let mut chain = Chain {
-                length: u64::from(spot.len),
                 pieces: vec![Piece::new(0, spot)],
             };
             for &(_, piece) in more {
@@ -189,7 +192,7 @@ impl Index {
     /// The log's length in bytes; 0 for none.
     pub(super) fn length(&self, task: TaskId) -> u64 {
         if let Some(chain) = self.recent.get(&task) {
-            return chain.length;
+            return chain.length();
         }
         self.settled_at(task)
             .map_or(0, |at| u64::from(self.settled[at].1.len))
@@ -232,14 +235,12 @@ impl Index {
                         pack: spot,
                         ..self.settled[at].1
                     };
-                    chain.length = u64::from(spot.len);
                     chain.pieces.push(Piece::new(0, spot));
                 }
                 entry.insert(chain)
             }
         };
-        debug_assert_eq!(chain.length, piece.log_offset);
-        chain.length = piece.end();
+        debug_assert_eq!(chain.length(), piece.log_offset);
         chain.pieces.push(piece);
     }
 
