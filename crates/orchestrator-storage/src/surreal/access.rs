@@ -5,6 +5,7 @@ use orchestrator_core::access::{ApiToken, AuditRecord, SecretRecord};
 use surrealdb::types::Variables;
 
 use super::errors::db_error;
+use super::group::Write;
 use super::rows::row_of;
 use super::{Listing, Order, SurrealBackend, Window};
 use crate::{AccessStore, AuditQuery, Page, Record, Result};
@@ -71,11 +72,11 @@ impl AccessStore for SurrealBackend {
         let mut vars = Variables::new();
         vars.insert("id", record.id.clone());
         vars.insert("row", row_of(&Record::Audit(record.clone()))?);
-        self.query(
-            "append an audit record",
-            "CREATE type::record('audit', $id) CONTENT $row;",
-            &vars,
-        )
+        self.write(Write {
+            context: "append an audit record",
+            block: "CREATE type::record('audit', $p.id) CONTENT $p.row RETURN NONE;",
+            params: vars,
+        })
         .await?;
         Ok(())
     }

@@ -13,7 +13,7 @@ use surrealdb::engine::any::{self, Any};
 use surrealdb::opt::auth::Root;
 use surrealdb::{IndexedResults, Surreal};
 
-use super::Link;
+use super::client::Link;
 use super::errors::{db_error, first_error};
 use crate::{EmbeddedEngine, Error, Result, StorageConfig, StorageType};
 

@@ -30,8 +30,10 @@
 //! tasks read lately).
 
 mod access;
+mod client;
 mod connection;
 mod errors;
+mod group;
 mod locks;
 mod nodes;
 #[cfg(test)]
@@ -49,21 +51,20 @@ pub use self::transfer::SurrealSource;
 
 use std::future::IntoFuture;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orchestrator_core::backoff::{Backoff, Jitter};
 use serde::de::DeserializeOwned;
-use surrealdb::engine::any::Any;
-use surrealdb::types::Variables;
-use surrealdb::{IndexedResults, Surreal};
+use surrealdb::IndexedResults;
+use surrealdb::types::{Value, Variables};
 
+use self::client::{Client, Retries};
 pub(crate) use self::connection::timed;
-use self::connection::{PROBE_TIMEOUT, Target, is_held, probe};
-use self::errors::{classify, is_retryable};
+use self::connection::{PROBE_TIMEOUT, Target, is_held};
 pub(crate) use self::errors::{db_error, first_error};
+use self::group::{GroupCommit, Write};
 use self::recent::{Kept, KeptPage, Recent};
 use self::rows::{from_doc, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
@@ -71,30 +72,14 @@ use crate::{
     Backend, EmbeddedEngine, Error, Page, Record, RecordKind, Result, Scanned, StorageConfig,
 };
 
-/// Transaction conflicts (two writers on one record) are retried this many
-/// times; a compare-and-set then sees the winner's version and reports
-/// `Conflict`.
-const CONFLICT_RETRIES: u32 = 8;
-
-/// The waits between those retries: up to 10 ms, then 20, 40, 80 and at
-/// most 160 ms, each spread over all of its range so that racing writers
-/// retry apart.
-const CONFLICT_BACKOFF: Backoff =
-    Backoff::doubling(Duration::from_millis(10), Duration::from_millis(160))
-        .with_jitter(Jitter::Full);
-
 pub struct SurrealBackend {
-    name: &'static str,
-    /// Where the data is, for messages: a directory, or the server URL.
-    location: String,
-    /// `None` once closed. A std lock: it is held only to clone the `Arc`.
-    db: RwLock<Option<Arc<Surreal<Any>>>>,
-    request_timeout: Duration,
+    /// The request path, shared with the group commit's task.
+    client: Arc<Client>,
+    /// The hot writes' group commit (see `group`); `None` for a store
+    /// opened to read only.
+    group: Option<GroupCommit>,
     /// The embedded SurrealKV engine's lock file, which `close` waits on.
     engine_lock: Option<PathBuf>,
-    /// Shared with the probe task, which outlives no one: it holds the
-    /// client weakly and stops when the backend is dropped.
-    link: Arc<Link>,
     /// Set by `close` (and gone with the backend): change feeds end.
     closing: tokio::sync::watch::Sender<bool>,
     /// How to reach the server again: each change feed opens a connection
@@ -105,15 +90,6 @@ pub struct SurrealBackend {
     /// store only, the one kind whose every writer is this backend (see
     /// `recent`).
     recent: Option<Recent>,
-}
-
-/// Whether the server answered last time, and why not if it did not.
-#[derive(Default)]
-struct Link {
-    down: AtomicBool,
-    /// Set while a probe task runs, so there is only ever one.
-    probing: AtomicBool,
-    reason: Mutex<String>,
 }
 
 impl SurrealBackend {
@@ -139,16 +115,19 @@ impl SurrealBackend {
             database = %config.surrealdb.database,
             "surrealdb storage opened"
         );
+        let client = Arc::new(Client::new(
+            target.name,
+            target.location,
+            db,
+            config.surrealdb.request_timeout,
+        ));
         Ok(SurrealBackend {
-            name: target.name,
-            location: target.location,
-            db: RwLock::new(Some(Arc::new(db))),
-            request_timeout: config.surrealdb.request_timeout,
+            group: Some(GroupCommit::start(Arc::clone(&client))),
+            client,
             engine_lock: match (&target.dir, config.surrealdb.engine) {
                 (Some(dir), EmbeddedEngine::SurrealKv) => Some(dir.join("LOCK")),
                 _ => None,
             },
-            link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
             feed_config: target.remote.then(|| config.clone()),
             recent: (!target.remote).then(Recent::new),
@@ -191,15 +170,12 @@ impl SurrealBackend {
             )));
         }
         Ok(SurrealSource(SurrealBackend {
-            name: target.name,
-            location: target.location,
-            db: RwLock::new(Some(Arc::new(db))),
-            request_timeout: timeout,
+            client: Arc::new(Client::new(target.name, target.location, db, timeout)),
+            group: None,
             engine_lock: match (&target.dir, config.surrealdb.engine) {
                 (Some(dir), EmbeddedEngine::SurrealKv) => Some(dir.join("LOCK")),
                 _ => None,
             },
-            link: Arc::new(Link::default()),
             closing: tokio::sync::watch::Sender::new(false),
             feed_config: None,
             recent: None,
@@ -232,77 +208,21 @@ impl SurrealBackend {
             .collect()
     }
 
-    fn handle(&self) -> Result<Arc<Surreal<Any>>> {
-        self.db
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(Error::Closed)
-    }
-
-    fn unavailable(&self) -> Error {
-        let reason = self.link.reason.lock().unwrap_or_else(|e| e.into_inner());
-        Error::Unavailable(format!(
-            "the SurrealDB {} at {} does not answer ({reason}); reconnecting",
-            if self.name == "surrealdb-server" {
-                "server"
-            } else {
-                "database"
-            },
-            self.location
-        ))
-    }
-
-    /// Records that the database did not answer, and starts the probe that
-    /// lets calls through again once it does.
-    fn mark_down(&self, db: &Arc<Surreal<Any>>, reason: String) -> Error {
-        *self.link.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason;
-        if !self.link.down.swap(true, Ordering::AcqRel) {
-            tracing::warn!(location = %self.location, "{}", self.unavailable());
-        }
-        if !self.link.probing.swap(true, Ordering::AcqRel) {
-            tokio::spawn(probe(
-                Arc::downgrade(db),
-                Arc::clone(&self.link),
-                self.location.clone(),
-            ));
-        }
-        self.unavailable()
-    }
-
     /// Runs one request: bound parameters, a deadline, conflict retries,
     /// and the first statement error turned into a storage error.
     async fn query(&self, context: &str, sql: &str, vars: &Variables) -> Result<IndexedResults> {
-        let db = self.handle()?;
-        if self.link.down.load(Ordering::Acquire) {
-            return Err(self.unavailable());
-        }
-        let mut attempt = 0;
-        loop {
-            let request = db.query(sql).bind(vars.clone());
-            let mut response =
-                match tokio::time::timeout(self.request_timeout, request.into_future()).await {
-                    Err(_) => {
-                        return Err(self.mark_down(
-                            &db,
-                            format!("no answer within {}s", self.request_timeout.as_secs_f32()),
-                        ));
-                    }
-                    Ok(Err(e)) if e.is_connection() => {
-                        return Err(self.mark_down(&db, e.to_string()));
-                    }
-                    Ok(Err(e)) => return Err(db_error(context, &e)),
-                    Ok(Ok(response)) => response,
-                };
-            match first_error(&mut response) {
-                None => return Ok(response),
-                Some(e) if is_retryable(&e) && attempt < CONFLICT_RETRIES => {
-                    let wait = CONFLICT_BACKOFF.delay(attempt, clock_sample());
-                    attempt += 1;
-                    tokio::time::sleep(wait).await;
-                }
-                Some(e) => return Err(classify(context, e)),
-            }
+        self.client
+            .query(context, sql, vars, Retries::OnConflict)
+            .await
+    }
+
+    /// Commits one of the hot writes: with others queued meanwhile, in one
+    /// transaction (see `group`); alone in a store opened to read only,
+    /// which refuses it anyway.
+    async fn write(&self, write: Write) -> Result<Value> {
+        match &self.group {
+            Some(group) => group.write(write).await,
+            None => Err(Error::ReadOnly(self.client.location.clone())),
         }
     }
 
@@ -603,30 +523,21 @@ pub(crate) struct Window {
     pub(crate) offset: usize,
 }
 
-/// A sample in `[0, 1)` for a few milliseconds of jitter; exactness does
-/// not matter, so no RNG dependency: the clock's nanoseconds will do.
-fn clock_sample() -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    f64::from(nanos) / 1e9
-}
-
 #[async_trait]
 impl Backend for SurrealBackend {
     fn name(&self) -> &'static str {
-        self.name
+        self.client.name
     }
 
     async fn health(&self) -> Result<()> {
-        let db = self.handle()?;
-        if self.link.down.load(Ordering::Acquire) {
-            return Err(self.unavailable());
+        let db = self.client.handle()?;
+        if self.client.link.down.load(Ordering::Acquire) {
+            return Err(self.client.unavailable());
         }
         match tokio::time::timeout(PROBE_TIMEOUT, db.query("RETURN true;").into_future()).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(self.mark_down(&db, e.message().to_owned())),
-            Err(_) => Err(self.mark_down(
+            Ok(Err(e)) => Err(self.client.mark_down(&db, e.message().to_owned())),
+            Err(_) => Err(self.client.mark_down(
                 &db,
                 format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
             )),
@@ -637,7 +548,12 @@ impl Backend for SurrealBackend {
         self.closing.send_replace(true);
         // Dropping the last handle shuts the embedded datastore down (in the
         // background) or closes the server connection.
-        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        let db = self
+            .client
+            .db
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         drop(db);
         // The embedded datastore shuts down in the background once the last
         // handle is gone; wait until it lets go of its files, so a caller
@@ -652,7 +568,7 @@ impl Backend for SurrealBackend {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
         }
-        tracing::info!(location = %self.location, "surrealdb storage closed");
+        tracing::info!(location = %self.client.location, "surrealdb storage closed");
         Ok(())
     }
 }

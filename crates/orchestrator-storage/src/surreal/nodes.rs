@@ -54,7 +54,7 @@ const SUBSCRIBE: &str = "LIVE SELECT VALUE doc FROM task;
 #[async_trait]
 impl NodeStore for SurrealBackend {
     fn shared(&self) -> bool {
-        self.name == "surrealdb-server"
+        self.client.name == "surrealdb-server"
     }
 
     async fn heartbeat(&self, node: &Node) -> Result<()> {
@@ -91,14 +91,14 @@ impl NodeStore for SurrealBackend {
         let (sink, feed) = ChangeFeed::channel(FEED_CAPACITY);
         // A closed store has no client: the sink is dropped here, and the
         // feed ends at once.
-        if let Ok(db) = self.handle() {
+        if let Ok(db) = self.client.handle() {
             let pump = Pump {
                 db: Arc::downgrade(&db),
                 config,
                 sink,
                 closing: self.closing.subscribe(),
-                request_timeout: self.request_timeout,
-                location: self.location.clone(),
+                request_timeout: self.client.request_timeout,
+                location: self.client.location.clone(),
             };
             tokio::spawn(pump.run());
         }

@@ -68,7 +68,7 @@ async fn seed(db: &SurrealBackend, workflows: &[WorkflowId], n: usize) {
     db.query("seed", &sql, &Variables::new()).await.unwrap();
 }
 
-async fn open_embedded(dir: &std::path::Path) -> SurrealBackend {
+pub(super) async fn open_embedded(dir: &std::path::Path) -> SurrealBackend {
     SurrealBackend::open(&StorageConfig {
         storage_type: StorageType::SurrealdbEmbedded,
         data_dir: dir.to_path_buf(),

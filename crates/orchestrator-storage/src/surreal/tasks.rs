@@ -8,6 +8,7 @@ use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
 use surrealdb::types::{Bytes, Variables};
 
 use super::errors::db_error;
+use super::group::{Write, answer, updated_any};
 use super::recent::Written;
 use super::rows::{LOG_CHUNKS_PER_READ, gather_log, task_row, to_i64, version_param, workflow_row};
 use super::{Listing, Order, SurrealBackend, Window};
@@ -30,14 +31,12 @@ impl TaskStore for SurrealBackend {
         // One transaction: all of it or none. The record ids and the unique
         // indexes refuse duplicates, and `classify` says which.
         let result = self
-            .query(
-                "insert a workflow",
-                "BEGIN;
-                 INSERT INTO workflow $workflow;
-                 INSERT INTO task $tasks;
-                 COMMIT;",
-                &vars,
-            )
+            .write(Write {
+                context: "insert a workflow",
+                block: "INSERT INTO workflow $p.workflow RETURN NONE;
+                        INSERT INTO task $p.tasks RETURN NONE;",
+                params: vars,
+            })
             .await;
         if let Some(recent) = &self.recent {
             recent.inserted(&result);
@@ -62,42 +61,37 @@ impl TaskStore for SurrealBackend {
                     .collect::<Result<_>>()?,
             ),
         );
-        // The compare-and-set and the new tasks commit together; a stale
-        // version aborts the transaction, so no task is added.
+        // The compare-and-set and the new tasks commit together: a stale
+        // version adds no task, and answers 0.
         let result = self
-            .query(
-                "update a workflow",
-                "BEGIN;
-                 LET $updated = (UPDATE type::record('workflow', $id) CONTENT $row
-                     WHERE version = $expected RETURN VALUE version);
-                 IF array::len($updated) == 0 { THROW 'orchestrator: version mismatch' };
-                 INSERT INTO task $tasks;
-                 COMMIT;",
-                &vars,
-            )
+            .write(Write {
+                context: "update a workflow",
+                block: "LET $updated = (UPDATE type::record('workflow', $p.id) CONTENT $p.row
+                            WHERE version = $p.expected RETURN VALUE version);
+                        IF array::len($updated) > 0 { INSERT INTO task $p.tasks RETURN NONE; };
+                        array::len($updated)",
+                params: vars,
+            })
             .await;
         if let Some(recent) = &self.recent {
             // New tasks change the task listings; the workflow alone does not.
             let added = new_tasks.iter().map(|t| Written::Task(t.id));
             recent.wrote(added.chain([Written::Workflow(workflow.id)]), &result);
         }
-        match result {
-            Ok(_) => Ok(stored),
-            Err(Error::Database { message, .. }) if message.contains("version mismatch") => {
-                match self
-                    .stored_version("workflow", workflow.id.to_string())
-                    .await?
-                {
-                    None => Err(Error::WorkflowNotFound(workflow.id)),
-                    Some(found) => Err(Error::Conflict {
-                        what: "workflow",
-                        id: workflow.id.to_string(),
-                        expected: workflow.version,
-                        found,
-                    }),
-                }
-            }
-            Err(e) => Err(e),
+        if updated_any("update a workflow", result?)? {
+            return Ok(stored);
+        }
+        match self
+            .stored_version("workflow", workflow.id.to_string())
+            .await?
+        {
+            None => Err(Error::WorkflowNotFound(workflow.id)),
+            Some(found) => Err(Error::Conflict {
+                what: "workflow",
+                id: workflow.id.to_string(),
+                expected: workflow.version,
+                found,
+            }),
         }
     }
 
@@ -198,20 +192,18 @@ impl TaskStore for SurrealBackend {
         vars.insert("expected", version_param(task.version));
         vars.insert("row", task_row(&stored, false)?);
         let result = self
-            .query(
-                "update a task",
-                "UPDATE type::record('task', $id) CONTENT $row WHERE version = $expected RETURN VALUE version;",
-                &vars,
-            )
+            .write(Write {
+                context: "update a task",
+                block: "LET $updated = (UPDATE type::record('task', $p.id) CONTENT $p.row
+                            WHERE version = $p.expected RETURN VALUE version);
+                        array::len($updated)",
+                params: vars,
+            })
             .await;
         if let Some(recent) = &self.recent {
             recent.wrote([Written::Task(task.id)], &result);
         }
-        let mut response = result?;
-        let updated: Vec<i64> = response
-            .take(0)
-            .map_err(|e| db_error("update a task", &e))?;
-        if !updated.is_empty() {
+        if updated_any("update a task", result?)? {
             return Ok(stored);
         }
         match self.stored_version("task", task.id.to_string()).await? {
@@ -298,21 +290,31 @@ impl TaskStore for SurrealBackend {
         // chunks never overlap and the length never runs ahead of them.
         // The raised length is the answer: no read of its own. An empty
         // chunk writes nothing and reads the length.
-        let sql = if chunk.is_empty() {
-            "SELECT VALUE bytes FROM ONLY type::record('log_length', $task);"
+        let length: Option<i64> = if chunk.is_empty() {
+            let mut response = self
+                .query(
+                    "read a task log's length",
+                    "SELECT VALUE bytes FROM ONLY type::record('log_length', $task);",
+                    &vars,
+                )
+                .await?;
+            response
+                .take(0)
+                .map_err(|e| db_error("read a task log's length", &e))?
         } else {
-            "BEGIN;
-             LET $end = (UPSERT ONLY type::record('log_length', $task) SET bytes += $len RETURN VALUE bytes);
-             CREATE log_chunk SET task = $task, start_offset = $end - $len, end_offset = $end, data = $data RETURN NONE;
-             RETURN $end;
-             COMMIT;"
+            let end = self
+                .write(Write {
+                    context: "append to a task log",
+                    block: "LET $end = (UPSERT ONLY type::record('log_length', $p.task)
+                                SET bytes += $p.len RETURN VALUE bytes);
+                            CREATE log_chunk SET task = $p.task, start_offset = $end - $p.len,
+                                end_offset = $end, data = $p.data RETURN NONE;
+                            $end",
+                    params: vars,
+                })
+                .await?;
+            Some(answer("append to a task log", end)?)
         };
-        let mut response = self.query("append to a task log", sql, &vars).await?;
-        // The answer of `RETURN $end`: `BEGIN` counts as statement 0.
-        let at = if chunk.is_empty() { 0 } else { 3 };
-        let length: Option<i64> = response
-            .take(at)
-            .map_err(|e| db_error("append to a task log", &e))?;
         Ok(length.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }
 

@@ -26,7 +26,7 @@ pub struct SurrealSource(pub(super) SurrealBackend);
 #[async_trait]
 impl BulkTransfer for SurrealSource {
     fn name(&self) -> &'static str {
-        self.0.name
+        self.0.client.name
     }
 
     async fn scan(
@@ -47,7 +47,7 @@ impl BulkTransfer for SurrealSource {
     }
 
     async fn import(&self, _: &[Record]) -> Result<()> {
-        Err(Error::ReadOnly(self.0.location.clone()))
+        Err(Error::ReadOnly(self.0.client.location.clone()))
     }
 
     async fn log_lengths(&self, ids: &[TaskId]) -> Result<Vec<u64>> {
@@ -59,7 +59,7 @@ impl BulkTransfer for SurrealSource {
     }
 
     async fn import_logs(&self, _: &[LogPiece]) -> Result<()> {
-        Err(Error::ReadOnly(self.0.location.clone()))
+        Err(Error::ReadOnly(self.0.client.location.clone()))
     }
 
     async fn close(&self) -> Result<()> {
@@ -70,7 +70,7 @@ impl BulkTransfer for SurrealSource {
 #[async_trait]
 impl BulkTransfer for SurrealBackend {
     fn name(&self) -> &'static str {
-        self.name
+        self.client.name
     }
 
     async fn scan(

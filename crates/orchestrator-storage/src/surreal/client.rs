@@ -1,0 +1,173 @@
+//! The request path every call of the SurrealDB backends takes: the
+//! client (or none once closed), a deadline, conflict retries, the first
+//! statement error as a storage error, and whether the database answers.
+//!
+//! A [`Client`] is shared (`Arc`) by the backend and its group commit's
+//! task (see `group`), which sends requests on the backend's behalf.
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use orchestrator_core::backoff::{Backoff, Jitter};
+use surrealdb::engine::any::Any;
+use surrealdb::types::Variables;
+use surrealdb::{IndexedResults, Surreal};
+
+use super::connection::probe;
+use super::errors::{classify, db_error, first_error, is_retryable};
+use crate::{Error, Result};
+
+/// Transaction conflicts (two writers on one record) are retried this many
+/// times; a compare-and-set then sees the winner's version and reports
+/// `Conflict`.
+const CONFLICT_RETRIES: u32 = 8;
+
+/// The waits between those retries: up to 10 ms, then 20, 40, 80 and at
+/// most 160 ms, each spread over all of its range so that racing writers
+/// retry apart.
+const CONFLICT_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(10), Duration::from_millis(160))
+        .with_jitter(Jitter::Full);
+
+/// Whether a request that conflicts with another writer is sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retries {
+    /// Up to [`CONFLICT_RETRIES`] times: every request of one caller.
+    OnConflict,
+    /// Never: a group commit's, whose writes are then sent each alone.
+    None,
+}
+
+pub(super) struct Client {
+    pub(super) name: &'static str,
+    /// Where the data is, for messages: a directory, or the server URL.
+    pub(super) location: String,
+    /// `None` once closed. A std lock: it is held only to clone the `Arc`.
+    pub(super) db: RwLock<Option<Arc<Surreal<Any>>>>,
+    pub(super) request_timeout: Duration,
+    /// Shared with the probe task, which outlives no one: it holds the
+    /// client weakly and stops when the backend is dropped.
+    pub(super) link: Arc<Link>,
+}
+
+/// Whether the server answered last time, and why not if it did not.
+#[derive(Default)]
+pub(super) struct Link {
+    pub(super) down: AtomicBool,
+    /// Set while a probe task runs, so there is only ever one.
+    pub(super) probing: AtomicBool,
+    reason: Mutex<String>,
+}
+
+impl Client {
+    pub(super) fn new(
+        name: &'static str,
+        location: String,
+        db: Surreal<Any>,
+        request_timeout: Duration,
+    ) -> Client {
+        Client {
+            name,
+            location,
+            db: RwLock::new(Some(Arc::new(db))),
+            request_timeout,
+            link: Arc::new(Link::default()),
+        }
+    }
+
+    pub(super) fn handle(&self) -> Result<Arc<Surreal<Any>>> {
+        self.db
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(Error::Closed)
+    }
+
+    pub(super) fn unavailable(&self) -> Error {
+        let reason = self.link.reason.lock().unwrap_or_else(|e| e.into_inner());
+        Error::Unavailable(format!(
+            "the SurrealDB {} at {} does not answer ({reason}); reconnecting",
+            if self.name == "surrealdb-server" {
+                "server"
+            } else {
+                "database"
+            },
+            self.location
+        ))
+    }
+
+    /// Records that the database did not answer, and starts the probe that
+    /// lets calls through again once it does.
+    pub(super) fn mark_down(&self, db: &Arc<Surreal<Any>>, reason: String) -> Error {
+        *self.link.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+        if !self.link.down.swap(true, Ordering::AcqRel) {
+            tracing::warn!(location = %self.location, "{}", self.unavailable());
+        }
+        if !self.link.probing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(probe(
+                Arc::downgrade(db),
+                Arc::clone(&self.link),
+                self.location.clone(),
+            ));
+        }
+        self.unavailable()
+    }
+
+    /// Runs one request: bound parameters, a deadline, conflict retries
+    /// as `retries` says, and the first statement error turned into a
+    /// storage error.
+    pub(super) async fn query(
+        &self,
+        context: &str,
+        sql: &str,
+        vars: &Variables,
+        retries: Retries,
+    ) -> Result<IndexedResults> {
+        let db = self.handle()?;
+        if self.link.down.load(Ordering::Acquire) {
+            return Err(self.unavailable());
+        }
+        let mut attempt = 0;
+        loop {
+            let request = db.query(sql).bind(vars.clone());
+            let mut response =
+                match tokio::time::timeout(self.request_timeout, request.into_future()).await {
+                    Err(_) => {
+                        return Err(self.mark_down(
+                            &db,
+                            format!("no answer within {}s", self.request_timeout.as_secs_f32()),
+                        ));
+                    }
+                    Ok(Err(e)) if e.is_connection() => {
+                        return Err(self.mark_down(&db, e.to_string()));
+                    }
+                    Ok(Err(e)) => return Err(db_error(context, &e)),
+                    Ok(Ok(response)) => response,
+                };
+            match first_error(&mut response) {
+                None => return Ok(response),
+                Some(e)
+                    if retries == Retries::OnConflict
+                        && is_retryable(&e)
+                        && attempt < CONFLICT_RETRIES =>
+                {
+                    let wait = CONFLICT_BACKOFF.delay(attempt, clock_sample());
+                    attempt += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                Some(e) => return Err(classify(context, e)),
+            }
+        }
+    }
+}
+
+/// A sample in `[0, 1)` for a few milliseconds of jitter; exactness does
+/// not matter, so no RNG dependency: the clock's nanoseconds will do.
+fn clock_sample() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(nanos) / 1e9
+}
