@@ -66,6 +66,7 @@ use self::connection::{PROBE_TIMEOUT, Target, is_held};
 pub(crate) use self::errors::{db_error, first_error};
 use self::group::{GroupCommit, Write};
 use self::recent::{Kept, KeptPage, Recent};
+pub(crate) use self::rows::newest_first;
 use self::rows::{from_doc, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
@@ -449,20 +450,6 @@ impl Order {
             Order::NewestFirst => newest_first(key),
         }
     }
-}
-
-/// A record's key mirrored so that it sorts newest first: each hex digit
-/// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
-/// `fn::newest_first` of migration 0011, which computes the stored field;
-/// this one computes a cursor's bound (a test checks that the two agree).
-pub(crate) fn newest_first(key: &str) -> String {
-    key.chars()
-        .map(|c| match c {
-            '0'..='9' => char::from(b'P' - (c as u8 - b'0')),
-            'a'..='f' => char::from(b'F' - (c as u8 - b'a')),
-            _ => c,
-        })
-        .collect()
 }
 
 /// The two statements of a listing: the page, newest first, and the total

@@ -58,10 +58,11 @@ async fn seed(db: &SurrealBackend, workflows: &[WorkflowId], n: usize) {
     let mut sql = String::from("BEGIN;");
     for i in 0..n {
         sql.push_str(&format!(
-            "CREATE type::record('task', '{:08}') SET doc = '{{}}', version = 1, workflow = '{}', status = '{}', priority = 1;",
+            "CREATE type::record('task', '{:08}') SET doc = '{{}}', version = 1, workflow = '{}', status = '{}', priority = 1, newest_first = '{}';",
             i,
             workflows[i % workflows.len()],
-            statuses[i % statuses.len()].as_str()
+            statuses[i % statuses.len()].as_str(),
+            newest_first(&format!("{i:08}"))
         ));
     }
     sql.push_str("COMMIT;");
@@ -285,8 +286,9 @@ async fn the_workflow_list_reads_its_indexes_forwards() {
     let mut sql = String::from("BEGIN;");
     for i in 0..300 {
         sql.push_str(&format!(
-            "CREATE type::record('workflow', '{i:08}') SET doc = '{{}}', version = 1, status = '{}', kind = 'k', priority = 1, revision = 0;",
-            statuses[i % statuses.len()].as_str()
+            "CREATE type::record('workflow', '{i:08}') SET doc = '{{}}', version = 1, status = '{}', kind = 'k', priority = 1, revision = 0, newest_first = '{}';",
+            statuses[i % statuses.len()].as_str(),
+            newest_first(&format!("{i:08}"))
         ));
     }
     sql.push_str("COMMIT;");

@@ -147,23 +147,42 @@ pub(super) fn priority_rank(priority: Priority) -> i64 {
         .map_or(0, to_i64)
 }
 
+/// A record's key mirrored so that it sorts newest first: each hex digit
+/// `0` … `f` becomes `P` … `A`, anything else stays. The same mapping as
+/// `fn::newest_first` of migration 0011 (a test checks that the two
+/// agree): the stored field of every row (migration 0016), and a cursor's
+/// bound.
+pub(crate) fn newest_first(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            '0'..='9' => char::from(b'P' - (c as u8 - b'0')),
+            'a'..='f' => char::from(b'F' - (c as u8 - b'a')),
+            _ => c,
+        })
+        .collect()
+}
+
 /// The record for a task: the query fields and the whole task as `doc`.
 pub(super) fn task_row(task: &Task, with_id: bool) -> Result<serde_json::Value> {
+    let id = task.id.to_string();
     let mut row = serde_json::json!({
         "doc": to_doc(task)?,
         "version": task.version,
         "workflow": task.workflow_id.to_string(),
         "status": task.status.as_str(),
         "priority": priority_rank(task.priority),
+        "newest_first": newest_first(&id),
     });
     if with_id {
-        row["id"] = task.id.to_string().into();
+        row["id"] = id.into();
     }
     Ok(row)
 }
 
 pub(super) fn workflow_row(workflow: &Workflow, with_id: bool) -> Result<serde_json::Value> {
+    let id = workflow.id.to_string();
     let mut row = serde_json::json!({
+        "newest_first": newest_first(&id),
         "doc": to_doc(workflow)?,
         "version": workflow.version,
         "status": workflow.status.as_str(),
@@ -184,7 +203,7 @@ pub(super) fn workflow_row(workflow: &Workflow, with_id: bool) -> Result<serde_j
         }
     }
     if with_id {
-        row["id"] = workflow.id.to_string().into();
+        row["id"] = id.into();
     }
     Ok(row)
 }

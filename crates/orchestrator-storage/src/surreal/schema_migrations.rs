@@ -121,6 +121,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "transient_status_counts",
         sql: include_str!("../../../../migrations/0015_transient_status_counts.surql"),
     },
+    Migration {
+        version: 16,
+        name: "newest_first_sent",
+        sql: include_str!("../../../../migrations/0016_newest_first_sent.surql"),
+    },
 ];
 
 /// How long one migration's transaction may take: index builds grow with
@@ -523,7 +528,9 @@ mod tests {
             orchestrator_core::Workflow::new("old-kind", "Old Deploy", chrono::Utc::now());
         // The row as an older build wrote it.
         let mut row = super::super::rows::workflow_row(&workflow, true).unwrap();
-        row.as_object_mut().unwrap().remove("search");
+        for field in ["search", "newest_first"] {
+            row.as_object_mut().unwrap().remove(field);
+        }
         let mut vars = Variables::new();
         vars.insert("row", row);
         old.query("seed", "INSERT INTO workflow $row;", &vars)
@@ -584,7 +591,29 @@ mod tests {
             .map(|i| crate::surreal::test_task(workflow.id, format!("t{i}")))
             .collect();
         workflow.task_ids = tasks.iter().map(|t| t.id).collect();
-        old.insert_workflow(&workflow, &tasks).await.unwrap();
+        // The rows as an older build wrote them: without `newest_first`,
+        // which this build sends (migration 0016).
+        let older = |mut row: serde_json::Value| {
+            row.as_object_mut().unwrap().remove("newest_first");
+            row
+        };
+        let mut vars = Variables::new();
+        vars.insert(
+            "workflow",
+            older(super::super::rows::workflow_row(&workflow, true).unwrap()),
+        );
+        let task_rows = tasks
+            .iter()
+            .map(|t| older(super::super::rows::task_row(t, true).unwrap()))
+            .collect();
+        vars.insert("tasks", serde_json::Value::Array(task_rows));
+        old.query(
+            "seed",
+            "INSERT INTO workflow $workflow; INSERT INTO task $tasks;",
+            &vars,
+        )
+        .await
+        .unwrap();
         old.close().await.unwrap();
         drop(old);
 
