@@ -148,18 +148,40 @@ impl Client {
                 };
             match first_error(&mut response) {
                 None => return Ok(response),
-                Some(e)
-                    if retries == Retries::OnConflict
-                        && is_retryable(&e)
-                        && attempt < CONFLICT_RETRIES =>
-                {
-                    let wait = CONFLICT_BACKOFF.delay(attempt, clock_sample());
-                    attempt += 1;
-                    tokio::time::sleep(wait).await;
-                }
-                Some(e) => return Err(classify(context, e)),
+                Some(e) => match after_failure(context, e, retries, attempt) {
+                    Next::Retry(wait) => {
+                        attempt += 1;
+                        tokio::time::sleep(wait).await;
+                    }
+                    Next::Fail(error) => return Err(error),
+                },
             }
         }
+    }
+}
+
+/// What a request does after the database refused it.
+#[derive(Debug)]
+enum Next {
+    Retry(Duration),
+    Fail(Error),
+}
+
+/// A write conflict is retried as `retries` says, after a wait that grows
+/// with `attempt`; anything else is the storage error it means.
+fn after_failure(context: &str, e: surrealdb::Error, retries: Retries, attempt: u32) -> Next {
+    if !is_retryable(&e) {
+        return Next::Fail(classify(context, e));
+    }
+    match retries {
+        Retries::OnConflict if attempt < CONFLICT_RETRIES => {
+            Next::Retry(CONFLICT_BACKOFF.delay(attempt, clock_sample()))
+        }
+        // `classify` makes a conflict that outlasted its retries
+        // `Unavailable`; a group's must not be taken for a database that
+        // does not answer: it answered, and committed nothing.
+        Retries::None => Next::Fail(db_error(context, &e)),
+        Retries::OnConflict => Next::Fail(classify(context, e)),
     }
 }
 
@@ -170,4 +192,37 @@ fn clock_sample() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     f64::from(nanos) / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CONFLICT_RETRIES, Next, Retries, after_failure};
+    use crate::Error;
+
+    fn conflict() -> surrealdb::Error {
+        surrealdb::Error::internal("Transaction conflict: Write conflict".to_owned())
+    }
+
+    #[test]
+    fn a_conflict_is_retried_then_unavailable() {
+        let first = after_failure("w", conflict(), Retries::OnConflict, 0);
+        assert!(matches!(first, Next::Retry(_)), "{first:?}");
+        let last = after_failure("w", conflict(), Retries::OnConflict, CONFLICT_RETRIES);
+        assert!(
+            matches!(last, Next::Fail(Error::Unavailable(_))),
+            "{last:?}"
+        );
+    }
+
+    /// A group commit sends the writes of a group that conflicted again,
+    /// one by one; it gives up on them only when the database does not
+    /// answer (`Unavailable`). So its conflict must not be that.
+    #[test]
+    fn a_group_commits_conflict_is_a_refusal_not_a_silence() {
+        let next = after_failure("group", conflict(), Retries::None, 0);
+        assert!(
+            matches!(next, Next::Fail(Error::Database { .. })),
+            "{next:?}"
+        );
+    }
 }

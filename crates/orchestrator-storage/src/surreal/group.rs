@@ -143,6 +143,8 @@ impl Committer {
                     let _ = queued.answer.send(Err(Error::Closed));
                 }
             }
+            // No answer (a deadline, a lost server): the group may have
+            // committed. A conflict is not this (see `Retries::None`).
             Err(Error::Unavailable(_)) => {
                 for queued in group.drain(..) {
                     let _ = queued.answer.send(Err(self.client.unavailable()));
