@@ -1,13 +1,15 @@
 //! The request path every call of the SurrealDB backends takes: the
 //! client (or none once closed), a deadline, conflict retries, the first
-//! statement error as a storage error, and whether the database answers.
+//! statement error as a storage error, and whether the database answers,
+//! with the probe that finds out when a server that went away answers
+//! again.
 //!
 //! A [`Client`] is shared (`Arc`) by the backend and its group commit's
 //! task (see `group`), which sends requests on the backend's behalf.
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use orchestrator_core::backoff::{Backoff, Jitter};
@@ -15,7 +17,6 @@ use surrealdb::engine::any::Any;
 use surrealdb::types::Variables;
 use surrealdb::{IndexedResults, Surreal};
 
-use super::connection::probe;
 use super::errors::{classify, db_error, first_error, is_retryable};
 use crate::{Error, Result};
 
@@ -30,6 +31,35 @@ const CONFLICT_RETRIES: u32 = 8;
 const CONFLICT_BACKOFF: Backoff =
     Backoff::doubling(Duration::from_millis(10), Duration::from_millis(160))
         .with_jitter(Jitter::Full);
+
+/// The health probe's own deadline: `/health` should answer quickly.
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The waits between health probes of a server that stopped answering.
+pub(super) const PROBE_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
+
+/// Checks the server until it answers, waiting longer after each failure.
+pub(super) async fn probe(db: Weak<Surreal<Any>>, link: Arc<Link>, location: String) {
+    let mut failed = 0;
+    loop {
+        tokio::time::sleep(PROBE_BACKOFF.delay(failed, 0.0)).await;
+        let Some(db) = db.upgrade() else {
+            break;
+        };
+        let answered = matches!(
+            tokio::time::timeout(PROBE_TIMEOUT, db.query("RETURN true;").into_future()).await,
+            Ok(Ok(_))
+        );
+        if answered {
+            link.down.store(false, Ordering::Release);
+            tracing::info!(%location, "surrealdb answers again");
+            break;
+        }
+        failed += 1;
+    }
+    link.probing.store(false, Ordering::Release);
+}
 
 /// Whether a request that conflicts with another writer is sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,50 +1,16 @@
 //! Reaching the database: where a config points (an embedded engine or a
-//! server), connecting and signing in within the connect timeout, and the
-//! probe that finds out when a server that went away answers again.
+//! server), and connecting and signing in within the connect timeout.
 
 use std::future::IntoFuture;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use orchestrator_core::backoff::Backoff;
 use surrealdb::engine::any::{self, Any};
 use surrealdb::opt::auth::Root;
 use surrealdb::{IndexedResults, Surreal};
 
-use super::client::Link;
 use super::errors::{db_error, first_error};
 use crate::{EmbeddedEngine, Error, Result, StorageConfig, StorageType};
-
-/// The health probe's own deadline: `/health` should answer quickly.
-pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The waits between health probes of a server that stopped answering.
-pub(super) const PROBE_BACKOFF: Backoff =
-    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(5));
-
-/// Checks the server until it answers, waiting longer after each failure.
-pub(super) async fn probe(db: Weak<Surreal<Any>>, link: Arc<Link>, location: String) {
-    let mut failed = 0;
-    loop {
-        tokio::time::sleep(PROBE_BACKOFF.delay(failed, 0.0)).await;
-        let Some(db) = db.upgrade() else {
-            break;
-        };
-        let answered = matches!(
-            tokio::time::timeout(PROBE_TIMEOUT, db.query("RETURN true;").into_future()).await,
-            Ok(Ok(_))
-        );
-        if answered {
-            link.down.store(false, Ordering::Release);
-            tracing::info!(%location, "surrealdb answers again");
-            break;
-        }
-        failed += 1;
-    }
-    link.probing.store(false, Ordering::Release);
-}
 
 /// Where a config points, before connecting.
 pub(super) struct Target {

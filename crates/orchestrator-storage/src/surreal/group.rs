@@ -206,8 +206,7 @@ mod tests {
     use futures_util::future::join_all;
     use orchestrator_core::{Task, TaskStatus, Workflow};
 
-    use crate::surreal::plans::open_embedded;
-    use crate::surreal::{SurrealBackend, test_task};
+    use crate::surreal::{SurrealBackend, open_embedded, test_task};
     use crate::{Error, TaskStore};
 
     async fn submitted(db: &SurrealBackend, steps: usize) -> (Workflow, Vec<Task>) {

@@ -18,10 +18,11 @@
 //! checks the server with exponential backoff (0.25 s, doubling, at most
 //! 5 s) and lets calls through again as soon as it answers.
 //!
-//! This module holds [`SurrealBackend`], its opening and its request path
-//! (deadline, conflict retries, error mapping) and the [`Backend`] impl.
-//! The rest is by concern: `connection` (targets, connecting, the probe),
-//! `errors` (classification), `rows` (records as rows), `tasks`
+//! This module holds [`SurrealBackend`], its opening and the [`Backend`]
+//! impl. The rest is by concern: `client` (the request path: deadline,
+//! conflict retries, error mapping, the probe), `group` (the group commit
+//! of the hot writes), `connection` (targets, connecting), `errors`
+//! (classification), `rows` (records as rows), `tasks`
 //! ([`crate::TaskStore`]), `nodes` ([`crate::NodeStore`] and the change
 //! feed), `access` ([`crate::AccessStore`]), `schedules`
 //! ([`crate::ScheduleStore`]), `webhooks` ([`crate::WebhookStore`]), `transfer`
@@ -60,9 +61,9 @@ use serde::de::DeserializeOwned;
 use surrealdb::IndexedResults;
 use surrealdb::types::{Value, Variables};
 
-use self::client::{Client, Retries};
+use self::client::{Client, PROBE_TIMEOUT, Retries};
 pub(crate) use self::connection::timed;
-use self::connection::{PROBE_TIMEOUT, Target, is_held};
+use self::connection::{Target, is_held};
 pub(crate) use self::errors::{db_error, first_error};
 use self::group::{GroupCommit, Write};
 use self::recent::{Kept, KeptPage, Recent};
@@ -558,6 +559,18 @@ impl Backend for SurrealBackend {
         tracing::info!(location = %self.client.location, "surrealdb storage closed");
         Ok(())
     }
+}
+
+/// An embedded store in `dir`, for this module's tests.
+#[cfg(test)]
+async fn open_embedded(dir: &std::path::Path) -> SurrealBackend {
+    SurrealBackend::open(&StorageConfig {
+        storage_type: crate::StorageType::SurrealdbEmbedded,
+        data_dir: dir.to_path_buf(),
+        surrealdb: crate::SurrealdbConfig::default(),
+    })
+    .await
+    .unwrap()
 }
 
 /// A queued task of `workflow` that runs `noop.sh` once, for this

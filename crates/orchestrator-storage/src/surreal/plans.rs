@@ -8,8 +8,8 @@ use orchestrator_core::{TaskStatus, WorkflowId, WorkflowStatus};
 use surrealdb::types::Variables;
 
 use super::tasks::{WORKFLOW_TASKS, task_listing, workflow_listing};
-use super::{SurrealBackend, newest_first, page_sql};
-use crate::{StorageConfig, StorageType, SurrealdbConfig, TaskQuery, WorkflowQuery};
+use super::{SurrealBackend, newest_first, open_embedded, page_sql};
+use crate::{TaskQuery, WorkflowQuery};
 
 /// The key a cursor is past in these plans: 150 of the seeded tasks are
 /// older.
@@ -67,16 +67,6 @@ async fn seed(db: &SurrealBackend, workflows: &[WorkflowId], n: usize) {
     }
     sql.push_str("COMMIT;");
     db.query("seed", &sql, &Variables::new()).await.unwrap();
-}
-
-pub(super) async fn open_embedded(dir: &std::path::Path) -> SurrealBackend {
-    SurrealBackend::open(&StorageConfig {
-        storage_type: StorageType::SurrealdbEmbedded,
-        data_dir: dir.to_path_buf(),
-        surrealdb: SurrealdbConfig::default(),
-    })
-    .await
-    .unwrap()
 }
 
 #[tokio::test]
