@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use orchestrator_core::{Task, TaskId, TaskStatus, Workflow, WorkflowId};
-use surrealdb::types::{Bytes, Variables};
+use surrealdb::types::{Bytes, RecordId, Variables};
 
 use super::errors::db_error;
 use super::group::{Write, answer, updated_any};
@@ -111,77 +111,88 @@ impl TaskStore for SurrealBackend {
             .map(|(old, new)| {
                 Ok(serde_json::json!({
                     "id": old.id.to_string(),
-                    "expected": version_param(old.version),
                     "row": task_row(new, false)?,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
         vars.insert("tasks", serde_json::Value::Array(changes));
-        // Every compare-and-set in one transaction: one stale version
-        // aborts all of them.
+        // Every record this compare-and-set covers, and the version each
+        // must have: the workflow first, then the tasks.
+        let records: Vec<RecordId> =
+            std::iter::once(RecordId::new("workflow", workflow.id.to_string()))
+                .chain(
+                    tasks
+                        .iter()
+                        .map(|t| RecordId::new("task", t.id.to_string())),
+                )
+                .collect();
+        let versions: Vec<i64> = std::iter::once(workflow.version)
+            .chain(tasks.iter().map(|t| t.version))
+            .map(version_param)
+            .collect();
+        vars.insert("records", records);
+        vars.insert("versions", versions);
+        // One compare-and-set over all of them: the versions are checked
+        // first, and one that is stale (or a record gone) writes nothing
+        // and answers 0.
         let result = self
-            .query(
-                "update a workflow and its tasks",
-                "BEGIN;
-                 LET $updated = (UPDATE type::record('workflow', $id) CONTENT $row
-                     WHERE version = $expected RETURN VALUE version);
-                 IF array::len($updated) == 0 { THROW 'orchestrator: version mismatch' };
-                 FOR $task IN $tasks {
-                     LET $done = (UPDATE type::record('task', $task.id) CONTENT $task.row
-                         WHERE version = $task.expected RETURN VALUE version);
-                     IF array::len($done) == 0 { THROW 'orchestrator: version mismatch' };
-                 };
-                 COMMIT;",
-                &vars,
-            )
+            .write(Write {
+                context: "update a workflow and its tasks",
+                block: "LET $found = (SELECT VALUE version FROM $p.records);
+                        IF $found != $p.versions { 0 } ELSE {
+                            UPDATE type::record('workflow', $p.id) CONTENT $p.row RETURN NONE;
+                            FOR $task IN $p.tasks {
+                                UPDATE type::record('task', $task.id) CONTENT $task.row RETURN NONE;
+                            };
+                            1
+                        }",
+                params: vars,
+            })
             .await;
         if let Some(recent) = &self.recent {
             let written = tasks.iter().map(|t| Written::Task(t.id));
             recent.wrote(written.chain([Written::Workflow(workflow.id)]), &result);
         }
-        match result {
-            Ok(_) => Ok((stored, stored_tasks)),
-            Err(Error::Database { message, .. }) if message.contains("version mismatch") => {
-                // Name what was stale, as the single updates do.
-                match self
-                    .stored_version("workflow", workflow.id.to_string())
-                    .await?
-                {
-                    None => return Err(Error::WorkflowNotFound(workflow.id)),
-                    Some(found) if found != workflow.version => {
-                        return Err(Error::Conflict {
-                            what: "workflow",
-                            id: workflow.id.to_string(),
-                            expected: workflow.version,
-                            found,
-                        });
-                    }
-                    Some(_) => {}
-                }
-                for task in tasks {
-                    match self.stored_version("task", task.id.to_string()).await? {
-                        None => return Err(Error::TaskNotFound(task.id)),
-                        Some(found) if found != task.version => {
-                            return Err(Error::Conflict {
-                                what: "task",
-                                id: task.id.to_string(),
-                                expected: task.version,
-                                found,
-                            });
-                        }
-                        Some(_) => {}
-                    }
-                }
-                // Changed and changed back meanwhile: still a conflict.
-                Err(Error::Conflict {
+        if updated_any("update a workflow and its tasks", result?)? {
+            return Ok((stored, stored_tasks));
+        }
+        // Name what was stale, as the single updates do.
+        match self
+            .stored_version("workflow", workflow.id.to_string())
+            .await?
+        {
+            None => return Err(Error::WorkflowNotFound(workflow.id)),
+            Some(found) if found != workflow.version => {
+                return Err(Error::Conflict {
                     what: "workflow",
                     id: workflow.id.to_string(),
                     expected: workflow.version,
-                    found: workflow.version,
-                })
+                    found,
+                });
             }
-            Err(e) => Err(e),
+            Some(_) => {}
         }
+        for task in tasks {
+            match self.stored_version("task", task.id.to_string()).await? {
+                None => return Err(Error::TaskNotFound(task.id)),
+                Some(found) if found != task.version => {
+                    return Err(Error::Conflict {
+                        what: "task",
+                        id: task.id.to_string(),
+                        expected: task.version,
+                        found,
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        // Changed and changed back meanwhile: still a conflict.
+        Err(Error::Conflict {
+            what: "workflow",
+            id: workflow.id.to_string(),
+            expected: workflow.version,
+            found: workflow.version,
+        })
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {

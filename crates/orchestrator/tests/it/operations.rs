@@ -288,3 +288,49 @@ async fn retries_are_counted() {
     );
     service.stop().await;
 }
+
+/// A workflow's first claim stores the task and the workflow as running
+/// in one write (`update_workflow_and_tasks`): a one-step workflow is
+/// stored in three writes after its submission, not four.
+#[tokio::test]
+async fn a_first_claim_marks_its_workflow_running_in_the_same_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(dir.path())).await;
+    let writes = |samples: &[Sample]| {
+        [
+            "update_task",
+            "update_workflow",
+            "update_workflow_and_tasks",
+        ]
+        .map(|operation| {
+            value(
+                samples,
+                "orchestrator_storage_operation_duration_seconds_count",
+                &[("backend", "filesystem"), ("operation", operation)],
+            )
+            .unwrap_or(0.0)
+        })
+    };
+    let before = writes(&scrape(&service).await);
+    let (status, body) = service
+        .post(
+            "/workflows",
+            json!({
+                "template": {"name": "one", "ref_name": "one", "schema_version": 1,
+                             "steps": [{"ref_name": "only", "script": "dag/step.py"}]},
+                "wait": true,
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+    let after = writes(&scrape(&service).await);
+    let made: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    // The claim with the workflow's "running"; the outcome; the finish.
+    assert_eq!(
+        made,
+        [1.0, 1.0, 1.0],
+        "update_task, update_workflow, update_workflow_and_tasks"
+    );
+    service.stop().await;
+}
