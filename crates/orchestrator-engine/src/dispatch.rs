@@ -305,7 +305,7 @@ impl Dispatcher {
             Some(limit) if self.records.store().nodes().shared() => {
                 self.claim_within_limit(&claim, before, limit).await
             }
-            _ => self.claim(&claim, before).await.map(Some),
+            _ => self.records.update_task(&claim, before).await.map(Some),
         };
         let task = match claimed {
             Ok(Some(task)) => task,
@@ -333,34 +333,6 @@ impl Dispatcher {
             tracing::warn!(workflow = %task.workflow_id, error = %e, "could not mark the workflow running");
         }
         Ok(Some((task, outcome)))
-    }
-
-    /// Stores the claim. A workflow's first claim marks it running in
-    /// the same write, when this node kept the workflow's record from its
-    /// submission: one write instead of two. If the workflow changed
-    /// meanwhile (another claim marked it), the claim is stored alone, and
-    /// the mark that follows every claim reads the workflow.
-    async fn claim(&self, claim: &Task, before: TaskMark) -> Result<Task> {
-        if let Some((workflow, was)) = self.lifecycle.take_unstarted(claim.workflow_id) {
-            match self
-                .records
-                .update_workflow_and_tasks(&workflow, was, &[(claim.clone(), before)])
-                .await
-            {
-                Ok((_, mut tasks)) => {
-                    self.lifecycle.marked_running(claim.workflow_id);
-                    if let Some(task) = tasks.pop() {
-                        return Ok(task);
-                    }
-                }
-                Err(crate::Error::Storage(orchestrator_storage::Error::Conflict {
-                    what: "workflow",
-                    ..
-                })) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        self.records.update_task(claim, before).await
     }
 
     /// Claims a task of a workflow with a `parallel_limit` on a store that

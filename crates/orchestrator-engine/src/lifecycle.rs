@@ -260,26 +260,6 @@ impl Lifecycle {
         }
     }
 
-    /// The kept record of a workflow not yet running, moved to running,
-    /// with the status it had: for a first claim to store with the task
-    /// in one write (`Dispatcher::claim`). `None` if it is running or
-    /// not kept; the record is no longer kept either way.
-    pub(crate) fn take_unstarted(&self, id: WorkflowId) -> Option<(Workflow, WorkflowStatus)> {
-        if lock(&self.running_workflows).contains(&id) {
-            return None;
-        }
-        let mut workflow = lock(&self.fresh_workflows).remove(&id)?;
-        let before = workflow.status;
-        workflow
-            .start_running(Utc::now())
-            .then_some((workflow, before))
-    }
-
-    /// A claim stored the workflow as running (see `take_unstarted`).
-    pub(crate) fn marked_running(&self, id: WorkflowId) {
-        lock(&self.running_workflows).insert(id);
-    }
-
     /// A workflow's first claim moves it to running.
     pub(crate) async fn mark_workflow_running(&self, id: WorkflowId) -> Result<()> {
         // Known running: skip re-reading the workflow on every claim.
