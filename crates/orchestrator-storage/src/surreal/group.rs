@@ -1,5 +1,6 @@
 //! Group commit: the hot writes (a task's or a workflow's compare-and-set,
-//! a submission, a log append, an audit record) queue here, and one task
+//! or a workflow's with some of its tasks, a submission, a log append, an
+//! audit record) queue here, and one task
 //! sends them, as many as have queued, in one transaction.
 //!
 //! Why: with SurrealDB a transaction costs far more than a statement in
