@@ -76,6 +76,7 @@ impl AccessStore for SurrealBackend {
             context: "append an audit record",
             block: "CREATE type::record('audit', $p.id) CONTENT $p.row RETURN NONE;",
             params: vars,
+            records: 1,
         })
         .await?;
         Ok(())

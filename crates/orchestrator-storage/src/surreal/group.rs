@@ -36,6 +36,12 @@ use crate::{Error, Result};
 /// every request in flight, and a bound on the statement a group makes.
 const MOST_WRITES: usize = 128;
 
+/// The most records a group's transaction writes: a submission of many
+/// steps is a write of as many records, and a few of them together must
+/// not make one transaction that outlasts the request deadline. A write
+/// of more goes alone, as it would without a group.
+const MOST_RECORDS: usize = 2048;
+
 /// Writes waiting for the committing task; senders wait past it.
 const QUEUE: usize = 1024;
 
@@ -47,6 +53,8 @@ pub(super) struct Write {
     /// expression is the answer.
     pub(super) block: &'static str,
     pub(super) params: Variables,
+    /// How many records it writes, which bounds how many a group takes.
+    pub(super) records: usize,
 }
 
 /// The queue of writes, and the task that commits them.
@@ -105,15 +113,20 @@ struct Committer {
 }
 
 impl Committer {
-    /// Commits what has queued, as one group, until the queue closes.
+    /// Commits what has queued, in groups of at most [`MOST_RECORDS`]
+    /// records, until the queue closes.
     async fn commit_all(self, mut queued: mpsc::Receiver<Queued>) {
-        let mut group = Vec::with_capacity(MOST_WRITES);
-        while queued.recv_many(&mut group, MOST_WRITES).await > 0 {
-            if group.len() == 1 {
-                let Queued { write, answer } = group.remove(0);
-                let _ = answer.send(self.alone(&write).await);
-            } else {
-                self.commit(&mut group).await;
+        let mut taken = Vec::with_capacity(MOST_WRITES);
+        while queued.recv_many(&mut taken, MOST_WRITES).await > 0 {
+            let records: Vec<usize> = taken.iter().map(|q| q.write.records).collect();
+            for length in group_lengths(&records) {
+                let mut group: Vec<Queued> = taken.drain(..length).collect();
+                if group.len() == 1 {
+                    let Queued { write, answer } = group.remove(0);
+                    let _ = answer.send(self.alone(&write).await);
+                } else {
+                    self.commit(&mut group).await;
+                }
             }
         }
     }
@@ -176,6 +189,26 @@ impl Committer {
     }
 }
 
+/// How many writes each group takes, in queue order, given how many
+/// records each writes: as many as fit in [`MOST_RECORDS`], and at least
+/// one.
+fn group_lengths(records: &[usize]) -> Vec<usize> {
+    let mut lengths = Vec::new();
+    let (mut length, mut sum) = (0, 0);
+    for &n in records {
+        if length > 0 && sum + n > MOST_RECORDS {
+            lengths.push(length);
+            (length, sum) = (0, 0);
+        }
+        length += 1;
+        sum += n;
+    }
+    if length > 0 {
+        lengths.push(length);
+    }
+    lengths
+}
+
 /// One transaction of `writes`: a block each, its parameters as `$pN`.
 fn transaction<'a>(writes: impl Iterator<Item = &'a Write>) -> (String, Variables) {
     let mut sql = String::from("BEGIN;\n");
@@ -209,6 +242,20 @@ mod tests {
 
     use crate::surreal::{SurrealBackend, open_embedded, test_task};
     use crate::{Error, TaskStore};
+
+    #[test]
+    fn big_writes_make_groups_of_their_own() {
+        use super::{MOST_RECORDS, group_lengths};
+        assert_eq!(group_lengths(&[1, 1, 2, 1]), [4]);
+        assert_eq!(group_lengths(&[]), Vec::<usize>::new());
+        // A submission of many steps goes alone; those around it group.
+        assert_eq!(group_lengths(&[1, 2, MOST_RECORDS + 5, 1, 1]), [2, 1, 2]);
+        assert_eq!(group_lengths(&[MOST_RECORDS, 1]), [1, 1]);
+        assert_eq!(
+            group_lengths(&[MOST_RECORDS / 2, MOST_RECORDS / 2, 1]),
+            [2, 1]
+        );
+    }
 
     async fn submitted(db: &SurrealBackend, steps: usize) -> (Workflow, Vec<Task>) {
         let workflow = Workflow::new("k", "w", chrono::Utc::now());

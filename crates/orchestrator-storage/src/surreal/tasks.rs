@@ -36,6 +36,7 @@ impl TaskStore for SurrealBackend {
                 block: "INSERT INTO workflow $p.workflow RETURN NONE;
                         INSERT INTO task $p.tasks RETURN NONE;",
                 params: vars,
+                records: 1 + tasks.len(),
             })
             .await;
         if let Some(recent) = &self.recent {
@@ -71,6 +72,7 @@ impl TaskStore for SurrealBackend {
                         IF array::len($updated) > 0 { INSERT INTO task $p.tasks RETURN NONE; };
                         array::len($updated)",
                 params: vars,
+                records: 1 + new_tasks.len(),
             })
             .await;
         if let Some(recent) = &self.recent {
@@ -147,6 +149,7 @@ impl TaskStore for SurrealBackend {
                             1
                         }",
                 params: vars,
+                records: 1 + tasks.len(),
             })
             .await;
         if let Some(recent) = &self.recent {
@@ -209,6 +212,7 @@ impl TaskStore for SurrealBackend {
                             WHERE version = $p.expected RETURN VALUE version);
                         array::len($updated)",
                 params: vars,
+                records: 1,
             })
             .await;
         if let Some(recent) = &self.recent {
@@ -322,6 +326,7 @@ impl TaskStore for SurrealBackend {
                                 end_offset = $end, data = $p.data RETURN NONE;
                             $end",
                     params: vars,
+                    records: 2,
                 })
                 .await?;
             Some(answer("append to a task log", end)?)
