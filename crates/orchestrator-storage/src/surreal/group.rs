@@ -1,14 +1,14 @@
 //! Group commit: the hot writes (a task's or a workflow's compare-and-set,
 //! or a workflow's with some of its tasks, a submission, a log append, an
-//! audit record) queue here, and one task
-//! sends them, as many as have queued, in one transaction.
+//! audit record) queue here, and one task sends them, as many as have
+//! queued, in one transaction.
 //!
 //! Why: with SurrealDB a transaction costs far more than a statement in
 //! it. Measured on SurrealKV (3.3.5), an indexed task update costs about
 //! 0.85 ms of CPU as its own transaction and 0.32 ms as one of a hundred
 //! in one; each commit also syncs the log. While one group commits, the
 //! next gathers, so a lone write goes at once and a busy service commits
-//! more writes a sync (docs/benchmarks.md, "Group commit").
+//! more writes a sync (docs/benchmarks.md, "Group commit on SurrealDB").
 //!
 //! A write is one block statement (`{ ... }`) that reads its parameters
 //! from `$p` and answers with its last expression. Blocks never `THROW`:
