@@ -67,8 +67,7 @@ use self::connection::{Target, is_held};
 pub(crate) use self::errors::{db_error, first_error};
 use self::group::{GroupCommit, Write};
 use self::recent::{Kept, KeptPage, Recent};
-pub(crate) use self::rows::newest_first;
-use self::rows::{from_doc, row_of, table_of, to_i64};
+use self::rows::{from_doc, newest_first, row_of, table_of, to_i64};
 use crate::schema::{EntryState, SchemaStatus};
 use crate::{
     Backend, EmbeddedEngine, Error, Page, Record, RecordKind, Result, Scanned, StorageConfig,
@@ -365,6 +364,29 @@ impl SurrealBackend {
             .take(0)
             .map_err(|e| db_error("read a version", &e))?;
         Ok(version.map(|v| v.try_into().unwrap_or(0)))
+    }
+
+    /// Why a compare-and-set on `table:id` that expected version
+    /// `expected` matched nothing: `gone` if the record is not there,
+    /// else `Conflict` naming `what` and the version found (the expected
+    /// one if it changed and changed back meanwhile).
+    async fn why_stale(
+        &self,
+        table: &'static str,
+        what: &'static str,
+        id: String,
+        expected: u64,
+        gone: Error,
+    ) -> Result<Error> {
+        Ok(match self.stored_version(table, id.clone()).await? {
+            None => gone,
+            Some(found) => Error::Conflict {
+                what,
+                id,
+                expected,
+                found,
+            },
+        })
     }
 }
 

@@ -152,7 +152,7 @@ pub(super) fn priority_rank(priority: Priority) -> i64 {
 /// `fn::newest_first` of migration 0011 (a test checks that the two
 /// agree): the stored field of every row (migration 0016), and a cursor's
 /// bound.
-pub(crate) fn newest_first(key: &str) -> String {
+pub(super) fn newest_first(key: &str) -> String {
     key.chars()
         .map(|c| match c {
             '0'..='9' => char::from(b'P' - (c as u8 - b'0')),

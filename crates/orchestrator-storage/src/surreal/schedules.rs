@@ -40,15 +40,11 @@ impl SurrealBackend {
         if !updated.is_empty() {
             return Ok(());
         }
-        match self.stored_version(table, key.clone()).await? {
-            None => Err(Error::NotFound { what, id: key }),
-            Some(found) => Err(Error::Conflict {
-                what,
-                id: key,
-                expected,
-                found,
-            }),
-        }
+        let gone = Error::NotFound {
+            what,
+            id: key.clone(),
+        };
+        Err(self.why_stale(table, what, key, expected, gone).await?)
     }
 }
 

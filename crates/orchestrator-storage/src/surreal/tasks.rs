@@ -83,18 +83,11 @@ impl TaskStore for SurrealBackend {
         if updated_any("update a workflow", result?)? {
             return Ok(stored);
         }
-        match self
-            .stored_version("workflow", workflow.id.to_string())
-            .await?
-        {
-            None => Err(Error::WorkflowNotFound(workflow.id)),
-            Some(found) => Err(Error::Conflict {
-                what: "workflow",
-                id: workflow.id.to_string(),
-                expected: workflow.version,
-                found,
-            }),
-        }
+        let id = workflow.id.to_string();
+        let gone = Error::WorkflowNotFound(workflow.id);
+        Err(self
+            .why_stale("workflow", "workflow", id, workflow.version, gone)
+            .await?)
     }
 
     async fn update_workflow_and_tasks(
@@ -159,43 +152,29 @@ impl TaskStore for SurrealBackend {
         if updated_any("update a workflow and its tasks", result?)? {
             return Ok((stored, stored_tasks));
         }
-        // Name what was stale, as the single updates do.
-        match self
-            .stored_version("workflow", workflow.id.to_string())
-            .await?
-        {
-            None => return Err(Error::WorkflowNotFound(workflow.id)),
-            Some(found) if found != workflow.version => {
-                return Err(Error::Conflict {
-                    what: "workflow",
-                    id: workflow.id.to_string(),
-                    expected: workflow.version,
-                    found,
-                });
-            }
-            Some(_) => {}
+        // Name what was stale, as the single updates do: the first record
+        // found changed, or else the workflow.
+        let changed =
+            |e: &Error| !matches!(e, Error::Conflict { expected, found, .. } if expected == found);
+        let id = workflow.id.to_string();
+        let gone = Error::WorkflowNotFound(workflow.id);
+        let stale = self
+            .why_stale("workflow", "workflow", id, workflow.version, gone)
+            .await?;
+        if changed(&stale) {
+            return Err(stale);
         }
         for task in tasks {
-            match self.stored_version("task", task.id.to_string()).await? {
-                None => return Err(Error::TaskNotFound(task.id)),
-                Some(found) if found != task.version => {
-                    return Err(Error::Conflict {
-                        what: "task",
-                        id: task.id.to_string(),
-                        expected: task.version,
-                        found,
-                    });
-                }
-                Some(_) => {}
+            let id = task.id.to_string();
+            let gone = Error::TaskNotFound(task.id);
+            let task_stale = self
+                .why_stale("task", "task", id, task.version, gone)
+                .await?;
+            if changed(&task_stale) {
+                return Err(task_stale);
             }
         }
-        // Changed and changed back meanwhile: still a conflict.
-        Err(Error::Conflict {
-            what: "workflow",
-            id: workflow.id.to_string(),
-            expected: workflow.version,
-            found: workflow.version,
-        })
+        Err(stale)
     }
 
     async fn update_task(&self, task: &Task) -> Result<Task> {
@@ -221,15 +200,11 @@ impl TaskStore for SurrealBackend {
         if updated_any("update a task", result?)? {
             return Ok(stored);
         }
-        match self.stored_version("task", task.id.to_string()).await? {
-            None => Err(Error::TaskNotFound(task.id)),
-            Some(found) => Err(Error::Conflict {
-                what: "task",
-                id: task.id.to_string(),
-                expected: task.version,
-                found,
-            }),
-        }
+        let id = task.id.to_string();
+        let gone = Error::TaskNotFound(task.id);
+        Err(self
+            .why_stale("task", "task", id, task.version, gone)
+            .await?)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<Task>> {

@@ -103,19 +103,15 @@ impl WebhookStore for SurrealBackend {
         if !updated.is_empty() {
             return Ok(stored);
         }
+        let what = "webhook delivery";
         let id = delivery.id.clone();
-        match self.stored_version("webhook_delivery", id.clone()).await? {
-            None => Err(Error::NotFound {
-                what: "webhook delivery",
-                id,
-            }),
-            Some(found) => Err(Error::Conflict {
-                what: "webhook delivery",
-                id,
-                expected: delivery.version,
-                found,
-            }),
-        }
+        let gone = Error::NotFound {
+            what,
+            id: id.clone(),
+        };
+        Err(self
+            .why_stale("webhook_delivery", what, id, delivery.version, gone)
+            .await?)
     }
 
     async fn get_delivery(&self, id: &str) -> Result<Option<Delivery>> {
