@@ -10,9 +10,10 @@
 //! next, the helper, between two attempts:
 //! - kills every process left in the sandbox's PID namespace, whose init it
 //!   is (`bwrap --as-pid-1`), and reaps them;
-//! - empties `/tmp`, `/var/tmp` and `/dev/shm`, and removes the System V
-//!   IPC objects (POSIX message queues and the session keyring are not
-//!   reachable this way, and stay: docs/security.md);
+//! - empties every file system of the sandbox's own that a script can
+//!   write (`Bubblewrap::private_dirs`: the tmpfs of `/tmp`, `/var/tmp`
+//!   and of each hidden dir, `/dev/shm`, the POSIX message queues), and
+//!   removes the System V IPC objects; `/dev` itself is read-only;
 //! - is not dumpable, so a script (the same user, without capabilities)
 //!   can neither trace it, nor read its memory, nor take its socket
 //!   (`pidfd_getfd`), where the next attempt's request passes; and as the
@@ -48,12 +49,11 @@ use crate::wire::{Decoded, HELPER_NAME, READY_MARK, Report, STREAMS, helper_fail
 /// The wait status of an attempt the helper could not start (exit 127).
 const CANNOT_START: i32 = 127 << 8;
 
-/// Where scripts may leave files that the next attempt would see.
-const SCRATCH_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
-
 /// The helper of a kept sandbox, its socket on stdin: serves attempts
 /// until the socket closes (exit 0) or the sandbox cannot be made clean.
-pub(crate) fn serve(slot: &Path) -> ExitCode {
+/// `private` are the sandbox's own writable mounts, where a script may
+/// leave files that the next attempt would see.
+pub(crate) fn serve(slot: &Path, private: &[PathBuf]) -> ExitCode {
     // Not dumpable: scripts run as this user, and a dumpable helper could
     // be traced, or its memory read through /proc, by one attempt's script
     // to see the next attempt's request (its input, token and secrets).
@@ -100,7 +100,7 @@ pub(crate) fn serve(slot: &Path) -> ExitCode {
         // Marked ready again before the status goes: the service may hand
         // the next attempt over as soon as it has the status.
         let cleaned = end_leftovers()
-            .and_then(|()| empty_scratch())
+            .and_then(|()| empty_private(private))
             .and_then(|()| mark());
         if let Err(e) = &cleaned {
             let _ = std::fs::remove_file(slot.join(READY_MARK));
@@ -205,13 +205,14 @@ fn end_leftovers() -> Result<(), String> {
     }
 }
 
-/// Empties the scratch dirs and removes the System V IPC objects.
-fn empty_scratch() -> Result<(), String> {
-    for dir in SCRATCH_DIRS {
+/// Empties the sandbox's own writable mounts and removes the System V
+/// IPC objects.
+fn empty_private(private: &[PathBuf]) -> Result<(), String> {
+    for dir in private {
         let Ok(root) = std::fs::symlink_metadata(dir) else {
             continue;
         };
-        empty(Path::new(dir), root.dev())
+        empty(dir, root.dev())
             .map_err(|(path, e)| format!("cannot remove {}: {e}", path.display()))?;
     }
     // Rare, so a program of util-linux (no unsafe call here) rather than
@@ -237,9 +238,9 @@ fn empty_scratch() -> Result<(), String> {
 }
 
 /// Removes what `dir` holds on the file system `dev`. Never crosses into
-/// another: the sandbox's own mounts under a scratch dir (the work dir,
-/// the state dir, the scripts dir, when the data dir is under `/tmp`) are
-/// shared with the host, and what leads to them stays.
+/// another: the mounts beneath a private dir (the work dir, the state
+/// dir, the scripts dir, the helper) are shared with the host, and what
+/// leads to them stays.
 fn empty(dir: &Path, dev: u64) -> Result<(), (PathBuf, std::io::Error)> {
     let failed = |path: &Path| {
         let path = path.to_path_buf();
@@ -248,11 +249,12 @@ fn empty(dir: &Path, dev: u64) -> Result<(), (PathBuf, std::io::Error)> {
     for entry in std::fs::read_dir(dir).map_err(failed(dir))? {
         let path = entry.map_err(failed(dir))?.path();
         let meta = std::fs::symlink_metadata(&path).map_err(failed(&path))?;
-        if !meta.is_dir() {
-            std::fs::remove_file(&path).map_err(failed(&path))?;
+        // A mount point (a bound dir or file): the host's.
+        if meta.dev() != dev {
             continue;
         }
-        if meta.dev() != dev {
+        if !meta.is_dir() {
+            std::fs::remove_file(&path).map_err(failed(&path))?;
             continue;
         }
         empty(&path, dev)?;
@@ -288,14 +290,17 @@ mod tests {
     }
 
     #[test]
-    fn a_dir_on_another_file_system_is_left_as_it_is() {
+    fn what_is_on_another_file_system_is_left_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         std::fs::create_dir_all(root.join("mount/inside")).unwrap();
         std::fs::write(root.join("mount/inside/file"), "x").unwrap();
-        // A device number no file here has: every dir counts as a mount.
+        std::fs::write(root.join("bound-file"), "x").unwrap();
+        // A device number no entry here has: each counts as a mount point
+        // (a bound dir, or a bound file such as the helper).
         let dev = std::fs::metadata(root).unwrap().dev() + 1;
         empty(root, dev).unwrap();
         assert!(root.join("mount/inside/file").exists());
+        assert!(root.join("bound-file").exists());
     }
 }

@@ -20,6 +20,7 @@ mod resolve;
 mod run;
 mod sandbox;
 mod step;
+mod syscalls;
 mod wire;
 
 pub use error::ScriptError;
@@ -107,22 +108,27 @@ impl ScriptExecutor {
         self
     }
 
-    /// Keeps `count` sandboxes ready for the next attempts (one per
+    /// Starts every script through `helper` (see `syscalls`), and keeps
+    /// `count` sandboxes ready for the next attempts (one per
     /// worker), each running `helper` ([`HELPER_NAME`], whose `main` is
     /// [`serve_prepared_sandbox`]) until an attempt gives it its command;
     /// each serves `attempts` attempts one after another (1: each attempt
     /// its own sandbox; more: see `kept`). Does nothing without the
-    /// bubblewrap sandbox, or when the work dir is not hidden from scripts.
+    /// bubblewrap sandbox; prepares none when the work dir is not hidden
+    /// from scripts.
     pub fn prepare_sandboxes(
         mut self,
         helper: PathBuf,
         count: usize,
         attempts: u32,
     ) -> ScriptExecutor {
+        if let Sandbox::Bubblewrap(bwrap) = &mut self.config.sandbox {
+            // Every script starts through the helper, prepared or not.
+            bwrap.set_helper(helper);
+        }
         if let Sandbox::Bubblewrap(bwrap) = &self.config.sandbox {
             self.prepared = prepared::Pool::new(
                 bwrap,
-                helper,
                 &self.config,
                 self.inherited_env.clone(),
                 count,

@@ -45,7 +45,7 @@ const SLOT_PREFIX: &str = ".prepared-";
 #[derive(Debug)]
 pub(crate) struct Pool {
     bwrap: Bubblewrap,
-    /// The helper ([`HELPER_NAME`]).
+    /// The helper ([`crate::HELPER_NAME`]), in every sandbox.
     helper: PathBuf,
     scripts_dir: PathBuf,
     state_dir: PathBuf,
@@ -120,7 +120,6 @@ impl Pool {
     /// does not allow one (see the module's comment).
     pub(crate) fn new(
         bwrap: &Bubblewrap,
-        helper: PathBuf,
         config: &crate::ExecutorConfig,
         env: Arc<Vec<(OsString, OsString)>>,
         size: usize,
@@ -131,6 +130,7 @@ impl Pool {
             state_dir: &config.data_dir,
             work_dir: &config.work_dir.join(SLOT_PREFIX),
         };
+        let helper = bwrap.helper()?.to_path_buf();
         if size == 0 || !bwrap.is_private(&config.work_dir, attempt) {
             return None;
         }
@@ -314,17 +314,14 @@ impl Pool {
             .work_dir
             .join(format!("{SLOT_PREFIX}{}-{n}", std::process::id()));
         std::fs::create_dir_all(&slot)?;
-        let (program, mut args) = self.bwrap.command_line(Attempt {
+        let attempt = Attempt {
             scripts_dir: &self.scripts_dir,
             state_dir: &self.state_dir,
             work_dir: &slot,
-        });
-        // The helper in view, read-only, wherever it is (a build tree in
-        // `/tmp` would be under the sandbox's own): last, over the rest.
+        };
+        let (program, mut args) = self.bwrap.command_line(attempt);
         let end = args.pop();
         debug_assert_eq!(end.as_deref(), Some(OsStr::new("--")));
-        let helper = self.helper.as_os_str().to_owned();
-        args.extend(["--ro-bind".into(), helper.clone(), helper]);
         if self.attempts > 1 {
             // A kept sandbox's helper is its PID namespace's init: no
             // `bwrap` init beside it whose descriptors (the helper's
@@ -338,8 +335,11 @@ impl Pool {
         if self.attempts > 1 {
             command.arg(KEPT_FLAG);
         }
+        command.arg(&slot);
+        if self.attempts > 1 {
+            command.args(self.bwrap.private_dirs(attempt));
+        }
         command
-            .arg(&slot)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         // Dropped from here on, the slot goes with it.

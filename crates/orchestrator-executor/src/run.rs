@@ -133,7 +133,7 @@ impl ScriptExecutor {
                 let mut command = match &self.config.sandbox {
                     Sandbox::None => Command::new(&program),
                     Sandbox::Bubblewrap(sandbox) => {
-                        let (bwrap, args) = sandbox.command_line(crate::sandbox::Attempt {
+                        let (bwrap, args) = sandbox.script_line(crate::sandbox::Attempt {
                             scripts_dir: &self.config.scripts_dir,
                             state_dir: &self.config.data_dir,
                             work_dir: &work_dir,

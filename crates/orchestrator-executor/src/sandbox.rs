@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::ScriptError;
 use crate::lookup::find_program;
+use crate::wire::EXEC_FLAG;
 
 /// The Debian package that ships `bwrap`, for messages.
 pub const BUBBLEWRAP_PACKAGE: &str = "bubblewrap";
@@ -58,6 +59,10 @@ pub struct Bubblewrap {
     /// cannot mount as it is, and must make a user namespace to, as it does
     /// by itself for any other user.
     unshare_user: bool,
+    /// The helper (`orchestrator-sandbox-exec`), bound read-only into
+    /// every sandbox: each script starts through it, which refuses it the
+    /// kernel's keyrings (`syscalls`). Without it, scripts start directly.
+    helper: Option<PathBuf>,
 }
 
 /// One rule of a script's view of a path.
@@ -101,6 +106,7 @@ impl Bubblewrap {
             writable: Vec::new(),
             clear_caps,
             unshare_user: root && capability_set(&status, "CapEff") & (1 << CAP_SYS_ADMIN) == 0,
+            helper: None,
         })
     }
 
@@ -112,6 +118,7 @@ impl Bubblewrap {
             writable: Vec::new(),
             clear_caps: None,
             unshare_user: false,
+            helper: None,
         }
     }
 
@@ -125,6 +132,26 @@ impl Bubblewrap {
     pub fn allow_writes(mut self, path: impl Into<PathBuf>) -> Bubblewrap {
         self.writable.push(path.into());
         self
+    }
+
+    /// Starts every script through `helper` ([`crate::HELPER_NAME`]).
+    pub(crate) fn set_helper(&mut self, helper: PathBuf) {
+        self.helper = Some(helper);
+    }
+
+    pub(crate) fn helper(&self) -> Option<&Path> {
+        self.helper.as_deref()
+    }
+
+    /// [`Bubblewrap::command_line`] for a script that starts with the
+    /// sandbox: through the helper, when there is one. The script's own
+    /// command line follows.
+    pub(crate) fn script_line(&self, attempt: Attempt<'_>) -> (PathBuf, Vec<OsString>) {
+        let (program, mut args) = self.command_line(attempt);
+        if let Some(helper) = &self.helper {
+            args.extend([helper.clone().into_os_string(), EXEC_FLAG.into()]);
+        }
+        (program, args)
     }
 
     pub fn program(&self) -> &Path {
@@ -205,6 +232,15 @@ impl Bubblewrap {
             "/",
             "--dev",
             "/dev",
+            // `/dev` itself is read-only (below): its nodes cannot be
+            // swapped for files, and nothing is left there for a later
+            // attempt of a kept sandbox. Shared memory and message queues
+            // get writable mounts of their own, which such a sandbox
+            // empties between attempts (`private_dirs`).
+            "--tmpfs",
+            DEV_SHM,
+            "--mqueue",
+            DEV_MQUEUE,
             "--proc",
             "/proc",
         ]
@@ -225,9 +261,52 @@ impl Bubblewrap {
                 View::ReadWrite => args.extend(["--bind".into(), path.clone(), path]),
             }
         }
+        // The helper in view, read-only, wherever it is (a build tree in
+        // `/tmp` would be under the sandbox's own): over the rest.
+        if let Some(helper) = &self.helper {
+            let helper = helper.clone().into_os_string();
+            args.extend(["--ro-bind".into(), helper.clone(), helper]);
+        }
+        // Last: a rule may have made a mount point under it.
+        args.extend(["--remount-ro", "/dev"].map(OsString::from));
         args
     }
+
+    /// Every file system of its own that a sandbox for `attempt` mounts
+    /// writable: the tmpfs of each scratch and hidden dir, `/dev/shm` and
+    /// the message queues. What a script leaves in one, a later attempt in
+    /// the same sandbox would find, so a kept sandbox empties them all
+    /// between attempts (without crossing into the mounts beneath them,
+    /// which are the host's).
+    pub(crate) fn private_dirs(&self, attempt: Attempt<'_>) -> Vec<PathBuf> {
+        self.private_dirs_on(attempt, &|path: &Path| {
+            std::fs::metadata(path)
+                .ok()
+                .map(|m| if m.is_dir() { Kind::Dir } else { Kind::File })
+        })
+    }
+
+    fn private_dirs_on(
+        &self,
+        attempt: Attempt<'_>,
+        kind: &dyn Fn(&Path) -> Option<Kind>,
+    ) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = plan(self.rules(attempt), kind)
+            .into_iter()
+            .filter(|(_, view, kind)| {
+                *kind == Kind::Dir && matches!(view, View::Hidden | View::Scratch)
+            })
+            .map(|(path, _, _)| path)
+            .collect();
+        dirs.extend([DEV_SHM, DEV_MQUEUE].map(PathBuf::from));
+        dirs
+    }
 }
+
+/// Shared memory (`shm_open`), a tmpfs of the sandbox's own.
+const DEV_SHM: &str = "/dev/shm";
+/// POSIX message queues of the sandbox's IPC namespace, as files.
+const DEV_MQUEUE: &str = "/dev/mqueue";
 
 impl Bubblewrap {
     /// Every rule of one attempt's view, in no particular order.
@@ -338,7 +417,7 @@ mod tests {
         let mut rest = &args[fixed..];
         while let Some(flag) = rest.first() {
             let n = match flag.as_str() {
-                "--tmpfs" => 2,
+                "--tmpfs" | "--remount-ro" => 2,
                 "--" => break,
                 _ => 3,
             };
@@ -463,6 +542,39 @@ mod tests {
             !mounts
                 .iter()
                 .any(|m| m.contains("absent") || m.contains("/var/tmp"))
+        );
+    }
+
+    #[test]
+    fn dev_is_read_only_and_every_writable_mount_of_the_sandbox_s_own_is_listed() {
+        let sandbox = Bubblewrap::with_program("/usr/bin/bwrap".into())
+            .hide("/srv/data")
+            .hide("/srv/data/inner")
+            .hide("/etc/orchestrator/config.toml")
+            .allow_writes("/srv/cache");
+        let files = fs(
+            &["/tmp", "/srv/data/work/t", "/srv/data/inner", "/srv/cache"],
+            &["/etc/orchestrator/config.toml"],
+        );
+        let attempt = attempt("/srv/scripts", "/srv/state", "/srv/data/work/t");
+        let args = strings(&sandbox.args_on(attempt, &files));
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("--dev /dev --tmpfs /dev/shm --mqueue /dev/mqueue"),
+            "{joined}"
+        );
+        // After every mount, so that none needs a mount point made in it.
+        let mounts = mounts(&args);
+        assert_eq!(mounts.last().unwrap(), "--remount-ro /dev", "{mounts:?}");
+        // The tmpfs of the scratch and hidden dirs (not the hidden one
+        // under another, which is not mounted), /dev/shm and the queues:
+        // never a bound path, which is the host's.
+        let dirs = sandbox.private_dirs_on(attempt, &files);
+        let dirs: Vec<&str> = dirs.iter().map(|d| d.to_str().unwrap()).collect();
+        assert_eq!(
+            dirs,
+            ["/tmp", "/srv/data", "/dev/shm", "/dev/mqueue"],
+            "{mounts:?}"
         );
     }
 

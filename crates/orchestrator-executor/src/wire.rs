@@ -30,6 +30,10 @@ pub(crate) const MAX_REQUEST_BYTES: usize = 4 << 20;
 /// The helper's flag for a kept sandbox, before its dir.
 pub(crate) const KEPT_FLAG: &str = "--kept";
 
+/// The helper's flag for a script that starts with its sandbox, before
+/// the script's command line.
+pub(crate) const EXEC_FLAG: &str = "--exec";
+
 /// An attempt's streams, in the order they are passed: the script's
 /// stdin (read end), stdout and stderr (write ends).
 pub(crate) const STREAMS: usize = 3;

@@ -77,9 +77,10 @@ pub fn script_sandbox(settings: &ServeSettings, data_dir: &Path) -> anyhow::Resu
 /// Where the Debian package installs the helper of prepared sandboxes.
 const LIBEXEC_DIR: &str = "/usr/libexec/orchestrator";
 
-/// The helper of prepared sandboxes: beside this binary (a build tree),
-/// else in [`LIBEXEC_DIR`] (the package). Without it every attempt makes
-/// its own sandbox at its start, which is logged.
+/// The helper every sandboxed script starts through: beside this binary
+/// (a build tree), else in [`LIBEXEC_DIR`] (the package). Without it every
+/// attempt makes its own sandbox at its start and scripts may use the
+/// kernel's keyrings, which is logged.
 pub fn prepared_helper() -> Option<PathBuf> {
     let beside = std::env::current_exe()
         .ok()
@@ -89,10 +90,11 @@ pub fn prepared_helper() -> Option<PathBuf> {
         .chain([Path::new(LIBEXEC_DIR).join(orchestrator_executor::HELPER_NAME)])
         .find(|path| path.is_file());
     if found.is_none() {
-        tracing::info!(
+        tracing::warn!(
             helper = orchestrator_executor::HELPER_NAME,
             "no sandbox helper beside this binary nor in {LIBEXEC_DIR}: each script's \
-             sandbox is made when it starts"
+             sandbox is made when it starts, and scripts are not refused the kernel's \
+             keyrings (docs/security.md)"
         );
     }
     found

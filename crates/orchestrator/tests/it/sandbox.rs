@@ -314,12 +314,17 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     let mut reports = Vec::new();
     for _ in 0..2 {
         wait_for_a_prepared_sandbox(&data_dir);
-        let task = probe(&daemon, json!({"blob": blob}), 1);
+        let task = probe(&daemon, json!({"blob": blob, "keys": true}), 1);
         assert_eq!(task["status"], "completed", "{task}");
         let report = task["output"].clone();
         assert_eq!(report["prepared"], true, "not a prepared sandbox: {report}");
         assert_eq!(report["blob_len"], blob.len(), "{report}");
         assert_eq!(report["earlier_tmp"], false, "a /tmp shared: {report}");
+        // The helper's seccomp filter: EPERM for a key, none found.
+        assert_eq!(report["add_key_errno"], json!([1, 1]), "{report}");
+        assert_eq!(report["earlier_session_key"], false, "{report}");
+        assert_eq!(report["earlier_user_key"], false, "{report}");
+        assert_eq!(report["dev_writable"], false, "{report}");
         assert_eq!(report["pids"], json!([1, 2]), "other processes: {report}");
         let work_dir = data_dir.join("work").join(task["id"].as_str().unwrap());
         assert_eq!(report["work_dir"], work_dir.display().to_string());
@@ -330,9 +335,12 @@ fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     // A failed attempt's work dir (with what it wrote through its path)
     // is the task's, where its retry finds it.
     wait_for_a_prepared_sandbox(&data_dir);
-    let task = probe(&daemon, json!({"fail_first": true}), 2);
+    let task = probe(&daemon, json!({"fail_first": true, "keys": true}), 2);
     assert_eq!(task["status"], "completed", "{task}");
     assert_eq!(task["output"]["attempt"], 2, "{task}");
+    // That retry's sandbox was made at its start: through the helper too.
+    assert_eq!(task["output"]["prepared"], false, "{task}");
+    assert_eq!(task["output"]["add_key_errno"], json!([1, 1]), "{task}");
     assert_eq!(
         task["output"]["found_mark"], true,
         "the retry lost the work dir: {task}"
@@ -414,6 +422,20 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
         // it emptied after the attempts before them.
         assert_eq!(report["earlier_tmp"], false, "attempt {i}: {report}");
         assert_eq!(report["earlier_shm"], false, "attempt {i}: {report}");
+        assert_eq!(report["earlier_hidden"], false, "attempt {i}: {report}");
+        assert_eq!(report["earlier_mq"], false, "attempt {i}: {report}");
+        assert_eq!(report["dev_writable"], false, "attempt {i}: {report}");
+        // The keyrings are refused: nothing left there, nothing found.
+        assert_eq!(
+            report["add_key_errno"],
+            json!([1, 1]),
+            "attempt {i}: {report}"
+        );
+        assert_eq!(
+            report["earlier_session_key"], false,
+            "attempt {i}: {report}"
+        );
+        assert_eq!(report["earlier_user_key"], false, "attempt {i}: {report}");
         assert_eq!(report["sysv_segments"], 0, "attempt {i}: {report}");
         // Its helper (the sandbox's init) and itself.
         assert_eq!(
