@@ -35,10 +35,8 @@ pub enum ScriptError {
          `setpriv` (Debian package `util-linux`) on PATH to keep them from scripts"
     )]
     NoSetpriv,
-    #[error("scripts dir {} is not usable: {source}", dir.display())]
-    ScriptsDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The reason is in the message, not a `source` too: a chain of
+    // causes (`{:#}`) would say it twice.
+    #[error("scripts dir {} is not usable: {error}", dir.display())]
+    ScriptsDir { dir: PathBuf, error: std::io::Error },
 }

@@ -87,9 +87,9 @@ impl ScriptExecutor {
             config
                 .scripts_dir
                 .canonicalize()
-                .map_err(|source| ScriptError::ScriptsDir {
+                .map_err(|error| ScriptError::ScriptsDir {
                     dir: config.scripts_dir.clone(),
-                    source,
+                    error,
                 })?;
         let inherited_env = std::env::vars_os()
             .filter(|(key, _)| !key.to_string_lossy().starts_with("ORCHESTRATOR_"))

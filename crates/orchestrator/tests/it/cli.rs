@@ -338,6 +338,14 @@ fn startup_errors_exit_non_zero_with_a_clear_message() {
         assert!(!output.status.success(), "{args:?}");
         if args[0] == "serve" {
             assert!(stderr.contains(expected), "{args:?}: {stderr}");
+            // Each reason once, not again as the cause of itself.
+            let error = stderr
+                .lines()
+                .find(|l| l.starts_with("error:"))
+                .unwrap_or("");
+            if let Some((_, reason)) = error.rsplit_once(": ") {
+                assert_eq!(error.matches(reason).count(), 1, "{args:?}: {stderr}");
+            }
         }
     }
     let output = Command::new(BIN)
