@@ -303,6 +303,9 @@ impl Bubblewrap {
     }
 }
 
+/// What of `/proc` a script may read but never write (where it exists).
+const PROC_READ_ONLY: [&str; 3] = ["/proc/sys", "/proc/sysrq-trigger", "/proc/fs"];
+
 /// Shared memory (`shm_open`), a tmpfs of the sandbox's own.
 const DEV_SHM: &str = "/dev/shm";
 /// POSIX message queues of the sandbox's IPC namespace, as files.
@@ -315,6 +318,13 @@ impl Bubblewrap {
             (PathBuf::from("/tmp"), View::Scratch),
             (PathBuf::from("/var/tmp"), View::Scratch),
         ];
+        // The kernel's settings, read-only over the sandbox's `/proc`: a
+        // script of a service run as root is root without capabilities,
+        // which the file modes alone let write most of them (a
+        // `core_pattern` the kernel would run as root on the next crash,
+        // a `sysrq-trigger` that halts the host). `bwrap` covers
+        // `/proc/irq` and `/proc/bus` itself.
+        rules.extend(PROC_READ_ONLY.map(|path| (PathBuf::from(path), View::ReadOnly)));
         rules.extend(self.hidden.iter().map(|p| (p.clone(), View::Hidden)));
         rules.push((attempt.scripts_dir.to_path_buf(), View::ReadOnly));
         rules.extend(self.writable.iter().map(|p| (p.clone(), View::ReadWrite)));
@@ -546,14 +556,20 @@ mod tests {
     }
 
     #[test]
-    fn dev_is_read_only_and_every_writable_mount_of_the_sandbox_s_own_is_listed() {
+    fn dev_and_kernel_settings_are_read_only_and_every_writable_mount_of_its_own_is_listed() {
         let sandbox = Bubblewrap::with_program("/usr/bin/bwrap".into())
             .hide("/srv/data")
             .hide("/srv/data/inner")
             .hide("/etc/orchestrator/config.toml")
             .allow_writes("/srv/cache");
         let files = fs(
-            &["/tmp", "/srv/data/work/t", "/srv/data/inner", "/srv/cache"],
+            &[
+                "/tmp",
+                "/proc/sys",
+                "/srv/data/work/t",
+                "/srv/data/inner",
+                "/srv/cache",
+            ],
             &["/etc/orchestrator/config.toml"],
         );
         let attempt = attempt("/srv/scripts", "/srv/state", "/srv/data/work/t");
@@ -565,6 +581,7 @@ mod tests {
         );
         // After every mount, so that none needs a mount point made in it.
         let mounts = mounts(&args);
+        position(&mounts, "--ro-bind /proc/sys /proc/sys");
         assert_eq!(mounts.last().unwrap(), "--remount-ro /dev", "{mounts:?}");
         // The tmpfs of the scratch and hidden dirs (not the hidden one
         // under another, which is not mounted), /dev/shm and the queues:
