@@ -118,6 +118,13 @@ cp "$root/usr/share/orchestrator/systemd/test-environments.conf" "$dropins/"
 verify "with the test-environments drop-in"
 rm -r "$dropins"
 ok "systemd-analyze verify: the unit, alone and with the test-environments drop-in"
+# The calls the sandbox's helper makes beyond @system-service: no script
+# could start without them (they cannot run in this chroot to show it).
+filter=$(grep '^SystemCallFilter=' "$root/usr/lib/systemd/system/orchestrator.service")
+for call in seccomp unshare @mount; do
+    grep -qw -- "$call" <<<"$filter" || fail "the unit's SystemCallFilter= lacks $call: $filter"
+done
+ok "the unit allows what the script sandbox calls: seccomp, unshare, @mount"
 exposure=$(in_root systemd-analyze security --offline=true \
     /usr/lib/systemd/system/orchestrator.service 2>/dev/null | tail -1 || true)
 [ -z "$exposure" ] || ok "systemd-analyze security: ${exposure#→ }"
