@@ -303,6 +303,23 @@ impl Bubblewrap {
     }
 }
 
+/// The host's control sockets whose services trust a caller by its user:
+/// to them a script of a service run as root would be root, whatever
+/// capabilities it lacks (`systemd-run` through systemd's own socket or
+/// the system bus starts anything, a container engine's socket mounts the
+/// host). Hidden (`/dev/null` over each, where it exists), as the
+/// service's files are. Other sockets stay in reach: security.md.
+const CONTROL_SOCKETS: [&str; 8] = [
+    "/run/systemd/private",
+    "/run/dbus/system_bus_socket",
+    "/run/docker.sock",
+    "/run/containerd/containerd.sock",
+    "/run/podman/podman.sock",
+    "/run/crio/crio.sock",
+    "/run/snapd.socket",
+    "/run/libvirt/libvirt-sock",
+];
+
 /// What of `/proc` a script may read but never write (where it exists).
 const PROC_READ_ONLY: [&str; 3] = ["/proc/sys", "/proc/sysrq-trigger", "/proc/fs"];
 
@@ -325,6 +342,9 @@ impl Bubblewrap {
         // a `sysrq-trigger` that halts the host). `bwrap` covers
         // `/proc/irq` and `/proc/bus` itself.
         rules.extend(PROC_READ_ONLY.map(|path| (PathBuf::from(path), View::ReadOnly)));
+        // Before the service's own rules: `--script-writable` gives one
+        // back to scripts that must use it.
+        rules.extend(CONTROL_SOCKETS.map(|path| (PathBuf::from(path), View::Hidden)));
         rules.extend(self.hidden.iter().map(|p| (p.clone(), View::Hidden)));
         rules.push((attempt.scripts_dir.to_path_buf(), View::ReadOnly));
         rules.extend(self.writable.iter().map(|p| (p.clone(), View::ReadWrite)));
@@ -591,6 +611,30 @@ mod tests {
         assert_eq!(
             dirs,
             ["/tmp", "/srv/data", "/dev/shm", "/dev/mqueue"],
+            "{mounts:?}"
+        );
+    }
+
+    #[test]
+    fn the_host_s_control_sockets_are_hidden_unless_given_back() {
+        let sandbox =
+            Bubblewrap::with_program("/usr/bin/bwrap".into()).allow_writes("/run/docker.sock");
+        let files = fs(
+            &["/srv/data/work/t"],
+            &["/run/systemd/private", "/run/docker.sock"],
+        );
+        let args =
+            strings(&sandbox.args_on(attempt("/srv/s", "/srv/state", "/srv/data/work/t"), &files));
+        let mounts = mounts(&args);
+        position(&mounts, "--ro-bind /dev/null /run/systemd/private");
+        // Listed in --script-writable: the script may use it (the later
+        // mount of the same path lands on top).
+        let hidden = position(&mounts, "--ro-bind /dev/null /run/docker.sock");
+        let given_back = position(&mounts, "--bind /run/docker.sock /run/docker.sock");
+        assert!(hidden < given_back, "{mounts:?}");
+        // Absent: nothing to hide.
+        assert!(
+            !mounts.iter().any(|m| m.contains("system_bus_socket")),
             "{mounts:?}"
         );
     }

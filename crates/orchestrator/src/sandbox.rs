@@ -1,5 +1,6 @@
 //! The script sandbox as this service sets it up: what it hides (the data
-//! dir, the config file, the secret key file, systemd credentials), what
+//! dir, the config file, the secret key file, systemd credentials, the
+//! test environments' container engine), what
 //! scripts may write, and where they keep their own state.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use orchestrator_executor::{Bubblewrap, Sandbox};
 
-use crate::settings::{ScriptSandbox, ServeSettings};
+use crate::settings::{ScriptSandbox, ServeSettings, TestenvProvider};
 
 /// The systemd credential that holds the secret key (`LoadCredential=`).
 pub const KEY_CREDENTIAL: &str = "secret-key";
@@ -65,6 +66,12 @@ pub fn script_sandbox(settings: &ServeSettings, data_dir: &Path) -> anyhow::Resu
             }
             if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
                 sandbox = sandbox.hide(PathBuf::from(dir));
+            }
+            // The container engine of test environments: root on its host.
+            if let TestenvProvider::Docker { host, .. } = &settings.testenv_provider
+                && let Some(socket) = host.strip_prefix("unix://")
+            {
+                sandbox = sandbox.hide(PathBuf::from(socket));
             }
             for path in &settings.script_writable {
                 sandbox = sandbox.allow_writes(path);

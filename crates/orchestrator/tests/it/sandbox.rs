@@ -92,6 +92,11 @@ fn assert_nothing_reached(report: &Value, log: &str, data_dir: &Path, secrets: &
             report["caps"]
         );
     }
+    assert_eq!(
+        report["connected"],
+        json!([]),
+        "the script reached a socket of the service's: {text}"
+    );
     // Root without capabilities could still write most kernel settings
     // by their file modes, were they not read-only.
     assert_eq!(
@@ -118,6 +123,12 @@ fn a_script_cannot_reach_the_key_the_store_or_root_s_capabilities() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let config = config_file(dir.path());
+    // The test environments' container engine, as far as scripts can
+    // tell: a socket that answers. Root on its host, for real. Outside
+    // /tmp, which scripts see as their own.
+    let engine_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let engine = engine_dir.path().join("engine.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&engine).unwrap();
     let mut command = Command::new(BIN);
     command
         .args(["serve", "--port", "0", "--config"])
@@ -126,12 +137,17 @@ fn a_script_cannot_reach_the_key_the_store_or_root_s_capabilities() {
         .arg(&data_dir)
         .arg("--scripts-dir")
         .arg(fixture_scripts())
+        .args(["--testenv-provider", "docker", "--docker-host"])
+        .arg(format!("unix://{}", engine.display()))
         .env("ORCHESTRATOR_SECRET_KEY", KEY);
     let daemon = Daemon::spawn(command);
     // In a sandbox prepared ahead, as most attempts run.
     wait_for_a_prepared_sandbox(&data_dir);
-    let (report, log) = reach(&daemon, &data_dir, &[&config]);
+    let (report, log) = reach(&daemon, &data_dir, &[&config, &engine]);
     assert_nothing_reached(&report, &log, &data_dir, &[KEY, CONFIG_MARKER]);
+    // (The service itself may have used it: only the script's own
+    // report says whether the script could.)
+    drop(listener);
     // The store is there and has the workflow: the script could not see it.
     assert!(data_dir.join("journal.jsonl").exists() || data_dir.join("snapshot.jsonl").exists());
 }
