@@ -444,6 +444,7 @@ impl Dispatcher {
                 }
             }
         };
+        let holds_secrets = !crate::secrets::secrets_named(input).is_empty();
         let input = match self.secrets.resolve(input).await {
             Ok(input) => input,
             Err(error) => {
@@ -475,6 +476,7 @@ impl Dispatcher {
             attempt: task.attempts,
             target: &task.script,
             input: &input,
+            holds_secrets,
             checkpoint: &task.checkpoint,
             checkpoints: &checkpoints,
             check_mode: task.check_mode,

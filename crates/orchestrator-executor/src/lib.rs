@@ -25,6 +25,7 @@ mod wire;
 
 pub use error::ScriptError;
 pub use helper::serve as serve_prepared_sandbox;
+pub use prepared::SandboxReuse;
 pub use redact::{KnownSecret, MIN_REDACTED_LEN, REDACTED, Redactor, StreamRedactor, is_sensitive};
 pub use resolve::{Launcher, ResolvedScript};
 pub use run::{Job, kill_leftovers};
@@ -112,8 +113,9 @@ impl ScriptExecutor {
     /// `count` sandboxes ready for the next attempts (one per
     /// worker), each running `helper` ([`HELPER_NAME`], whose `main` is
     /// [`serve_prepared_sandbox`]) until an attempt gives it its command;
-    /// each serves `attempts` attempts one after another (1: each attempt
-    /// its own sandbox; more: see `kept`). Does nothing without the
+    /// each serves up to `attempts` attempts one after another, of whom
+    /// `reuse` says (1: each attempt its own sandbox; more: see `kept`).
+    /// Does nothing without the
     /// bubblewrap sandbox; prepares none when the work dir is not hidden
     /// from scripts.
     pub fn prepare_sandboxes(
@@ -121,6 +123,7 @@ impl ScriptExecutor {
         helper: PathBuf,
         count: usize,
         attempts: u32,
+        reuse: SandboxReuse,
     ) -> ScriptExecutor {
         if let Sandbox::Bubblewrap(bwrap) = &mut self.config.sandbox {
             // Every script starts through the helper, prepared or not.
@@ -133,6 +136,7 @@ impl ScriptExecutor {
                 self.inherited_env.clone(),
                 count,
                 attempts,
+                reuse,
             )
             .map(std::sync::Arc::new);
         }

@@ -10,9 +10,11 @@
 //! sandbox, sends its command, and a replacement is prepared in the
 //! background.
 //!
-//! Nothing is shared between attempts: a sandbox serves one attempt and
-//! ends with it, as one made at the start does (unless it is kept for
-//! several, an opt-in: `kept`, and [`KeptAttempt`] here). The one
+//! A sandbox serves one attempt and ends with it, as one made at the
+//! start does, unless it is kept for several (`kept`, and [`KeptAttempt`]
+//! here): then it serves attempts of one workflow in a row (or of any,
+//! with [`SandboxReuse::Any`]), never one whose input holds a secret
+//! (that one gets a fresh sandbox, which ends with it). The one
 //! difference is the work dir. A sandbox is made before its task is known,
 //! so it binds an empty dir of its own (`<work>/.prepared-…`); the attempt
 //! that takes it renames that dir to the task's work dir, and inside, the
@@ -41,6 +43,29 @@ use crate::wire::{KEPT_FLAG, READY_MARK};
 /// How a prepared sandbox's own dir is named, in the work dir.
 const SLOT_PREFIX: &str = ".prepared-";
 
+/// Which attempts may follow one another in a kept sandbox
+/// (`--script-sandbox-reuse`). Whatever its helper's cleaning between
+/// two attempts misses, one attempt could leave for the next: this says
+/// whose attempts may be that next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxReuse {
+    /// Attempts of one workflow: what a step could leave behind reaches
+    /// only later steps of its own submission.
+    #[default]
+    Workflow,
+    /// Attempts of any workflow.
+    Any,
+}
+
+/// An attempt, as far as taking a kept sandbox goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Occupant<'a> {
+    pub workflow_id: &'a str,
+    /// Its input holds a secret's value: it shares a sandbox with no
+    /// attempt, before or after.
+    pub holds_secrets: bool,
+}
+
 /// Sandboxes ready for the next attempts.
 #[derive(Debug)]
 pub(crate) struct Pool {
@@ -57,6 +82,8 @@ pub(crate) struct Pool {
     /// How many attempts one sandbox serves, one after another: 1, or
     /// more for sandboxes kept (`kept`).
     attempts: u32,
+    /// Which attempts a kept sandbox serves in a row.
+    reuse: SandboxReuse,
     /// The ready ones, and how many are being made. Why a std mutex:
     /// held only to count, push or pop, never across an await.
     ready: Mutex<Queue>,
@@ -69,12 +96,21 @@ pub(crate) struct Pool {
 
 #[derive(Debug, Default)]
 struct Queue {
+    /// Fresh ones and kept ones back from an attempt, oldest first. Up to
+    /// `size` of each: a kept one waits for a later attempt of its
+    /// workflow, while fresh ones serve the others.
     ready: Vec<Ready>,
     /// Being made: counted so that fills running at once make no more
     /// than are missing.
     making: usize,
     /// Kept sandboxes serving an attempt, which come back after it.
     in_use: usize,
+}
+
+impl Queue {
+    fn fresh(&self) -> usize {
+        self.ready.iter().filter(|r| r.served == 0).count()
+    }
 }
 
 /// A sandbox waiting for its command, and its dir.
@@ -86,6 +122,8 @@ struct Ready {
     socket: Option<tokio::net::UnixStream>,
     /// Attempts it has served.
     served: u32,
+    /// The workflow of the attempts a kept sandbox served.
+    workflow: Option<String>,
 }
 
 /// A sandbox an attempt took.
@@ -124,6 +162,7 @@ impl Pool {
         env: Arc<Vec<(OsString, OsString)>>,
         size: usize,
         attempts: u32,
+        reuse: SandboxReuse,
     ) -> Option<Pool> {
         let attempt = Attempt {
             scripts_dir: &config.scripts_dir,
@@ -169,25 +208,26 @@ impl Pool {
             env,
             size,
             attempts: attempts.max(1),
+            reuse,
             ready: Mutex::new(Queue::default()),
             made: AtomicU64::new(0),
             broken: AtomicBool::new(false),
         })
     }
 
-    /// A ready sandbox for the attempt whose work dir is `work_dir`, or
-    /// `None` (none ready, or `work_dir` exists): the caller makes its own.
-    /// Refills either way.
-    pub(crate) fn take(self: &Arc<Pool>, work_dir: &Path) -> Option<Taken> {
+    /// A ready sandbox for `occupant`, whose work dir is `work_dir`, or
+    /// `None` (none ready that may serve it, or `work_dir` exists): the
+    /// caller makes its own. Refills either way.
+    pub(crate) fn take(self: &Arc<Pool>, work_dir: &Path, occupant: Occupant) -> Option<Taken> {
         if self.broken.load(Ordering::Relaxed) || work_dir.exists() {
             return None;
         }
-        let taken = self.pop_ready();
+        let taken = self.pop_ready(occupant);
         let pool = self.clone();
         tokio::spawn(async move { pool.fill() });
         let mut ready = taken?;
         if ready.socket.is_some() {
-            return self.take_kept(ready, work_dir);
+            return self.take_kept(ready, work_dir, occupant);
         }
         let slot = ready.slot.as_deref()?;
         // Never over a work dir an earlier attempt left: it keeps its files.
@@ -208,13 +248,21 @@ impl Pool {
 
     /// A kept sandbox for one more attempt, its work dir made in the
     /// sandbox's own dir; counted in use until it comes back.
-    fn take_kept(self: &Arc<Pool>, mut ready: Ready, work_dir: &Path) -> Option<Taken> {
+    fn take_kept(
+        self: &Arc<Pool>,
+        mut ready: Ready,
+        work_dir: &Path,
+        occupant: Occupant,
+    ) -> Option<Taken> {
         let inside = inside(ready.slot.as_deref()?, work_dir);
         if let Err(e) = std::fs::create_dir(&inside) {
             tracing::warn!(dir = %inside.display(), error = %e, "cannot make a work dir in a kept sandbox");
             return None;
         }
         ready.served += 1;
+        if ready.workflow.as_deref() != Some(occupant.workflow_id) {
+            ready.workflow = Some(occupant.workflow_id.to_owned());
+        }
         self.ready.lock().unwrap_or_else(|e| e.into_inner()).in_use += 1;
         Some(Taken::Kept(KeptAttempt {
             pool: self.clone(),
@@ -222,34 +270,57 @@ impl Pool {
             inside,
             work_dir: work_dir.to_path_buf(),
             clean: false,
+            alone: occupant.holds_secrets,
         }))
+    }
+
+    /// Whether `ready` may serve `occupant`: a fresh sandbox any attempt,
+    /// a kept one only a later attempt its reuse allows, without secrets.
+    fn may_serve(&self, ready: &Ready, occupant: Occupant) -> bool {
+        match &ready.workflow {
+            None => true,
+            Some(_) if occupant.holds_secrets => false,
+            Some(_) if self.reuse == SandboxReuse::Any => true,
+            Some(workflow) => workflow == occupant.workflow_id,
+        }
     }
 
     /// A kept sandbox back from an attempt: ready for the next, unless it
     /// served its last, or its attempt did not end cleanly (a timeout, a
-    /// cancel, a helper that could not empty the sandbox or is gone), when
-    /// it ends and another is made.
+    /// cancel, a helper that could not empty the sandbox or is gone) or
+    /// held a secret, when it ends and another is made. The oldest kept
+    /// one waiting ends when more than `size` wait.
     fn give_back(self: &Arc<Pool>, sandbox: Ready, clean: bool) {
         let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
         queue.in_use -= 1;
+        let mut ended = None;
         if clean && sandbox.served < self.attempts && !self.broken.load(Ordering::Relaxed) {
             queue.ready.push(sandbox);
-            return;
+            if queue.ready.len() - queue.fresh() > self.size
+                && let Some(oldest) = queue.ready.iter().position(|r| r.served > 0)
+            {
+                ended = Some(queue.ready.remove(oldest));
+            }
+        } else {
+            ended = Some(sandbox);
         }
         drop(queue);
-        drop(sandbox);
+        // Killed outside the lock.
+        drop(ended);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let pool = self.clone();
             runtime.spawn(async move { pool.fill() });
         }
     }
 
-    /// The oldest sandbox whose helper runs (so every mount is made), its
-    /// readiness mark taken away.
-    fn pop_ready(&self) -> Option<Ready> {
+    /// A sandbox whose helper runs (so every mount is made) and that may
+    /// serve `occupant`, its readiness mark taken away: the oldest kept
+    /// one back from an attempt of its workflow, else the oldest fresh.
+    fn pop_ready(&self, occupant: Occupant) -> Option<Ready> {
         let mut guard = self.ready.lock().unwrap_or_else(|e| e.into_inner());
         let queue = &mut guard.ready;
         let mut i = 0;
+        let mut fits = Vec::new();
         while i < queue.len() {
             let ready = &mut queue[i];
             let alive = ready
@@ -271,16 +342,20 @@ impl Pool {
                 queue.remove(i);
                 continue;
             }
-            let marked = ready
-                .slot
-                .as_deref()
-                .is_some_and(|slot| std::fs::remove_file(slot.join(READY_MARK)).is_ok());
-            if marked {
-                return Some(queue.remove(i));
+            if self.may_serve(ready, occupant) {
+                fits.push(i);
             }
             i += 1;
         }
-        None
+        // Kept ones first: a fresh one serves any attempt.
+        fits.sort_by_key(|&i| queue[i].served == 0);
+        let taken = fits.into_iter().find(|&i| {
+            queue[i]
+                .slot
+                .as_deref()
+                .is_some_and(|slot| std::fs::remove_file(slot.join(READY_MARK)).is_ok())
+        })?;
+        Some(queue.remove(taken))
     }
 
     /// Prepares sandboxes until `size` are ready or being made.
@@ -289,7 +364,7 @@ impl Pool {
             {
                 let mut queue = self.ready.lock().unwrap_or_else(|e| e.into_inner());
                 if self.broken.load(Ordering::Relaxed)
-                    || queue.ready.len() + queue.making + queue.in_use >= self.size
+                    || queue.fresh() + queue.making + queue.in_use >= self.size
                 {
                     return;
                 }
@@ -348,6 +423,7 @@ impl Pool {
             slot: Some(slot),
             socket: None,
             served: 0,
+            workflow: None,
         };
         crate::sandbox::as_attempt(&mut command);
         if self.attempts > 1 {
@@ -383,6 +459,8 @@ pub(crate) struct KeptAttempt {
     work_dir: PathBuf,
     /// The helper reported the attempt's end, and the sandbox as clean.
     clean: bool,
+    /// The attempt held a secret: the sandbox ends with it.
+    alone: bool,
 }
 
 /// The service's ends of an attempt's streams.
@@ -468,7 +546,7 @@ impl Drop for KeptAttempt {
             );
         }
         if let Some(sandbox) = self.sandbox.take() {
-            self.pool.give_back(sandbox, self.clean);
+            self.pool.give_back(sandbox, self.clean && !self.alone);
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct Job<'a> {
     /// Takes secret values out of the log and the stderr tail, before
     /// either is cut.
     pub redactor: std::sync::Arc<Redactor>,
+    /// The input holds a secret's value: a kept sandbox serves this
+    /// attempt alone (`prepared`).
+    pub holds_secrets: bool,
     /// `ORCHESTRATOR_LOCK_<KEY>` variables: the fencing tokens of the
     /// locks the attempt holds (names the engine made from validated
     /// keys, values numbers).
@@ -102,7 +105,14 @@ impl ScriptExecutor {
         }
         // A prepared sandbox brings the work dir along (renamed from its
         // own), when the task has none yet.
-        let prepared = self.prepared.as_ref().and_then(|pool| pool.take(&work_dir));
+        let occupant = crate::prepared::Occupant {
+            workflow_id: &job.workflow_id,
+            holds_secrets: job.holds_secrets,
+        };
+        let prepared = self
+            .prepared
+            .as_ref()
+            .and_then(|pool| pool.take(&work_dir, occupant));
         if prepared.is_none()
             && let Err(e) = std::fs::create_dir_all(&work_dir)
         {
@@ -802,6 +812,7 @@ impl StepRunner for ScriptExecutor {
             checkpoint: attempt.checkpoint,
             token: attempt.token,
             redactor: attempt.redactor,
+            holds_secrets: attempt.holds_secrets,
             lock_tokens: attempt.lock_tokens,
         };
         ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await

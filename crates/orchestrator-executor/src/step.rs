@@ -90,6 +90,10 @@ pub struct Attempt<'a> {
     /// The input with every reference resolved, secrets included: it must
     /// reach the step and nothing else (never a log, never an error).
     pub input: &'a Value,
+    /// `input` holds a secret's value: what runs it shares nothing with
+    /// another attempt, before or after (a kept script sandbox serves it
+    /// alone).
+    pub holds_secrets: bool,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,
     /// Saves to the checkpoint, for this attempt only.

@@ -960,13 +960,24 @@ pub struct ServeArgs {
         value_name = "bubblewrap|none"
     )]
     pub script_sandbox: Option<String>,
-    /// How many attempts, one after another, one script sandbox serves:
-    /// 1 (each attempt its own), or up to 1000 for many short scripts, where
-    /// making a sandbox costs more than the script. Between two attempts
-    /// its helper kills what is left and empties /tmp, /var/tmp and
-    /// /dev/shm; what it cannot clear is in docs/security.md [default: 1].
+    /// How many attempts, one after another, one script sandbox serves at
+    /// most (1 to 1000; 1: each attempt its own). Making a sandbox costs
+    /// more than a short script. Between two attempts its helper kills
+    /// what is left and empties /tmp, /var/tmp, /dev/shm and the message
+    /// queues; an attempt whose input holds a secret gets a sandbox alone;
+    /// what one attempt can still leave for the next is in
+    /// docs/security.md [default: 100].
     #[arg(long, env = "ORCHESTRATOR_SCRIPT_SANDBOX_ATTEMPTS")]
     pub script_sandbox_attempts: Option<u32>,
+    /// Whose attempts one script sandbox serves in a row: `workflow`
+    /// (attempts of one workflow) or `any` (of any workflow, for hosts
+    /// whose scripts all trust each other) [default: workflow].
+    #[arg(
+        long,
+        env = "ORCHESTRATOR_SCRIPT_SANDBOX_REUSE",
+        value_name = "workflow|any"
+    )]
+    pub script_sandbox_reuse: Option<String>,
     /// A path scripts may write in the sandbox besides their work dir,
     /// the state dir and their private /tmp; repeatable, or
     /// comma-separated [default: none].

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use orchestrator_storage::{StorageConfig, StorageType};
+use orchestrator_executor::SandboxReuse;
 
 use crate::cli::ServeArgs;
 use crate::settings::ServeSettings;
@@ -480,10 +481,16 @@ async fn script_sandbox(settings: &ServeSettings) -> Check {
             format!(
                 "{}: scripts run without the service's files, processes or capabilities{}",
                 sandbox.program().display(),
-                match settings.script_sandbox_attempts {
-                    1 => String::new(),
-                    n => format!(
-                        "; one sandbox serves {n} attempts in a row (--script-sandbox-attempts),                          emptied between them"
+                match (settings.script_sandbox_attempts, settings.script_sandbox_reuse) {
+                    (1, _) => "; each attempt in a sandbox of its own".to_owned(),
+                    (n, reuse) => format!(
+                        "; one sandbox serves up to {n} attempts {} in a row \
+                         (--script-sandbox-attempts, --script-sandbox-reuse), emptied between \
+                         them, and an attempt given a secret alone",
+                        match reuse {
+                            SandboxReuse::Workflow => "of one workflow",
+                            SandboxReuse::Any => "of any workflow",
+                        }
                     ),
                 }
             ),

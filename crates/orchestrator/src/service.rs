@@ -95,12 +95,6 @@ pub async fn start_with_store(
     let storage = orchestrator_storage::timed::TimedBackend::wrap(wrap(storage));
     let state_dir = crate::sandbox::state_dir(&data_dir)?;
     let sandbox = crate::sandbox::script_sandbox(&settings, &data_dir)?;
-    if settings.script_sandbox_attempts > 1 && matches!(sandbox, Sandbox::None) {
-        tracing::warn!(
-            attempts = settings.script_sandbox_attempts,
-            "--script-sandbox-attempts has no effect with --script-sandbox none"
-        );
-    }
     if let Sandbox::Bubblewrap(bwrap) = &sandbox {
         bwrap
             .probe(&settings.scripts_dir, &state_dir)
@@ -127,7 +121,12 @@ pub async fn start_with_store(
     // helper that waits in them.
     let executor = match crate::sandbox::prepared_helper() {
         Some(helper) => {
-            executor.prepare_sandboxes(helper, settings.workers, settings.script_sandbox_attempts)
+            executor.prepare_sandboxes(
+                helper,
+                settings.workers,
+                settings.script_sandbox_attempts,
+                settings.script_sandbox_reuse,
+            )
         }
         None => executor,
     };

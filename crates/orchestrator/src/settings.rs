@@ -94,6 +94,8 @@ pub struct ServeConfig {
     pub script_sandbox: String,
     /// Attempts one sandbox serves, one after another.
     pub script_sandbox_attempts: u32,
+    /// Whose attempts those are: `workflow` or `any`.
+    pub script_sandbox_reuse: String,
     /// Paths scripts may write in the sandbox.
     pub script_writable: Vec<PathBuf>,
     /// What test environments' nodes are: `namespaces` or `docker`.
@@ -175,7 +177,8 @@ impl Default for ServeConfig {
             max_template_bytes: limits.max_template_bytes,
             max_input_bytes: limits.max_input_bytes,
             script_sandbox: "bubblewrap".to_owned(),
-            script_sandbox_attempts: 1,
+            script_sandbox_attempts: 100,
+            script_sandbox_reuse: "workflow".to_owned(),
             script_writable: Vec::new(),
             testenv_provider: "namespaces".to_owned(),
             docker_host: orchestrator_testenv::docker::DEFAULT_HOST.to_owned(),
@@ -283,6 +286,8 @@ pub struct ServeSettings {
     /// Attempts one sandbox serves, one after another (1 to
     /// [`MAX_SANDBOX_ATTEMPTS`]).
     pub script_sandbox_attempts: u32,
+    /// Whose attempts one sandbox serves in a row.
+    pub script_sandbox_reuse: orchestrator_executor::SandboxReuse,
     /// What scripts may write besides their own dirs.
     pub script_writable: Vec<PathBuf>,
     pub testenv_provider: TestenvProvider,
@@ -491,6 +496,13 @@ impl ServeConfig {
                 self.script_sandbox_attempts
             );
         }
+        let script_sandbox_reuse = match self.script_sandbox_reuse.as_str() {
+            "workflow" => orchestrator_executor::SandboxReuse::Workflow,
+            "any" => orchestrator_executor::SandboxReuse::Any,
+            other => bail!(
+                "--script-sandbox-reuse: unknown value `{other}` (expected workflow or any)"
+            ),
+        };
         if let Some(relative) = self.script_writable.iter().find(|p| !p.is_absolute()) {
             bail!(
                 "--script-writable: `{}` must be an absolute path",
@@ -585,6 +597,7 @@ impl ServeConfig {
             config_file,
             script_sandbox,
             script_sandbox_attempts: self.script_sandbox_attempts,
+            script_sandbox_reuse,
             script_writable: self.script_writable,
             testenv_provider,
             secret_key_file: self.secret_key_file,

@@ -93,6 +93,7 @@ fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
         checkpoint: &NO_CHECKPOINT,
         token: None,
         redactor: Default::default(),
+        holds_secrets: false,
         lock_tokens: Vec::new(),
     }
 }

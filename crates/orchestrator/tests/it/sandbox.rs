@@ -330,7 +330,7 @@ fn submit_probe(daemon: &Daemon, input: Value, options: Value) -> String {
 fn a_prepared_sandbox_serves_one_attempt_as_a_fresh_one_would() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let daemon = Daemon::spawn(one_worker(&data_dir, &[]));
+    let daemon = Daemon::spawn(one_worker(&data_dir, &["--script-sandbox-attempts", "1"]));
 
     // More input than a pipe holds: the helper must leave all of it.
     let blob = "b".repeat(300_000);
@@ -397,8 +397,9 @@ fn assert_nothing_outlives(data_dir: &Path) {
     panic!("prepared sandboxes outlived the service: {:?}", left());
 }
 
-/// With `--script-sandbox-attempts 3` one sandbox serves three attempts
-/// in a row, and each finds it as a fresh one would be: no process, no
+/// With `--script-sandbox-attempts 3 --script-sandbox-reuse any` one
+/// sandbox serves three attempts (of three workflows) in a row, and each
+/// finds it as a fresh one would be: no process, no
 /// file in `/tmp` or `/dev/shm`, no System V segment of the attempt
 /// before, and its helper's memory and environment out of reach. Then a
 /// new sandbox serves the next three. One its helper cannot empty is
@@ -411,7 +412,14 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     let data_dir = dir.path().join("data");
     let mut command = one_worker(
         &data_dir,
-        &["--script-sandbox-attempts", "3", "--kill-grace", "1"],
+        &[
+            "--script-sandbox-attempts",
+            "3",
+            "--script-sandbox-reuse",
+            "any",
+            "--kill-grace",
+            "1",
+        ],
     );
     command.env("ORCHESTRATOR_SECRET_KEY", KEY);
     let daemon = Daemon::spawn(command);
@@ -539,6 +547,117 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
     wait_for_a_prepared_sandbox(&data_dir);
     drop(daemon);
     assert_nothing_outlives(&data_dir);
+}
+
+/// Four probes in a row, the third given a secret.
+const PROBES: &str = "name: Probes
+ref_name: probes
+schema_version: 1
+steps:
+  - {ref_name: first, script: sandbox/probe.py, input: {leave: true}}
+  - {ref_name: second, script: sandbox/probe.py, depends_on: [first], input: {leave: true}}
+  - {ref_name: given, script: sandbox/probe.py, depends_on: [second],
+     input: {leave: true, password: '${secrets.probe_password}'}}
+  - {ref_name: after, script: sandbox/probe.py, depends_on: [given], input: {leave: true}}
+";
+
+/// By default a sandbox serves the attempts of one workflow in a row, and
+/// only those: a workflow's steps share one, emptied between them; an
+/// attempt whose input holds a secret gets a fresh one, which serves no
+/// attempt after it; another workflow's attempt gets another sandbox. A
+/// script's PID in its sandbox tells a fresh sandbox (its first process
+/// after the helper) from one that served before.
+#[test]
+fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let templates = dir.path().join("templates");
+    std::fs::create_dir(&templates).unwrap();
+    std::fs::write(templates.join("probes.yaml"), PROBES).unwrap();
+    let mut command = one_worker(&data_dir, &["--templates-dir", templates.to_str().unwrap()]);
+    command.env("ORCHESTRATOR_SECRET_KEY", KEY);
+    let daemon = Daemon::spawn(command);
+    let mut put = Command::new(BIN)
+        .arg("--url")
+        .arg(&daemon.url)
+        .args(["secret", "put", "probe_password", "--templates", "probes"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    put.stdin
+        .take()
+        .unwrap()
+        .write_all(b"a-probe-password-0042")
+        .unwrap();
+    assert!(put.wait().unwrap().success());
+
+    wait_for_a_prepared_sandbox(&data_dir);
+    let created = submit(
+        &format!("{}/workflows", daemon.url),
+        json!({"template": "probes", "max_attempts": 1}),
+    );
+    let ids: Vec<String> = created["task_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{created}"))
+        .iter()
+        .map(|id| id.as_str().unwrap().to_owned())
+        .collect();
+    let tasks = wait_all_finished(&daemon, &ids);
+    let report = |step: &str| -> Value {
+        let task = tasks
+            .iter()
+            .find(|t| t["name"] == step)
+            .unwrap_or_else(|| panic!("no task of step {step}: {tasks:?}"));
+        assert_eq!(task["status"], "completed", "{task}");
+        task["output"].clone()
+    };
+    let (first, second, given, after) = (
+        report("first"),
+        report("second"),
+        report("given"),
+        report("after"),
+    );
+    let fresh = |r: &Value| r["me"] == 2;
+    let same = |a: &Value, b: &Value| a["sandbox"] == b["sandbox"] && a["pid_ns"] == b["pid_ns"];
+    assert!(fresh(&first), "{first}");
+    assert!(
+        same(&first, &second) && !fresh(&second),
+        "the workflow's second step got another sandbox: {first} {second}"
+    );
+    // The first's sandbox waits for the workflow meanwhile: a fresh one.
+    assert!(
+        fresh(&given) && !same(&first, &given),
+        "the step given a secret shared a sandbox: {first} {given}"
+    );
+    // After it: the workflow's kept sandbox, or a fresh one; never the
+    // secret's, which ended with its attempt (its dir goes with it).
+    assert!(
+        same(&after, &first) || fresh(&after),
+        "the secret's sandbox served another attempt: {given} {after}"
+    );
+    let given_dir = data_dir.join("work").join(given["sandbox"].as_str().unwrap());
+    for _ in 0..1200 {
+        if !given_dir.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(
+        !given_dir.exists(),
+        "the sandbox of the step given a secret still waits for another attempt"
+    );
+    for (step, r) in [("second", &second), ("given", &given), ("after", &after)] {
+        assert_eq!(r["earlier_tmp"], false, "{step}: {r}");
+        assert_eq!(r["earlier_shm"], false, "{step}: {r}");
+        assert_eq!(r["earlier_mq"], false, "{step}: {r}");
+        assert_eq!(r["pids"], json!([1, r["me"]]), "{step}: {r}");
+    }
+
+    // Another workflow: another sandbox, fresh.
+    wait_for_a_prepared_sandbox(&data_dir);
+    let other = probe(&daemon, json!({}), 1)["output"].clone();
+    assert!(fresh(&other) && !same(&other, &first), "{first} {other}");
 }
 
 /// An attempt a kept sandbox was running when the service was killed with
