@@ -58,11 +58,14 @@ struct Args {
     /// [default: number of CPUs].
     #[arg(long)]
     workers: Option<usize>,
-    /// Attempts one script sandbox serves, one after another: every
-    /// service's `--script-sandbox-attempts` (an opt-in of the service;
-    /// a run with another value than 1 never writes `--out`).
-    #[arg(long, default_value_t = 1)]
-    sandbox_attempts: u32,
+    /// Every service's `--script-sandbox-attempts` (a run that sets it
+    /// never writes `--out`) [default: the service's].
+    #[arg(long)]
+    sandbox_attempts: Option<u32>,
+    /// Every service's `--script-sandbox-reuse`, `workflow` or `any` (a
+    /// run that sets it never writes `--out`) [default: the service's].
+    #[arg(long)]
+    sandbox_reuse: Option<String>,
     /// Only these workloads, comma-separated: w1,w2,w3,w5,w6,w7,w8,w9,w10,w11
     /// (w3 includes w4; w9 runs only with the surrealdb-server backend;
     /// w10 needs root and the host's etcd and redis-server, and w11
@@ -92,8 +95,9 @@ pub struct Ctx {
     pub workers: usize,
     pub runs: usize,
     pub scale: f64,
-    /// `--sandbox-attempts`.
-    pub sandbox_attempts: u32,
+    /// The service's flags from `--sandbox-attempts` and
+    /// `--sandbox-reuse`: none for its defaults.
+    pub sandbox_flags: Vec<String>,
     pub tmp: PathBuf,
     /// `--keep`: leave every data directory in place.
     pub keep: bool,
@@ -211,7 +215,17 @@ async fn run(args: Args) -> Result<bool> {
         workers,
         runs: args.runs.max(1),
         scale: args.scale,
-        sandbox_attempts: args.sandbox_attempts.max(1),
+        sandbox_flags: args
+            .sandbox_attempts
+            .map(|n| ["--script-sandbox-attempts".to_owned(), n.to_string()])
+            .into_iter()
+            .chain(
+                args.sandbox_reuse
+                    .clone()
+                    .map(|reuse| ["--script-sandbox-reuse".to_owned(), reuse]),
+            )
+            .flatten()
+            .collect(),
         tmp: tmp.path().to_path_buf(),
         keep: args.keep,
         surreal,
@@ -359,7 +373,7 @@ async fn run(args: Args) -> Result<bool> {
         if !failures.is_empty() {
             eprintln!("not writing {} because a run failed", out.display());
         } else if ctx.scale != 1.0
-            || ctx.sandbox_attempts != 1
+            || !ctx.sandbox_flags.is_empty()
             || !ALL_WORKLOADS.split(',').all(|w| only.contains(&w))
         {
             eprintln!(

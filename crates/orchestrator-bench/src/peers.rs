@@ -358,7 +358,7 @@ mod tests {
             workers: 2,
             runs: 3,
             scale,
-            sandbox_attempts: 1,
+            sandbox_flags: Vec::new(),
             tmp: PathBuf::from("/tmp"),
             keep: false,
             surreal: None,

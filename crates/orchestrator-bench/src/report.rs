@@ -242,11 +242,11 @@ pub fn render(ctx: &Ctx, env: &Environment, r: &Results) -> String {
     if ctx.scale != 1.0 {
         let _ = writeln!(t, "**Scaled run ({}×): not comparable.**\n", ctx.scale);
     }
-    if ctx.sandbox_attempts != 1 {
+    if !ctx.sandbox_flags.is_empty() {
         let _ = writeln!(
             t,
-            "**Each script sandbox serves {} attempts (`--script-sandbox-attempts`, an opt-in).**\n",
-            ctx.sandbox_attempts
+            "**Script sandboxes not as by default: `{}`.**\n",
+            ctx.sandbox_flags.join(" ")
         );
     }
     t.push_str("| # | workload | measure | orchestrator | baseline | ratio | target | result |\n");

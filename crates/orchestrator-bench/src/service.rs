@@ -98,11 +98,8 @@ impl Service {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        // Only when asked: a service built before the setting still runs.
-        if ctx.sandbox_attempts != 1 {
-            cmd.arg("--script-sandbox-attempts")
-                .arg(ctx.sandbox_attempts.to_string());
-        }
+        // Only when asked: a service built before the settings still runs.
+        cmd.args(&ctx.sandbox_flags);
         if backend == "surrealdb-server" {
             let server = ctx.surreal.as_ref().ok_or_else(|| {
                 anyhow!("the surrealdb-server backend needs the bench's SurrealDB server, which was not started")

@@ -477,6 +477,7 @@ impl Dispatcher {
             target: &task.script,
             input: &input,
             holds_secrets,
+            more_steps: !self.queue.has_one_step(task.workflow_id),
             checkpoint: &task.checkpoint,
             checkpoints: &checkpoints,
             check_mode: task.check_mode,

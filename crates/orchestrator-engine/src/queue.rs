@@ -69,6 +69,10 @@ struct Limits {
     slots: HashMap<WorkflowId, Slots>,
     /// Workflows known to have none.
     unlimited: HashSet<WorkflowId>,
+    /// Workflows of one task, after whose attempt no step of theirs
+    /// follows: a hint to a step kind that keeps what an attempt ran in
+    /// for the workflow's next (a kept script sandbox).
+    one_step: HashSet<WorkflowId>,
 }
 
 /// Per-workflow concurrency for `parallel_limit`.
@@ -195,6 +199,17 @@ impl Queue {
                 limits.unlimited.insert(workflow.id);
             }
         }
+        if workflow.task_ids.len() > 1 {
+            limits.one_step.remove(&workflow.id);
+        } else {
+            limits.one_step.insert(workflow.id);
+        }
+    }
+
+    /// Whether the workflow is known here to have one task (a rollback or
+    /// a re-run may still add some: a hint, not a rule).
+    pub(crate) fn has_one_step(&self, workflow: WorkflowId) -> bool {
+        lock(&self.limits).one_step.contains(&workflow)
     }
 
     /// Whether the workflow's `parallel_limit`, or that it has none, is
@@ -279,6 +294,7 @@ impl Queue {
         let mut limits = lock(&self.limits);
         limits.slots.remove(&workflow);
         limits.unlimited.remove(&workflow);
+        limits.one_step.remove(&workflow);
     }
 
     /// Takes a slot of the task's workflow if it has a `parallel_limit`;

@@ -46,7 +46,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 
-use crate::wire::{Decoded, HELPER_NAME, READY_MARK, Report, STREAMS, helper_failed};
+use crate::wire::{Decoded, HELPER_NAME, LAST_ATTEMPT, READY_MARK, Report, STREAMS, helper_failed};
 
 /// The wait status of an attempt the helper could not start (exit 127).
 const CANNOT_START: i32 = 127 << 8;
@@ -80,8 +80,8 @@ pub(crate) fn serve(slot: &Path, private: &[PathBuf]) -> ExitCode {
         return helper_failed(&e);
     }
     loop {
-        let streams = match receive_streams(&socket) {
-            Ok(Some(streams)) => streams,
+        let (streams, last) = match receive_streams(&socket) {
+            Ok(Some(received)) => received,
             Ok(None) => return ExitCode::SUCCESS,
             Err(e) => return helper_failed(&e),
         };
@@ -99,6 +99,13 @@ pub(crate) fn serve(slot: &Path, private: &[PathBuf]) -> ExitCode {
             }
         };
         let status = run(slot, &request, streams, &mut say);
+        if last {
+            // The sandbox ends with this attempt: what the script left
+            // dies with the helper, the namespace's init, as it exits.
+            drop(message);
+            let _ = socket.write_all(&Report::encode(status, false));
+            return ExitCode::SUCCESS;
+        }
         // Marked ready again before the status goes: the service may hand
         // the next attempt over as soon as it has the status.
         let cleaned = end_leftovers()
@@ -157,9 +164,9 @@ fn run(
     status
 }
 
-/// The next attempt's streams, or `None` once the service closed the
-/// socket.
-fn receive_streams(socket: &UnixStream) -> Result<Option<[OwnedFd; STREAMS]>, String> {
+/// The next attempt's streams, and whether it is the sandbox's last
+/// ([`LAST_ATTEMPT`]); `None` once the service closed the socket.
+fn receive_streams(socket: &UnixStream) -> Result<Option<([OwnedFd; STREAMS], bool)>, String> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(STREAMS))];
@@ -179,9 +186,12 @@ fn receive_streams(socket: &UnixStream) -> Result<Option<[OwnedFd; STREAMS]>, St
     if message.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    fds.try_into().map(Some).map_err(|fds: Vec<OwnedFd>| {
-        format!("an attempt with {} streams, not {STREAMS}", fds.len())
-    })
+    let last = message.bytes == 1 && byte[0] == LAST_ATTEMPT;
+    fds.try_into()
+        .map(|streams| Some((streams, last)))
+        .map_err(|fds: Vec<OwnedFd>| {
+            format!("an attempt with {} streams, not {STREAMS}", fds.len())
+        })
 }
 
 /// Kills every process of the sandbox but the helper (the namespace's

@@ -64,6 +64,9 @@ pub(crate) struct Occupant<'a> {
     /// Its input holds a secret's value: it shares a sandbox with no
     /// attempt, before or after.
     pub holds_secrets: bool,
+    /// Later attempts of its workflow may come: worth keeping the sandbox
+    /// for, when only they may use it.
+    pub more_steps: bool,
 }
 
 /// Sandboxes ready for the next attempts.
@@ -270,7 +273,9 @@ impl Pool {
             inside,
             work_dir: work_dir.to_path_buf(),
             clean: false,
-            alone: occupant.holds_secrets,
+            // A sandbox no later attempt may use ends with this one.
+            alone: occupant.holds_secrets
+                || (self.reuse == SandboxReuse::Workflow && !occupant.more_steps),
         }))
     }
 
@@ -459,7 +464,8 @@ pub(crate) struct KeptAttempt {
     work_dir: PathBuf,
     /// The helper reported the attempt's end, and the sandbox as clean.
     clean: bool,
-    /// The attempt held a secret: the sandbox ends with it.
+    /// The sandbox ends with the attempt: it held a secret, or no later
+    /// attempt may use the sandbox.
     alone: bool,
 }
 
@@ -477,6 +483,11 @@ impl KeptAttempt {
         let (stdin_read, stdin_write) = std::io::pipe()?;
         let (stdout_read, stdout_write) = std::io::pipe()?;
         let (stderr_read, stderr_write) = std::io::pipe()?;
+        let last = self.alone
+            || self
+                .sandbox
+                .as_ref()
+                .is_some_and(|sandbox| sandbox.served >= self.pool.attempts);
         let socket = self.socket()?;
         crate::wire::send(
             socket,
@@ -486,6 +497,7 @@ impl KeptAttempt {
                 stderr_write.as_fd(),
             ],
             request,
+            last,
         )
         .await?;
         // The helper holds its copies now: ours of its ends close here, so

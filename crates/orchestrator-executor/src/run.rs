@@ -50,6 +50,9 @@ pub struct Job<'a> {
     /// The input holds a secret's value: a kept sandbox serves this
     /// attempt alone (`prepared`).
     pub holds_secrets: bool,
+    /// Other steps of its workflow may follow it: a sandbox kept for them
+    /// is worth keeping.
+    pub more_steps: bool,
     /// `ORCHESTRATOR_LOCK_<KEY>` variables: the fencing tokens of the
     /// locks the attempt holds (names the engine made from validated
     /// keys, values numbers).
@@ -108,6 +111,7 @@ impl ScriptExecutor {
         let occupant = crate::prepared::Occupant {
             workflow_id: &job.workflow_id,
             holds_secrets: job.holds_secrets,
+            more_steps: job.more_steps,
         };
         let prepared = self
             .prepared
@@ -813,6 +817,7 @@ impl StepRunner for ScriptExecutor {
             token: attempt.token,
             redactor: attempt.redactor,
             holds_secrets: attempt.holds_secrets,
+            more_steps: attempt.more_steps,
             lock_tokens: attempt.lock_tokens,
         };
         ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await

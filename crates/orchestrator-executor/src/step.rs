@@ -94,6 +94,10 @@ pub struct Attempt<'a> {
     /// another attempt, before or after (a kept script sandbox serves it
     /// alone).
     pub holds_secrets: bool,
+    /// Other steps of its workflow may run after this attempt (`false`:
+    /// the workflow is known to have this step alone). A hint: what a
+    /// kind keeps for the workflow's next attempt it need not keep.
+    pub more_steps: bool,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,
     /// Saves to the checkpoint, for this attempt only.

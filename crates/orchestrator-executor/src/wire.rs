@@ -34,6 +34,11 @@ pub(crate) const KEPT_FLAG: &str = "--kept";
 /// the script's command line.
 pub(crate) const EXEC_FLAG: &str = "--exec";
 
+/// The byte sent with an attempt's streams when the kept sandbox ends
+/// after it: the helper reports the attempt and exits, without emptying
+/// the sandbox for a next attempt that will not come.
+pub(crate) const LAST_ATTEMPT: u8 = 1;
+
 /// An attempt's streams, in the order they are passed: the script's
 /// stdin (read end), stdout and stderr (write ends).
 pub(crate) const STREAMS: usize = 3;
@@ -151,11 +156,14 @@ pub(crate) fn helper_failed(what: &str) -> ExitCode {
 }
 
 /// Sends one attempt to a kept sandbox's helper: `streams` (see
-/// [`STREAMS`]) as ancillary data of one byte, then the request.
+/// [`STREAMS`]) as ancillary data of one byte, then the request. The byte
+/// is [`LAST_ATTEMPT`] when the sandbox serves no attempt after this one,
+/// 0 otherwise.
 pub(crate) async fn send(
     socket: &mut tokio::net::UnixStream,
     streams: [BorrowedFd<'_>; STREAMS],
     request: &[u8],
+    last: bool,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncWriteExt, Interest};
     socket
@@ -165,7 +173,7 @@ pub(crate) async fn send(
             control.push(SendAncillaryMessage::ScmRights(&streams));
             rustix::net::sendmsg(
                 socket.as_fd(),
-                &[IoSlice::new(&[0])],
+                &[IoSlice::new(&[if last { LAST_ATTEMPT } else { 0 }])],
                 &mut control,
                 SendFlags::NOSIGNAL,
             )

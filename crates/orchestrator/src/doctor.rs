@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::bail;
-use orchestrator_storage::{StorageConfig, StorageType};
 use orchestrator_executor::SandboxReuse;
+use orchestrator_storage::{StorageConfig, StorageType};
 
 use crate::cli::ServeArgs;
 use crate::settings::ServeSettings;
@@ -481,7 +481,10 @@ async fn script_sandbox(settings: &ServeSettings) -> Check {
             format!(
                 "{}: scripts run without the service's files, processes or capabilities{}",
                 sandbox.program().display(),
-                match (settings.script_sandbox_attempts, settings.script_sandbox_reuse) {
+                match (
+                    settings.script_sandbox_attempts,
+                    settings.script_sandbox_reuse
+                ) {
                     (1, _) => "; each attempt in a sandbox of its own".to_owned(),
                     (n, reuse) => format!(
                         "; one sandbox serves up to {n} attempts {} in a row \

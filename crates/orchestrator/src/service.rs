@@ -120,14 +120,12 @@ pub async fn start_with_store(
     // Sandboxes made ahead of the attempts, one per worker, with the
     // helper that waits in them.
     let executor = match crate::sandbox::prepared_helper() {
-        Some(helper) => {
-            executor.prepare_sandboxes(
-                helper,
-                settings.workers,
-                settings.script_sandbox_attempts,
-                settings.script_sandbox_reuse,
-            )
-        }
+        Some(helper) => executor.prepare_sandboxes(
+            helper,
+            settings.workers,
+            settings.script_sandbox_attempts,
+            settings.script_sandbox_reuse,
+        ),
         None => executor,
     };
     // Test environments: their step kind runs the same provisioning scripts

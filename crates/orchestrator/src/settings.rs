@@ -499,9 +499,9 @@ impl ServeConfig {
         let script_sandbox_reuse = match self.script_sandbox_reuse.as_str() {
             "workflow" => orchestrator_executor::SandboxReuse::Workflow,
             "any" => orchestrator_executor::SandboxReuse::Any,
-            other => bail!(
-                "--script-sandbox-reuse: unknown value `{other}` (expected workflow or any)"
-            ),
+            other => {
+                bail!("--script-sandbox-reuse: unknown value `{other}` (expected workflow or any)")
+            }
         };
         if let Some(relative) = self.script_writable.iter().find(|p| !p.is_absolute()) {
             bail!(

@@ -94,6 +94,7 @@ fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
         token: None,
         redactor: Default::default(),
         holds_secrets: false,
+        more_steps: true,
         lock_tokens: Vec::new(),
     }
 }

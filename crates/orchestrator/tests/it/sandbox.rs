@@ -636,17 +636,7 @@ fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
         same(&after, &first) || fresh(&after),
         "the secret's sandbox served another attempt: {given} {after}"
     );
-    let given_dir = data_dir.join("work").join(given["sandbox"].as_str().unwrap());
-    for _ in 0..1200 {
-        if !given_dir.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    assert!(
-        !given_dir.exists(),
-        "the sandbox of the step given a secret still waits for another attempt"
-    );
+    assert_ended(&data_dir, &given, "the step given a secret");
     for (step, r) in [("second", &second), ("given", &given), ("after", &after)] {
         assert_eq!(r["earlier_tmp"], false, "{step}: {r}");
         assert_eq!(r["earlier_shm"], false, "{step}: {r}");
@@ -654,10 +644,29 @@ fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
         assert_eq!(r["pids"], json!([1, r["me"]]), "{step}: {r}");
     }
 
-    // Another workflow: another sandbox, fresh.
+    // Another workflow: another sandbox, fresh. It has one step, so its
+    // sandbox ends with it: no later attempt may use it.
     wait_for_a_prepared_sandbox(&data_dir);
     let other = probe(&daemon, json!({}), 1)["output"].clone();
     assert!(fresh(&other) && !same(&other, &first), "{first} {other}");
+    assert_ended(&data_dir, &other, "a one-step workflow");
+}
+
+/// Waits until the sandbox `report` ran in has ended (its dir goes with
+/// it), instead of waiting for another attempt.
+fn assert_ended(data_dir: &Path, report: &Value, whose: &str) {
+    let dir = data_dir.join("work").join(
+        report["sandbox"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{report}")),
+    );
+    for _ in 0..1200 {
+        if !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("the sandbox of {whose} still waits for another attempt: {report}");
 }
 
 /// An attempt a kept sandbox was running when the service was killed with
