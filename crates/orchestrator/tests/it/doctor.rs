@@ -69,19 +69,38 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
     assert!(ok, "{text}");
     assert!(!text.contains("FAIL"), "{text}");
     assert_eq!(text.lines().count(), 11, "{text}");
-    // CI installs bubblewrap (.ci/run): the sandbox runs here.
+    // CI installs bubblewrap (.ci/run): the sandbox runs here, kept for
+    // one workflow's attempts by default.
     assert!(line(&text, "script sandbox").starts_with("ok"), "{text}");
+    assert!(
+        line(&text, "script sandbox")
+            .contains("one sandbox serves up to 100 attempts of one workflow in a row"),
+        "{text}"
+    );
 
-    // Sandboxes kept for several attempts are said so.
+    // The settings of kept sandboxes are said as set.
     std::fs::write(
         &config,
-        "script_sandbox_attempts = 10\n[interpreters]\nnu = \"bash\"\n",
+        "script_sandbox_attempts = 10\nscript_sandbox_reuse = \"any\"\n\
+         [interpreters]\nnu = \"bash\"\n",
     )
     .unwrap();
     let (ok, text) = doctor(&config, &data, port);
     assert!(ok, "{text}");
     assert!(
-        line(&text, "script sandbox").contains("one sandbox serves 10 attempts in a row"),
+        line(&text, "script sandbox")
+            .contains("one sandbox serves up to 10 attempts of any workflow in a row"),
+        "{text}"
+    );
+    std::fs::write(
+        &config,
+        "script_sandbox_attempts = 1\n[interpreters]\nnu = \"bash\"\n",
+    )
+    .unwrap();
+    let (ok, text) = doctor(&config, &data, port);
+    assert!(ok, "{text}");
+    assert!(
+        line(&text, "script sandbox").contains("each attempt in a sandbox of its own"),
         "{text}"
     );
 }
