@@ -419,12 +419,15 @@ impl Dispatcher {
         // Secrets go into the step's input here, and nowhere else; their
         // scope is checked again, as the input may have gained a reference
         // since the submission (from a step's output).
-        if let Err(error) = self.check_secret_use(task).await {
-            return Outcome::Failed {
-                exit_code: None,
-                error,
-            };
-        }
+        let holds_secrets = match self.check_secret_use(task).await {
+            Ok(holds_secrets) => holds_secrets,
+            Err(error) => {
+                return Outcome::Failed {
+                    exit_code: None,
+                    error,
+                };
+            }
+        };
         // Fencing tokens go in before secrets, into a copy only where the
         // task holds locks.
         let with_tokens;
@@ -444,7 +447,6 @@ impl Dispatcher {
                 }
             }
         };
-        let holds_secrets = !crate::secrets::secrets_named(input).is_empty();
         let input = match self.secrets.resolve(input).await {
             Ok(input) => input,
             Err(error) => {
@@ -524,11 +526,12 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
-    /// Whether the task's workflow may use the secrets its input names.
-    async fn check_secret_use(&self, task: &Task) -> std::result::Result<(), String> {
+    /// Whether the task's workflow may use the secrets its input names;
+    /// if so, whether it names any (the step then receives a secret).
+    async fn check_secret_use(&self, task: &Task) -> std::result::Result<bool, String> {
         let names = crate::secrets::secrets_named(&task.input);
         if names.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let workflow = self
             .lifecycle
@@ -539,6 +542,7 @@ impl Dispatcher {
         self.secrets
             .check_use(user, &names)
             .await
+            .map(|()| true)
             .map_err(|e| e.to_string())
     }
 }
