@@ -62,7 +62,7 @@ struct Args {
     /// never writes `--out`) [default: the service's].
     #[arg(long)]
     sandbox_attempts: Option<u32>,
-    /// Every service's `--script-sandbox-reuse`, `workflow` or `any` (a
+    /// Every service's `--script-sandbox-reuse`: `submitter`, `workflow` or `any` (a
     /// run that sets it never writes `--out`) [default: the service's].
     #[arg(long)]
     sandbox_reuse: Option<String>,

@@ -56,6 +56,10 @@ pub struct Workflow {
     /// Digest of the submission body, to tell a repeat from a revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_digest: Option<String>,
+    /// The API token that submitted it (for a re-run, the one that asked
+    /// for it); absent without tokens and for a schedule's runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     /// How long to keep it once finished (`meta.retain`), instead of the
     /// service's `--retain-finished`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +147,7 @@ impl Workflow {
             previous_revision: None,
             idempotency_key: None,
             request_digest: None,
+            submitted_by: None,
             retain: None,
             start_at: None,
             vars: Value::Null,

@@ -25,6 +25,9 @@ const CACHE_TTL: Duration = Duration::from_secs(5);
 /// tokens must not turn into a storage read each.
 const MISS_RELOAD: Duration = Duration::from_secs(1);
 
+/// Who every caller is, when auth is off.
+pub const LOCAL_ACTOR: &str = "local";
+
 /// Settings of access control.
 #[derive(Debug, Clone)]
 pub struct AccessConfig {
@@ -84,7 +87,7 @@ impl Principal {
     /// Everyone, when auth is off.
     pub fn local() -> Principal {
         Principal {
-            actor: "local".into(),
+            actor: LOCAL_ACTOR.into(),
             role: Some(Role::Admin),
             task: None,
             token_id: None,

@@ -480,6 +480,7 @@ impl Dispatcher {
             input: &input,
             holds_secrets,
             more_steps: !self.queue.has_one_step(task.workflow_id),
+            party: self.party(task.workflow_id),
             checkpoint: &task.checkpoint,
             checkpoints: &checkpoints,
             check_mode: task.check_mode,
@@ -526,6 +527,17 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
+    /// Who submitted the workflow, as far as sharing what a step kind
+    /// keeps goes (`Attempt::party`): its token; without auth every
+    /// caller is the same one, whatever token its workflow came with.
+    fn party(&self, workflow: WorkflowId) -> Option<Arc<str>> {
+        if self.access.config().auth {
+            self.queue.submitted_by(workflow)
+        } else {
+            Some(Arc::from(crate::access::LOCAL_ACTOR))
+        }
+    }
+
     /// Whether the task's workflow may use the secrets its input names;
     /// if so, whether it names any (the step then receives a secret).
     async fn check_secret_use(&self, task: &Task) -> std::result::Result<bool, String> {

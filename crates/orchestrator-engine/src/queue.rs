@@ -4,7 +4,7 @@
 //! storage, so nothing here is needed to decide anything.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -73,6 +73,10 @@ struct Limits {
     /// follows: a hint to a step kind that keeps what an attempt ran in
     /// for the workflow's next (a kept script sandbox).
     one_step: HashSet<WorkflowId>,
+    /// The token that submitted each workflow that has one: attempts of
+    /// one submitter's workflows may follow one another in a kept script
+    /// sandbox.
+    submitters: HashMap<WorkflowId, Arc<str>>,
 }
 
 /// Per-workflow concurrency for `parallel_limit`.
@@ -204,12 +208,24 @@ impl Queue {
         } else {
             limits.one_step.insert(workflow.id);
         }
+        if let Some(token) = &workflow.submitted_by
+            && !limits.submitters.contains_key(&workflow.id)
+        {
+            limits
+                .submitters
+                .insert(workflow.id, Arc::from(token.as_str()));
+        }
     }
 
     /// Whether the workflow is known here to have one task (a rollback or
     /// a re-run may still add some: a hint, not a rule).
     pub(crate) fn has_one_step(&self, workflow: WorkflowId) -> bool {
         lock(&self.limits).one_step.contains(&workflow)
+    }
+
+    /// The token that submitted the workflow, if one did.
+    pub(crate) fn submitted_by(&self, workflow: WorkflowId) -> Option<Arc<str>> {
+        lock(&self.limits).submitters.get(&workflow).cloned()
     }
 
     /// Whether the workflow's `parallel_limit`, or that it has none, is
@@ -295,6 +311,7 @@ impl Queue {
         limits.slots.remove(&workflow);
         limits.unlimited.remove(&workflow);
         limits.one_step.remove(&workflow);
+        limits.submitters.remove(&workflow);
     }
 
     /// Takes a slot of the task's workflow if it has a `parallel_limit`;

@@ -272,6 +272,7 @@ impl Engine {
         workflow.retain = request.meta.retain;
         workflow.idempotency_key = request.idempotency_key.clone();
         workflow.request_digest = Some(submission_digest(&request.body));
+        workflow.submitted_by = request.meta.submitted_by.clone();
         workflow.start_at = request.start_at.filter(|at| *at > now);
         if workflow.start_at.is_some() {
             workflow.status = WorkflowStatus::Scheduled;

@@ -1,8 +1,8 @@
 //! Sandboxes kept for several attempts, one after another
 //! (`--script-sandbox-attempts N`, default 100): making a sandbox costs
 //! more than a short script. Which attempts may follow one another is the
-//! pool's choice (`prepared`): by default those of one workflow, never one
-//! whose input holds a secret.
+//! pool's choice (`prepared`): by default those of the workflows one token
+//! submitted, never one whose input holds a secret.
 //!
 //! A prepared sandbox (`prepared`) serves one attempt: its helper becomes
 //! the script. A kept one's helper stays, and runs each attempt as its

@@ -12,9 +12,10 @@
 //!
 //! A sandbox serves one attempt and ends with it, as one made at the
 //! start does, unless it is kept for several (`kept`, and [`KeptAttempt`]
-//! here): then it serves attempts of one workflow in a row (or of any,
-//! with [`SandboxReuse::Any`]), never one whose input holds a secret
-//! (that one gets a fresh sandbox, which ends with it). The one
+//! here): then it serves attempts in a row of workflows one token
+//! submitted (of one workflow, or of any, as [`SandboxReuse`] says),
+//! never one whose input holds a secret (that one gets a fresh sandbox,
+//! which ends with it). The one
 //! difference is the work dir. A sandbox is made before its task is known,
 //! so it binds an empty dir of its own (`<work>/.prepared-…`); the attempt
 //! that takes it renames that dir to the task's work dir, and inside, the
@@ -51,16 +52,45 @@ const SLOT_PREFIX: &str = ".prepared-";
 pub enum SandboxReuse {
     /// Attempts of one workflow: what a step could leave behind reaches
     /// only later steps of its own submission.
-    #[default]
     Workflow,
+    /// Attempts of workflows of one party ([`Occupant::party`]: the token
+    /// that submitted them), and of one workflow where it has none: what
+    /// a step could leave behind reaches only work its submitter could
+    /// have run and read anyway.
+    #[default]
+    Submitter,
     /// Attempts of any workflow.
     Any,
+}
+
+impl SandboxReuse {
+    /// Whether attempts of other workflows than `occupant`'s may follow it
+    /// in its sandbox.
+    fn beyond_its_workflow(self, occupant: Occupant) -> bool {
+        match self {
+            SandboxReuse::Workflow => false,
+            SandboxReuse::Submitter => occupant.party.is_some(),
+            SandboxReuse::Any => true,
+        }
+    }
+
+    /// Whether `occupant` may follow, in one sandbox, an attempt of
+    /// `workflow` (of `party`): never with a secret.
+    fn may_follow(self, workflow: &str, party: Option<&str>, occupant: Occupant) -> bool {
+        !occupant.holds_secrets
+            && (workflow == occupant.workflow_id
+                || (self.beyond_its_workflow(occupant)
+                    && (self == SandboxReuse::Any || party == occupant.party)))
+    }
 }
 
 /// An attempt, as far as taking a kept sandbox goes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Occupant<'a> {
     pub workflow_id: &'a str,
+    /// Who submitted its workflow, when known: attempts of one party's
+    /// workflows may share a sandbox under [`SandboxReuse::Submitter`].
+    pub party: Option<&'a str>,
     /// Its input holds a secret's value: it shares a sandbox with no
     /// attempt, before or after.
     pub holds_secrets: bool,
@@ -100,8 +130,8 @@ pub(crate) struct Pool {
 #[derive(Debug, Default)]
 struct Queue {
     /// Fresh ones and kept ones back from an attempt, oldest first. Up to
-    /// `size` of each: a kept one waits for a later attempt of its
-    /// workflow, while fresh ones serve the others.
+    /// `size` of each: a kept one waits for a later attempt it may serve,
+    /// while fresh ones serve the others.
     ready: Vec<Ready>,
     /// Being made: counted so that fills running at once make no more
     /// than are missing.
@@ -127,6 +157,8 @@ struct Ready {
     served: u32,
     /// The workflow of the attempts a kept sandbox served.
     workflow: Option<String>,
+    /// Their party ([`Occupant::party`]), when known.
+    party: Option<String>,
 }
 
 /// A sandbox an attempt took.
@@ -266,6 +298,9 @@ impl Pool {
         if ready.workflow.as_deref() != Some(occupant.workflow_id) {
             ready.workflow = Some(occupant.workflow_id.to_owned());
         }
+        if ready.party.as_deref() != occupant.party {
+            ready.party = occupant.party.map(str::to_owned);
+        }
         self.ready.lock().unwrap_or_else(|e| e.into_inner()).in_use += 1;
         Some(Taken::Kept(KeptAttempt {
             pool: self.clone(),
@@ -275,18 +310,18 @@ impl Pool {
             clean: false,
             // A sandbox no later attempt may use ends with this one.
             alone: occupant.holds_secrets
-                || (self.reuse == SandboxReuse::Workflow && !occupant.more_steps),
+                || (!occupant.more_steps && !self.reuse.beyond_its_workflow(occupant)),
         }))
     }
 
     /// Whether `ready` may serve `occupant`: a fresh sandbox any attempt,
-    /// a kept one only a later attempt its reuse allows, without secrets.
+    /// a kept one only a later attempt its reuse allows.
     fn may_serve(&self, ready: &Ready, occupant: Occupant) -> bool {
         match &ready.workflow {
             None => true,
-            Some(_) if occupant.holds_secrets => false,
-            Some(_) if self.reuse == SandboxReuse::Any => true,
-            Some(workflow) => workflow == occupant.workflow_id,
+            Some(workflow) => self
+                .reuse
+                .may_follow(workflow, ready.party.as_deref(), occupant),
         }
     }
 
@@ -320,7 +355,7 @@ impl Pool {
 
     /// A sandbox whose helper runs (so every mount is made) and that may
     /// serve `occupant`, its readiness mark taken away: the oldest kept
-    /// one back from an attempt of its workflow, else the oldest fresh.
+    /// one it may follow, else the oldest fresh.
     fn pop_ready(&self, occupant: Occupant) -> Option<Ready> {
         let mut guard = self.ready.lock().unwrap_or_else(|e| e.into_inner());
         let queue = &mut guard.ready;
@@ -429,6 +464,7 @@ impl Pool {
             socket: None,
             served: 0,
             workflow: None,
+            party: None,
         };
         crate::sandbox::as_attempt(&mut command);
         if self.attempts > 1 {
@@ -572,4 +608,58 @@ fn inside(slot: &Path, work_dir: &Path) -> PathBuf {
 /// Renames `from` to `to`, never over an existing `to`.
 fn move_work_dir(from: &Path, to: &Path) -> nix::Result<()> {
     renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn occupant<'a>(workflow_id: &'a str, party: Option<&'a str>) -> Occupant<'a> {
+        Occupant {
+            workflow_id,
+            party,
+            holds_secrets: false,
+            more_steps: true,
+        }
+    }
+
+    #[test]
+    fn which_attempts_may_follow_one_another_in_a_kept_sandbox() {
+        use SandboxReuse::{Any, Submitter, Workflow};
+        let alice = Some("alice");
+        // Its own workflow's next step, whoever submitted it.
+        for reuse in [Workflow, Submitter, Any] {
+            assert!(reuse.may_follow("w1", alice, occupant("w1", alice)));
+            assert!(reuse.may_follow("w1", None, occupant("w1", None)));
+        }
+        // Another workflow of the same token: by default.
+        assert!(!Workflow.may_follow("w1", alice, occupant("w2", alice)));
+        assert!(Submitter.may_follow("w1", alice, occupant("w2", alice)));
+        assert!(Any.may_follow("w1", alice, occupant("w2", alice)));
+        // Another token's workflow: only with `any`.
+        assert!(!Submitter.may_follow("w1", alice, occupant("w2", Some("bob"))));
+        assert!(Any.may_follow("w1", alice, occupant("w2", Some("bob"))));
+        // A workflow no token submitted (a schedule's run) shares with no
+        // other workflow, nor one with it, even another of no token.
+        assert!(!Submitter.may_follow("w1", None, occupant("w2", None)));
+        assert!(!Submitter.may_follow("w1", alice, occupant("w2", None)));
+        assert!(!Submitter.may_follow("w1", None, occupant("w2", alice)));
+        // A secret's attempt follows nothing, not even its own workflow.
+        for reuse in [Workflow, Submitter, Any] {
+            let secret = Occupant {
+                holds_secrets: true,
+                ..occupant("w1", alice)
+            };
+            assert!(!reuse.may_follow("w1", alice, secret));
+        }
+    }
+
+    #[test]
+    fn a_one_step_workflow_s_sandbox_waits_only_where_another_workflow_may_use_it() {
+        use SandboxReuse::{Any, Submitter, Workflow};
+        assert!(!Workflow.beyond_its_workflow(occupant("w1", Some("alice"))));
+        assert!(Submitter.beyond_its_workflow(occupant("w1", Some("alice"))));
+        assert!(!Submitter.beyond_its_workflow(occupant("w1", None)));
+        assert!(Any.beyond_its_workflow(occupant("w1", None)));
+    }
 }

@@ -53,6 +53,8 @@ pub struct Job<'a> {
     /// Other steps of its workflow may follow it: a sandbox kept for them
     /// is worth keeping.
     pub more_steps: bool,
+    /// Who submitted its workflow, when known (`Attempt::party`).
+    pub party: Option<std::sync::Arc<str>>,
     /// `ORCHESTRATOR_LOCK_<KEY>` variables: the fencing tokens of the
     /// locks the attempt holds (names the engine made from validated
     /// keys, values numbers).
@@ -110,6 +112,7 @@ impl ScriptExecutor {
         // own), when the task has none yet.
         let occupant = crate::prepared::Occupant {
             workflow_id: &job.workflow_id,
+            party: job.party.as_deref(),
             holds_secrets: job.holds_secrets,
             more_steps: job.more_steps,
         };
@@ -818,6 +821,7 @@ impl StepRunner for ScriptExecutor {
             redactor: attempt.redactor,
             holds_secrets: attempt.holds_secrets,
             more_steps: attempt.more_steps,
+            party: attempt.party,
             lock_tokens: attempt.lock_tokens,
         };
         ScriptExecutor::run(self, job, attempt.log, attempt.cancel).await

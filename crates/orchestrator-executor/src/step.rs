@@ -98,6 +98,12 @@ pub struct Attempt<'a> {
     /// the workflow is known to have this step alone). A hint: what a
     /// kind keeps for the workflow's next attempt it need not keep.
     pub more_steps: bool,
+    /// Who submitted its workflow, as far as sharing goes: what a kind
+    /// keeps from one attempt (a script sandbox) may serve attempts of
+    /// other workflows of the same party. The token's name, or one party
+    /// for every caller of a service without auth; `None` when unknown
+    /// (a schedule's run): its own workflow's attempts only.
+    pub party: Option<std::sync::Arc<str>>,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,
     /// Saves to the checkpoint, for this attempt only.

@@ -969,13 +969,15 @@ pub struct ServeArgs {
     /// docs/security.md [default: 100].
     #[arg(long, env = "ORCHESTRATOR_SCRIPT_SANDBOX_ATTEMPTS")]
     pub script_sandbox_attempts: Option<u32>,
-    /// Whose attempts one script sandbox serves in a row: `workflow`
+    /// Whose attempts one script sandbox serves in a row: `submitter`
+    /// (attempts of the workflows one token submitted; every caller is
+    /// one without auth; a schedule's run, its own workflow's), `workflow`
     /// (attempts of one workflow) or `any` (of any workflow, for hosts
-    /// whose scripts all trust each other) [default: workflow].
+    /// whose scripts all trust each other) [default: submitter].
     #[arg(
         long,
         env = "ORCHESTRATOR_SCRIPT_SANDBOX_REUSE",
-        value_name = "workflow|any"
+        value_name = "submitter|workflow|any"
     )]
     pub script_sandbox_reuse: Option<String>,
     /// A path scripts may write in the sandbox besides their work dir,

@@ -487,10 +487,11 @@ async fn script_sandbox(settings: &ServeSettings) -> Check {
                 ) {
                     (1, _) => "; each attempt in a sandbox of its own".to_owned(),
                     (n, reuse) => format!(
-                        "; one sandbox serves up to {n} attempts {} in a row \
+                        "; one sandbox serves up to {n} attempts in a row {} \
                          (--script-sandbox-attempts, --script-sandbox-reuse), emptied between \
                          them, and an attempt given a secret alone",
                         match reuse {
+                            SandboxReuse::Submitter => "of the workflows one token submitted",
                             SandboxReuse::Workflow => "of one workflow",
                             SandboxReuse::Any => "of any workflow",
                         }

@@ -94,7 +94,7 @@ pub struct ServeConfig {
     pub script_sandbox: String,
     /// Attempts one sandbox serves, one after another.
     pub script_sandbox_attempts: u32,
-    /// Whose attempts those are: `workflow` or `any`.
+    /// Whose attempts those are: `submitter`, `workflow` or `any`.
     pub script_sandbox_reuse: String,
     /// Paths scripts may write in the sandbox.
     pub script_writable: Vec<PathBuf>,
@@ -178,7 +178,7 @@ impl Default for ServeConfig {
             max_input_bytes: limits.max_input_bytes,
             script_sandbox: "bubblewrap".to_owned(),
             script_sandbox_attempts: 100,
-            script_sandbox_reuse: "workflow".to_owned(),
+            script_sandbox_reuse: "submitter".to_owned(),
             script_writable: Vec::new(),
             testenv_provider: "namespaces".to_owned(),
             docker_host: orchestrator_testenv::docker::DEFAULT_HOST.to_owned(),
@@ -497,10 +497,13 @@ impl ServeConfig {
             );
         }
         let script_sandbox_reuse = match self.script_sandbox_reuse.as_str() {
+            "submitter" => orchestrator_executor::SandboxReuse::Submitter,
             "workflow" => orchestrator_executor::SandboxReuse::Workflow,
             "any" => orchestrator_executor::SandboxReuse::Any,
             other => {
-                bail!("--script-sandbox-reuse: unknown value `{other}` (expected workflow or any)")
+                bail!(
+                    "--script-sandbox-reuse: unknown value `{other}` (expected submitter, workflow or any)"
+                )
             }
         };
         if let Some(relative) = self.script_writable.iter().find(|p| !p.is_absolute()) {

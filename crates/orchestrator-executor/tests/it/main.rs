@@ -95,6 +95,7 @@ fn job<'a>(script: &'a str, input: &'a Value) -> Job<'a> {
         redactor: Default::default(),
         holds_secrets: false,
         more_steps: true,
+        party: None,
         lock_tokens: Vec::new(),
     }
 }

@@ -135,6 +135,11 @@ fn print_config_refuses_a_bad_value_naming_its_setting() {
         "--log-format: unknown format `xml`",
     );
     refused(&["--config", unknown], &[], "prot: unknown field");
+    refused(
+        &["--script-sandbox-reuse", "token"],
+        &[],
+        "--script-sandbox-reuse: unknown value `token` (expected submitter, workflow or any)",
+    );
     // A flag that fixes the file's bad value wins.
     printed(&print_config(&["--config", &config, "--workers", "2"], &[]));
 }

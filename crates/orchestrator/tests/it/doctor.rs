@@ -70,11 +70,12 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
     assert!(!text.contains("FAIL"), "{text}");
     assert_eq!(text.lines().count(), 11, "{text}");
     // CI installs bubblewrap (.ci/run): the sandbox runs here, kept for
-    // one workflow's attempts by default.
+    // the attempts of one token's workflows by default.
     assert!(line(&text, "script sandbox").starts_with("ok"), "{text}");
     assert!(
-        line(&text, "script sandbox")
-            .contains("one sandbox serves up to 100 attempts of one workflow in a row"),
+        line(&text, "script sandbox").contains(
+            "one sandbox serves up to 100 attempts in a row of the workflows one token submitted"
+        ),
         "{text}"
     );
 
@@ -89,7 +90,7 @@ fn a_missing_interpreter_and_a_taken_port_fail_with_their_fixes() {
     assert!(ok, "{text}");
     assert!(
         line(&text, "script sandbox")
-            .contains("one sandbox serves up to 10 attempts of any workflow in a row"),
+            .contains("one sandbox serves up to 10 attempts in a row of any workflow"),
         "{text}"
     );
     std::fs::write(

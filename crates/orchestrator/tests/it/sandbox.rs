@@ -475,7 +475,6 @@ fn a_kept_sandbox_serves_attempts_in_a_row_emptied_between_them() {
             "attempt {i} sees other processes: {report}"
         );
     }
-    let same = |a: &Value, b: &Value| a["sandbox"] == b["sandbox"] && a["pid_ns"] == b["pid_ns"];
     assert!(
         same(&reports[0], &reports[1]) && same(&reports[1], &reports[2]),
         "{reports:?}"
@@ -561,25 +560,51 @@ steps:
   - {ref_name: after, script: sandbox/probe.py, depends_on: [given], input: {leave: true}}
 ";
 
-/// By default a sandbox serves the attempts of one workflow in a row, and
-/// only those: a workflow's steps share one, emptied between them; an
-/// attempt whose input holds a secret gets a fresh one, which serves no
-/// attempt after it; another workflow's attempt gets another sandbox. A
-/// script's PID in its sandbox tells a fresh sandbox (its first process
-/// after the helper) from one that served before.
-#[test]
-fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
-    let templates = dir.path().join("templates");
+/// `orchestrator token create --local` into the store at `data_dir`,
+/// while no service runs: the new token.
+fn local_token(data_dir: &Path, name: &str, role: &str) -> String {
+    let output = Command::new(BIN)
+        .args(["token", "create", "--local", "--data-dir"])
+        .arg(data_dir)
+        .args(["--name", name, "--role", role])
+        .env_remove("ORCHESTRATOR_TOKEN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout.lines().last().unwrap().trim().to_owned()
+}
+
+/// A service of one worker with tokens (`admin`, `alice` and `bob`, the
+/// last two operators), the [`PROBES`] template and the secret its third
+/// step is given; the tokens, in that order.
+fn with_tokens_and_probes(dir: &Path, extra: &[&str]) -> (Daemon, [String; 3]) {
+    let data_dir = dir.join("data");
+    let templates = dir.join("templates");
     std::fs::create_dir(&templates).unwrap();
     std::fs::write(templates.join("probes.yaml"), PROBES).unwrap();
-    let mut command = one_worker(&data_dir, &["--templates-dir", templates.to_str().unwrap()]);
-    command.env("ORCHESTRATOR_SECRET_KEY", KEY);
+    let tokens = [
+        local_token(&data_dir, "admin", "admin"),
+        local_token(&data_dir, "alice", "operator"),
+        local_token(&data_dir, "bob", "operator"),
+    ];
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--port", "0", "--workers", "1", "--data-dir"])
+        .arg(&data_dir)
+        .arg("--scripts-dir")
+        .arg(fixture_scripts())
+        .arg("--templates-dir")
+        .arg(&templates)
+        .args(extra)
+        .env("ORCHESTRATOR_SECRET_KEY", KEY);
     let daemon = Daemon::spawn(command);
     let mut put = Command::new(BIN)
-        .arg("--url")
-        .arg(&daemon.url)
+        .args(["--url", &daemon.url, "--token", &tokens[0]])
         .args(["secret", "put", "probe_password", "--templates", "probes"])
         .stdin(std::process::Stdio::piped())
         .spawn()
@@ -591,26 +616,95 @@ fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
         .write_all(b"a-probe-password-0042")
         .unwrap();
     assert!(put.wait().unwrap().success());
+    (daemon, tokens)
+}
 
-    wait_for_a_prepared_sandbox(&data_dir);
-    let created = submit(
-        &format!("{}/workflows", daemon.url),
-        json!({"template": "probes", "max_attempts": 1}),
-    );
-    let ids: Vec<String> = created["task_ids"]
+/// Submits `body` with `token`, once a sandbox is prepared for it, and
+/// waits for its tasks: the new workflow, and what each step's probe
+/// reported, by step name.
+fn run_as(
+    daemon: &Daemon,
+    data_dir: &Path,
+    token: &str,
+    body: Value,
+) -> (Value, Vec<(String, Value)>) {
+    wait_for_a_prepared_sandbox(data_dir);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let created: Value = runtime.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/workflows", daemon.url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    let ids = created["task_ids"]
         .as_array()
-        .unwrap_or_else(|| panic!("{created}"))
+        .unwrap_or_else(|| panic!("{created}"));
+    let steps = ids
         .iter()
-        .map(|id| id.as_str().unwrap().to_owned())
+        .map(|id| {
+            let id = id.as_str().unwrap();
+            for _ in 0..600 {
+                let output = daemon.cli(&["--token", token, "task", id, "--json"]);
+                assert!(output.status.success(), "{output:?}");
+                let task: Value = serde_json::from_slice(&output.stdout).unwrap();
+                if task["status"] == "completed" {
+                    return (
+                        task["name"].as_str().unwrap().to_owned(),
+                        task["output"].clone(),
+                    );
+                }
+                assert!(
+                    matches!(task["status"].as_str(), Some("queued" | "running")),
+                    "{task}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("task {id} never finished");
+        })
         .collect();
-    let tasks = wait_all_finished(&daemon, &ids);
-    let report = |step: &str| -> Value {
-        let task = tasks
+    (created, steps)
+}
+
+/// A probe's report, fresh: the script's PID in its sandbox tells a fresh
+/// sandbox (its first process after the helper) from one that served
+/// before.
+fn fresh(report: &Value) -> bool {
+    report["me"] == 2
+}
+
+/// Two reports from one sandbox.
+fn same(a: &Value, b: &Value) -> bool {
+    a["sandbox"] == b["sandbox"] && a["pid_ns"] == b["pid_ns"]
+}
+
+/// Nothing an earlier attempt left in a shared sandbox reached `report`'s.
+fn assert_emptied(step: &str, report: &Value) {
+    assert_eq!(report["earlier_tmp"], false, "{step}: {report}");
+    assert_eq!(report["earlier_shm"], false, "{step}: {report}");
+    assert_eq!(report["earlier_mq"], false, "{step}: {report}");
+    assert_eq!(report["pids"], json!([1, report["me"]]), "{step}: {report}");
+}
+
+/// The four probes of one [`PROBES`] workflow: its steps share one
+/// sandbox, emptied between them, but for the step given a secret, which
+/// gets a fresh one that serves no attempt after it.
+fn assert_probes_share_but_the_secret(data_dir: &Path, steps: &[(String, Value)]) -> Value {
+    let report = |name: &str| -> Value {
+        steps
             .iter()
-            .find(|t| t["name"] == step)
-            .unwrap_or_else(|| panic!("no task of step {step}: {tasks:?}"));
-        assert_eq!(task["status"], "completed", "{task}");
-        task["output"].clone()
+            .find(|(step, _)| step == name)
+            .unwrap_or_else(|| panic!("no step {name}: {steps:?}"))
+            .1
+            .clone()
     };
     let (first, second, given, after) = (
         report("first"),
@@ -618,8 +712,6 @@ fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
         report("given"),
         report("after"),
     );
-    let fresh = |r: &Value| r["me"] == 2;
-    let same = |a: &Value, b: &Value| a["sandbox"] == b["sandbox"] && a["pid_ns"] == b["pid_ns"];
     assert!(fresh(&first), "{first}");
     assert!(
         same(&first, &second) && !fresh(&second),
@@ -636,19 +728,82 @@ fn by_default_a_sandbox_serves_one_workflow_and_a_secret_gets_one_alone() {
         same(&after, &first) || fresh(&after),
         "the secret's sandbox served another attempt: {given} {after}"
     );
-    assert_ended(&data_dir, &given, "the step given a secret");
+    assert_ended(data_dir, &given, "the step given a secret");
     for (step, r) in [("second", &second), ("given", &given), ("after", &after)] {
-        assert_eq!(r["earlier_tmp"], false, "{step}: {r}");
-        assert_eq!(r["earlier_shm"], false, "{step}: {r}");
-        assert_eq!(r["earlier_mq"], false, "{step}: {r}");
-        assert_eq!(r["pids"], json!([1, r["me"]]), "{step}: {r}");
+        assert_emptied(step, r);
     }
+    after
+}
 
-    // Another workflow: another sandbox, fresh. It has one step, so its
-    // sandbox ends with it: no later attempt may use it.
-    wait_for_a_prepared_sandbox(&data_dir);
-    let other = probe(&daemon, json!({}), 1)["output"].clone();
-    assert!(fresh(&other) && !same(&other, &first), "{first} {other}");
+/// By default a sandbox serves, in a row, attempts of the workflows one
+/// token submitted, and only those: a workflow's steps share one, and
+/// so do the token's next workflows; an attempt whose input holds a
+/// secret gets a fresh one, which serves no attempt after it; another
+/// token's workflow gets another sandbox.
+#[test]
+fn by_default_a_sandbox_serves_one_token_s_workflows_and_a_secret_gets_one_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let (daemon, [_, alice, bob]) = with_tokens_and_probes(dir.path(), &[]);
+    let probes = json!({"template": "probes", "max_attempts": 1});
+    let (created, steps) = run_as(&daemon, &data_dir, &alice, probes);
+    // The workflow says whose it is: what the sandboxes go by.
+    assert_eq!(created["submitted_by"], "alice", "{created}");
+    let kept = assert_probes_share_but_the_secret(&data_dir, &steps);
+
+    // Alice's next workflow, of one step: her kept sandbox, emptied.
+    let one_step = json!({"template": {
+        "name": "probe", "ref_name": "probe", "schema_version": 1,
+        "steps": [{"ref_name": "probe", "script": "sandbox/probe.py", "input": {"leave": true}}],
+    }});
+    let alice_next = run_as(&daemon, &data_dir, &alice, one_step.clone())
+        .1
+        .remove(0)
+        .1;
+    assert!(
+        same(&alice_next, &kept) && !fresh(&alice_next),
+        "the token's next workflow got another sandbox: {kept} {alice_next}"
+    );
+    assert_emptied("alice's next", &alice_next);
+
+    // Bob's: never Alice's sandbox. A fresh one, which then serves his
+    // next workflow.
+    let bob_first = run_as(&daemon, &data_dir, &bob, one_step.clone())
+        .1
+        .remove(0)
+        .1;
+    assert!(
+        fresh(&bob_first) && !same(&bob_first, &kept),
+        "another token's workflow shared a sandbox: {kept} {bob_first}"
+    );
+    let bob_next = run_as(&daemon, &data_dir, &bob, one_step).1.remove(0).1;
+    assert!(
+        same(&bob_next, &bob_first) && !fresh(&bob_next),
+        "{bob_first} {bob_next}"
+    );
+    assert_emptied("bob's next", &bob_next);
+}
+
+/// With `--script-sandbox-reuse workflow` a sandbox serves the attempts of
+/// one workflow alone: the token's next workflow gets a fresh one, and a
+/// one-step workflow's sandbox ends with its attempt, as no later attempt
+/// may use it.
+#[test]
+fn with_reuse_workflow_a_sandbox_serves_one_workflow_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let (daemon, [_, alice, _]) =
+        with_tokens_and_probes(dir.path(), &["--script-sandbox-reuse", "workflow"]);
+    let probes = json!({"template": "probes", "max_attempts": 1});
+    let (_, steps) = run_as(&daemon, &data_dir, &alice, probes);
+    let kept = assert_probes_share_but_the_secret(&data_dir, &steps);
+
+    let one_step = json!({"template": {
+        "name": "probe", "ref_name": "probe", "schema_version": 1,
+        "steps": [{"ref_name": "probe", "script": "sandbox/probe.py", "input": {}}],
+    }});
+    let other = run_as(&daemon, &data_dir, &alice, one_step).1.remove(0).1;
+    assert!(fresh(&other) && !same(&other, &kept), "{kept} {other}");
     assert_ended(&data_dir, &other, "a one-step workflow");
 }
 
