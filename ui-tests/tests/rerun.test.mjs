@@ -55,6 +55,10 @@ test('re-run from a step opens the new revision, in which the steps before it ar
   const revision = await call(service, operator, 'GET', `/workflows/${newId}`);
   assert.equal(revision.body.revision, 2);
   assert.equal(revision.body.previous_revision, id);
+  // Asked for by the operator's token, whose revision it is: the head says so.
+  assert.equal(submitted.body.submitted_by, 'ui-rerun-operator');
+  assert.equal(revision.body.submitted_by, 'ui-rerun-operator');
+  await page.locator('p.facts', { hasText: 'by ui-rerun-operator' }).waitFor();
   const prepare = revision.body.tasks.find((t) => t.step.ref_name === 'prepare');
   assert.ok(prepare.kept_from, 'prepare keeps its output');
   assert.ok(!revision.body.tasks.find((t) => t.step.ref_name === 'check').kept_from, 'check ran again');

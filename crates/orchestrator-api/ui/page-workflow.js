@@ -74,6 +74,7 @@ export function mount(main, ctx) {
       w.reference ? ` · ref ${w.reference} rev ${w.revision}` : '',
       w.check_mode ? ' · check mode' : '',
       ` · priority ${w.priority} · created `, time(w.created_at),
+      w.submitted_by ? ` by ${w.submitted_by}` : '',
       w.started_at ? [' · started ', time(w.started_at)] : '',
       w.finished_at ? [' · finished ', time(w.finished_at)] : '',
     );

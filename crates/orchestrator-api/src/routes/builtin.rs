@@ -140,9 +140,11 @@ macro_rules! builtin_endpoint {
             ))]
         pub(crate) async fn $handler(
             State(state): State<AppState>,
+            principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
             body: JsonBody<BuiltinRequest>,
         ) -> Result<Response, ApiError> {
-            builtin(&state.engine, $endpoint, body.0).await
+            let submitter = super::workflows::submitter(principal.as_ref().map(|p| &p.0));
+            builtin(&state.engine, $endpoint, body.0, submitter).await
         }
     };
 }
@@ -179,9 +181,11 @@ async fn builtin(
     engine: &Engine,
     endpoint: Builtin,
     request: BuiltinRequest,
+    submitted_by: Option<String>,
 ) -> Result<Response, ApiError> {
     let wait = wait_limit(request.wait, request.wait_timeout_secs.map(u64::from));
-    let submission = request.into_request(endpoint, &engine.config().limits)?;
+    let mut submission = request.into_request(endpoint, &engine.config().limits)?;
+    submission.meta.submitted_by = submitted_by;
     let (status, _, view) = submit_and_wait(engine, submission, wait).await?;
     let finished = view.workflow.status.is_terminal();
     let body = Submitted {

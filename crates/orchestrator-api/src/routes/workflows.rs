@@ -699,9 +699,12 @@ pub(crate) async fn validate_workflow(
     }))
 }
 
-/// The token a submission comes from, for its approval gates; none
-/// without tokens (`local`: everyone is the same caller then).
-fn submitter(principal: Option<&orchestrator_engine::access::Principal>) -> Option<String> {
+/// The token a submission comes from (the workflow's `submitted_by`, for
+/// its approval gates and whose script sandboxes it shares); none without
+/// tokens (`local`: everyone is the same caller then).
+pub(super) fn submitter(
+    principal: Option<&orchestrator_engine::access::Principal>,
+) -> Option<String> {
     principal
         .filter(|p| p.token_id.is_some())
         .map(|p| p.actor.clone())

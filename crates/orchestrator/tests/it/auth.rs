@@ -1303,3 +1303,64 @@ fn a_lost_admin_token_is_recovered_locally_with_the_data_dir() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A workflow records the token that submitted it (`submitted_by`),
+/// whichever route it came through; a re-run, the token that asked for
+/// it. Without auth there is no token to name.
+#[tokio::test]
+async fn a_workflow_records_the_token_that_submitted_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(with_auth(dir.path())).await;
+    let alice = create_token(&service, "alice", "operator").await;
+    let bob = create_token(&service, "bob", "operator").await;
+
+    let (status, built) = call(
+        &service,
+        "POST",
+        "/workflows/servers/create",
+        Some(&alice),
+        Some(json!({"infra": "t", "servers": ["ok-1"], "wait": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{built}");
+    let id = built["workflow_id"].as_str().unwrap();
+    let (_, workflow) = call(
+        &service,
+        "GET",
+        &format!("/workflows/{id}"),
+        Some(&bob),
+        None,
+    )
+    .await;
+    assert_eq!(workflow["submitted_by"], "alice", "{workflow}");
+
+    let (status, rerun) = call(
+        &service,
+        "POST",
+        &format!("/workflows/{id}/rerun"),
+        Some(&bob),
+        Some(json!({"from": "server"})),
+    )
+    .await;
+    assert_eq!(status, 202, "{rerun}");
+    assert_eq!(rerun["submitted_by"], "bob", "{rerun}");
+
+    let (status, submitted) = call(
+        &service,
+        "POST",
+        "/workflows",
+        Some(&bob),
+        Some(json!({"template": "chain", "vars": {}})),
+    )
+    .await;
+    assert_eq!(status, 202, "{submitted}");
+    assert_eq!(submitted["submitted_by"], "bob", "{submitted}");
+
+    let open = tempfile::tempdir().unwrap();
+    let service = TestService::start(fixture_settings(open.path())).await;
+    let (status, submitted) = service
+        .post("/workflows", json!({"template": "chain", "vars": {}}))
+        .await;
+    assert_eq!(status, 202, "{submitted}");
+    assert!(submitted.get("submitted_by").is_none(), "{submitted}");
+}
