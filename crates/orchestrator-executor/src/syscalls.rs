@@ -25,11 +25,28 @@ const KEYRING_CALLS: [nix::libc::c_long; 3] = [
     nix::libc::SYS_request_key,
 ];
 
+/// On x86_64, the bit that makes a call one of the x32 ABI: a 64-bit
+/// process may make those too (where the kernel was built with x32 and
+/// not booted without it), under the same architecture the filter
+/// checks, with the call's number and this bit. A filter matching the
+/// plain numbers alone would let them through.
+const X32_SYSCALL_BIT: nix::libc::c_long = 0x4000_0000;
+
+/// The numbers the filter refuses: each call's, and on x86_64 its x32
+/// twin's.
+fn refused_numbers() -> Vec<nix::libc::c_long> {
+    let mut numbers = KEYRING_CALLS.to_vec();
+    if cfg!(target_arch = "x86_64") {
+        numbers.extend(KEYRING_CALLS.iter().map(|call| call | X32_SYSCALL_BIT));
+    }
+    numbers
+}
+
 /// The filter, compiled for the architecture this binary is built for.
 fn filter() -> Result<BpfProgram, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
     // No rule for a call: refused whatever its arguments.
-    let rules = KEYRING_CALLS.iter().map(|&call| (call, Vec::new()));
+    let rules = refused_numbers().into_iter().map(|call| (call, Vec::new()));
     let filter = SeccompFilter::new(
         rules.collect::<BTreeMap<_, _>>(),
         SeccompAction::Allow,
@@ -60,6 +77,10 @@ mod tests {
     fn the_filter_builds_for_this_architecture() {
         let program = filter().unwrap();
         // The architecture check, then one test and return per call.
-        assert!(program.len() > KEYRING_CALLS.len() * 2, "{}", program.len());
+        let refused = refused_numbers();
+        assert!(program.len() > refused.len() * 2, "{}", program.len());
+        if cfg!(target_arch = "x86_64") {
+            assert!(refused.contains(&(nix::libc::SYS_keyctl | X32_SYSCALL_BIT)));
+        }
     }
 }
