@@ -96,12 +96,20 @@ impl GroupCommit {
 
     /// Commits `write` (in a group, or alone) and gives its answer.
     pub(super) async fn write(&self, write: Write) -> Result<Value> {
+        let context = write.context;
         let (answer, answered) = oneshot::channel();
         self.queue
             .send(Queued { write, answer })
             .await
             .map_err(|_| Error::Closed)?;
-        answered.await.map_err(|_| Error::Closed)?
+        // Dropped unanswered: its group's commit was cut short (see
+        // `each_contained`), whether or not it reached the database.
+        answered.await.map_err(|_| Error::Database {
+            context: context.to_owned(),
+            message: "the commit of its group was cut short (the database client panicked): \
+                      it may or may not have been stored"
+                .to_owned(),
+        })?
     }
 }
 
@@ -119,15 +127,21 @@ impl Committer {
         let mut taken = Vec::with_capacity(MOST_WRITES);
         while queued.recv_many(&mut taken, MOST_WRITES).await > 0 {
             let records: Vec<usize> = taken.iter().map(|q| q.write.records).collect();
-            for length in group_lengths(&records) {
-                let mut group: Vec<Queued> = taken.drain(..length).collect();
-                if group.len() == 1 {
-                    let Queued { write, answer } = group.remove(0);
-                    let _ = answer.send(self.alone(&write).await);
-                } else {
-                    self.commit(&mut group).await;
-                }
-            }
+            let groups: Vec<Vec<Queued>> = group_lengths(&records)
+                .into_iter()
+                .map(|length| taken.drain(..length).collect())
+                .collect();
+            each_contained(groups, |group| self.send(group)).await;
+        }
+    }
+
+    /// Commits one group, and answers each of its writes.
+    async fn send(&self, mut group: Vec<Queued>) {
+        if group.len() == 1 {
+            let Queued { write, answer } = group.remove(0);
+            let _ = answer.send(self.alone(&write).await);
+        } else {
+            self.commit(&mut group).await;
         }
     }
 
@@ -189,6 +203,33 @@ impl Committer {
     }
 }
 
+/// Sends each group in turn. A panic while one is sent (in the database's
+/// client) ends that group's sending alone: the writes it had not answered
+/// are dropped, and their callers learn that their commit was cut short
+/// ([`GroupCommit::write`]). Uncaught, it would end the committing task,
+/// and every later write of the service would fail.
+async fn each_contained<F, Sent>(groups: Vec<Vec<Queued>>, send: F)
+where
+    F: Fn(Vec<Queued>) -> Sent,
+    Sent: std::future::Future<Output = ()>,
+{
+    use futures_util::FutureExt as _;
+    for group in groups {
+        let writes = group.len();
+        if std::panic::AssertUnwindSafe(send(group))
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                writes,
+                "committing a group of writes panicked; its writes were answered with an \
+                 error, and later writes go on"
+            );
+        }
+    }
+}
+
 /// How many writes each group takes, in queue order, given how many
 /// records each writes: as many as fit in [`MOST_RECORDS`], and at least
 /// one.
@@ -242,6 +283,61 @@ mod tests {
 
     use crate::surreal::{SurrealBackend, open_embedded, test_task};
     use crate::{Error, TaskStore};
+
+    /// A group whose sending panics fails its own writes, each with an
+    /// error that says so, and the next group is still sent.
+    #[tokio::test]
+    async fn a_panic_while_a_group_commits_fails_that_group_alone() {
+        use super::{GroupCommit, Queued, Write, each_contained};
+        let (queue, mut queued) = tokio::sync::mpsc::channel(8);
+        let commit = GroupCommit {
+            queue,
+            transactions: Default::default(),
+        };
+        let write = || Write {
+            context: "update a task",
+            block: "RETURN 1;",
+            params: surrealdb::types::Variables::new(),
+            records: 1,
+        };
+        let (first, second, third, committer) = tokio::join!(
+            commit.write(write()),
+            commit.write(write()),
+            commit.write(write()),
+            async {
+                let mut taken: Vec<Queued> = Vec::new();
+                while taken.len() < 3 {
+                    queued.recv_many(&mut taken, 3).await;
+                }
+                let third = taken.split_off(2);
+                let sent = std::sync::atomic::AtomicUsize::new(0);
+                each_contained(vec![taken, third], |group| {
+                    let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    async move {
+                        if n == 0 {
+                            panic!("a panic in the database client");
+                        }
+                        for q in group {
+                            let _ = q.answer.send(Ok(surrealdb::types::Value::from_t(7_i64)));
+                        }
+                    }
+                })
+                .await;
+                sent.into_inner()
+            }
+        );
+        assert_eq!(committer, 2, "the group after the panic was not sent");
+        for answer in [first, second] {
+            match answer {
+                Err(Error::Database { context, message }) => {
+                    assert_eq!(context, "update a task");
+                    assert!(message.contains("cut short"), "{message}");
+                }
+                other => panic!("a write of the panicked group got {other:?}"),
+            }
+        }
+        assert!(third.is_ok(), "{third:?}");
+    }
 
     #[test]
     fn big_writes_make_groups_of_their_own() {
