@@ -107,20 +107,21 @@ impl Drop for Daemon {
 /// POSTs JSON through a throwaway runtime, so that these tests stay
 /// synchronous like the processes they drive.
 pub(crate) fn submit(url: &str, body: Value) -> Value {
+    submit_as(url, None, body)
+}
+
+/// [`submit`] with a token.
+pub(crate) fn submit_as(url: &str, token: Option<&str>, body: Value) -> Value {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        reqwest::Client::new()
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        let mut request = reqwest::Client::new().post(url).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.unwrap().json().await.unwrap()
     })
 }
 

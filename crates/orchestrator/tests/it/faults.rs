@@ -345,21 +345,7 @@ pub(crate) mod nodes {
             "template": {"name": "limited", "ref_name": "limited", "schema_version": 1, "steps": steps},
             "parallel_limit": 2,
         });
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let submitted: Value = runtime.block_on(async {
-            reqwest::Client::new()
-                .post(format!("{}/workflows", a.url))
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap()
-        });
+        let submitted = crate::cli::submit(&format!("{}/workflows", a.url), body);
         let id = submitted["id"]
             .as_str()
             .unwrap_or_else(|| panic!("{submitted}"))

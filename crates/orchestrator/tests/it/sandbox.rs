@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::cli::{BIN, Daemon, submit, wait_all_finished};
+use crate::cli::{BIN, Daemon, submit, submit_as, wait_all_finished};
 use crate::harness::fixture_scripts;
 
 /// A key no script may ever see (64 hex digits).
@@ -638,22 +638,7 @@ fn run_as(
     body: Value,
 ) -> (Value, Vec<(String, Value)>) {
     wait_for_a_prepared_sandbox(data_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let created: Value = runtime.block_on(async {
-        reqwest::Client::new()
-            .post(format!("{}/workflows", daemon.url))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    });
+    let created = submit_as(&format!("{}/workflows", daemon.url), Some(token), body);
     let ids = created["task_ids"]
         .as_array()
         .unwrap_or_else(|| panic!("{created}"));
