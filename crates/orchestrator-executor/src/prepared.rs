@@ -38,7 +38,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::sandbox::{Attempt, Bubblewrap};
+use crate::sandbox::{Attempt, Bubblewrap, HostView};
 use crate::wire::{KEPT_FLAG, READY_MARK};
 
 /// How a prepared sandbox's own dir is named, in the work dir.
@@ -159,6 +159,8 @@ struct Ready {
     workflow: Option<String>,
     /// Their party ([`Occupant::party`]), when known.
     party: Option<String>,
+    /// The host it was made from: once the host differs, it is stale.
+    host: HostView,
 }
 
 /// A sandbox an attempt took.
@@ -168,7 +170,7 @@ pub(crate) enum Taken {
     /// script once it reads its request on stdin.
     Once(Child),
     /// Serves this attempt, then may serve the next.
-    Kept(KeptAttempt),
+    Kept(Box<KeptAttempt>),
 }
 
 impl Drop for Ready {
@@ -302,7 +304,7 @@ impl Pool {
             ready.party = occupant.party.map(str::to_owned);
         }
         self.ready.lock().unwrap_or_else(|e| e.into_inner()).in_use += 1;
-        Some(Taken::Kept(KeptAttempt {
+        Some(Taken::Kept(Box::new(KeptAttempt {
             pool: self.clone(),
             sandbox: Some(ready),
             inside,
@@ -311,7 +313,7 @@ impl Pool {
             // A sandbox no later attempt may use ends with this one.
             alone: occupant.holds_secrets
                 || (!occupant.more_steps && !self.reuse.beyond_its_workflow(occupant)),
-        }))
+        })))
     }
 
     /// Whether `ready` may serve `occupant`: a fresh sandbox any attempt,
@@ -357,11 +359,27 @@ impl Pool {
     /// serve `occupant`, its readiness mark taken away: the oldest kept
     /// one it may follow, else the oldest fresh.
     fn pop_ready(&self, occupant: Occupant) -> Option<Ready> {
+        // Looked at before the lock: a few `stat`s.
+        let host = self.bwrap.host_view(Attempt {
+            scripts_dir: &self.scripts_dir,
+            state_dir: &self.state_dir,
+            work_dir: &self.work_dir,
+        });
+        // Declared before the lock's guard, so dropped (killed) after it.
+        let mut stale = Vec::new();
         let mut guard = self.ready.lock().unwrap_or_else(|e| e.into_inner());
         let queue = &mut guard.ready;
         let mut i = 0;
         let mut fits = Vec::new();
         while i < queue.len() {
+            if queue[i].host != host {
+                // A path its view hides or binds appeared or went since it
+                // was made (a control socket, a `--script-writable` dir):
+                // it ends, and the refill makes one of the host as it is.
+                tracing::debug!("the host changed under a prepared script sandbox; it ends");
+                stale.push(queue.remove(i));
+                continue;
+            }
             let ready = &mut queue[i];
             let alive = ready
                 .child
@@ -434,7 +452,7 @@ impl Pool {
             state_dir: &self.state_dir,
             work_dir: &slot,
         };
-        let (program, mut args) = self.bwrap.command_line(attempt);
+        let (program, mut args, host) = self.bwrap.command_line_seen(attempt);
         let end = args.pop();
         debug_assert_eq!(end.as_deref(), Some(OsStr::new("--")));
         if self.attempts > 1 {
@@ -465,6 +483,7 @@ impl Pool {
             served: 0,
             workflow: None,
             party: None,
+            host,
         };
         crate::sandbox::as_attempt(&mut command);
         if self.attempts > 1 {

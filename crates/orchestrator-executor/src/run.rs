@@ -140,10 +140,7 @@ impl ScriptExecutor {
         let spawned = match prepared {
             Some(Taken::Once(child)) => Ok((Process::Own(child), request.encode())),
             Some(Taken::Kept(mut kept)) => match kept.start(&request.encode()).await {
-                Ok(streams) => Ok((
-                    Process::Kept(Box::new(kept), Some(Box::new(streams))),
-                    Vec::new(),
-                )),
+                Ok(streams) => Ok((Process::Kept(kept, Some(Box::new(streams))), Vec::new())),
                 Err(e) => Err(e),
             },
             None => {

@@ -128,7 +128,8 @@ impl Bubblewrap {
         self
     }
 
-    /// Lets scripts write `path` (when it exists at spawn time).
+    /// Lets scripts write `path` (when it exists at spawn time: a sandbox
+    /// made ahead of it is not used once it does, see [`HostView`]).
     pub fn allow_writes(mut self, path: impl Into<PathBuf>) -> Bubblewrap {
         self.writable.push(path.into());
         self
@@ -193,6 +194,15 @@ impl Bubblewrap {
     /// The program to spawn and its arguments up to the `--` after which
     /// the script's own command line follows.
     pub(crate) fn command_line(&self, attempt: Attempt<'_>) -> (PathBuf, Vec<OsString>) {
+        let (program, args, _) = self.command_line_seen(attempt);
+        (program, args)
+    }
+
+    /// [`Bubblewrap::command_line`], and the host it was made from.
+    pub(crate) fn command_line_seen(
+        &self,
+        attempt: Attempt<'_>,
+    ) -> (PathBuf, Vec<OsString>, HostView) {
         let mut args = Vec::new();
         let program = match &self.clear_caps {
             Some(setpriv) => {
@@ -202,19 +212,36 @@ impl Bubblewrap {
             }
             None => self.program.clone(),
         };
-        args.extend(self.args(attempt));
+        let (own, seen) = self.args_seen(attempt);
+        args.extend(own);
         args.push("--".into());
-        (program, args)
+        (program, args, seen)
     }
 
     /// `bwrap`'s own arguments for one attempt, for the filesystem as it
-    /// is now.
-    fn args(&self, attempt: Attempt<'_>) -> Vec<OsString> {
-        self.args_on(attempt, &|path: &Path| {
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| if m.is_dir() { Kind::Dir } else { Kind::File })
-        })
+    /// is now, and what of it they were made from.
+    fn args_seen(&self, attempt: Attempt<'_>) -> (Vec<OsString>, HostView) {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let args = self.args_on(attempt, &|path: &Path| {
+            let kind = kind_of(path);
+            seen.borrow_mut().push(kind);
+            kind
+        });
+        (args, HostView(seen.into_inner()))
+    }
+
+    /// The host as a sandbox for `attempt` made now would see it: compared
+    /// with a sandbox's own ([`Bubblewrap::command_line_seen`]), whether
+    /// that sandbox is stale.
+    pub(crate) fn host_view(&self, attempt: Attempt<'_>) -> HostView {
+        // The paths `plan` asks about, in its order.
+        HostView(
+            self.rules(attempt)
+                .iter()
+                .filter(|(path, _)| path.is_absolute())
+                .map(|(path, _)| kind_of(path))
+                .collect(),
+        )
     }
 
     /// [`Bubblewrap::args`] on a filesystem where `kind` says what each
@@ -279,11 +306,7 @@ impl Bubblewrap {
     /// between attempts (without crossing into the mounts beneath them,
     /// which are the host's).
     pub(crate) fn private_dirs(&self, attempt: Attempt<'_>) -> Vec<PathBuf> {
-        self.private_dirs_on(attempt, &|path: &Path| {
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| if m.is_dir() { Kind::Dir } else { Kind::File })
-        })
+        self.private_dirs_on(attempt, &kind_of)
     }
 
     fn private_dirs_on(
@@ -410,6 +433,22 @@ fn plan(
     planned
 }
 
+/// What the host had, when a sandbox was made, of the paths its rules
+/// name: each absent, a dir or a file. A sandbox shows the host as it was
+/// then, so once this changes it is stale: a control socket or a file to
+/// hide that appeared since would be in reach in it, and a writable path
+/// that appeared since would be missing. A sandbox made ahead of its
+/// attempt is not used then (`prepared`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostView(Vec<Option<Kind>>);
+
+/// What `path` is now, following links as `bwrap` does; `None` if absent.
+fn kind_of(path: &Path) -> Option<Kind> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| if m.is_dir() { Kind::Dir } else { Kind::File })
+}
+
 /// What a path is, for the rule that hides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -490,6 +529,24 @@ mod tests {
             .iter()
             .position(|m| m == mount)
             .unwrap_or_else(|| panic!("{mount} not in {mounts:?}"))
+    }
+
+    /// A sandbox's view of the host, as its command line saw it, equals
+    /// the host's now until a path of its rules appears or goes.
+    #[test]
+    fn a_sandbox_s_host_view_changes_when_a_path_of_its_rules_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let later = dir.path().join("later");
+        let sandbox = Bubblewrap::with_program("/usr/bin/bwrap".into()).allow_writes(&later);
+        let on = attempt("/", "/tmp", "/tmp");
+        let (_, _, made) = sandbox.command_line_seen(on);
+        assert_eq!(made, sandbox.host_view(on));
+        std::fs::create_dir(&later).unwrap();
+        assert_ne!(made, sandbox.host_view(on), "a writable dir appeared");
+        let (_, _, remade) = sandbox.command_line_seen(on);
+        assert_eq!(remade, sandbox.host_view(on));
+        std::fs::remove_dir(&later).unwrap();
+        assert_eq!(made, sandbox.host_view(on), "and went again");
     }
 
     #[test]

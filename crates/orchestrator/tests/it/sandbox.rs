@@ -801,6 +801,37 @@ fn with_reuse_workflow_a_sandbox_serves_one_workflow_alone() {
     assert_ended(&data_dir, &other, "a one-step workflow");
 }
 
+/// A sandbox made ahead shows the host as it was when made. Once a path
+/// its view hides or binds has appeared (here a `--script-writable` dir;
+/// a control socket alike, which it would otherwise leave in reach), it
+/// serves no attempt: the next one gets a sandbox of the host as it is,
+/// and writes there.
+#[test]
+fn a_sandbox_made_before_a_path_of_its_view_appeared_serves_no_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let later = dir.path().join("later");
+    let daemon = Daemon::spawn(one_worker(
+        &data_dir,
+        &["--script-writable", later.to_str().unwrap()],
+    ));
+    wait_for_a_prepared_sandbox(&data_dir);
+    // Its sandbox is kept for the next attempt, and a fresh one is made.
+    let first = probe(&daemon, json!({}), 1);
+    assert_eq!(first["status"], "completed", "{first}");
+    wait_for_a_prepared_sandbox(&data_dir);
+
+    std::fs::create_dir(&later).unwrap();
+    let second = probe(&daemon, json!({"write_to": later}), 1);
+    assert_eq!(second["status"], "completed", "{second}");
+    assert_eq!(second["output"]["wrote"], true, "{second}");
+    assert!(later.join("from-a-script").exists(), "{second}");
+    assert!(
+        !same(&first["output"], &second["output"]),
+        "the sandbox made before the dir served: {first} {second}"
+    );
+}
+
 /// Waits until the sandbox `report` ran in has ended (its dir goes with
 /// it), instead of waiting for another attempt.
 fn assert_ended(data_dir: &Path, report: &Value, whose: &str) {
