@@ -116,6 +116,12 @@ pub struct Schedule {
     /// skipped while paused.
     #[serde(default)]
     pub paused: bool,
+    /// The API token that set up what it runs (created it, or last
+    /// changed its template or inputs): each run is that token's
+    /// submission, whose approval gates refuse that token's approval
+    /// unless they allow it. Absent without tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     /// Due times up to this one are never run nor counted as missed: set
     /// at creation, at each resume, and when the cron or zone changes, so
     /// a paused or changed schedule does not catch up on times it was not
@@ -598,6 +604,7 @@ mod tests {
             start_at: None,
             end_at: None,
             paused: false,
+            submitted_by: None,
             active_since: now,
             created_at: now,
             updated_at: now,

@@ -57,7 +57,8 @@ pub struct Workflow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_digest: Option<String>,
     /// The API token that submitted it (for a re-run, the one that asked
-    /// for it); absent without tokens and for a schedule's runs.
+    /// for it; for a schedule's run, the schedule's); absent without
+    /// tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<String>,
     /// How long to keep it once finished (`meta.retain`), instead of the

@@ -41,6 +41,8 @@ pub struct ScheduleRequest {
     pub start_at: Option<DateTime<Utc>>,
     pub end_at: Option<DateTime<Utc>>,
     pub paused: bool,
+    /// The token that asks for it ([`Schedule::submitted_by`]).
+    pub submitted_by: Option<String>,
 }
 
 /// What `PATCH /schedules/{id}` changes: each field that is set. The
@@ -102,6 +104,7 @@ impl Engine {
             start_at: request.start_at,
             end_at: request.end_at,
             paused: request.paused,
+            submitted_by: request.submitted_by,
             active_since: now,
             created_at: now,
             updated_at: now,
@@ -158,16 +161,28 @@ impl Engine {
     /// Applies a change, checked like a new schedule. Resuming, or a new
     /// cron expression or zone, starts counting due times from now: the
     /// schedule does not catch up on what it was not meant to run.
+    /// A change of what it runs (its template, version or inputs) makes
+    /// `changed_by` the token its runs are submitted by.
     pub async fn update_schedule(
         &self,
         id: ScheduleId,
         patch: SchedulePatch,
+        changed_by: Option<String>,
     ) -> Result<ScheduleView> {
         loop {
             let old = self.load_schedule(id).await?;
             let now = Utc::now();
             let mut schedule = old.clone();
             apply(&mut schedule, patch.clone());
+            if (&old.template, old.template_version, &old.vars)
+                != (
+                    &schedule.template,
+                    schedule.template_version,
+                    &schedule.vars,
+                )
+            {
+                schedule.submitted_by.clone_from(&changed_by);
+            }
             let resumed = old.paused && !schedule.paused;
             if resumed || old.cron != schedule.cron || old.timezone != schedule.timezone {
                 schedule.active_since = now;
@@ -336,8 +351,8 @@ fn run_request(schedule: &Schedule, claim: Option<&ScheduleClaim>) -> SubmitRequ
         },
         vars: schedule.vars.clone(),
         meta: Meta {
-            // A schedule's run has no submitting token.
-            submitted_by: None,
+            // The token that set up what the schedule runs.
+            submitted_by: schedule.submitted_by.clone(),
             reference: None,
             trace_id: Some(trace_id),
             name,

@@ -658,7 +658,7 @@ mod tests {
         // Another token's workflow: only with `any`.
         assert!(!Submitter.may_follow("w1", alice, occupant("w2", Some("bob"))));
         assert!(Any.may_follow("w1", alice, occupant("w2", Some("bob"))));
-        // A workflow no token submitted (a schedule's run) shares with no
+        // A workflow of no known token (none on the service) shares with no
         // other workflow, nor one with it, even another of no token.
         assert!(!Submitter.may_follow("w1", None, occupant("w2", None)));
         assert!(!Submitter.may_follow("w1", alice, occupant("w2", None)));

@@ -102,7 +102,8 @@ pub struct Attempt<'a> {
     /// keeps from one attempt (a script sandbox) may serve attempts of
     /// other workflows of the same party. The token's name, or one party
     /// for every caller of a service without auth; `None` when unknown
-    /// (a schedule's run): its own workflow's attempts only.
+    /// (no token on the service when it was submitted): its own
+    /// workflow's attempts only.
     pub party: Option<std::sync::Arc<str>>,
     /// What earlier attempts saved; empty on a first attempt.
     pub checkpoint: &'a Map<String, Value>,

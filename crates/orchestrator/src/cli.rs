@@ -971,7 +971,7 @@ pub struct ServeArgs {
     pub script_sandbox_attempts: Option<u32>,
     /// Whose attempts one script sandbox serves in a row: `submitter`
     /// (attempts of the workflows one token submitted; every caller is
-    /// one without auth; a schedule's run, its own workflow's), `workflow`
+    /// one without auth; a schedule's runs are its token's), `workflow`
     /// (attempts of one workflow) or `any` (of any workflow, for hosts
     /// whose scripts all trust each other) [default: submitter].
     #[arg(

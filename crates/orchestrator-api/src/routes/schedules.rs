@@ -137,6 +137,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     ))]
 pub(crate) async fn create_schedule(
     State(state): State<AppState>,
+    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
     JsonBody(body): JsonBody<NewSchedule>,
 ) -> Result<Response, ApiError> {
     let view = state
@@ -154,6 +155,7 @@ pub(crate) async fn create_schedule(
             start_at: body.start_at,
             end_at: body.end_at,
             paused: body.paused,
+            submitted_by: super::workflows::submitter(principal.as_ref().map(|p| &p.0)),
         })
         .await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
@@ -211,6 +213,7 @@ pub(crate) async fn get_schedule(
     ))]
 pub(crate) async fn update_schedule(
     State(state): State<AppState>,
+    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
     Path(id): Path<String>,
     JsonBody(change): JsonBody<ScheduleChange>,
 ) -> Result<Json<ScheduleView>, ApiError> {
@@ -229,7 +232,10 @@ pub(crate) async fn update_schedule(
         end_at: change.end_at,
         paused: change.paused,
     };
-    Ok(Json(state.engine.update_schedule(id, patch).await?))
+    let changed_by = super::workflows::submitter(principal.as_ref().map(|p| &p.0));
+    Ok(Json(
+        state.engine.update_schedule(id, patch, changed_by).await?,
+    ))
 }
 
 /// `POST /schedules/preview`: the times of a schedule not yet stored.

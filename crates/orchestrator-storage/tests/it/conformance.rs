@@ -408,6 +408,7 @@ pub fn schedule(name: &str) -> Schedule {
         start_at: None,
         end_at: Some(now + chrono::TimeDelta::days(30)),
         paused: false,
+        submitted_by: Some("scheduler-ops".into()),
         active_since: now,
         created_at: now,
         updated_at: now,

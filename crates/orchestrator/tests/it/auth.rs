@@ -1364,3 +1364,87 @@ async fn a_workflow_records_the_token_that_submitted_it() {
     assert_eq!(status, 202, "{submitted}");
     assert!(submitted.get("submitted_by").is_none(), "{submitted}");
 }
+
+/// A schedule's runs are submissions of the token that set up what it
+/// runs: the one that created it, then the last that changed its inputs.
+/// Another token's pause changes nothing of that.
+#[tokio::test]
+async fn a_schedule_s_runs_are_submitted_by_the_token_that_set_up_what_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TestService::start(with_auth(dir.path())).await;
+    let alice = create_token(&service, "alice", "operator").await;
+    let bob = create_token(&service, "bob", "operator").await;
+    let (status, created) = call(
+        &service,
+        "POST",
+        "/schedules",
+        Some(&alice),
+        Some(json!({"template": "chain", "cron": "* * * * * *", "overlap": "queue"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["submitted_by"], "alice", "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    // Some run of the schedule whose workflow `token` submitted.
+    let run_of = |token: &'static str| {
+        let (service, alice, id) = (&service, &alice, &id);
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let (_, schedule) = call(
+                    service,
+                    "GET",
+                    &format!("/schedules/{id}"),
+                    Some(alice),
+                    None,
+                )
+                .await;
+                for run in schedule["runs"].as_array().into_iter().flatten() {
+                    let Some(workflow) = run["workflow_id"].as_str() else {
+                        continue;
+                    };
+                    let (_, workflow) = call(
+                        service,
+                        "GET",
+                        &format!("/workflows/{workflow}"),
+                        Some(alice),
+                        None,
+                    )
+                    .await;
+                    if workflow["submitted_by"] == token {
+                        return workflow;
+                    }
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no run of {token}'s: {schedule}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    run_of("alice").await;
+
+    let (status, paused) = call(
+        &service,
+        "PATCH",
+        &format!("/schedules/{id}"),
+        Some(&bob),
+        Some(json!({"paused": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["submitted_by"], "alice", "{paused}");
+    let (status, changed) = call(
+        &service,
+        "PATCH",
+        &format!("/schedules/{id}"),
+        Some(&bob),
+        Some(json!({"vars": {"sleep": 0}, "paused": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["submitted_by"], "bob", "{changed}");
+    let workflow = run_of("bob").await;
+    assert_eq!(workflow["trace_id"], format!("schedule:{id}"), "{workflow}");
+}
