@@ -153,6 +153,9 @@ test('an operator creates a schedule from the template form, with the service\'s
   assert.equal(stored.cron, '*/15 * * * *');
   assert.equal(stored.timezone, 'Asia/Kolkata');
   assert.equal(stored.overlap, 'skip');
+  // Its runs are the creating token's submissions, and the page says so.
+  assert.equal(stored.submitted_by, 'sched-operator');
+  await page.locator('.facts-grid', { hasText: 'sched-operator' }).waitFor();
   assert.deepEqual(page.errors, []);
   await page.context().close();
   await call(service, ADMIN, 'DELETE', `/schedules/${id}`);

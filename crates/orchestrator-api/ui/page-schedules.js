@@ -220,6 +220,7 @@ export function mount(main, ctx) {
           fact('Starts', s.start_at ? zoned(s.start_at, s.timezone) : 'at once'),
           fact('Ends', s.end_at ? zoned(s.end_at, s.timezone) : 'never'),
           fact('Active since', zoned(s.active_since, s.timezone)),
+          s.submitted_by ? fact('Runs submitted by', s.submitted_by) : null,
           fact('Inputs', h('code', { text: JSON.stringify(s.vars) }))),
         h('h2', { text: 'Next runs' }), nextRuns(s),
         h('h2', { id: 'runs-title', text: 'Runs' }),
