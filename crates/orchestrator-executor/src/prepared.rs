@@ -53,7 +53,7 @@ pub enum SandboxReuse {
     /// Attempts of one workflow: what a step could leave behind reaches
     /// only later steps of its own submission.
     Workflow,
-    /// Attempts of workflows of one party ([`Occupant::party`]: the token
+    /// Attempts of workflows of one party (`Attempt::party`: the token
     /// that submitted them), and of one workflow where it has none: what
     /// a step could leave behind reaches only work its submitter could
     /// have run and read anyway.

@@ -129,7 +129,7 @@ impl Bubblewrap {
     }
 
     /// Lets scripts write `path` (when it exists at spawn time: a sandbox
-    /// made ahead of it is not used once it does, see [`HostView`]).
+    /// made ahead of it is not used once it does, see `HostView`).
     pub fn allow_writes(mut self, path: impl Into<PathBuf>) -> Bubblewrap {
         self.writable.push(path.into());
         self
@@ -244,7 +244,7 @@ impl Bubblewrap {
         )
     }
 
-    /// [`Bubblewrap::args`] on a filesystem where `kind` says what each
+    /// [`Bubblewrap::args_seen`] on a filesystem where `kind` says what each
     /// path is (`None`: absent).
     fn args_on(&self, attempt: Attempt<'_>, kind: &dyn Fn(&Path) -> Option<Kind>) -> Vec<OsString> {
         let mut args: Vec<OsString> = [
