@@ -99,3 +99,24 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
             })
     }
 }
+
+/// The API token a request comes from, as the submitter of what it
+/// creates (a workflow's or a schedule's `submitted_by`: who its approval
+/// gates refuse, whose script sandboxes it shares); `None` without tokens
+/// (`local`: everyone is the same caller then). Never rejects.
+pub struct Submitter(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Submitter {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let principal = parts
+            .extensions
+            .get::<orchestrator_engine::access::Principal>();
+        Ok(Submitter(
+            principal
+                .filter(|p| p.token_id.is_some())
+                .map(|p| p.actor.clone()),
+        ))
+    }
+}

@@ -83,6 +83,9 @@ pub(crate) struct Dispatcher {
     node_id: String,
     lease: Duration,
     locks: Arc<Locks>,
+    /// The one party of every attempt when auth is off (`Dispatcher::party`),
+    /// made once rather than per attempt.
+    anyone: Arc<str>,
     /// One permit per worker; a step runs while it holds one.
     workers: Arc<Semaphore>,
     /// Every attempt from its claim until its outcome is stored and its
@@ -118,6 +121,7 @@ impl Dispatcher {
             node_id: parts.node_id,
             lease: parts.lease,
             locks: parts.locks,
+            anyone: Arc::from(crate::access::LOCAL_ACTOR),
             workers: Arc::new(Semaphore::new(parts.workers.max(1))),
             in_flight: TaskTracker::new(),
         }
@@ -534,7 +538,7 @@ impl Dispatcher {
         if self.access.config().auth {
             self.queue.submitted_by(workflow)
         } else {
-            Some(Arc::from(crate::access::LOCAL_ACTOR))
+            Some(self.anyone.clone())
         }
     }
 

@@ -15,7 +15,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::workflows::{submit_and_wait, wait_limit};
 use crate::error::{ErrorBody, ShuttingDownOrStorageUnavailable};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, Submitter};
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -140,11 +140,10 @@ macro_rules! builtin_endpoint {
             ))]
         pub(crate) async fn $handler(
             State(state): State<AppState>,
-            principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
+            Submitter(submitted_by): Submitter,
             body: JsonBody<BuiltinRequest>,
         ) -> Result<Response, ApiError> {
-            let submitter = super::workflows::submitter(principal.as_ref().map(|p| &p.0));
-            builtin(&state.engine, $endpoint, body.0, submitter).await
+            builtin(&state.engine, $endpoint, body.0, submitted_by).await
         }
     };
 }

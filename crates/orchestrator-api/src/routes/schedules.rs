@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::error::{ErrorBody, StorageUnavailable};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, Submitter};
 use crate::{ApiError, AppState};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -137,7 +137,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     ))]
 pub(crate) async fn create_schedule(
     State(state): State<AppState>,
-    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
+    Submitter(submitted_by): Submitter,
     JsonBody(body): JsonBody<NewSchedule>,
 ) -> Result<Response, ApiError> {
     let view = state
@@ -155,7 +155,7 @@ pub(crate) async fn create_schedule(
             start_at: body.start_at,
             end_at: body.end_at,
             paused: body.paused,
-            submitted_by: super::workflows::submitter(principal.as_ref().map(|p| &p.0)),
+            submitted_by,
         })
         .await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
@@ -213,7 +213,7 @@ pub(crate) async fn get_schedule(
     ))]
 pub(crate) async fn update_schedule(
     State(state): State<AppState>,
-    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
+    Submitter(changed_by): Submitter,
     Path(id): Path<String>,
     JsonBody(change): JsonBody<ScheduleChange>,
 ) -> Result<Json<ScheduleView>, ApiError> {
@@ -232,7 +232,6 @@ pub(crate) async fn update_schedule(
         end_at: change.end_at,
         paused: change.paused,
     };
-    let changed_by = super::workflows::submitter(principal.as_ref().map(|p| &p.0));
     Ok(Json(
         state.engine.update_schedule(id, patch, changed_by).await?,
     ))

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::{next_after, page_bounds, parse_workflow_id, with_lookahead};
 use crate::error::{ErrorBody, ShuttingDownOrStorageUnavailable, StorageUnavailable};
-use crate::extract::{JsonBody, QueryParams};
+use crate::extract::{JsonBody, QueryParams, Submitter};
 use crate::{ApiError, AppState, DEFAULT_WAIT, MAX_WAIT};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -421,7 +421,7 @@ fn yes() -> bool {
     ))]
 pub(crate) async fn rerun_workflow(
     State(state): State<AppState>,
-    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
+    Submitter(submitted_by): Submitter,
     Path(id): Path<String>,
     JsonBody(rerun): JsonBody<Rerun>,
 ) -> Result<Response, ApiError> {
@@ -429,7 +429,7 @@ pub(crate) async fn rerun_workflow(
         from: rerun.from,
         include_downstream: rerun.include_downstream,
         vars: rerun.vars,
-        submitted_by: submitter(principal.as_ref().map(|p| &p.0)),
+        submitted_by,
     };
     let view = state
         .engine
@@ -655,14 +655,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     ))]
 pub(crate) async fn submit_workflow(
     State(state): State<AppState>,
-    principal: Option<axum::Extension<orchestrator_engine::access::Principal>>,
+    Submitter(submitted_by): Submitter,
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let submission: WorkflowSubmission = parse_body(&body)?;
     let wait = wait_limit(submission.wait, submission.wait_timeout_secs.map(u64::from));
     let mut request = submission.into_request(body, idempotency_key(&headers)?)?;
-    request.meta.submitted_by = submitter(principal.as_ref().map(|p| &p.0));
+    request.meta.submitted_by = submitted_by;
     submit(&state.engine, request, wait).await
 }
 
@@ -697,17 +697,6 @@ pub(crate) async fn validate_workflow(
         valid: true,
         workflow,
     }))
-}
-
-/// The token a submission comes from (the workflow's `submitted_by`, for
-/// its approval gates and whose script sandboxes it shares); none without
-/// tokens (`local`: everyone is the same caller then).
-pub(super) fn submitter(
-    principal: Option<&orchestrator_engine::access::Principal>,
-) -> Option<String> {
-    principal
-        .filter(|p| p.token_id.is_some())
-        .map(|p| p.actor.clone())
 }
 
 /// Typed view of a body already parsed as JSON, with the same 422 errors.
